@@ -1,0 +1,297 @@
+"""Frozen configuration dataclasses: the model's shape (normalised across HF config styles),
+the cache, offload and parallel settings, and the engine config that bundles them.
+`auto` values are turned into numbers once, with `dataclasses.replace`, by the engine."""
+
+from __future__ import annotations
+
+import json
+import os
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import torch
+
+from xinfer.errors import UserError
+
+_DTYPES = {
+    "float32": torch.float32,
+    "fp32": torch.float32,
+    "float": torch.float32,
+    "bfloat16": torch.bfloat16,
+    "bf16": torch.bfloat16,
+    "float16": torch.float16,
+    "fp16": torch.float16,
+    "half": torch.float16,
+}
+
+
+def parse_dtype(value: str | torch.dtype | None) -> torch.dtype | None:
+    """`None`/"auto" → None (use the checkpoint's), a name → torch dtype, else a UserError."""
+    if value is None or isinstance(value, torch.dtype):
+        return value
+    if value == "auto":
+        return None
+    if value not in _DTYPES:
+        raise UserError(f"unknown dtype {value!r}; use one of auto, float32, bfloat16, float16")
+    return _DTYPES[value]
+
+
+@dataclass(frozen=True)
+class RopeConfig:
+    theta: float = 10000.0
+    rope_type: str = "default"  # default | linear | yarn | llama3
+    factor: float = 1.0
+    original_max_position_embeddings: int | None = None
+    beta_fast: float = 32.0
+    beta_slow: float = 1.0
+    mscale: float | None = None
+    mscale_all_dim: float | None = None
+    low_freq_factor: float = 1.0
+    high_freq_factor: float = 4.0
+
+    _SUPPORTED = ("default", "linear", "yarn", "llama3")
+
+    def __post_init__(self) -> None:
+        if self.rope_type not in self._SUPPORTED:
+            raise UserError(
+                f"RoPE type {self.rope_type!r} is not supported; supported: "
+                + ", ".join(self._SUPPORTED)
+            )
+
+    @classmethod
+    def from_hf(cls, hf: dict[str, Any]) -> RopeConfig:
+        # transformers 5 writes `rope_parameters`; older configs `rope_theta` + `rope_scaling`.
+        params = dict(hf.get("rope_parameters") or {})
+        scaling = hf.get("rope_scaling") or {}
+        params = {**scaling, **params}
+        theta = params.get("rope_theta", hf.get("rope_theta", 10000.0))
+        rope_type = params.get("rope_type", params.get("type", "default")) or "default"
+        kw: dict[str, Any] = {"theta": float(theta), "rope_type": rope_type}
+        for key in (
+            "factor",
+            "original_max_position_embeddings",
+            "beta_fast",
+            "beta_slow",
+            "mscale",
+            "mscale_all_dim",
+            "low_freq_factor",
+            "high_freq_factor",
+        ):
+            if params.get(key) is not None:
+                kw[key] = params[key]
+        return cls(**kw)
+
+
+@dataclass(frozen=True)
+class ModelConfig:
+    """The shape of a MoE decoder, independent of which HF config style described it."""
+
+    architecture: str
+    model_type: str
+    vocab_size: int
+    hidden_size: int
+    num_layers: int
+    num_heads: int
+    num_kv_heads: int
+    head_dim: int
+    intermediate_size: int  # dense MLP layers
+    num_experts: int
+    num_experts_per_tok: int
+    moe_intermediate_size: int
+    norm_topk_prob: bool
+    rms_norm_eps: float
+    rope: RopeConfig
+    max_position_embeddings: int
+    tie_word_embeddings: bool = False
+    qkv_bias: bool = False
+    qk_norm: str | None = None  # None | "head" (per head, Qwen3) | "full" (whole projection, OLMoE)
+    clip_qkv: float | None = None
+    shared_expert_intermediate_size: int = 0
+    mlp_only_layers: tuple[int, ...] = ()
+    decoder_sparse_step: int = 1
+    hidden_act: str = "silu"
+    torch_dtype: str = "float32"
+    bos_token_id: int | None = None
+    eos_token_ids: tuple[int, ...] = ()
+    hf_config: dict[str, Any] = field(default_factory=dict, compare=False, repr=False)
+
+    def __post_init__(self) -> None:
+        if self.hidden_act not in ("silu", "swiglu"):
+            raise UserError(f"activation {self.hidden_act!r} is not supported (only silu)")
+        if self.num_heads % self.num_kv_heads:
+            raise UserError("num_attention_heads must be a multiple of num_key_value_heads")
+
+    @property
+    def is_moe(self) -> bool:
+        return self.num_experts > 0
+
+    def is_moe_layer(self, layer_idx: int) -> bool:
+        return (
+            self.is_moe
+            and layer_idx not in self.mlp_only_layers
+            and (layer_idx + 1) % self.decoder_sparse_step == 0
+        )
+
+    @property
+    def moe_layer_ids(self) -> list[int]:
+        return [i for i in range(self.num_layers) if self.is_moe_layer(i)]
+
+    def expert_bytes(self, dtype: torch.dtype) -> int:
+        """Bytes of one routed expert (gate, up and down projections)."""
+        elem = torch.empty((), dtype=dtype).element_size()
+        return 3 * self.hidden_size * self.moe_intermediate_size * elem
+
+    def kv_bytes_per_token(self, dtype: torch.dtype) -> int:
+        elem = torch.empty((), dtype=dtype).element_size()
+        return 2 * self.num_layers * self.num_kv_heads * self.head_dim * elem
+
+    @classmethod
+    def from_hf(cls, hf: dict[str, Any]) -> ModelConfig:
+        from xinfer.models.registry import resolve_architecture
+
+        arch = resolve_architecture(hf)
+        mt = hf.get("model_type", "")
+        num_heads = hf["num_attention_heads"]
+        head_dim = hf.get("head_dim") or hf["hidden_size"] // num_heads
+        num_experts = hf.get("num_experts") or hf.get("num_local_experts") or 0
+        qk_norm = {"qwen3_moe": "head", "olmoe": "full"}.get(mt)
+        eos = hf.get("eos_token_id")
+        eos_ids = tuple(eos) if isinstance(eos, list) else (() if eos is None else (eos,))
+        return cls(
+            architecture=arch,
+            model_type=mt,
+            vocab_size=hf["vocab_size"],
+            hidden_size=hf["hidden_size"],
+            num_layers=hf["num_hidden_layers"],
+            num_heads=num_heads,
+            num_kv_heads=hf.get("num_key_value_heads") or num_heads,
+            head_dim=head_dim,
+            intermediate_size=hf.get("intermediate_size", 0),
+            num_experts=num_experts,
+            num_experts_per_tok=hf.get("num_experts_per_tok", 0),
+            # Mixtral has no separate expert width: its experts use intermediate_size.
+            moe_intermediate_size=hf.get("moe_intermediate_size") or hf.get("intermediate_size", 0),
+            norm_topk_prob=bool(hf.get("norm_topk_prob", mt == "mixtral")),
+            rms_norm_eps=hf.get("rms_norm_eps", 1e-6),
+            rope=RopeConfig.from_hf(hf),
+            max_position_embeddings=hf.get("max_position_embeddings", 4096),
+            tie_word_embeddings=bool(hf.get("tie_word_embeddings", False)),
+            qkv_bias=bool(hf.get("qkv_bias", hf.get("attention_bias", mt == "qwen2_moe"))),
+            qk_norm=qk_norm,
+            clip_qkv=hf.get("clip_qkv"),
+            shared_expert_intermediate_size=hf.get("shared_expert_intermediate_size", 0) or 0,
+            mlp_only_layers=tuple(hf.get("mlp_only_layers") or ()),
+            decoder_sparse_step=hf.get("decoder_sparse_step", 1) or 1,
+            hidden_act=hf.get("hidden_act", "silu"),
+            torch_dtype=str(hf.get("dtype") or hf.get("torch_dtype") or "float32"),
+            bos_token_id=hf.get("bos_token_id"),
+            eos_token_ids=eos_ids,
+            hf_config=hf,
+        )
+
+    @classmethod
+    def from_dir(cls, path: str | os.PathLike) -> ModelConfig:
+        p = Path(path)
+        if not p.exists():
+            raise UserError(f"model path {str(p)!r} does not exist")
+        if not p.is_dir():
+            raise UserError(f"model path {str(p)!r} is not a directory with a config.json")
+        cfg = p / "config.json"
+        if not cfg.exists():
+            raise UserError(f"{str(p)!r} has no config.json; point --m at an HF model directory")
+        try:
+            hf = json.loads(cfg.read_text())
+        except json.JSONDecodeError as e:
+            raise UserError(f"{cfg} is not valid JSON ({e})") from None
+        for key in ("hidden_size", "num_hidden_layers", "num_attention_heads", "vocab_size"):
+            if key not in hf:
+                raise UserError(f"{cfg} lacks {key!r}; is this a causal LM config?")
+        return cls.from_hf(hf)
+
+
+@dataclass(frozen=True)
+class CacheConfig:
+    block_size: int = 16
+    num_blocks: int | None = None  # None = sized by the engine from free memory
+    kv_dtype: torch.dtype | None = None  # None = model dtype
+    gpu_memory_utilization: float = 0.90
+
+    def __post_init__(self) -> None:
+        if self.block_size <= 0 or self.block_size & (self.block_size - 1):
+            raise UserError("block size must be a positive power of two")
+        if not 0.05 <= self.gpu_memory_utilization <= 1.0:
+            raise UserError("gpu memory utilization must be in [0.05, 1.0]")
+
+
+@dataclass(frozen=True)
+class OffloadConfig:
+    """`fraction=None` and `is_auto=False`: no offload."""
+
+    fraction: float | None = None
+    is_auto: bool = False
+    reserve_gb: float = 2.5
+    is_profile: bool = False
+
+    def __post_init__(self) -> None:
+        if self.fraction is not None and not 0.0 < self.fraction <= 1.0:
+            raise UserError(
+                f"MoE offload fraction must be in (0, 1] or 'auto', got {self.fraction}"
+            )
+        if self.reserve_gb < 0:
+            raise UserError(f"MoE offload reserve must be >= 0 GB, got {self.reserve_gb}")
+
+    @property
+    def is_enabled(self) -> bool:
+        return self.is_auto or self.fraction is not None
+
+    @classmethod
+    def parse(cls, value: str | float | None, **kw: Any) -> OffloadConfig:
+        """Parse the user's `XINFER_MOE_OFFLOAD` / `--moe-offload` value."""
+        if value is None or value == "":
+            return cls(**kw)
+        if isinstance(value, str) and value.strip().lower() == "auto":
+            return cls(is_auto=True, **kw)
+        try:
+            frac = float(value)
+        except (TypeError, ValueError):
+            raise UserError(
+                f"MoE offload must be 'auto' or a fraction in (0, 1], got {value!r}"
+            ) from None
+        return cls(fraction=frac, **kw)
+
+
+@dataclass(frozen=True)
+class SchedulerConfig:
+    max_num_seqs: int = 64
+    max_num_batched_tokens: int = 2048  # tokens per step (prefill chunks plus decodes)
+    max_waiting: int = 256
+
+    def __post_init__(self) -> None:
+        if self.max_num_seqs < 1:
+            raise UserError("--max-num-seqs must be >= 1")
+        if self.max_num_batched_tokens < 16:
+            raise UserError("--max-num-batched-tokens must be >= 16")
+
+
+@dataclass(frozen=True)
+class EngineConfig:
+    model: str
+    device: str = "cpu"
+    dtype: torch.dtype | None = None
+    max_model_len: int | None = None
+    load_format: str = "auto"  # auto | dummy
+    seed: int = 0
+    enforce_eager: bool = False
+    gpu_memory_limit_gb: float | None = None
+    cache: CacheConfig = field(default_factory=CacheConfig)
+    offload: OffloadConfig = field(default_factory=OffloadConfig)
+    scheduler: SchedulerConfig = field(default_factory=SchedulerConfig)
+
+    def __post_init__(self) -> None:
+        if self.load_format not in ("auto", "dummy"):
+            raise UserError(f"--load-format must be 'auto' or 'dummy', got {self.load_format!r}")
+        if self.max_model_len is not None and self.max_model_len < 1:
+            raise UserError("--max-model-len must be >= 1")
+        if self.gpu_memory_limit_gb is not None and self.gpu_memory_limit_gb <= 0:
+            raise UserError("--gpu-memory-limit-gb must be > 0")

@@ -1,0 +1,156 @@
+"""The engine step contract: `add_request` queues work; each `step()` is schedule → execute →
+update and returns the per-request output deltas. Single-threaded; `async_engine` wraps it."""
+
+from __future__ import annotations
+
+import itertools
+import logging
+from dataclasses import replace
+
+import torch
+
+from xinfer.config import EngineConfig, ModelConfig
+from xinfer.engine.kv_cache import BlockAllocator
+from xinfer.engine.memory import plan_num_blocks
+from xinfer.engine.output import OutputProcessor
+from xinfer.engine.request import Request, RequestOutput
+from xinfer.engine.scheduler import Scheduler
+from xinfer.errors import UserError
+from xinfer.runner.model_loader import build_model, resolve_dtype
+from xinfer.runner.model_runner import ModelRunner
+from xinfer.sampling import SamplingParams, make_generator
+from xinfer.tokenizer import Tokenizer
+
+logger = logging.getLogger("xinfer")
+
+
+class Engine:
+    def __init__(self, config: EngineConfig, show_progress: bool = True) -> None:
+        self.config = config
+        self.device = torch.device(config.device)
+        self.model_config = cfg = ModelConfig.from_dir(config.model)
+        self.tokenizer = Tokenizer.from_dir(config.model)
+        self.max_model_len = config.max_model_len or cfg.max_position_embeddings
+        self.dtype = resolve_dtype(cfg, config.dtype, self.device)
+        offload = config.offload
+        if offload.is_enabled and not cfg.is_moe:
+            logger.info("model has no routed experts; MoE offload is ignored")
+            offload = replace(offload, fraction=None, is_auto=False)
+        self.offload_manager = None
+        expert_device = torch.device("cpu") if offload.is_enabled else self.device
+        self.model = build_model(
+            config.model,
+            cfg,
+            self.device,
+            self.dtype,
+            self.max_model_len,
+            expert_device,
+            config.load_format,
+            config.seed,
+            show_progress,
+        )
+        if offload.is_enabled:
+            from xinfer.offload.setup import enable_offload
+
+            self.offload_manager = enable_offload(self.model, config, offload, self.device)
+        kv_dtype = config.cache.kv_dtype or self.dtype
+        num_blocks = plan_num_blocks(cfg, config, self.device, kv_dtype, self.max_model_len)
+        blocks_per_seq = -(-self.max_model_len // config.cache.block_size)
+        if num_blocks < blocks_per_seq:
+            raise UserError(
+                f"the KV cache fits {num_blocks * config.cache.block_size} tokens, fewer than "
+                f"--max-model-len {self.max_model_len}; lower --max-model-len or free memory"
+            )
+        self.kv_tokens = num_blocks * config.cache.block_size
+        graphs = None
+        if self.device.type == "cuda" and not config.enforce_eager:
+            from xinfer.runner.cuda_graph import CudaGraphRunner
+
+            graphs = CudaGraphRunner
+        self.runner = ModelRunner(
+            self.model,
+            cfg,
+            self.device,
+            num_blocks,
+            config.cache.block_size,
+            kv_dtype,
+            self.max_model_len,
+            graphs,
+        )
+        self.allocator = BlockAllocator(num_blocks, config.cache.block_size)
+        self.scheduler = Scheduler(config.scheduler, self.allocator)
+        self.eos_ids = set(self.tokenizer.eos_token_ids) if self.tokenizer else set()
+        self.eos_ids |= set(cfg.eos_token_ids)
+        self.outputs = OutputProcessor(self.tokenizer, self.eos_ids)
+        self.requests: dict[str, Request] = {}
+        self._ids = itertools.count()
+        logger.info(
+            "KV cache: %d tokens (%d blocks of %d), max model len %d",
+            self.kv_tokens,
+            num_blocks,
+            config.cache.block_size,
+            self.max_model_len,
+        )
+
+    def encode_prompt(self, prompt: str | list[int]) -> list[int]:
+        if isinstance(prompt, str):
+            if self.tokenizer is None:
+                raise UserError("this model has no tokenizer files; pass token ids instead")
+            ids = self.tokenizer.encode(prompt)
+        else:
+            ids = list(prompt)
+            if any(not 0 <= t < self.model_config.vocab_size for t in ids):
+                raise UserError(f"prompt token ids must be in [0, {self.model_config.vocab_size})")
+        if not ids:
+            raise UserError("the prompt is empty")
+        if len(ids) >= self.max_model_len:
+            raise UserError(
+                f"the prompt has {len(ids)} tokens but --max-model-len is {self.max_model_len}; "
+                "shorten the prompt or raise --max-model-len"
+            )
+        return ids
+
+    def add_request(
+        self, prompt: str | list[int], params: SamplingParams, request_id: str | None = None
+    ) -> str:
+        ids = self.encode_prompt(prompt)
+        request_id = request_id if request_id is not None else f"req-{next(self._ids)}"
+        if request_id in self.requests:
+            raise UserError(f"request id {request_id!r} is already in use")
+        gen = make_generator(params.seed, self.device) if params.seed is not None else None
+        req = Request(request_id, ids, params, generator=gen, max_len=self.max_model_len)
+        self.outputs.register(req)
+        self.requests[request_id] = req
+        self.scheduler.add(req)
+        return request_id
+
+    def abort_request(self, request_id: str) -> None:
+        req = self.requests.pop(request_id, None)
+        if req is not None:
+            self.scheduler.finish(req, "abort")
+
+    def has_unfinished(self) -> bool:
+        return self.scheduler.num_unfinished > 0
+
+    def step(self) -> list[RequestOutput]:
+        out = self.scheduler.schedule()
+        if out.is_empty:
+            return []
+        tokens, logprobs = self.runner.execute(out, self.eos_ids)
+        results: list[RequestOutput] = []
+        sampled = iter(zip(tokens, logprobs))
+        for s in out.scheduled:
+            req = s.request
+            req.num_computed_tokens += s.num_new_tokens
+            if not s.samples:
+                continue
+            token, lp = next(sampled)
+            delta = self.outputs.append(req, token, lp)
+            if req.finish_reason is not None:
+                self.scheduler.finish(req, req.finish_reason)
+                self.requests.pop(req.request_id, None)
+            results.append(delta)
+        return results
+
+    def offload_stats(self) -> dict | None:
+        return None if self.offload_manager is None else self.offload_manager.stats()

@@ -1,0 +1,42 @@
+"""How many KV blocks to allocate: from free device memory on CUDA (honouring
+`--gpu-memory-limit-gb`, which makes the engine size itself as if the GPU were that small),
+from a fixed token budget on CPU."""
+
+from __future__ import annotations
+
+import torch
+
+from xinfer.config import EngineConfig, ModelConfig
+
+GIB = 1 << 30
+_CPU_MAX_KV_BYTES = 2 * GIB
+_GPU_WORKSPACE_BYTES = 1 * GIB  # activations, logits, graph pools
+
+
+def usable_gpu_bytes(device: torch.device, limit_gb: float | None) -> int:
+    """Bytes still free for us on `device`, as if its total were `limit_gb` when given."""
+    free, total = torch.cuda.mem_get_info(device)
+    if limit_gb is None:
+        return free
+    used = total - free
+    return max(0, int(limit_gb * GIB) - used)
+
+
+def plan_num_blocks(
+    cfg: ModelConfig,
+    engine: EngineConfig,
+    device: torch.device,
+    kv_dtype: torch.dtype,
+    max_model_len: int,
+) -> int:
+    block_size = engine.cache.block_size
+    if engine.cache.num_blocks is not None:
+        return engine.cache.num_blocks
+    per_block = cfg.kv_bytes_per_token(kv_dtype) * block_size
+    blocks_per_seq = -(-max_model_len // block_size)
+    if device.type != "cuda":
+        want = blocks_per_seq * min(engine.scheduler.max_num_seqs, 8)
+        return max(blocks_per_seq, min(want, _CPU_MAX_KV_BYTES // per_block))
+    budget = usable_gpu_bytes(device, engine.gpu_memory_limit_gb)
+    budget = int(budget * engine.cache.gpu_memory_utilization) - _GPU_WORKSPACE_BYTES
+    return max(0, budget // per_block)

@@ -1,0 +1,116 @@
+"""Continuous batching with chunked prefill: every step takes the running requests' decode
+tokens first, then prompt chunks up to the token budget; new requests join at step
+boundaries; when KV blocks run out the newest running request is preempted (recomputed)."""
+
+from __future__ import annotations
+
+from collections import deque
+from dataclasses import dataclass
+
+from xinfer.config import SchedulerConfig
+from xinfer.engine.kv_cache import BlockAllocator
+from xinfer.engine.request import Request, RequestStatus
+
+
+@dataclass
+class ScheduledRequest:
+    request: Request
+    num_new_tokens: int  # tokens computed for it this step (prompt chunk, or 1 when decoding)
+    start: int = 0  # position of the first new token (tokens already cached)
+    samples: bool = False  # the chunk reaches the end of the known tokens: sample one
+
+    def __post_init__(self) -> None:
+        self.start = self.request.num_computed_tokens
+        self.samples = self.start + self.num_new_tokens == self.request.num_tokens
+
+
+@dataclass
+class SchedulerOutput:
+    scheduled: list[ScheduledRequest]
+    num_preempted: int = 0
+
+    @property
+    def is_empty(self) -> bool:
+        return not self.scheduled
+
+    @property
+    def is_decode_only(self) -> bool:
+        return all(s.num_new_tokens == 1 for s in self.scheduled)
+
+
+class Scheduler:
+    def __init__(self, config: SchedulerConfig, allocator: BlockAllocator) -> None:
+        self.config, self.allocator = config, allocator
+        self.waiting: deque[Request] = deque()
+        self.running: list[Request] = []
+
+    def add(self, request: Request) -> None:
+        self.waiting.append(request)
+
+    @property
+    def num_unfinished(self) -> int:
+        return len(self.waiting) + len(self.running)
+
+    def _grow(self, req: Request, num_new: int) -> bool:
+        """Give `req` the blocks that `num_new` more tokens need; False if there are too few."""
+        need = self.allocator.blocks_for(req.num_computed_tokens + num_new) - len(req.block_ids)
+        if need <= 0:
+            return True
+        if need > self.allocator.num_free:
+            return False
+        req.block_ids.extend(self.allocator.allocate(need))
+        return True
+
+    def _preempt(self, req: Request) -> None:
+        self.allocator.free(req.block_ids)
+        req.block_ids, req.num_computed_tokens = [], 0
+        req.status = RequestStatus.WAITING
+        self.running.remove(req)
+        self.waiting.appendleft(req)
+
+    def schedule(self) -> SchedulerOutput:
+        budget = self.config.max_num_batched_tokens
+        scheduled: list[ScheduledRequest] = []
+        preempted = 0
+        # Decodes first (one token each), then running requests still in their prefill.
+        for req in sorted(self.running, key=lambda r: r.num_pending_tokens > 1):
+            if budget == 0 or req not in self.running:
+                continue
+            num_new = min(req.num_pending_tokens, budget)
+            while not self._grow(req, num_new):
+                taken = {id(s.request) for s in scheduled}
+                others = [r for r in self.running if r is not req and id(r) not in taken]
+                victim = others[-1] if others else req  # the newest one not yet scheduled
+                self._preempt(victim)
+                preempted += 1
+                if victim is req:
+                    break
+            if req.status is RequestStatus.WAITING:
+                continue
+            scheduled.append(ScheduledRequest(req, num_new))
+            budget -= num_new
+        while self.waiting and budget > 0 and len(self.running) < self.config.max_num_seqs:
+            if preempted:  # memory is short this step; let preempted work resume later
+                break
+            req = self.waiting[0]
+            num_new = min(req.num_pending_tokens, budget)
+            if not self._grow(req, num_new):
+                break
+            self.waiting.popleft()
+            req.status = RequestStatus.RUNNING
+            self.running.append(req)
+            scheduled.append(ScheduledRequest(req, num_new))
+            budget -= num_new
+        return SchedulerOutput(scheduled, preempted)
+
+    def finish(self, req: Request, reason: str) -> None:
+        """Mark `req` finished and free its blocks (also used for aborts)."""
+        if req.is_finished:
+            return
+        req.status, req.finish_reason = RequestStatus.FINISHED, reason
+        self.allocator.free(req.block_ids)
+        req.block_ids = []
+        if req in self.running:
+            self.running.remove(req)
+        elif req in self.waiting:
+            self.waiting.remove(req)

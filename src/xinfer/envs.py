@@ -1,0 +1,60 @@
+"""Every `XINFER_*` environment variable, read and validated here and nowhere else.
+Each is a function so that a value set after import (tests, the CLI) is honoured."""
+
+from __future__ import annotations
+
+import os
+
+from xinfer.errors import UserError
+
+
+def _get(name: str) -> str | None:
+    value = os.environ.get(name)
+    return None if value is None or value.strip() == "" else value.strip()
+
+
+def _float(name: str, default: float) -> float:
+    raw = _get(name)
+    if raw is None:
+        return default
+    try:
+        return float(raw)
+    except ValueError:
+        raise UserError(f"{name} must be a number, got {raw!r}") from None
+
+
+def _bool(name: str) -> bool:
+    raw = _get(name)
+    if raw is None:
+        return False
+    if raw.lower() in ("1", "true", "yes", "on"):
+        return True
+    if raw.lower() in ("0", "false", "no", "off"):
+        return False
+    raise UserError(f"{name} must be 1 or 0, got {raw!r}")
+
+
+def XINFER_MOE_OFFLOAD() -> str | None:
+    """`auto`, a fraction in (0, 1], or unset (no offload); validated by OffloadConfig.parse."""
+    return _get("XINFER_MOE_OFFLOAD")
+
+
+def XINFER_MOE_OFFLOAD_RESERVE_GB() -> float:
+    return _float("XINFER_MOE_OFFLOAD_RESERVE_GB", 2.5)
+
+
+def XINFER_MOE_OFFLOAD_PROFILE() -> bool:
+    return _bool("XINFER_MOE_OFFLOAD_PROFILE")
+
+
+def XINFER_API_KEY() -> str | None:
+    return _get("XINFER_API_KEY")
+
+
+def XINFER_DISABLE_TRITON() -> bool:
+    """Force the pure-torch reference kernels even on CUDA (debugging, A/B tests)."""
+    return _bool("XINFER_DISABLE_TRITON")
+
+
+def XINFER_LOG_LEVEL() -> str:
+    return (_get("XINFER_LOG_LEVEL") or "INFO").upper()

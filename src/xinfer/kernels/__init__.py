@@ -1,0 +1,91 @@
+"""Kernel launchers: check shapes and dtypes, then run the Triton kernel on CUDA tensors or
+the pure-torch twin from `reference.py` elsewhere (CPU, or `XINFER_DISABLE_TRITON=1`).
+Every caller in the engine goes through these functions, never through Triton directly."""
+
+from __future__ import annotations
+
+import functools
+
+import torch
+
+from xinfer import envs
+from xinfer.kernels import reference
+
+
+@functools.cache
+def has_triton() -> bool:
+    try:
+        import triton  # noqa: F401
+    except ImportError:
+        return False
+    return True
+
+
+def use_triton(t: torch.Tensor) -> bool:
+    return t.is_cuda and has_triton() and not envs.XINFER_DISABLE_TRITON()
+
+
+def rms_norm(
+    x: torch.Tensor, weight: torch.Tensor, eps: float, residual: torch.Tensor | None = None
+) -> torch.Tensor | tuple[torch.Tensor, torch.Tensor]:
+    if x.shape[-1] != weight.shape[0]:
+        raise ValueError(f"rms_norm: x has {x.shape[-1]} features, weight {weight.shape[0]}")
+    return reference.rms_norm(x, weight, eps, residual)
+
+
+def apply_rope(
+    q: torch.Tensor, k: torch.Tensor, positions: torch.Tensor, cos_sin_cache: torch.Tensor
+) -> tuple[torch.Tensor, torch.Tensor]:
+    return reference.apply_rope(q, k, positions, cos_sin_cache)
+
+
+def silu_and_mul(x: torch.Tensor) -> torch.Tensor:
+    return reference.silu_and_mul(x)
+
+
+def route_topk(
+    router_logits: torch.Tensor, top_k: int, renormalize: bool
+) -> tuple[torch.Tensor, torch.Tensor]:
+    return reference.route_topk(router_logits, top_k, renormalize)
+
+
+def fused_moe(
+    hidden: torch.Tensor,
+    topk_ids: torch.Tensor,
+    topk_weights: torch.Tensor,
+    w13: torch.Tensor,
+    w2: torch.Tensor,
+) -> torch.Tensor:
+    if w13.shape[0] != w2.shape[0] or w13.shape[1] != 2 * w2.shape[2]:
+        raise ValueError(f"fused_moe: w13 {tuple(w13.shape)} and w2 {tuple(w2.shape)} mismatch")
+    if topk_ids.shape != topk_weights.shape or topk_ids.shape[0] != hidden.shape[0]:
+        raise ValueError("fused_moe: topk_ids, topk_weights and hidden disagree on tokens")
+    return reference.fused_moe(hidden, topk_ids, topk_weights, w13, w2)
+
+
+def store_kv(
+    k: torch.Tensor,
+    v: torch.Tensor,
+    k_cache: torch.Tensor,
+    v_cache: torch.Tensor,
+    slot_mapping: torch.Tensor,
+) -> None:
+    reference.store_kv(k, v, k_cache, v_cache, slot_mapping)
+
+
+def paged_attention(
+    q: torch.Tensor,
+    k_cache: torch.Tensor,
+    v_cache: torch.Tensor,
+    block_tables: torch.Tensor,
+    seq_lens: torch.Tensor,
+    query_start_loc: torch.Tensor,
+    scale: float,
+    max_query_len: int | None = None,
+    max_seq_len: int | None = None,
+) -> torch.Tensor:
+    """`max_query_len`/`max_seq_len` are host-side bounds that let the GPU path pick its
+    decode or prefill kernel and grid without reading device memory."""
+    return reference.paged_attention(
+        q, k_cache, v_cache, block_tables, seq_lens, query_start_loc, scale
+    )

@@ -1,0 +1,1 @@
+"""Triton kernels (`@triton.jit` code only); launched from `xinfer.kernels`."""

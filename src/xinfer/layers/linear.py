@@ -1,0 +1,30 @@
+"""Linear layers, including the merged projections (q|k|v, gate|up) whose checkpoint parts
+are loaded into row slices of one weight (`shard_offsets` says where each part goes)."""
+
+from __future__ import annotations
+
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+
+class Linear(nn.Module):
+    def __init__(self, in_features: int, out_features: int, bias: bool = False) -> None:
+        super().__init__()
+        self.weight = nn.Parameter(torch.empty(out_features, in_features))
+        self.bias = nn.Parameter(torch.empty(out_features)) if bias else None
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return F.linear(x, self.weight, self.bias)
+
+
+class MergedLinear(Linear):
+    """Several projections of the same input stacked along the output dim."""
+
+    def __init__(self, in_features: int, parts: dict[str, int], bias: bool = False) -> None:
+        super().__init__(in_features, sum(parts.values()), bias)
+        self.shard_offsets: dict[str, tuple[int, int]] = {}
+        start = 0
+        for name, size in parts.items():
+            self.shard_offsets[name] = (start, size)
+            start += size

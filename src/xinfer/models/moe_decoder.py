@@ -1,0 +1,147 @@
+"""The decoder shared by our MoE architectures (pre-norm attention + MoE/dense MLP). Model
+files subclass `MoeForCausalLM` and only state how their HF config and checkpoint differ."""
+
+from __future__ import annotations
+
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+from xinfer.config import ModelConfig
+from xinfer.layers.attention import PagedAttention
+from xinfer.layers.linear import Linear, MergedLinear
+from xinfer.layers.mlp import GatedMLP
+from xinfer.layers.moe import FusedMoE
+from xinfer.layers.norm import RMSNorm
+from xinfer.layers.rotary import RotaryEmbedding
+
+
+class DecoderAttention(nn.Module):
+    def __init__(self, cfg: ModelConfig, max_pos: int) -> None:
+        super().__init__()
+        hd, nh, nkv = cfg.head_dim, cfg.num_heads, cfg.num_kv_heads
+        self.q_size, self.kv_size, self.head_dim = nh * hd, nkv * hd, hd
+        self.qkv_proj = MergedLinear(
+            cfg.hidden_size, {"q": nh * hd, "k": nkv * hd, "v": nkv * hd}, bias=cfg.qkv_bias
+        )
+        self.o_proj = Linear(nh * hd, cfg.hidden_size)
+        self.qk_norm, self.clip_qkv = cfg.qk_norm, cfg.clip_qkv
+        if cfg.qk_norm == "head":  # Qwen3: per head, after the reshape
+            self.q_norm, self.k_norm = RMSNorm(hd, cfg.rms_norm_eps), RMSNorm(hd, cfg.rms_norm_eps)
+        elif cfg.qk_norm == "full":  # OLMoE: over the whole projection
+            self.q_norm = RMSNorm(nh * hd, cfg.rms_norm_eps)
+            self.k_norm = RMSNorm(nkv * hd, cfg.rms_norm_eps)
+        self.rotary = RotaryEmbedding(hd, cfg.rope, max_pos)
+        self.attn = PagedAttention(nh, nkv, hd, hd**-0.5)
+
+    def forward(self, positions: torch.Tensor, x: torch.Tensor) -> torch.Tensor:
+        q, k, v = self.qkv_proj(x).split([self.q_size, self.kv_size, self.kv_size], dim=-1)
+        if self.qk_norm == "full":
+            q, k = self.q_norm(q), self.k_norm(k)
+        if self.clip_qkv is not None:
+            q, k, v = (t.clamp(-self.clip_qkv, self.clip_qkv) for t in (q, k, v))
+        q = q.reshape(q.shape[0], -1, self.head_dim)  # (T, Hq, D)
+        k = k.reshape(k.shape[0], -1, self.head_dim)  # (T, Hk, D)
+        v = v.reshape(v.shape[0], -1, self.head_dim)
+        if self.qk_norm == "head":
+            q, k = self.q_norm(q), self.k_norm(k)
+        q, k = self.rotary(positions, q, k)
+        return self.o_proj(self.attn(q, k, v))
+
+
+class SparseMoeBlock(nn.Module):
+    """Routed experts, plus Qwen2-MoE's shared expert behind a sigmoid gate when configured."""
+
+    def __init__(self, cfg: ModelConfig, expert_device: torch.device | str | None) -> None:
+        super().__init__()
+        self.gate = Linear(cfg.hidden_size, cfg.num_experts)  # router
+        self.experts = FusedMoE(
+            cfg.num_experts,
+            cfg.num_experts_per_tok,
+            cfg.hidden_size,
+            cfg.moe_intermediate_size,
+            cfg.norm_topk_prob,
+            expert_device,
+        )
+        self.shared_expert = None
+        if cfg.shared_expert_intermediate_size:
+            self.shared_expert = GatedMLP(cfg.hidden_size, cfg.shared_expert_intermediate_size)
+            self.shared_expert_gate = Linear(cfg.hidden_size, 1)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        out = self.experts(x, self.gate(x))
+        if self.shared_expert is not None:
+            out = out + torch.sigmoid(self.shared_expert_gate(x)) * self.shared_expert(x)
+        return out
+
+
+class DecoderLayer(nn.Module):
+    def __init__(
+        self, cfg: ModelConfig, layer_idx: int, max_pos: int, expert_device: torch.device | None
+    ) -> None:
+        super().__init__()
+        self.self_attn = DecoderAttention(cfg, max_pos)
+        if cfg.is_moe_layer(layer_idx):
+            self.mlp: nn.Module = SparseMoeBlock(cfg, expert_device)
+        else:
+            self.mlp = GatedMLP(cfg.hidden_size, cfg.intermediate_size)
+        self.input_layernorm = RMSNorm(cfg.hidden_size, cfg.rms_norm_eps)
+        self.post_attention_layernorm = RMSNorm(cfg.hidden_size, cfg.rms_norm_eps)
+
+    def forward(
+        self, positions: torch.Tensor, x: torch.Tensor, residual: torch.Tensor | None
+    ) -> tuple[torch.Tensor, torch.Tensor]:
+        if residual is None:
+            residual, x = x, self.input_layernorm(x)
+        else:
+            x, residual = self.input_layernorm(x, residual)
+        x = self.self_attn(positions, x)
+        x, residual = self.post_attention_layernorm(x, residual)
+        return self.mlp(x), residual
+
+
+class MoeModel(nn.Module):
+    def __init__(self, cfg: ModelConfig, max_pos: int, expert_device: torch.device | None) -> None:
+        super().__init__()
+        self.embed_tokens = nn.Embedding(cfg.vocab_size, cfg.hidden_size)
+        self.layers = nn.ModuleList(
+            DecoderLayer(cfg, i, max_pos, expert_device) for i in range(cfg.num_layers)
+        )
+        self.norm = RMSNorm(cfg.hidden_size, cfg.rms_norm_eps)
+
+    def forward(self, input_ids: torch.Tensor, positions: torch.Tensor) -> torch.Tensor:
+        x, residual = self.embed_tokens(input_ids), None
+        for layer in self.layers:
+            x, residual = layer(positions, x, residual)
+        x, _ = self.norm(x, residual)
+        return x
+
+
+class MoeForCausalLM(nn.Module):
+    """`forward(input_ids (T,), positions (T,)) → hidden (T, H)`; `compute_logits` → float32.
+
+    Batch metadata (KV slots, block tables) comes from the forward context."""
+
+    # (old, new) substrings applied to checkpoint names before mapping; "{e}" = expert index.
+    checkpoint_renames: tuple[tuple[str, str], ...] = ()
+
+    def __init__(
+        self, cfg: ModelConfig, max_pos: int, expert_device: torch.device | None = None
+    ) -> None:
+        super().__init__()
+        self.config = cfg
+        self.model = MoeModel(cfg, max_pos, expert_device)
+        self.lm_head = None if cfg.tie_word_embeddings else Linear(cfg.hidden_size, cfg.vocab_size)
+
+    def forward(self, input_ids: torch.Tensor, positions: torch.Tensor) -> torch.Tensor:
+        return self.model(input_ids, positions)
+
+    def compute_logits(self, hidden: torch.Tensor) -> torch.Tensor:
+        weight = self.model.embed_tokens.weight if self.lm_head is None else self.lm_head.weight
+        return F.linear(hidden, weight).float()
+
+    def moe_layers(self) -> list[FusedMoE]:
+        return [m for m in self.modules() if isinstance(m, FusedMoE)]
+
+    def attention_layers(self) -> list[PagedAttention]:
+        return [m for m in self.modules() if isinstance(m, PagedAttention)]

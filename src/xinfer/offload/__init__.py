@@ -1,0 +1,1 @@
+"""MoE expert offload: experts in pinned host memory, per-layer GPU slot caches."""

@@ -1,0 +1,1 @@
+"""Model execution: input preparation, the forward context, CUDA graphs and sampling."""

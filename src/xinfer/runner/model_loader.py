@@ -1,0 +1,66 @@
+"""Builds the model for a device and dtype and fills its weights (checkpoint or dummy).
+Expert tensors are created on `expert_device` (the host, when offloading), the rest on the
+target device, so that offloaded experts never touch GPU memory."""
+
+from __future__ import annotations
+
+import logging
+from contextlib import contextmanager
+
+import torch
+
+from xinfer.config import ModelConfig, parse_dtype
+from xinfer.models.moe_decoder import MoeForCausalLM
+from xinfer.models.registry import get_model_class
+from xinfer.weights.dummy import init_dummy_weights
+from xinfer.weights.loader import load_weights
+from xinfer.weights.safetensors import iter_safetensors
+
+logger = logging.getLogger(__name__)
+
+
+def resolve_dtype(
+    cfg: ModelConfig, requested: torch.dtype | None, device: torch.device
+) -> torch.dtype:
+    if requested is not None:
+        return requested
+    ckpt = (
+        parse_dtype(cfg.torch_dtype)
+        if cfg.torch_dtype in ("float32", "bfloat16", "float16")
+        else None
+    )
+    if device.type == "cpu" and ckpt == torch.float16:
+        return torch.float32  # fp16 matmuls on CPU are slow and lossy
+    return ckpt or (torch.bfloat16 if device.type == "cuda" else torch.float32)
+
+
+@contextmanager
+def _default_dtype(dtype: torch.dtype):
+    prev = torch.get_default_dtype()
+    torch.set_default_dtype(dtype)
+    try:
+        yield
+    finally:
+        torch.set_default_dtype(prev)
+
+
+def build_model(
+    model_dir: str,
+    cfg: ModelConfig,
+    device: torch.device,
+    dtype: torch.dtype,
+    max_pos: int,
+    expert_device: torch.device,
+    load_format: str = "auto",
+    seed: int = 0,
+    show_progress: bool = True,
+) -> MoeForCausalLM:
+    cls = get_model_class(cfg.architecture)
+    with _default_dtype(dtype), torch.device(device):
+        model = cls(cfg, max_pos, expert_device)
+    model.eval().requires_grad_(False)
+    if load_format == "dummy":
+        init_dummy_weights(model, seed=seed, gen_device=device, show_progress=show_progress)
+    else:
+        load_weights(model, iter_safetensors(model_dir, show_progress), cls.checkpoint_renames)
+    return model

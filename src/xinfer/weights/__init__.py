@@ -1,0 +1,1 @@
+"""Weight loading: checkpoint readers, the checkpoint-name → parameter mapping, dummy weights."""
