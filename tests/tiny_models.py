@@ -79,6 +79,7 @@ def write_checkpoint(model, path: Path, layout: str = "per_expert") -> Path:
         return path
     from safetensors.torch import save_file
 
+    model.config.architectures = [type(model).__name__]
     model.config.save_pretrained(path)
     sd = {k: v.contiguous() for k, v in model.state_dict().items()}
     if model.config.tie_word_embeddings:

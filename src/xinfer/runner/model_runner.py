@@ -109,9 +109,6 @@ class ModelRunner:
             return [], []
         logits = self.model.compute_logits(hidden[inp.logits_indices])  # (S, V) float32
         reqs = [s.request for s in sampling]
-        for row, req in enumerate(reqs):  # min_tokens: EOS may not end the output yet
-            if len(req.output_token_ids) < req.params.min_tokens and eos_ids:
-                logits[row, list(eos_ids)] = float("-inf")
         meta = SamplingMetadata.build(
             [r.params for r in reqs],
             [r.prompt_token_ids for r in reqs],
@@ -119,6 +116,7 @@ class ModelRunner:
             [r.generator for r in reqs],
             logits.shape[-1],
             self.device,
+            eos_token_ids=eos_ids,
         )
         result = sample(logits, meta)
         return result.token_ids, list(result.logprobs)

@@ -1,0 +1,299 @@
+"""Token sampling: per-request `SamplingParams`, the per-step batch view `SamplingMetadata`,
+and `sample`, which turns (B, V) logits into one token per row (penalties → greedy →
+temperature → top-k → top-p → min-p → draw) plus optional logprobs of the raw logits."""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+
+import torch
+
+from xinfer.errors import UserError
+
+MAX_LOGPROBS = 20
+# Temperatures below this are sampled greedily: dividing logits by them overflows float32.
+_GREEDY_EPS = 1e-5
+_INT_FIELDS = ("max_tokens", "top_k", "min_tokens", "n")
+# field: (lowest, highest, whether `lowest` itself is excluded)
+_BOUNDS = {
+    "max_tokens": (1, math.inf, False),
+    "temperature": (0, math.inf, False),
+    "top_p": (0, 1, True),
+    "top_k": (-1, math.inf, False),  # -1 and 0 mean off
+    "min_p": (0, 1, False),
+    "repetition_penalty": (0, math.inf, True),
+    "presence_penalty": (-2, 2, False),
+    "frequency_penalty": (-2, 2, False),
+    "min_tokens": (0, math.inf, False),
+    "n": (1, math.inf, False),
+}
+
+
+@dataclass
+class SamplingParams:
+    """How to pick the tokens of one request (OpenAI / vLLM names and semantics)."""
+
+    max_tokens: int = 16
+    temperature: float = 1.0
+    top_p: float = 1.0
+    top_k: int = 0  # 0 or -1: off
+    min_p: float = 0.0
+    repetition_penalty: float = 1.0  # HF: logits of prompt+output tokens / p if > 0 else * p
+    presence_penalty: float = 0.0  # OpenAI: over output tokens only
+    frequency_penalty: float = 0.0
+    seed: int | None = None
+    stop: str | list[str] | None = None  # always a list after __post_init__
+    stop_token_ids: list[int] | None = None  # always a list after __post_init__
+    ignore_eos: bool = False
+    min_tokens: int = 0
+    logprobs: int | None = None  # k: the sampled token's logprob plus the top-k alternatives
+    n: int = 1
+    skip_special_tokens: bool = True
+
+    def __post_init__(self) -> None:
+        self.stop = [self.stop] if isinstance(self.stop, str) else list(self.stop or [])
+        self.stop_token_ids = list(self.stop_token_ids or [])
+        for name, (low, high, is_low_open) in _BOUNDS.items():
+            value = getattr(self, name)
+            kind = int if name in _INT_FIELDS else (int, float)
+            if isinstance(value, bool) or not isinstance(value, kind) or math.isnan(value):
+                raise UserError(f"{name} must be a number, got {value!r}.")
+            if value < low or (is_low_open and value == low) or value > high:
+                low_text = f"{'>' if is_low_open else '>='} {low}"
+                bounds = low_text if high == math.inf else f"{low_text} and <= {high}"
+                raise UserError(f"{name} must be {bounds}, got {value!r}.")
+        if self.min_tokens > self.max_tokens:
+            raise UserError(f"min_tokens ({self.min_tokens}) must not exceed max_tokens.")
+        if self.logprobs is not None and (
+            type(self.logprobs) is not int or not 0 <= self.logprobs <= MAX_LOGPROBS
+        ):
+            raise UserError(f"logprobs must be null or an integer in [0, {MAX_LOGPROBS}].")
+        if self.seed is not None and type(self.seed) is not int:
+            raise UserError(f"seed must be null or an integer, got {self.seed!r}.")
+        if not all(isinstance(s, str) and s for s in self.stop):
+            raise UserError("stop must be a non-empty string or a list of them.")
+        if not all(type(t) is int and t >= 0 for t in self.stop_token_ids):
+            raise UserError("stop_token_ids must be a list of non-negative integers.")
+
+    @property
+    def is_greedy(self) -> bool:
+        return self.temperature == 0
+
+
+def make_generator(seed: int, device: torch.device | str) -> torch.Generator:
+    """The per-request RNG of a seeded request; it only ever draws that request's rows."""
+    return torch.Generator(device=device).manual_seed(seed)
+
+
+@dataclass(frozen=True)
+class Penalties:
+    """Per-row penalty inputs; built only when some row of the batch uses a penalty."""
+
+    seen: torch.Tensor  # (B, V) bool: token occurs in prompt or output
+    output_counts: torch.Tensor  # (B, V) float32: occurrences in the output
+    repetition: torch.Tensor  # (B,) float32
+    presence: torch.Tensor  # (B,) float32
+    frequency: torch.Tensor  # (B,) float32
+
+
+@dataclass(frozen=True)
+class SamplingMetadata:
+    """The sampling settings of one engine step's B rows as tensors; `None` = unused by all."""
+
+    temperature: torch.Tensor  # (B,) float32, 1.0 on greedy rows
+    greedy: torch.Tensor | None  # (B,) bool; None when no row is greedy
+    is_all_greedy: bool
+    top_k: torch.Tensor | None  # (B,) int64, V where off
+    top_p: torch.Tensor | None  # (B,) float32
+    min_p: torch.Tensor | None  # (B,) float32
+    penalties: Penalties | None
+    banned: tuple[torch.Tensor, torch.Tensor] | None  # (row_ids, token_ids) forced to -inf
+    generators: list[torch.Generator | None]
+    num_logprobs: list[int | None]
+
+    @classmethod
+    def build(
+        cls,
+        params: list[SamplingParams],
+        prompt_ids: list[list[int]],
+        output_ids: list[list[int]],
+        generators: list[torch.Generator | None],
+        vocab_size: int,
+        device: torch.device | str,
+        eos_token_ids: set[int] | None = None,
+    ) -> SamplingMetadata:
+        """`eos_token_ids`, when given, are banned (with `stop_token_ids`) on rows that have
+        not yet produced `min_tokens` tokens (unless the row sets `ignore_eos`)."""
+        if not len(prompt_ids) == len(output_ids) == len(generators) == len(params):
+            raise ValueError("params, prompt_ids, output_ids and generators differ in length")
+
+        def column(values: list, dtype: torch.dtype = torch.float32) -> torch.Tensor:
+            return torch.tensor(values, dtype=dtype, device=device)
+
+        floats = lambda name: column([getattr(p, name) for p in params])
+        is_greedy = [p.temperature < _GREEDY_EPS for p in params]
+        top_k = [p.top_k if 0 < p.top_k < vocab_size else vocab_size for p in params]
+        penalties = None  # the common case (no penalties) skips the (B, V) tensors
+        if any(
+            p.repetition_penalty != 1 or p.presence_penalty or p.frequency_penalty for p in params
+        ):
+            output_counts = _token_counts(output_ids, vocab_size, device)
+            seen = output_counts > 0
+            if any(p.repetition_penalty != 1 for p in params):
+                seen |= _token_counts(prompt_ids, vocab_size, device) > 0
+            penalties = Penalties(
+                seen,
+                output_counts,
+                *map(floats, ("repetition_penalty", "presence_penalty", "frequency_penalty")),
+            )
+        banned_rows, banned_ids = [], []
+        for row, p in enumerate(params):
+            if len(output_ids[row]) < p.min_tokens:
+                stops = set(p.stop_token_ids) | (set() if p.ignore_eos else eos_token_ids or set())
+                ids = [t for t in sorted(stops) if t < vocab_size]
+                banned_rows, banned_ids = banned_rows + [row] * len(ids), banned_ids + ids
+        return cls(
+            temperature=column(
+                [1.0 if is_greedy[i] else p.temperature for i, p in enumerate(params)]
+            ),
+            greedy=column(is_greedy, torch.bool) if any(is_greedy) else None,
+            is_all_greedy=all(is_greedy),
+            top_k=column(top_k, torch.int64) if min(top_k, default=0) < vocab_size else None,
+            top_p=floats("top_p") if any(p.top_p < 1 for p in params) else None,
+            min_p=floats("min_p") if any(p.min_p > 0 for p in params) else None,
+            penalties=penalties,
+            banned=(column(banned_rows, torch.int64), column(banned_ids, torch.int64))
+            if banned_ids
+            else None,
+            generators=list(generators),
+            num_logprobs=[p.logprobs for p in params],
+        )
+
+
+def _token_counts(
+    rows: list[list[int]], vocab_size: int, device: torch.device | str
+) -> torch.Tensor:
+    """(B, V) float32 counts of each token id per row."""
+    max_len = max((len(r) for r in rows), default=0)
+    # Pad with an extra id `vocab_size` whose column is dropped afterwards.
+    padded = torch.tensor([r + [vocab_size] * (max_len - len(r)) for r in rows], dtype=torch.int64)
+    padded = padded.reshape(len(rows), max_len).to(device)
+    counts = torch.zeros(len(rows), vocab_size + 1, dtype=torch.float32, device=device)
+    counts.scatter_add_(1, padded, torch.ones_like(padded, dtype=torch.float32))
+    return counts[:, :vocab_size]
+
+
+def apply_penalties(
+    logits: torch.Tensor,
+    seen: torch.Tensor,
+    output_counts: torch.Tensor,
+    repetition: torch.Tensor,
+    presence: torch.Tensor,
+    frequency: torch.Tensor,
+) -> torch.Tensor:
+    """HF repetition penalty on `seen` tokens, then OpenAI presence/frequency on output counts."""
+    rep = repetition[:, None]
+    logits = torch.where(seen, torch.where(logits > 0, logits / rep, logits * rep), logits)
+    return logits - frequency[:, None] * output_counts - presence[:, None] * (output_counts > 0)
+
+
+def apply_top_k(logits: torch.Tensor, k: torch.Tensor) -> torch.Tensor:
+    """Keep each row's k largest logits (k: (B,) int64, >= V means off); ties with the k-th stay."""
+    max_k = int(k.max().clamp(1, logits.shape[-1]))
+    top = logits.topk(max_k, dim=-1).values  # (B, max_k), descending
+    kth = top.gather(1, (k.clamp(1, max_k) - 1)[:, None])  # (B, 1)
+    return logits.masked_fill(logits < kth, float("-inf"))
+
+
+def apply_top_p(logits: torch.Tensor, p: torch.Tensor) -> torch.Tensor:
+    """Keep the smallest set of most likely tokens whose mass reaches p (p: (B,) in (0, 1])."""
+    sorted_logits, order = logits.sort(dim=-1)  # ascending
+    tail_mass = sorted_logits.softmax(dim=-1).cumsum(dim=-1)  # mass of this token and all below
+    remove = tail_mass <= 1 - p[:, None]
+    remove[:, -1] = False  # the most likely token always stays
+    remove = torch.empty_like(remove).scatter_(1, order, remove)  # back to vocab order
+    return logits.masked_fill(remove, float("-inf"))
+
+
+def apply_min_p(logits: torch.Tensor, min_p: torch.Tensor) -> torch.Tensor:
+    """Drop tokens whose probability is below min_p times the row's top probability."""
+    probs = logits.softmax(dim=-1)
+    threshold = probs.amax(dim=-1, keepdim=True) * min_p[:, None]
+    return logits.masked_fill(probs < threshold, float("-inf"))
+
+
+def random_sample(probs: torch.Tensor, generators: list[torch.Generator | None]) -> torch.Tensor:
+    """Exponential race: argmax(p / E), E ~ Exp(1), draws token i with probability p_i.
+    Seeded rows draw E from their own generator, so batch composition does not matter."""
+    race = torch.empty_like(probs)
+    seeded = [row for row, gen in enumerate(generators) if gen is not None]
+    if len(seeded) < len(generators):
+        race.exponential_()
+    for row in seeded:
+        race[row].exponential_(generator=generators[row])
+    return probs.div(race).argmax(dim=-1)
+
+
+@dataclass(frozen=True)
+class TokenLogprobs:
+    """The sampled token's logprob and the top-N alternatives, from the raw logits."""
+
+    token_id: int
+    logprob: float
+    top_ids: list[int]
+    top_logprobs: list[float]
+
+
+@dataclass(frozen=True)
+class SampleResult:
+    token_ids: list[int]
+    logprobs: list[TokenLogprobs | None]
+
+
+def sample(logits: torch.Tensor, meta: SamplingMetadata) -> SampleResult:
+    """Pick one token per row of `logits` (B, V) as `meta` says; `logits` is not modified."""
+    raw, logits = logits, logits.float()
+    if meta.penalties is not None:
+        pen = meta.penalties
+        logits = apply_penalties(
+            logits, pen.seen, pen.output_counts, pen.repetition, pen.presence, pen.frequency
+        )
+    if meta.banned is not None:
+        logits = logits.index_put(meta.banned, torch.tensor(float("-inf"), device=logits.device))
+    if meta.is_all_greedy:
+        token_ids = logits.argmax(dim=-1)
+    else:
+        greedy_ids = logits.argmax(dim=-1) if meta.greedy is not None else None
+        logits = logits / meta.temperature[:, None]
+        if meta.top_k is not None:
+            logits = apply_top_k(logits, meta.top_k)
+        if meta.top_p is not None:
+            logits = apply_top_p(logits, meta.top_p)
+        if meta.min_p is not None:
+            logits = apply_min_p(logits, meta.min_p)
+        token_ids = random_sample(logits.softmax(dim=-1), meta.generators)
+        if greedy_ids is not None:
+            token_ids = torch.where(meta.greedy, greedy_ids, token_ids)
+    return SampleResult(token_ids.tolist(), _logprobs(raw, token_ids, meta.num_logprobs))
+
+
+def _logprobs(
+    raw: torch.Tensor, token_ids: torch.Tensor, num_logprobs: list[int | None]
+) -> list[TokenLogprobs | None]:
+    rows = [row for row, k in enumerate(num_logprobs) if k is not None]
+    result: list[TokenLogprobs | None] = [None] * len(num_logprobs)
+    if not rows:
+        return result
+    row_ids = torch.tensor(rows, device=raw.device)
+    logprobs = raw[row_ids].float().log_softmax(dim=-1)  # (R, V)
+    chosen_ids = token_ids[row_ids]
+    chosen = logprobs.gather(1, chosen_ids[:, None]).squeeze(1).tolist()
+    chosen_ids = chosen_ids.tolist()
+    max_k = max(num_logprobs[row] for row in rows)
+    top_lp, top_ids = logprobs.topk(max_k, dim=-1)  # (R, max_k)
+    top_lp, top_ids = top_lp.tolist(), top_ids.tolist()
+    for i, row in enumerate(rows):
+        k = num_logprobs[row]
+        result[row] = TokenLogprobs(chosen_ids[i], chosen[i], top_ids[i][:k], top_lp[i][:k])
+    return result
