@@ -75,8 +75,12 @@ class Engine:
             config.cache.block_size,
             kv_dtype,
             self.max_model_len,
+            config.scheduler.max_num_seqs,
             graphs,
+            self.offload_manager.is_graph_safe if self.offload_manager else None,
         )
+        if self.offload_manager is not None and hasattr(self.offload_manager, "reset_stats"):
+            self.offload_manager.reset_stats()  # graph warm-up is not the user's traffic
         self.allocator = BlockAllocator(num_blocks, config.cache.block_size)
         self.scheduler = Scheduler(config.scheduler, self.allocator)
         self.eos_ids = set(self.tokenizer.eos_token_ids) if self.tokenizer else set()

@@ -34,10 +34,17 @@ class ModelRunner:
         block_size: int,
         kv_dtype: torch.dtype,
         max_model_len: int,
+        max_num_seqs: int = 64,
         graph_runner_factory=None,
+        is_graph_safe=None,
     ) -> None:
+        """`graph_runner_factory(runner)` builds the CUDA-graph runner (None: eager only);
+        `is_graph_safe(batch_size)` says whether every layer can run that decode batch
+        without a host decision (offload: the routed ids fit in the slots)."""
         self.model, self.cfg, self.device = model, cfg, device
         self.block_size, self.max_model_len = block_size, max_model_len
+        self.max_num_seqs = max_num_seqs
+        self.is_graph_safe = is_graph_safe or (lambda batch_size: True)
         self.max_blocks_per_seq = -(-max_model_len // block_size)
         shape = (num_blocks, block_size, cfg.num_kv_heads, cfg.head_dim)
         self.kv_caches = []

@@ -1,0 +1,94 @@
+"""The `xinfer` command end to end (subprocess): one-shot generation, and every user
+mistake ends with exit code 2 and one clear line on stderr, never a traceback."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+
+import pytest
+import tiny_models as tm
+
+
+def run_cli(*args: str, timeout: int = 120) -> subprocess.CompletedProcess:
+    return subprocess.run(
+        [sys.executable, "-m", "xinfer.cli", *args],
+        capture_output=True,
+        text=True,
+        timeout=timeout,
+    )
+
+
+@pytest.fixture(scope="module")
+def tiny_dir(tmp_path_factory):
+    return tm.write_checkpoint(tm.make_hf_model("qwen3_moe"), tmp_path_factory.mktemp("cli"))
+
+
+def _assert_user_error(proc: subprocess.CompletedProcess, needle: str) -> None:
+    assert proc.returncode == 2, proc.stderr
+    assert "Traceback" not in proc.stderr
+    lines = [ln for ln in proc.stderr.splitlines() if ln.startswith("xinfer: error:")]
+    assert len(lines) == 1, proc.stderr
+    assert needle in lines[0], lines[0]
+
+
+def test_missing_path():
+    _assert_user_error(
+        run_cli("--m", "/no/such/model", "--prompt", "hi", "--d", "cpu"), "does not exist"
+    )
+
+
+def test_dir_without_config(tmp_path):
+    _assert_user_error(run_cli("--m", str(tmp_path), "--prompt", "hi", "--d", "cpu"), "config.json")
+
+
+def test_unknown_architecture(tmp_path):
+    cfg = {
+        "architectures": ["LlamaForCausalLM"],
+        "hidden_size": 8,
+        "num_hidden_layers": 1,
+        "num_attention_heads": 1,
+        "vocab_size": 10,
+    }
+    (tmp_path / "config.json").write_text(json.dumps(cfg))
+    proc = run_cli("--m", str(tmp_path), "--prompt", "hi", "--d", "cpu")
+    _assert_user_error(proc, "Qwen3MoeForCausalLM")
+
+
+def test_bad_dtype(tiny_dir):
+    _assert_user_error(run_cli("--m", str(tiny_dir), "--dtype", "int3", "--prompt", "x"), "dtype")
+
+
+def test_bad_option_value(tiny_dir):
+    proc = run_cli("--m", str(tiny_dir), "--d", "cpu", "--prompt", "x", "--temperature", "-1")
+    _assert_user_error(proc, "temperature")
+
+
+def test_empty_prompt(tiny_dir):
+    _assert_user_error(run_cli("--m", str(tiny_dir), "--d", "cpu", "--prompt", "  "), "empty")
+
+
+def test_text_prompt_without_tokenizer(tiny_dir):
+    proc = run_cli("--m", str(tiny_dir), "--d", "cpu", "--prompt", "hello")
+    _assert_user_error(proc, "tokenizer")
+
+
+def test_prompt_longer_than_max_model_len(tmp_path):
+    from tests_support_tokenizer import write_tokenizer
+
+    d = tm.write_checkpoint(tm.make_hf_model("qwen3_moe", vocab_size=512), tmp_path / "m")
+    write_tokenizer(d, vocab_size=512)
+    proc = run_cli("--m", str(d), "--d", "cpu", "--max-model-len", "8", "--prompt", "word " * 50)
+    _assert_user_error(proc, "max-model-len")
+
+
+def test_one_shot_generation_streams(tmp_path):
+    from tests_support_tokenizer import write_tokenizer
+
+    d = tm.write_checkpoint(tm.make_hf_model("qwen3_moe", vocab_size=512), tmp_path / "m")
+    write_tokenizer(d, vocab_size=512)
+    proc = run_cli("--m", str(d), "--d", "cpu", "--prompt", "def main():", "--max-tokens", "12")
+    assert proc.returncode == 0, proc.stderr
+    assert proc.stdout.strip(), "no completion was printed"
+    assert "12 tokens" in proc.stderr
