@@ -1,0 +1,220 @@
+"""Launchers of the Triton MoE kernels: fused_moe (decode GEMV / prefill grouped GEMM),
+route_topk and silu_and_mul. Called from `xinfer.kernels` on CUDA tensors (and by the tests
+on CPU tensors under TRITON_INTERPRET=1). No host sync anywhere: safe in CUDA graphs.
+
+Determinism: the kernel and tile config depend only on (T, k, H, I, dtype), never on the
+number of ids N or on the id values, so an expert's output bits do not depend on placement."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import torch
+import triton
+
+from xinfer.kernels.triton import activation, routing
+from xinfer.kernels.triton import fused_moe as moe_jit
+
+_DTYPES = (torch.bfloat16, torch.float16, torch.float32)
+# (token, k) pairs up to which decode uses the GEMV kernels (each pair streams its expert)
+MAX_GEMV_PAIRS = 64
+
+
+@dataclass(frozen=True)
+class MoeConfig:
+    """Tile sizes of one path; `block_m` is only used by the grouped (prefill) path."""
+
+    block_n: int
+    block_k: int
+    num_warps: int
+    block_m: int = 0
+    num_stages: int = 3
+    down_block_n: int = 0  # 0 = same as block_n
+
+
+def gemv_config(num_pairs: int, hidden_dim: int, inter_dim: int, dtype: torch.dtype) -> MoeConfig:
+    # rows of one expert per program; at T=1, k=8 (Qwen3-30B-A3B) that is 8 x 48 gate/up and
+    # 256 down programs for 132 SMs. BLOCK_K fixes the reduction order: keep it shape-only.
+    del num_pairs, hidden_dim, inter_dim
+    if dtype == torch.float32:
+        return MoeConfig(block_n=8, block_k=128, num_warps=4)
+    return MoeConfig(block_n=16, block_k=256, num_warps=4, down_block_n=8)
+
+
+def grouped_config(num_pairs: int, dtype: torch.dtype) -> MoeConfig:
+    if dtype == torch.float32:  # fp32 tiles are twice the bytes: keep shared memory small
+        return MoeConfig(block_m=32, block_n=32, block_k=32, num_warps=4, num_stages=2)
+    if num_pairs <= 1024:  # few rows per id: memory-bound, small M, many programs
+        return MoeConfig(block_m=16, block_n=64, block_k=128, num_warps=4, num_stages=4)
+    return MoeConfig(block_m=64, block_n=64, block_k=64, num_warps=4, down_block_n=128)
+
+
+def _check_moe(hidden, topk_ids, topk_weights, w13, w2) -> None:
+    if hidden.dim() != 2 or topk_ids.dim() != 2 or w13.dim() != 3 or w2.dim() != 3:
+        raise ValueError("fused_moe: expected hidden (T, H), topk_ids (T, k), w13/w2 3-D")
+    if topk_weights.shape != topk_ids.shape or topk_ids.shape[0] != hidden.shape[0]:
+        raise ValueError("fused_moe: topk_ids, topk_weights and hidden disagree on tokens")
+    if hidden.dtype not in _DTYPES or w13.dtype != hidden.dtype or w2.dtype != hidden.dtype:
+        raise ValueError(
+            f"fused_moe: hidden {hidden.dtype}, w13 {w13.dtype}, w2 {w2.dtype}: "
+            "expected one dtype of bfloat16/float16/float32"
+        )
+    num_ids, two_inter, hidden_dim = w13.shape
+    if w2.shape != (num_ids, hidden_dim, two_inter // 2) or hidden.shape[1] != hidden_dim:
+        raise ValueError(f"fused_moe: w13 {tuple(w13.shape)}, w2 {tuple(w2.shape)} mismatch")
+    if w13.stride(-1) != 1 or w2.stride(-1) != 1:
+        raise ValueError("fused_moe: expert weights must be contiguous in their last dim")
+
+
+def fused_moe(
+    hidden: torch.Tensor,
+    topk_ids: torch.Tensor,
+    topk_weights: torch.Tensor,
+    w13: torch.Tensor,
+    w2: torch.Tensor,
+    config: MoeConfig | None = None,
+    use_gemv: bool | None = None,
+) -> torch.Tensor:
+    """Triton twin of `reference.fused_moe`. `config`/`use_gemv` override the choice
+    (tests, benchmarks); by default both depend only on (T, k, H, I, dtype)."""
+    _check_moe(hidden, topk_ids, topk_weights, w13, w2)
+    num_pairs = topk_ids.numel()
+    if use_gemv is None:
+        use_gemv = num_pairs <= MAX_GEMV_PAIRS
+    hidden = hidden.contiguous()
+    topk_ids = topk_ids.to(torch.int32).contiguous()
+    topk_weights = topk_weights.to(torch.float32).contiguous()
+    out = torch.empty_like(hidden)
+    if num_pairs == 0:
+        return out
+    if use_gemv:
+        config = config or gemv_config(num_pairs, w13.shape[2], w2.shape[2], hidden.dtype)
+        _moe_gemv(hidden, topk_ids, topk_weights, w13, w2, out, config)
+    else:
+        config = config or grouped_config(num_pairs, hidden.dtype)
+        _moe_grouped(hidden, topk_ids, topk_weights, w13, w2, out, config)
+    return out
+
+
+def _moe_gemv(hidden, topk_ids, topk_weights, w13, w2, out, cfg: MoeConfig) -> None:
+    # re-reads an expert once per pair that hits it: fine while pairs <= MAX_GEMV_PAIRS
+    num_tokens, top_k = topk_ids.shape
+    hidden_dim, inter_dim = w2.shape[1], w2.shape[2]
+    inter = hidden.new_empty(num_tokens * top_k, inter_dim)  # (T*k, I)
+    grid = (num_tokens * top_k, triton.cdiv(inter_dim, cfg.block_n))
+    moe_jit.moe_gate_up_gemv_kernel[grid](
+        hidden, topk_ids, w13, inter,
+        hidden_dim, inter_dim,
+        hidden.stride(0), w13.stride(0), w13.stride(1), inter.stride(0),
+        TOP_K=top_k, BLOCK_N=cfg.block_n, BLOCK_K=cfg.block_k, num_warps=cfg.num_warps,
+    )  # fmt: skip
+    down_n = cfg.down_block_n or cfg.block_n
+    grid = (num_tokens, triton.cdiv(hidden_dim, down_n))
+    moe_jit.moe_down_combine_gemv_kernel[grid](
+        inter, topk_ids, topk_weights, w2, out,
+        hidden_dim, inter_dim,
+        inter.stride(0), w2.stride(0), w2.stride(1), out.stride(0),
+        TOP_K=top_k, BLOCK_N=down_n, BLOCK_K=min(cfg.block_k, triton.next_power_of_2(inter_dim)),
+        num_warps=cfg.num_warps,
+    )  # fmt: skip
+
+
+def align_pairs(
+    topk_ids: torch.Tensor, num_ids: int, block_m: int
+) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """Sort the (token, k) pairs by id (stable) and pad each id's run to a multiple of
+    block_m, in one Triton program (ids must lie in [0, num_ids); not checked: no host sync).
+
+    Returns sorted_pairs int32 (max_rows,) (pair index, or num_pairs for padding),
+    block_ids int32 (max_rows / block_m,) (the id of each tile), num_rows int32 (1,)."""
+    topk_ids = topk_ids.to(torch.int32).contiguous()
+    num_pairs, dev = topk_ids.numel(), topk_ids.device
+    # upper bound from host-known sizes only: every used id adds < block_m padding rows
+    max_rows = triton.cdiv(num_pairs + min(num_ids, num_pairs) * (block_m - 1), block_m) * block_m
+    sorted_pairs = torch.empty(max_rows, dtype=torch.int32, device=dev)
+    block_ids = torch.empty(max_rows // block_m, dtype=torch.int32, device=dev)
+    num_rows = torch.empty(1, dtype=torch.int32, device=dev)
+    block_ids_pow2 = triton.next_power_of_2(num_ids)
+    chunk = max(8, min(128, 8192 // block_ids_pow2))  # keeps the (chunk, ids) masks in registers
+    moe_jit.moe_align_kernel[(1,)](
+        topk_ids, sorted_pairs, block_ids, num_rows,
+        num_pairs, num_ids, max_rows,
+        BLOCK_M=block_m, BLOCK_IDS=block_ids_pow2, CHUNK=chunk, num_warps=8,
+    )  # fmt: skip
+    return sorted_pairs, block_ids, num_rows
+
+
+def _moe_grouped(hidden, topk_ids, topk_weights, w13, w2, out, cfg: MoeConfig) -> None:
+    num_tokens, top_k = topk_ids.shape
+    num_pairs = num_tokens * top_k
+    num_ids, hidden_dim, inter_dim = w2.shape
+    precision = "ieee" if hidden.dtype == torch.float32 else "tf32"  # fp32 must not use tf32
+    sorted_pairs, block_ids, num_rows = align_pairs(topk_ids, num_ids, cfg.block_m)
+    num_blocks = block_ids.numel()
+    inter = hidden.new_empty(num_pairs, inter_dim)  # (T*k, I), pair order
+    grid = (num_blocks * triton.cdiv(inter_dim, cfg.block_n),)
+    moe_jit.moe_gate_up_grouped_kernel[grid](
+        hidden, sorted_pairs, block_ids, num_rows, w13, inter,
+        num_pairs, hidden_dim, inter_dim,
+        hidden.stride(0), w13.stride(0), w13.stride(1), inter.stride(0),
+        TOP_K=top_k, BLOCK_M=cfg.block_m, BLOCK_N=cfg.block_n, BLOCK_K=cfg.block_k,
+        DOT_PRECISION=precision, num_warps=cfg.num_warps, num_stages=cfg.num_stages,
+    )  # fmt: skip
+    y = hidden.new_empty(num_pairs, hidden_dim)  # (T*k, H) unweighted expert outputs
+    down_n = cfg.down_block_n or cfg.block_n
+    grid = (num_blocks * triton.cdiv(hidden_dim, down_n),)
+    moe_jit.moe_down_grouped_kernel[grid](
+        inter, sorted_pairs, block_ids, num_rows, w2, y,
+        num_pairs, hidden_dim, inter_dim,
+        inter.stride(0), w2.stride(0), w2.stride(1), y.stride(0),
+        BLOCK_M=cfg.block_m, BLOCK_N=down_n, BLOCK_K=cfg.block_k,
+        DOT_PRECISION=precision, num_warps=cfg.num_warps, num_stages=cfg.num_stages,
+    )  # fmt: skip
+    block = min(1024, triton.next_power_of_2(hidden_dim))
+    moe_jit.moe_combine_kernel[(num_tokens, triton.cdiv(hidden_dim, block))](
+        y, topk_weights, out, hidden_dim, y.stride(0), out.stride(0),
+        TOP_K=top_k, BLOCK_N=block, num_warps=4,
+    )  # fmt: skip
+
+
+def route_topk(
+    router_logits: torch.Tensor, top_k: int, renormalize: bool
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """Triton twin of `reference.route_topk`: (weights f32 (T, k), ids int32 (T, k))."""
+    if router_logits.dim() != 2 or router_logits.dtype not in _DTYPES:
+        raise ValueError("route_topk: expected router_logits (T, E) in bf16/fp16/fp32")
+    num_tokens, num_experts = router_logits.shape
+    if not 0 < top_k <= num_experts:
+        raise ValueError(f"route_topk: top_k={top_k} must be in [1, {num_experts}]")
+    logits = router_logits if router_logits.stride(-1) == 1 else router_logits.contiguous()
+    dev = logits.device
+    weights = torch.empty(num_tokens, top_k, dtype=torch.float32, device=dev)
+    ids = torch.empty(num_tokens, top_k, dtype=torch.int32, device=dev)
+    if num_tokens == 0:
+        return weights, ids
+    block_e = triton.next_power_of_2(num_experts)
+    routing.route_topk_kernel[(num_tokens,)](
+        logits, weights, ids, num_experts, logits.stride(0),
+        TOP_K=top_k, RENORMALIZE=renormalize, BLOCK_E=block_e,
+        BLOCK_K=triton.next_power_of_2(top_k), num_warps=4 if block_e >= 512 else 2,
+    )  # fmt: skip
+    return weights, ids
+
+
+def silu_and_mul(x: torch.Tensor) -> torch.Tensor:
+    """Triton twin of `reference.silu_and_mul`: x (..., 2I) → (..., I)."""
+    if x.dtype not in _DTYPES or x.shape[-1] % 2:
+        raise ValueError(f"silu_and_mul: expected (..., 2I) bf16/fp16/fp32, got {x.dtype}")
+    inter_dim = x.shape[-1] // 2
+    x2 = x.reshape(-1, x.shape[-1])
+    if x2.stride(-1) != 1:
+        x2 = x2.contiguous()
+    out = x.new_empty(x2.shape[0], inter_dim)
+    if out.numel() == 0:
+        return out.view(*x.shape[:-1], inter_dim)
+    block = min(1024, triton.next_power_of_2(inter_dim))
+    grid = (x2.shape[0], triton.cdiv(inter_dim, block))
+    activation.silu_and_mul_kernel[grid](
+        x2, out, inter_dim, x2.stride(0), out.stride(0), BLOCK=block, num_warps=4
+    )
+    return out.view(*x.shape[:-1], inter_dim)

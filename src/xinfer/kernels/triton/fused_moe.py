@@ -1,0 +1,218 @@
+"""Triton kernels of the routed-expert MLP (launched from `xinfer.kernels.moe_launch`).
+
+Decode: GEMV kernels over (token, k) pairs. Prefill: grouped GEMM over rows sorted by id and
+padded to BLOCK_M. Every rounding mirrors `reference.fused_moe`: gate/up outputs, the SiLU
+output, the product and each expert output are rounded to the activation dtype."""
+
+from __future__ import annotations
+
+import triton
+import triton.language as tl
+
+
+@triton.jit
+def _silu_mul(g, u, DTYPE: tl.constexpr):
+    # reference: (x @ w13.T) in DTYPE, then F.silu(gate) * up, each op rounded to DTYPE
+    g = g.to(DTYPE).to(tl.float32)
+    u = u.to(DTYPE).to(tl.float32)
+    s = (g / (1.0 + tl.exp(-g))).to(DTYPE).to(tl.float32)
+    return (s * u).to(DTYPE)
+
+
+@triton.jit
+def moe_gate_up_gemv_kernel(
+    x_ptr, ids_ptr, w13_ptr, inter_ptr,
+    hidden_dim, inter_dim,
+    stride_xt, stride_we, stride_wn, stride_it,
+    TOP_K: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr,
+):  # fmt: skip
+    """grid (T*k, cdiv(I, BLOCK_N)): inter[pair, n] = silu(x·w13[e, n]) * (x·w13[e, I + n])."""
+    pair = tl.program_id(0)
+    pid_n = tl.program_id(1)
+    tok = (pair // TOP_K).to(tl.int64)
+    e = tl.load(ids_ptr + pair).to(tl.int64)
+    offs_n = pid_n * BLOCK_N + tl.arange(0, BLOCK_N)
+    offs_k = tl.arange(0, BLOCK_K)
+    mask_n = offs_n < inter_dim
+    x_row = x_ptr + tok * stride_xt + offs_k
+    w_gate = w13_ptr + e * stride_we + offs_n[:, None] * stride_wn + offs_k[None, :]
+    w_up = w_gate + inter_dim * stride_wn
+    acc_g = tl.zeros((BLOCK_N, BLOCK_K), dtype=tl.float32)
+    acc_u = tl.zeros((BLOCK_N, BLOCK_K), dtype=tl.float32)
+    for k0 in range(0, hidden_dim, BLOCK_K):
+        mask_k = offs_k < hidden_dim - k0
+        mask_w = mask_n[:, None] & mask_k[None, :]
+        x = tl.load(x_row + k0, mask=mask_k, other=0.0).to(tl.float32)
+        wg = tl.load(w_gate + k0, mask=mask_w, other=0.0).to(tl.float32)
+        wu = tl.load(w_up + k0, mask=mask_w, other=0.0).to(tl.float32)
+        acc_g += wg * x[None, :]
+        acc_u += wu * x[None, :]
+    h = _silu_mul(tl.sum(acc_g, axis=1), tl.sum(acc_u, axis=1), inter_ptr.dtype.element_ty)
+    tl.store(inter_ptr + pair.to(tl.int64) * stride_it + offs_n, h, mask=mask_n)
+
+
+@triton.jit
+def moe_down_combine_gemv_kernel(
+    inter_ptr, ids_ptr, weights_ptr, w2_ptr, out_ptr,
+    hidden_dim, inter_dim,
+    stride_it, stride_we, stride_wn, stride_ot,
+    TOP_K: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr,
+):  # fmt: skip
+    """grid (T, cdiv(H, BLOCK_N)): out[t, n] = sum_k w[t, k] * (inter[t, k]·w2[e_k, n]),
+    the sum in k order in float32, each expert output rounded to the dtype first."""
+    tok = tl.program_id(0).to(tl.int64)
+    pid_n = tl.program_id(1)
+    offs_n = pid_n * BLOCK_N + tl.arange(0, BLOCK_N)
+    offs_k = tl.arange(0, BLOCK_K)
+    mask_n = offs_n < hidden_dim
+    out = tl.zeros((BLOCK_N,), dtype=tl.float32)
+    for j in range(TOP_K):  # k order: the fixed summation order of the combine
+        pair = tok * TOP_K + j
+        e = tl.load(ids_ptr + pair).to(tl.int64)
+        route_w = tl.load(weights_ptr + pair)
+        a_row = inter_ptr + pair * stride_it + offs_k
+        w_rows = w2_ptr + e * stride_we + offs_n[:, None] * stride_wn + offs_k[None, :]
+        acc = tl.zeros((BLOCK_N, BLOCK_K), dtype=tl.float32)
+        for k0 in range(0, inter_dim, BLOCK_K):
+            mask_k = offs_k < inter_dim - k0
+            a = tl.load(a_row + k0, mask=mask_k, other=0.0).to(tl.float32)
+            w = tl.load(w_rows + k0, mask=mask_n[:, None] & mask_k[None, :], other=0.0)
+            acc += w.to(tl.float32) * a[None, :]
+        y = tl.sum(acc, axis=1).to(out_ptr.dtype.element_ty).to(tl.float32)
+        out += y * route_w
+    tl.store(out_ptr + tok * stride_ot + offs_n, out.to(out_ptr.dtype.element_ty), mask=mask_n)
+
+
+@triton.jit
+def moe_gate_up_grouped_kernel(
+    x_ptr, sorted_pairs_ptr, block_ids_ptr, num_rows_ptr, w13_ptr, inter_ptr,
+    num_pairs, hidden_dim, inter_dim,
+    stride_xt, stride_we, stride_wn, stride_it,
+    TOP_K: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr,
+    DOT_PRECISION: tl.constexpr,
+):  # fmt: skip
+    """grid (max_blocks * cdiv(I, BLOCK_N),): one BLOCK_M tile of rows that share one id;
+    padding rows hold `num_pairs` and are masked. Writes inter[pair] (pair order)."""
+    pid = tl.program_id(0)
+    num_pid_n = tl.cdiv(inter_dim, BLOCK_N)
+    pid_m = pid // num_pid_n
+    pid_n = pid % num_pid_n
+    if pid_m * BLOCK_M >= tl.load(num_rows_ptr):
+        return  # beyond the padded rows actually used this call
+    e = tl.load(block_ids_ptr + pid_m).to(tl.int64)
+    pairs = tl.load(sorted_pairs_ptr + pid_m * BLOCK_M + tl.arange(0, BLOCK_M))
+    mask_m = pairs < num_pairs
+    toks = (pairs // TOP_K).to(tl.int64)
+    offs_n = pid_n * BLOCK_N + tl.arange(0, BLOCK_N)
+    offs_k = tl.arange(0, BLOCK_K)
+    mask_n = offs_n < inter_dim
+    a_ptrs = x_ptr + toks[:, None] * stride_xt + offs_k[None, :]  # (BLOCK_M, BLOCK_K)
+    g_ptrs = w13_ptr + e * stride_we + offs_n[None, :] * stride_wn + offs_k[:, None]  # (K, N)
+    u_ptrs = g_ptrs + inter_dim * stride_wn
+    acc_g = tl.zeros((BLOCK_M, BLOCK_N), dtype=tl.float32)
+    acc_u = tl.zeros((BLOCK_M, BLOCK_N), dtype=tl.float32)
+    for k0 in range(0, hidden_dim, BLOCK_K):
+        mask_k = offs_k < hidden_dim - k0
+        a = tl.load(a_ptrs + k0, mask=mask_m[:, None] & mask_k[None, :], other=0.0)
+        mask_b = mask_k[:, None] & mask_n[None, :]
+        bg = tl.load(g_ptrs + k0, mask=mask_b, other=0.0)
+        bu = tl.load(u_ptrs + k0, mask=mask_b, other=0.0)
+        acc_g = tl.dot(a, bg, acc_g, input_precision=DOT_PRECISION)
+        acc_u = tl.dot(a, bu, acc_u, input_precision=DOT_PRECISION)
+    h = _silu_mul(acc_g, acc_u, inter_ptr.dtype.element_ty)
+    out_ptrs = inter_ptr + pairs.to(tl.int64)[:, None] * stride_it + offs_n[None, :]
+    tl.store(out_ptrs, h, mask=mask_m[:, None] & mask_n[None, :])
+
+
+@triton.jit
+def moe_down_grouped_kernel(
+    inter_ptr, sorted_pairs_ptr, block_ids_ptr, num_rows_ptr, w2_ptr, y_ptr,
+    num_pairs, hidden_dim, inter_dim,
+    stride_it, stride_we, stride_wn, stride_yt,
+    BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr,
+    DOT_PRECISION: tl.constexpr,
+):  # fmt: skip
+    """grid (max_blocks * cdiv(H, BLOCK_N),): y[pair] = inter[pair] @ w2[e].T in the dtype."""
+    pid = tl.program_id(0)
+    num_pid_n = tl.cdiv(hidden_dim, BLOCK_N)
+    pid_m = pid // num_pid_n
+    pid_n = pid % num_pid_n
+    if pid_m * BLOCK_M >= tl.load(num_rows_ptr):
+        return
+    e = tl.load(block_ids_ptr + pid_m).to(tl.int64)
+    pairs = tl.load(sorted_pairs_ptr + pid_m * BLOCK_M + tl.arange(0, BLOCK_M))
+    mask_m = pairs < num_pairs
+    rows = pairs.to(tl.int64)
+    offs_n = pid_n * BLOCK_N + tl.arange(0, BLOCK_N)
+    offs_k = tl.arange(0, BLOCK_K)
+    mask_n = offs_n < hidden_dim
+    a_ptrs = inter_ptr + rows[:, None] * stride_it + offs_k[None, :]
+    b_ptrs = w2_ptr + e * stride_we + offs_n[None, :] * stride_wn + offs_k[:, None]
+    acc = tl.zeros((BLOCK_M, BLOCK_N), dtype=tl.float32)
+    for k0 in range(0, inter_dim, BLOCK_K):
+        mask_k = offs_k < inter_dim - k0
+        a = tl.load(a_ptrs + k0, mask=mask_m[:, None] & mask_k[None, :], other=0.0)
+        b = tl.load(b_ptrs + k0, mask=mask_k[:, None] & mask_n[None, :], other=0.0)
+        acc = tl.dot(a, b, acc, input_precision=DOT_PRECISION)
+    y_ptrs = y_ptr + rows[:, None] * stride_yt + offs_n[None, :]
+    tl.store(y_ptrs, acc.to(y_ptr.dtype.element_ty), mask=mask_m[:, None] & mask_n[None, :])
+
+
+@triton.jit
+def moe_combine_kernel(
+    y_ptr, weights_ptr, out_ptr,
+    hidden_dim, stride_yt, stride_ot,
+    TOP_K: tl.constexpr, BLOCK_N: tl.constexpr,
+):  # fmt: skip
+    """grid (T, cdiv(H, BLOCK_N)): out[t] = sum_k w[t, k] * y[t*k + k], k order, float32."""
+    tok = tl.program_id(0).to(tl.int64)
+    offs_n = tl.program_id(1) * BLOCK_N + tl.arange(0, BLOCK_N)
+    mask_n = offs_n < hidden_dim
+    out = tl.zeros((BLOCK_N,), dtype=tl.float32)
+    for j in range(TOP_K):
+        pair = tok * TOP_K + j
+        route_w = tl.load(weights_ptr + pair)
+        y = tl.load(y_ptr + pair * stride_yt + offs_n, mask=mask_n, other=0.0)
+        out += y.to(tl.float32) * route_w
+    tl.store(out_ptr + tok * stride_ot + offs_n, out.to(out_ptr.dtype.element_ty), mask=mask_n)
+
+
+@triton.jit
+def moe_align_kernel(
+    ids_ptr, sorted_pairs_ptr, block_ids_ptr, num_rows_ptr,
+    num_pairs, num_ids, max_rows,
+    BLOCK_M: tl.constexpr, BLOCK_IDS: tl.constexpr, CHUNK: tl.constexpr,
+):  # fmt: skip
+    """grid (1,): stable sort of the pairs by id, each id's run padded to BLOCK_M.
+    sorted_pairs (max_rows,) gets pair indices (num_pairs = padding), block_ids the id of
+    each BLOCK_M tile, num_rows the padded total. One program: no atomics, no host sync."""
+    offs_e = tl.arange(0, BLOCK_IDS)
+    offs_c = tl.arange(0, CHUNK)
+    counts = tl.zeros((BLOCK_IDS,), dtype=tl.int32)
+    for c0 in range(0, num_pairs, CHUNK):
+        ids = tl.load(ids_ptr + c0 + offs_c, mask=c0 + offs_c < num_pairs, other=-1)
+        counts += tl.sum((ids[None, :] == offs_e[:, None]).to(tl.int32), axis=1)
+    padded = (counts + BLOCK_M - 1) // BLOCK_M * BLOCK_M
+    padded_end = tl.cumsum(padded, axis=0)  # (BLOCK_IDS,)
+    padded_start = padded_end - padded
+    tl.store(num_rows_ptr, tl.sum(padded, axis=0))
+    pad = tl.zeros((CHUNK,), dtype=tl.int32) + num_pairs
+    for r0 in range(0, max_rows, CHUNK):
+        tl.store(sorted_pairs_ptr + r0 + offs_c, pad, mask=r0 + offs_c < max_rows)
+    for b0 in range(0, max_rows // BLOCK_M, CHUNK):
+        starts = (b0 + offs_c) * BLOCK_M
+        blk = tl.sum((padded_end[None, :] <= starts[:, None]).to(tl.int32), axis=1)
+        blk = tl.minimum(blk, num_ids - 1)  # tiles past num_rows exit early in the GEMMs
+        tl.store(block_ids_ptr + b0 + offs_c, blk, mask=b0 + offs_c < max_rows // BLOCK_M)
+    tl.debug_barrier()  # the padding fill above must land before the pairs below
+    seen = tl.zeros((BLOCK_IDS,), dtype=tl.int32)  # pairs of each id placed so far
+    for c0 in range(0, num_pairs, CHUNK):
+        mask = c0 + offs_c < num_pairs
+        ids = tl.load(ids_ptr + c0 + offs_c, mask=mask, other=-1)
+        onehot = ids[:, None] == offs_e[None, :]  # (CHUNK, BLOCK_IDS)
+        base = tl.sum(tl.where(onehot, (padded_start + seen)[None, :], 0), axis=1)
+        # stable: rank among the earlier pairs of this chunk with the same id
+        before = (ids[:, None] == ids[None, :]) & (offs_c[None, :] < offs_c[:, None])
+        rank = tl.sum(before.to(tl.int32), axis=1)
+        tl.store(sorted_pairs_ptr + base + rank, c0 + offs_c, mask=mask)
+        seen += tl.sum(onehot.to(tl.int32), axis=0)

@@ -1,0 +1,42 @@
+"""Triton kernel of MoE routing: float32 softmax over experts, top-k, optional renormalise
+(launched from `xinfer.kernels.moe_launch`; twin: `reference.route_topk`)."""
+
+from __future__ import annotations
+
+import triton
+import triton.language as tl
+
+
+@triton.jit
+def route_topk_kernel(
+    logits_ptr, weights_ptr, ids_ptr,
+    num_experts, stride_lt,
+    TOP_K: tl.constexpr, RENORMALIZE: tl.constexpr,
+    BLOCK_E: tl.constexpr, BLOCK_K: tl.constexpr,
+):  # fmt: skip
+    """grid (T,): one token's row of logits. Selection runs on the float32 probabilities;
+    ties go to the lowest expert index (as torch.topk). Outputs (T, k) f32 and int32."""
+    tok = tl.program_id(0).to(tl.int64)
+    offs = tl.arange(0, BLOCK_E)
+    mask = offs < num_experts
+    x = tl.load(logits_ptr + tok * stride_lt + offs, mask=mask, other=-float("inf"))
+    x = x.to(tl.float32)
+    num = tl.exp(x - tl.max(x, axis=0))
+    num = tl.where(mask, num, 0.0)
+    probs = num / tl.sum(num, axis=0)
+    # padding lanes rank below every real probability (>= 0); taken lanes below those
+    key = tl.where(mask, probs, -1.0)
+    offs_k = tl.arange(0, BLOCK_K)
+    top_w = tl.zeros((BLOCK_K,), dtype=tl.float32)
+    top_i = tl.zeros((BLOCK_K,), dtype=tl.int32)
+    for j in tl.static_range(TOP_K):
+        best = tl.max(key, axis=0)
+        idx = tl.min(tl.where(key == best, offs, BLOCK_E), axis=0)
+        top_w = tl.where(offs_k == j, best, top_w)
+        top_i = tl.where(offs_k == j, idx, top_i)
+        key = tl.where(offs == idx, -2.0, key)
+    if RENORMALIZE:
+        top_w = top_w / tl.sum(top_w, axis=0)  # lanes >= TOP_K hold 0
+    mask_k = offs_k < TOP_K
+    tl.store(weights_ptr + tok * TOP_K + offs_k, top_w, mask=mask_k)
+    tl.store(ids_ptr + tok * TOP_K + offs_k, top_i, mask=mask_k)

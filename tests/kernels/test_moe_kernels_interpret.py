@@ -1,0 +1,202 @@
+"""Triton MoE kernels (fused_moe, route_topk, silu_and_mul) run by Triton's CPU interpreter
+against `kernels/reference.py`. fp32/fp16 are checked tightly; bf16 only loosely, because
+the interpreter truncates bf16 casts (the GPU rounds to nearest) and cannot tl.dot bf16.
+
+TRITON_INTERPRET must be set before the kernels are decorated and must not leak into GPU
+tests of the same process, so in a normal run one test re-runs this file in a child pytest
+with TRITON_INTERPRET=1, and the cases below run only there."""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+import torch
+
+pytest.importorskip("triton")
+
+IS_CHILD = os.environ.get("TRITON_INTERPRET") == "1"
+child_only = pytest.mark.skipif(not IS_CHILD, reason="runs in test_interpreter_child's process")
+
+
+@pytest.mark.skipif(IS_CHILD, reason="already inside the interpreter process")
+def test_interpreter_child() -> None:
+    env = {**os.environ, "TRITON_INTERPRET": "1"}
+    cmd = [sys.executable, "-m", "pytest", __file__, "-x", "-p", "no:cacheprovider"]
+    cmd += ["-k", "not test_interpreter_child"]
+    root = Path(__file__).resolve().parents[2]
+    proc = subprocess.run(cmd, cwd=root, env=env, capture_output=True, text=True, timeout=600)
+    tail = proc.stdout[-6000:] + proc.stderr[-3000:]
+    summary = proc.stdout.strip().splitlines()[-1] if proc.stdout.strip() else ""
+    assert proc.returncode == 0 and " passed" in summary and "skipped" not in summary, tail
+
+
+@pytest.fixture(scope="module")
+def ml():
+    from triton.runtime.interpreter import InterpretedFunction
+
+    from xinfer.kernels import moe_launch
+    from xinfer.kernels.triton import fused_moe as moe_jit
+
+    if not isinstance(moe_jit.moe_gate_up_gemv_kernel, InterpretedFunction):
+        pytest.skip("kernels were compiled before TRITON_INTERPRET=1 was set in this process")
+    return moe_launch
+
+
+def _moe_inputs(num_tokens, top_k, hidden_dim, inter_dim, num_experts, dtype, seed=0):
+    from xinfer.kernels import reference
+
+    g = torch.Generator().manual_seed(seed)
+    hidden = torch.randn(num_tokens, hidden_dim, generator=g).to(dtype)
+    w13 = (torch.randn(num_experts, 2 * inter_dim, hidden_dim, generator=g) / hidden_dim**0.5).to(
+        dtype
+    )
+    w2 = (torch.randn(num_experts, hidden_dim, inter_dim, generator=g) / inter_dim**0.5).to(dtype)
+    logits = torch.randn(num_tokens, num_experts, generator=g)
+    weights, ids = reference.route_topk(logits, top_k, renormalize=True)
+    return hidden, ids, weights, w13, w2
+
+
+SMALL_GROUPED = dict(block_m=16, block_n=16, block_k=16, num_warps=4)
+PATHS = [
+    pytest.param(True, None, id="gemv"),
+    pytest.param(False, SMALL_GROUPED, id="grouped"),
+]
+
+
+@child_only
+@pytest.mark.parametrize("dtype", [torch.float32, torch.float16])
+@pytest.mark.parametrize("use_gemv,cfg", PATHS)
+def test_fused_moe_matches_reference(ml, dtype, use_gemv, cfg) -> None:
+    from xinfer.kernels import reference
+
+    # sizes off every block multiple; 5 tokens x 3 > 16 rows so some ids span two tiles
+    args = _moe_inputs(5, 3, hidden_dim=37, inter_dim=19, num_experts=4, dtype=dtype)
+    config = ml.MoeConfig(**cfg) if cfg else ml.gemv_config(15, 37, 19, dtype)
+    out = ml.fused_moe(*args, config=config, use_gemv=use_gemv)
+    ref = reference.fused_moe(*args)
+    assert out.dtype == dtype and out.shape == ref.shape
+    tol = 1e-5 if dtype == torch.float32 else 2e-3  # fp16: at most an ulp or so of 0.5..2
+    torch.testing.assert_close(out.float(), ref.float(), rtol=tol, atol=tol)
+
+
+@child_only
+@pytest.mark.parametrize("use_gemv,cfg", PATHS)
+@pytest.mark.parametrize("num_slots", [4, 11])
+def test_fused_moe_bits_do_not_depend_on_ids(ml, use_gemv, cfg, num_slots) -> None:
+    """Expert ids on [E, ...] vs slot ids on a permuted [S, ...] set (S < E and S > E)."""
+    num_experts, top_k, dtype = 7, 2, torch.float16
+    hidden, _, weights, w13, w2 = _moe_inputs(6, top_k, 24, 20, num_experts, dtype, seed=1)
+    g = torch.Generator().manual_seed(2)
+    used = torch.randperm(num_experts, generator=g)[: min(num_slots, num_experts)]
+    ids = used[torch.randint(0, len(used), (6, top_k), generator=g)].to(torch.int32)
+    slot_of = torch.full((num_experts,), -1, dtype=torch.long)
+    slot_of[used] = torch.randperm(num_slots, generator=g)[: len(used)]
+    # slots not holding a used expert keep random (never zero) garbage
+    w13_slots = torch.randn(num_slots, *w13.shape[1:], generator=g).to(dtype)
+    w2_slots = torch.randn(num_slots, *w2.shape[1:], generator=g).to(dtype)
+    w13_slots[slot_of[used]] = w13[used]
+    w2_slots[slot_of[used]] = w2[used]
+    slot_ids = slot_of[ids.long()].to(torch.int32)
+    config = ml.MoeConfig(**cfg) if cfg else None
+    out_e = ml.fused_moe(hidden, ids, weights, w13, w2, config=config, use_gemv=use_gemv)
+    out_s = ml.fused_moe(hidden, slot_ids, weights, w13_slots, w2_slots, config, use_gemv)
+    assert torch.equal(out_e, out_s)
+
+
+@child_only
+def test_align_pairs_sorts_stably_and_pads(ml) -> None:
+    ids = torch.tensor([[3, 0], [0, 3], [5, 0], [0, 1]], dtype=torch.int32)
+    sorted_pairs, block_ids, num_rows = ml.align_pairs(ids, num_ids=6, block_m=4)
+    pad = ids.numel()
+    expect = [1, 2, 5, 6, 7, pad, pad, pad, 0, 3, pad, pad, 4, pad, pad, pad]  # ids 0, 1, 3, 5
+    assert sorted_pairs[: len(expect)].tolist() == expect
+    assert (sorted_pairs[len(expect) :] == pad).all()
+    assert block_ids[:4].tolist() == [0, 1, 3, 5] and num_rows.tolist() == [16]
+
+
+@child_only
+@pytest.mark.parametrize("num_ids,num_pairs,block_m", [(5, 40, 16), (300, 70, 4), (9, 1, 64)])
+def test_align_pairs_matches_torch_sort(ml, num_ids, num_pairs, block_m) -> None:
+    ids = torch.randint(0, num_ids, (num_pairs, 1), generator=torch.Generator().manual_seed(6))
+    sorted_pairs, block_ids, num_rows = ml.align_pairs(ids.to(torch.int32), num_ids, block_m)
+    order = torch.sort(ids.view(-1), stable=True).indices
+    rows = sorted_pairs[sorted_pairs < num_pairs]
+    assert torch.equal(rows.long(), order)  # stable order once the padding is dropped
+    counts = torch.bincount(ids.view(-1), minlength=num_ids)
+    padded = (counts + block_m - 1) // block_m * block_m
+    assert num_rows.item() == padded.sum().item()
+    tile_ids = torch.repeat_interleave(torch.arange(num_ids), padded // block_m)
+    assert torch.equal(block_ids[: len(tile_ids)].long(), tile_ids)
+    for tile, e in enumerate(tile_ids.tolist()):  # each tile: its id's pairs, then padding
+        pairs = sorted_pairs[tile * block_m : (tile + 1) * block_m]
+        assert (ids.view(-1)[pairs[pairs < num_pairs].long()] == e).all()
+
+
+@child_only
+@pytest.mark.parametrize("num_experts,top_k", [(37, 4), (512, 8), (8, 8)])
+@pytest.mark.parametrize("renormalize", [True, False])
+def test_route_topk_matches_reference(ml, num_experts, top_k, renormalize) -> None:
+    from xinfer.kernels import reference
+
+    logits = torch.randn(5, num_experts, generator=torch.Generator().manual_seed(num_experts))
+    weights, ids = ml.route_topk(logits, top_k, renormalize)
+    ref_w, ref_ids = reference.route_topk(logits, top_k, renormalize)
+    assert ids.dtype == torch.int32 and weights.dtype == torch.float32
+    assert torch.equal(ids, ref_ids)
+    torch.testing.assert_close(weights, ref_w, rtol=1e-6, atol=1e-6)
+
+
+@child_only
+def test_route_topk_ties_take_lowest_index(ml) -> None:
+    logits = torch.tensor([[0.5, 2.0, 2.0, 1.0, 2.0]])
+    _, ids = ml.route_topk(logits, 3, renormalize=False)
+    assert ids.tolist() == [[1, 2, 4]]
+
+
+@child_only
+@pytest.mark.parametrize("dtype", [torch.float32, torch.float16])
+def test_silu_and_mul_matches_reference(ml, dtype) -> None:
+    from xinfer.kernels import reference
+
+    x = (torch.randn(2, 3, 2 * 1100, generator=torch.Generator().manual_seed(3)) * 3).to(dtype)
+    out = ml.silu_and_mul(x)
+    assert out.shape == (2, 3, 1100) and out.dtype == dtype
+    tol = 1e-6 if dtype == torch.float32 else 1e-3
+    torch.testing.assert_close(out.float(), reference.silu_and_mul(x).float(), rtol=tol, atol=tol)
+
+
+@child_only
+def test_bf16_runs_close_to_reference(ml) -> None:
+    """bf16 through the interpreter (GEMV path, routing, activation): truncating casts make it
+    a few bf16 ulps off, so this only guards against gross errors; the GPU tests are exact."""
+    from xinfer.kernels import reference
+
+    args = _moe_inputs(3, 2, 40, 24, 5, torch.bfloat16)
+    out = ml.fused_moe(*args, use_gemv=True)
+    ref = reference.fused_moe(*args)
+    assert (out.float() - ref.float()).norm() <= 3e-2 * ref.float().norm()
+    x = torch.randn(4, 50, generator=torch.Generator().manual_seed(4)).to(torch.bfloat16)
+    assert (ml.silu_and_mul(x).float() - reference.silu_and_mul(x).float()).abs().max() < 5e-2
+    # distinct logits: bf16 random data has exact ties, and torch.topk on CPU does not
+    # promise the lowest index first on ties (the kernel does)
+    perm = torch.randperm(50, generator=torch.Generator().manual_seed(5)).view(2, 25)
+    logits = (perm * 0.05 - 1.2).to(x.dtype)
+    _, ids = ml.route_topk(logits, 3, renormalize=True)
+    assert torch.equal(ids, reference.route_topk(logits, 3, renormalize=True)[1])
+
+
+@child_only
+def test_bad_inputs_raise(ml) -> None:
+    hidden, ids, weights, w13, w2 = _moe_inputs(2, 2, 16, 8, 3, torch.float32)
+    with pytest.raises(ValueError):
+        ml.fused_moe(hidden.half(), ids, weights, w13, w2)
+    with pytest.raises(ValueError):
+        ml.fused_moe(hidden, ids, weights, w13, w2[:, :, :4])
+    with pytest.raises(ValueError):
+        ml.route_topk(torch.randn(2, 4), 5, renormalize=True)
+    with pytest.raises(ValueError):
+        ml.silu_and_mul(torch.randn(2, 5))
