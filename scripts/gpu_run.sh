@@ -1,0 +1,31 @@
+#!/usr/bin/env bash
+# One call on the lent GPU machine: install the wheel kit, then run the named phases,
+# logging everything under $OUT (which comes back). Usage: scripts/gpu_run.sh tests bench ...
+set -uo pipefail
+cd "$(dirname "$0")/.."
+OUT=${OUT:-/tmp/out}
+mkdir -p "$OUT"
+if ls .whl/*.whl >/dev/null 2>&1; then
+  python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade \
+    --target /tmp/site .whl/*.whl || exit 1
+  export PYTHONPATH=/tmp/site:$PWD/src:$PWD/tests${PYTHONPATH:+:$PYTHONPATH}
+else
+  export PYTHONPATH=$PWD/src:$PWD/tests${PYTHONPATH:+:$PYTHONPATH}
+fi
+export PYTHONUNBUFFERED=1
+nvidia-smi --query-gpu=name,memory.total,memory.used --format=csv | tee "$OUT/gpu.txt"
+python3 -c 'import torch, triton, transformers; print(torch.__version__, triton.__version__, transformers.__version__)' | tee -a "$OUT/gpu.txt"
+for phase in "$@"; do
+  echo "=== phase $phase $(date +%T)"
+  case "$phase" in
+    tests) python3 -m pytest -m gpu -q -x -p no:cacheprovider tests 2>&1 | tail -40 | tee "$OUT/gpu_tests.txt" ;;
+    kernels) python3 -m pytest -q -p no:cacheprovider tests/kernels 2>&1 | tail -30 | tee "$OUT/kernel_tests.txt" ;;
+    moebench) python3 bench/bench_moe_kernel.py 2>&1 | tail -30 | tee "$OUT/moe_kernel.txt" ;;
+    attnbench) python3 bench/bench_attention_kernel.py 2>&1 | tail -30 | tee "$OUT/attn_kernel.txt" ;;
+    fillbench) python3 bench/bench_offload_fill.py 2>&1 | tail -30 | tee "$OUT/fill.txt" ;;
+    decode) python3 bench/bench_decode.py --out "$OUT/decode" 2>&1 | grep -v "it/s]" | tail -60 ;;
+    decode-nohf) python3 bench/bench_decode.py --no-hf --out "$OUT/decode" 2>&1 | grep -v "it/s]" | tail -60 ;;
+    *) echo "unknown phase $phase" ;;
+  esac
+done
+echo "=== done $(date +%T)"
