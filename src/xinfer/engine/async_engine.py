@@ -124,8 +124,12 @@ class AsyncEngine:
         self, prompt: str | list[int], params: SamplingParams, request_id: str
     ) -> AsyncIterator[RequestOutput]:
         """Stream the output deltas of one sequence (params.n is ignored here)."""
-        async for _, out in self.generate_choices([prompt], [params], request_id):
-            yield out
+        outputs = self.generate_choices([prompt], [params], request_id)
+        try:
+            async for _, out in outputs:
+                yield out
+        finally:
+            await outputs.aclose()  # closing this generator must abort at once, not at GC
 
     async def generate_choices(
         self, prompts: list[str | list[int]], params: list[SamplingParams], request_id: str

@@ -1,0 +1,120 @@
+"""Prometheus metrics on a registry of the app's own: request and token counters, time to
+first token and inter-token histograms (fed by the AsyncEngine as its observer), and, read
+from an engine snapshot at scrape time, running/waiting requests, KV usage and the expert
+cache's hits, misses and bytes copied."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from prometheus_client import CollectorRegistry, Counter, Histogram, generate_latest
+from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily
+
+from xinfer.engine.async_engine import EngineSnapshot
+
+_LATENCY_BUCKETS = (0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30)
+
+
+def expert_cache_counts(stats: dict | None) -> dict[str, float] | None:
+    """Hits, misses and bytes copied from `offload_manager.stats()`, whose exact keys may
+    vary: numbers under keys naming hits / misses / bytes are summed (nested dicts too)."""
+    if stats is None:
+        return None
+    totals = {"hits": 0.0, "misses": 0.0, "bytes": 0.0}
+
+    def walk(d: dict[str, Any]) -> None:
+        for key, value in d.items():
+            k = str(key).lower()
+            if isinstance(value, dict):
+                walk(value)
+            elif isinstance(value, (int, float)) and not isinstance(value, bool):
+                if "rate" in k or "ratio" in k or "per_" in k:
+                    continue
+                if "hit" in k:
+                    totals["hits"] += value
+                elif "miss" in k:
+                    totals["misses"] += value
+                elif "bytes" in k and ("copied" in k or "fill" in k or k == "bytes"):
+                    totals["bytes"] += value
+
+    walk(stats)
+    return totals
+
+
+class _SnapshotCollector:
+    """Emits the engine-state metrics from the last snapshot taken by the /metrics route."""
+
+    def __init__(self) -> None:
+        self.snapshot: EngineSnapshot | None = None
+
+    def collect(self):
+        snap = self.snapshot
+        if snap is None:
+            return
+        yield GaugeMetricFamily(
+            "xinfer_requests_running", "Requests in the decode batch", value=snap.num_running
+        )
+        yield GaugeMetricFamily(
+            "xinfer_requests_waiting", "Requests queued for a batch slot", value=snap.num_waiting
+        )
+        yield GaugeMetricFamily(
+            "xinfer_kv_cache_usage_ratio", "Fraction of KV cache blocks in use", value=snap.kv_usage
+        )
+        counts = expert_cache_counts(snap.offload)
+        yield GaugeMetricFamily(
+            "xinfer_moe_offload_enabled",
+            "1 when routed experts are offloaded",
+            value=int(counts is not None),
+        )
+        if counts is not None:
+            for name, doc in (
+                ("hits", "Expert-cache lookups that found the expert in a GPU slot"),
+                ("misses", "Expert-cache lookups that had to fill a slot from host memory"),
+                ("bytes", "Bytes copied from host memory into expert slots"),
+            ):
+                yield CounterMetricFamily(f"xinfer_expert_cache_{name}", doc, value=counts[name])
+
+
+class ServerMetrics:
+    """The app's metrics; also the AsyncEngine's `EngineObserver`."""
+
+    def __init__(self) -> None:
+        self.registry = r = CollectorRegistry()
+        self.requests = Counter(
+            "xinfer_requests", "Generation requests finished", ["finish_reason"], registry=r
+        )
+        self.http_requests = Counter(
+            "xinfer_http_requests", "HTTP requests answered", ["path", "status"], registry=r
+        )
+        self.prompt_tokens = Counter("xinfer_prompt_tokens", "Prompt tokens processed", registry=r)
+        self.generation_tokens = Counter("xinfer_generation_tokens", "Tokens generated", registry=r)
+        self.ttft = Histogram(
+            "xinfer_time_to_first_token_seconds",
+            "Time from submission to the first output token",
+            buckets=_LATENCY_BUCKETS,
+            registry=r,
+        )
+        self.itl = Histogram(
+            "xinfer_inter_token_latency_seconds",
+            "Time between consecutive output tokens of one request",
+            buckets=_LATENCY_BUCKETS,
+            registry=r,
+        )
+        self._snapshot = _SnapshotCollector()
+        r.register(self._snapshot)
+
+    # EngineObserver
+    def on_first_token(self, seconds: float) -> None:
+        self.ttft.observe(seconds)
+
+    def on_inter_token(self, seconds: float) -> None:
+        self.itl.observe(seconds)
+
+    def on_finish(self, num_prompt: int, num_output: int, reason: str | None) -> None:
+        self.requests.labels(finish_reason=reason or "unknown").inc()
+        self.prompt_tokens.inc(num_prompt)
+        self.generation_tokens.inc(num_output)
+
+    def render(self, snapshot: EngineSnapshot) -> bytes:
+        self._snapshot.snapshot = snapshot
+        return generate_latest(self.registry)

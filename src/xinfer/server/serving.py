@@ -1,0 +1,291 @@
+"""Turns a chat or text completion request into a `Job` (token ids and validated
+`SamplingParams` per choice), runs it to the end for non-streamed answers, and converts the
+engine's logprobs into the OpenAI shapes."""
+
+from __future__ import annotations
+
+import time
+import uuid
+from dataclasses import dataclass, field
+from typing import Any
+
+from xinfer.engine.async_engine import AsyncEngine
+from xinfer.errors import UserError
+from xinfer.sampling import SamplingParams
+from xinfer.server.errors import ApiError
+from xinfer.server.protocol import (
+    MAX_N,
+    ChatCompletionRequest,
+    CompletionRequest,
+    SamplingFields,
+    usage,
+)
+
+_SAMPLING_FIELDS = (
+    "temperature",
+    "top_p",
+    "top_k",
+    "min_p",
+    "presence_penalty",
+    "frequency_penalty",
+    "repetition_penalty",
+    "stop",
+    "stop_token_ids",
+    "ignore_eos",
+    "min_tokens",
+    "skip_special_tokens",
+)
+
+
+@dataclass
+class Job:
+    is_chat: bool
+    request_id: str
+    model: str
+    prompts: list[list[int]]  # one per choice (a prompt repeated n times)
+    params: list[SamplingParams]
+    num_prompt_tokens: int  # summed over distinct prompts
+    logprobs: int | None  # top alternatives asked for; None: no logprobs
+    include_usage: bool
+    echo: list[str] | None = None  # per choice: the prompt text to put before the output
+    is_stream: bool = False
+    created: int = field(default_factory=lambda: int(time.time()))
+
+
+@dataclass
+class Choice:
+    text: str = ""
+    token_ids: list[int] = field(default_factory=list)
+    logprobs: list[Any] = field(default_factory=list)
+    finish_reason: str | None = None
+
+
+def _sampling_params(
+    req: SamplingFields, max_tokens: int, logprobs: int | None, offset: int
+) -> SamplingParams:
+    kw = {name: getattr(req, name) for name in _SAMPLING_FIELDS if getattr(req, name) is not None}
+    seed = None if req.seed is None else req.seed + offset  # n > 1: each choice its own seed
+    try:
+        return SamplingParams(max_tokens=max_tokens, seed=seed, logprobs=logprobs, **kw)
+    except UserError as e:
+        param = str(e).split(" ", 1)[0]
+        raise ApiError(
+            400,
+            str(e),
+            param=param if param in kw or param in ("max_tokens", "seed", "logprobs") else None,
+            code="invalid_value",
+        ) from None
+
+
+def _max_tokens(
+    asked: int | None, prompt_len: int, max_model_len: int, param: str, prompt_param: str
+) -> int:
+    """The output budget: what the client asked for (checked against the context), or all
+    the room the context leaves when it asked for nothing."""
+    if prompt_len >= max_model_len:
+        raise ApiError(
+            400,
+            f"This model's maximum context length is {max_model_len} tokens, but the prompt has "
+            f"{prompt_len} tokens. Shorten the prompt.",
+            param=prompt_param,
+            code="context_length_exceeded",
+        )
+    if asked is None:
+        return max_model_len - prompt_len
+    if asked >= 1 and prompt_len + asked > max_model_len:
+        raise ApiError(
+            400,
+            f"This model's maximum context length is {max_model_len} tokens; the prompt has "
+            f"{prompt_len} tokens and {param} asks for {asked} more. Lower {param} or shorten "
+            "the prompt.",
+            param=param,
+            code="context_length_exceeded",
+        )
+    return asked
+
+
+def _check_common(engine: AsyncEngine, req: SamplingFields, model: str) -> None:
+    if req.model is not None and req.model != model:
+        raise ApiError(
+            404,
+            f"The model '{req.model}' does not exist; this server serves '{model}'.",
+            param="model",
+            code="model_not_found",
+        )
+    if not 1 <= req.n <= MAX_N:
+        raise ApiError(400, f"n must be between 1 and {MAX_N}, got {req.n}.", "n", "invalid_value")
+
+
+def _tokenizer(engine: AsyncEngine, what: str):
+    if engine.tokenizer is None:
+        raise ApiError(400, f"This model has no tokenizer files; {what} is not available.")
+    return engine.tokenizer
+
+
+def chat_prompt_ids(engine: AsyncEngine, messages: list, add_generation_prompt: bool) -> list[int]:
+    if not messages:
+        raise ApiError(400, "messages must not be empty.", "messages", "invalid_value")
+    tok = _tokenizer(engine, "chat")
+    try:
+        text = tok.apply_chat_template(
+            [{"role": m.role, "content": m.text()} for m in messages],
+            add_generation_prompt=add_generation_prompt,
+        )
+    except UserError as e:
+        raise ApiError(400, str(e), "messages") from None
+    return tok.encode(text, add_special_tokens=False)
+
+
+def chat_job(engine: AsyncEngine, req: ChatCompletionRequest, model: str) -> Job:
+    _check_common(engine, req, model)
+    ids = chat_prompt_ids(engine, req.messages, req.add_generation_prompt)
+    asked, param = req.max_completion_tokens, "max_completion_tokens"
+    if asked is None:
+        asked, param = req.max_tokens, "max_tokens"
+    max_tokens = _max_tokens(asked, len(ids), engine.max_model_len, param, "messages")
+    logprobs = None
+    if req.logprobs:
+        logprobs = req.top_logprobs or 0
+    elif req.top_logprobs is not None:
+        raise ApiError(400, "top_logprobs needs logprobs: true.", "top_logprobs", "invalid_value")
+    params = [_sampling_params(req, max_tokens, logprobs, i) for i in range(req.n)]
+    return Job(
+        True,
+        f"chatcmpl-{uuid.uuid4().hex}",
+        model,
+        [ids] * req.n,
+        params,
+        len(ids),
+        logprobs,
+        bool(req.stream_options and req.stream_options.include_usage),
+        is_stream=req.stream,
+    )
+
+
+def completion_job(engine: AsyncEngine, req: CompletionRequest, model: str) -> Job:
+    _check_common(engine, req, model)
+    if req.suffix:
+        raise ApiError(400, "suffix is not supported.", "suffix", "unsupported")
+    raw = req.prompt
+    if isinstance(raw, str) or (raw and isinstance(raw[0], int)):
+        raw = [raw]
+    if not raw:
+        raise ApiError(400, "prompt must not be empty.", "prompt", "invalid_value")
+    vocab = engine.engine.model_config.vocab_size
+    prompts, echo, params = [], [], []
+    total = 0
+    for p in raw:
+        if isinstance(p, str):
+            ids = _tokenizer(engine, "a text prompt").encode(p) if p else []
+            text = p
+        else:
+            if any(not 0 <= t < vocab for t in p):
+                raise ApiError(400, f"prompt token ids must be in [0, {vocab}).", "prompt")
+            ids = list(p)
+            text = engine.tokenizer.decode(ids) if engine.tokenizer else ""
+        if not ids:
+            raise ApiError(400, "prompt must not be empty.", "prompt", "invalid_value")
+        max_tokens = _max_tokens(
+            req.max_tokens, len(ids), engine.max_model_len, "max_tokens", "prompt"
+        )
+        total += len(ids)
+        for i in range(req.n):
+            params.append(_sampling_params(req, max_tokens, req.logprobs, i))
+            prompts.append(ids)
+            echo.append(text)
+    return Job(
+        False,
+        f"cmpl-{uuid.uuid4().hex}",
+        model,
+        prompts,
+        params,
+        total,
+        req.logprobs,
+        bool(req.stream_options and req.stream_options.include_usage),
+        echo if req.echo else None,
+        is_stream=req.stream,
+    )
+
+
+def _top(lp: Any) -> list[tuple[int, float]]:
+    if hasattr(lp, "top_ids"):  # sampling.TokenLogprobs
+        return list(zip(lp.top_ids, lp.top_logprobs))
+    return list(getattr(lp, "top", []))  # request.TokenLogprob
+
+
+def token_text(engine: AsyncEngine, token_id: int) -> str:
+    tok = engine.tokenizer
+    return tok.decode([token_id], skip_special_tokens=False) if tok else str(token_id)
+
+
+def chat_logprobs(engine: AsyncEngine, lps: list[Any]) -> dict[str, Any]:
+    def entry(tid: int, value: float) -> dict[str, Any]:
+        s = token_text(engine, tid)
+        return {"token": s, "logprob": value, "bytes": list(s.encode("utf-8"))}
+
+    return {
+        "content": [
+            {**entry(lp.token_id, lp.logprob), "top_logprobs": [entry(t, v) for t, v in _top(lp)]}
+            for lp in lps
+        ]
+    }
+
+
+def completion_logprobs(engine: AsyncEngine, lps: list[Any], offset: int) -> dict[str, Any]:
+    tokens = [token_text(engine, lp.token_id) for lp in lps]
+    offsets = []
+    for s in tokens:
+        offsets.append(offset)
+        offset += len(s)
+    return {
+        "tokens": tokens,
+        "token_logprobs": [lp.logprob for lp in lps],
+        "top_logprobs": [{token_text(engine, t): v for t, v in _top(lp)} for lp in lps],
+        "text_offset": offsets,
+    }
+
+
+async def run_to_end(engine: AsyncEngine, job: Job) -> list[Choice]:
+    choices = [Choice() for _ in job.params]
+    async for i, out in engine.generate_choices(job.prompts, job.params, job.request_id):
+        c = choices[i]
+        c.text += out.new_text
+        c.token_ids += out.new_token_ids
+        c.logprobs += out.new_logprobs
+        if out.finished:
+            c.finish_reason = out.finish_reason
+    return choices
+
+
+def full_response(engine: AsyncEngine, job: Job, choices: list[Choice]) -> dict[str, Any]:
+    num_completion = sum(len(c.token_ids) for c in choices)
+    items = []
+    for i, c in enumerate(choices):
+        lp = None
+        if job.is_chat:
+            if job.logprobs is not None:
+                lp = chat_logprobs(engine, c.logprobs)
+            msg = {"role": "assistant", "content": c.text}
+            items.append(
+                {"index": i, "message": msg, "logprobs": lp, "finish_reason": c.finish_reason}
+            )
+        else:
+            prefix = job.echo[i] if job.echo else ""
+            if job.logprobs is not None:
+                lp = completion_logprobs(engine, c.logprobs, len(prefix))
+            items.append(
+                {
+                    "index": i,
+                    "text": prefix + c.text,
+                    "logprobs": lp,
+                    "finish_reason": c.finish_reason,
+                }
+            )
+    return {
+        "id": job.request_id,
+        "object": "chat.completion" if job.is_chat else "text_completion",
+        "created": job.created,
+        "model": job.model,
+        "choices": items,
+        "usage": usage(job.num_prompt_tokens, num_completion),
+    }

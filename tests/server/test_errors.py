@@ -1,0 +1,129 @@
+"""Bad requests get OpenAI-shaped 4xx errors ({"error": {message, type, param, code}}) and the
+server keeps answering normally afterwards."""
+
+from __future__ import annotations
+
+import httpx
+import openai
+import pytest
+
+CHAT = "/v1/chat/completions"
+TEXT = "/v1/completions"
+MSG = [{"role": "user", "content": "hi"}]
+
+
+def chat(**kw):
+    return {"model": "tiny_chat", "messages": MSG, "max_tokens": 4, **kw}
+
+
+def text(**kw):
+    return {"model": "tiny_chat", "prompt": "hi", "max_tokens": 4, **kw}
+
+
+# (name, path, body (dict, or raw bytes), status, expected param or None, expected code or None)
+CASES = [
+    ("malformed json", CHAT, b'{"messages": [', 400, None, None),
+    ("body not an object", CHAT, b"[1, 2]", 400, None, None),
+    ("messages missing", CHAT, {"model": "tiny_chat"}, 400, "messages", None),
+    ("messages empty", CHAT, chat(messages=[]), 400, "messages", None),
+    ("messages not a list", CHAT, chat(messages="hello"), 400, "messages", None),
+    ("unknown role", CHAT, chat(messages=[{"role": "wizard", "content": "x"}]), 400, None, None),
+    ("content wrong type", CHAT, chat(messages=[{"role": "user", "content": 5}]), 400, None, None),
+    ("unknown model", CHAT, chat(model="gpt-9"), 404, "model", "model_not_found"),
+    ("unknown model (text)", TEXT, text(model="nope"), 404, "model", "model_not_found"),
+    ("temperature wrong type", CHAT, chat(temperature="hot"), 400, "temperature", None),
+    ("temperature negative", CHAT, chat(temperature=-1), 400, "temperature", None),
+    ("top_p above 1", CHAT, chat(top_p=1.5), 400, "top_p", None),
+    ("top_p zero", TEXT, text(top_p=0), 400, "top_p", None),
+    ("top_k not an int", CHAT, chat(top_k=1.5), 400, "top_k", None),
+    ("min_p above 1", CHAT, chat(min_p=2), 400, "min_p", None),
+    ("presence_penalty above 2", CHAT, chat(presence_penalty=3), 400, "presence_penalty", None),
+    (
+        "frequency_penalty below -2",
+        TEXT,
+        text(frequency_penalty=-3),
+        400,
+        "frequency_penalty",
+        None,
+    ),
+    ("repetition_penalty zero", CHAT, chat(repetition_penalty=0), 400, "repetition_penalty", None),
+    ("max_tokens zero", CHAT, chat(max_tokens=0), 400, "max_tokens", None),
+    ("max_tokens wrong type", TEXT, text(max_tokens="ten"), 400, "max_tokens", None),
+    (
+        "prompt + max_tokens beyond context",
+        CHAT,
+        chat(max_tokens=600),
+        400,
+        "max_tokens",
+        "context_length_exceeded",
+    ),
+    (
+        "prompt longer than the context",
+        TEXT,
+        text(prompt=[7] * 600),
+        400,
+        "prompt",
+        "context_length_exceeded",
+    ),
+    ("n too large", CHAT, chat(n=100), 400, "n", None),
+    ("n zero", TEXT, text(n=0), 400, "n", None),
+    ("logprobs too many", TEXT, text(logprobs=50), 400, "logprobs", None),
+    ("top_logprobs without logprobs", CHAT, chat(top_logprobs=2), 400, "top_logprobs", None),
+    ("stop wrong type", CHAT, chat(stop=123), 400, "stop", None),
+    ("empty stop string", CHAT, chat(stop=[""]), 400, "stop", None),
+    ("seed wrong type", CHAT, chat(seed="abc"), 400, "seed", None),
+    ("stream wrong type", CHAT, chat(stream="yes"), 400, "stream", None),
+    ("empty text prompt", TEXT, text(prompt=""), 400, "prompt", None),
+    ("token id outside vocab", TEXT, text(prompt=[10**6]), 400, "prompt", None),
+    ("tokenize with nothing", "/tokenize", {}, 400, None, None),
+    ("detokenize bad ids", "/detokenize", {"tokens": [-1]}, 400, "tokens", None),
+    ("unknown route", "/v1/embeddings/nope", {}, 404, None, None),
+]
+
+
+@pytest.mark.parametrize(
+    "name,path,body,status,param,code", CASES, ids=[c[0].replace(" ", "_") for c in CASES]
+)
+def test_bad_request(server, name, path, body, status, param, code):
+    kw = {"content": body, "headers": {"content-type": "application/json"}}
+    if not isinstance(body, bytes):
+        kw = {"json": body}
+    r = httpx.post(f"{server.base}{path}", timeout=30, **kw)
+    assert r.status_code == status, r.text
+    error = r.json()["error"]
+    assert set(error) == {"message", "type", "param", "code"}
+    assert isinstance(error["message"], str) and error["message"]
+    if param is not None:
+        assert error["param"] is not None and param in error["param"], error
+    if code is not None:
+        assert error["code"] == code
+
+
+def test_wrong_method(server):
+    r = httpx.get(f"{server.v1}/chat/completions")
+    assert r.status_code == 405
+    assert "error" in r.json()
+
+
+def test_openai_client_raises_typed_errors(server):
+    client = server.client()
+    with pytest.raises(openai.BadRequestError) as e:
+        client.chat.completions.create(model="tiny_chat", messages=[], max_tokens=2)
+    assert e.value.status_code == 400
+    with pytest.raises(openai.NotFoundError):
+        client.chat.completions.create(model="missing", messages=MSG, max_tokens=2)
+    with pytest.raises(openai.BadRequestError) as e:
+        client.completions.create(model="tiny_chat", prompt="hi", max_tokens=10_000)
+    assert e.value.code == "context_length_exceeded"
+
+
+def test_server_still_serves_after_bad_requests(server):
+    assert len(CASES) >= 20
+    client = server.client()
+    out = client.chat.completions.create(model="tiny_chat", messages=MSG, max_tokens=5)
+    assert out.choices[0].message.content is not None
+    chunks = list(
+        client.completions.create(model="tiny_chat", prompt="hi", max_tokens=5, stream=True)
+    )
+    assert chunks
+    assert httpx.get(f"{server.base}/health").status_code == 200
