@@ -30,22 +30,38 @@ def rms_norm(
 ) -> torch.Tensor | tuple[torch.Tensor, torch.Tensor]:
     if x.shape[-1] != weight.shape[0]:
         raise ValueError(f"rms_norm: x has {x.shape[-1]} features, weight {weight.shape[0]}")
+    if use_triton(x):
+        from xinfer.kernels import attn_launch
+
+        return attn_launch.rms_norm(x, weight, eps, residual)
     return reference.rms_norm(x, weight, eps, residual)
 
 
 def apply_rope(
     q: torch.Tensor, k: torch.Tensor, positions: torch.Tensor, cos_sin_cache: torch.Tensor
 ) -> tuple[torch.Tensor, torch.Tensor]:
+    if use_triton(q):
+        from xinfer.kernels import attn_launch
+
+        return attn_launch.apply_rope(q, k, positions, cos_sin_cache)
     return reference.apply_rope(q, k, positions, cos_sin_cache)
 
 
 def silu_and_mul(x: torch.Tensor) -> torch.Tensor:
+    if use_triton(x):
+        from xinfer.kernels import moe_launch
+
+        return moe_launch.silu_and_mul(x)
     return reference.silu_and_mul(x)
 
 
 def route_topk(
     router_logits: torch.Tensor, top_k: int, renormalize: bool
 ) -> tuple[torch.Tensor, torch.Tensor]:
+    if use_triton(router_logits):
+        from xinfer.kernels import moe_launch
+
+        return moe_launch.route_topk(router_logits, top_k, renormalize)
     return reference.route_topk(router_logits, top_k, renormalize)
 
 
@@ -60,6 +76,10 @@ def fused_moe(
         raise ValueError(f"fused_moe: w13 {tuple(w13.shape)} and w2 {tuple(w2.shape)} mismatch")
     if topk_ids.shape != topk_weights.shape or topk_ids.shape[0] != hidden.shape[0]:
         raise ValueError("fused_moe: topk_ids, topk_weights and hidden disagree on tokens")
+    if use_triton(hidden):
+        from xinfer.kernels import moe_launch
+
+        return moe_launch.fused_moe(hidden, topk_ids, topk_weights, w13, w2)
     return reference.fused_moe(hidden, topk_ids, topk_weights, w13, w2)
 
 
@@ -70,6 +90,10 @@ def store_kv(
     v_cache: torch.Tensor,
     slot_mapping: torch.Tensor,
 ) -> None:
+    if use_triton(k):
+        from xinfer.kernels import attn_launch
+
+        return attn_launch.store_kv(k, v, k_cache, v_cache, slot_mapping)
     reference.store_kv(k, v, k_cache, v_cache, slot_mapping)
 
 
@@ -86,6 +110,13 @@ def paged_attention(
 ) -> torch.Tensor:
     """`max_query_len`/`max_seq_len` are host-side bounds that let the GPU path pick its
     decode or prefill kernel and grid without reading device memory."""
+    if use_triton(q):
+        from xinfer.kernels import attn_launch
+
+        return attn_launch.paged_attention(
+            q, k_cache, v_cache, block_tables, seq_lens, query_start_loc, scale,
+            max_query_len=max_query_len, max_seq_len=max_seq_len,
+        )  # fmt: skip
     return reference.paged_attention(
         q, k_cache, v_cache, block_tables, seq_lens, query_start_loc, scale
     )

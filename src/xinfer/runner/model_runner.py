@@ -83,13 +83,16 @@ class ModelRunner:
         def dev(x: list[int], dtype: torch.dtype) -> torch.Tensor:
             return torch.tensor(x, dtype=dtype).to(self.device, non_blocking=True)
 
+        max_query_len = max(s.num_new_tokens for s in out.scheduled)
         ctx = ForwardContext(
             slot_mapping=dev(slots, torch.int64),
             block_tables=table.to(self.device, non_blocking=True),
             seq_lens=dev(seq_lens, torch.int32),
             query_start_loc=dev(qsl, torch.int32),
-            max_query_len=max(s.num_new_tokens for s in out.scheduled),
-            max_seq_len=max(seq_lens),
+            max_query_len=max_query_len,
+            # Decode attention sizes its split grid from this bound; the model length (the
+            # bound CUDA graphs are captured with) keeps eager and graphed bits identical.
+            max_seq_len=self.max_model_len if max_query_len == 1 else max(seq_lens),
         )
         return StepInputs(
             dev(ids, torch.int64), dev(pos, torch.int64), ctx, dev(logits_idx, torch.int64)

@@ -1,0 +1,222 @@
+"""Triton launchers for RMSNorm, RoPE, KV-cache stores and paged attention: shape and dtype
+checks, output allocation, grid and block sizes. `xinfer.kernels` calls these on CUDA; they
+also run on CPU tensors under `TRITON_INTERPRET=1` (the interpreter tests)."""
+
+from __future__ import annotations
+
+import functools
+import math
+
+import torch
+import triton
+
+from xinfer.kernels import reference
+from xinfer.kernels.triton import attention as attn_kernels
+from xinfer.kernels.triton.kv_cache import store_kv_kernel
+from xinfer.kernels.triton.norm import rms_norm_kernel
+from xinfer.kernels.triton.rotary import rope_kernel
+
+LOG2E = 1.4426950408889634
+# Flash-decoding split length in keys. Fixed, so that how a sequence is split (and so the
+# bits of its result) depends neither on the batch nor on the bound the grid is sized from.
+SPLIT_TOKENS = 256
+
+
+def _pow2(n: int, floor: int = 1) -> int:
+    return max(floor, triton.next_power_of_2(n))
+
+
+def _rows(t: torch.Tensor) -> tuple[torch.Tensor, int, int, int]:
+    """(t, inner, stride0, stride1): row r of t's last dim sits at (r // inner) * stride0 +
+    (r % inner) * stride1, so 2-D and 3-D strided views (q/k heads of a qkv split) need no copy."""
+    if t.stride(-1) != 1:
+        t = t.contiguous()
+    if t.dim() == 3:
+        return t, t.shape[1], t.stride(0), t.stride(1)
+    if t.dim() != 2:
+        t = t.reshape(-1, t.shape[-1])
+    return t, 1, t.stride(0), 0
+
+
+def rms_norm(
+    x: torch.Tensor, weight: torch.Tensor, eps: float, residual: torch.Tensor | None = None
+) -> torch.Tensor | tuple[torch.Tensor, torch.Tensor]:
+    """Out of place; with `residual` returns (normed, x + residual) like the reference."""
+    if residual is not None and residual.shape != x.shape:
+        raise ValueError(f"rms_norm: residual {tuple(residual.shape)} != x {tuple(x.shape)}")
+    n_cols = x.shape[-1]
+    x_dtype = x.dtype if residual is None else torch.promote_types(x.dtype, residual.dtype)
+    out = torch.empty(x.shape, dtype=torch.promote_types(weight.dtype, x_dtype), device=x.device)
+    res_out = torch.empty(x.shape, dtype=x_dtype, device=x.device) if residual is not None else out
+    num_rows = x.numel() // max(n_cols, 1)
+    if num_rows > 0:
+        xr, inner, sx0, sx1 = _rows(x)
+        rr, r_inner, sr0, sr1 = _rows(residual) if residual is not None else (xr, inner, 0, 0)
+        if r_inner != inner:  # a 3-D residual view against 2-D x (or back): align layouts
+            xr, inner, sx0, sx1 = _rows(x.contiguous().view(-1, n_cols))
+            rr, _, sr0, sr1 = _rows(residual.contiguous().view(-1, n_cols))
+        block_n = _pow2(n_cols)
+        rms_norm_kernel[(num_rows,)](
+            xr, rr, weight.contiguous(), out, res_out, inner, sx0, sx1, sr0, sr1, n_cols, eps,
+            HAS_RESIDUAL=residual is not None, BLOCK_N=block_n,
+            num_warps=max(1, min(16, block_n // 256)),
+        )  # fmt: skip
+    return out if residual is None else (out, res_out)
+
+
+def apply_rope(
+    q: torch.Tensor, k: torch.Tensor, positions: torch.Tensor, cos_sin_cache: torch.Tensor
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """Out of place (new contiguous q, k) like the reference; q (T, Hq, D), k (T, Hk, D)."""
+    if q.dim() != 3 or k.dim() != 3 or q.shape[0] != k.shape[0] or q.shape[2] != k.shape[2]:
+        raise ValueError(f"apply_rope: q {tuple(q.shape)} and k {tuple(k.shape)} disagree")
+    if positions.shape != (q.shape[0],) or cos_sin_cache.shape[-1] != q.shape[2]:
+        raise ValueError("apply_rope: positions must be (T,) and cos_sin_cache (max_pos, D)")
+    if q.dtype != k.dtype or cos_sin_cache.dtype != torch.float32 or q.shape[2] % 2:
+        return reference.apply_rope(q, k, positions, cos_sin_cache)
+    q = q if q.stride(-1) == 1 else q.contiguous()
+    k = k if k.stride(-1) == 1 else k.contiguous()
+    cos_sin_cache = cos_sin_cache.contiguous()
+    q_out = torch.empty(q.shape, dtype=q.dtype, device=q.device)
+    k_out = torch.empty(k.shape, dtype=k.dtype, device=k.device)
+    if q.shape[0] == 0:
+        return q_out, k_out
+    half = q.shape[2] // 2
+    block_d = _pow2(half)
+    block_h = max(1, min(_pow2(max(q.shape[1], k.shape[1])), 2048 // block_d))
+    rope_kernel[(q.shape[0],)](
+        q, k, q_out, k_out, positions, cos_sin_cache, q.stride(0), q.stride(1), k.stride(0),
+        k.stride(1), cos_sin_cache.stride(0), q.shape[1], k.shape[1], half,
+        BLOCK_H=block_h, BLOCK_D=block_d, num_warps=4,
+    )  # fmt: skip
+    return q_out, k_out
+
+
+def store_kv(
+    k: torch.Tensor,
+    v: torch.Tensor,
+    k_cache: torch.Tensor,
+    v_cache: torch.Tensor,
+    slot_mapping: torch.Tensor,
+) -> None:
+    """In place into the caches; slots < 0 are skipped."""
+    if k.dim() != 3 or k.shape != v.shape or k_cache.dim() != 4 or k_cache.shape != v_cache.shape:
+        raise ValueError(f"store_kv: k/v {tuple(k.shape)} or caches {tuple(k_cache.shape)} bad")
+    if k.shape[1:] != k_cache.shape[2:] or slot_mapping.shape != (k.shape[0],):
+        raise ValueError("store_kv: k (T, Hk, D), caches (blocks, block_size, Hk, D), slots (T,)")
+    if k_cache.stride(-1) != 1 or v_cache.stride(-1) != 1:
+        raise ValueError("store_kv: the KV caches must be contiguous in head_dim")
+    if k.shape[0] == 0:
+        return
+    k = k if k.stride(-1) == 1 else k.contiguous()
+    v = v if v.stride(-1) == 1 else v.contiguous()
+    num_heads, head_dim = k.shape[1], k.shape[2]
+    store_kv_kernel[(k.shape[0],)](
+        k, v, k_cache, v_cache, slot_mapping, k.stride(0), k.stride(1), v.stride(0), v.stride(1),
+        *k_cache.stride()[:3], *v_cache.stride()[:3], num_heads, head_dim, k_cache.shape[1],
+        BLOCK_H=_pow2(num_heads), BLOCK_D=_pow2(head_dim), num_warps=4,
+    )  # fmt: skip
+
+
+@functools.cache
+def _num_sms(device: torch.device) -> int:
+    if device.type != "cuda":
+        return 4  # the interpreter: keep the grid small
+    return torch.cuda.get_device_properties(device).multi_processor_count
+
+
+def decode_num_splits(max_seq_len: int, split_len: int = SPLIT_TOKENS) -> int:
+    """Splits that cover `max_seq_len` keys (a host-side bound, so a captured graph stays
+    valid); splits past a sequence's end write m = -inf and are skipped by the merge."""
+    return max(1, math.ceil(max_seq_len / split_len))
+
+
+def attention_config(q: torch.Tensor, is_decode: bool) -> dict[str, int]:
+    """Tile sizes; sm_90 bf16 choices keep both kernels under 255 registers without spills."""
+    if not q.is_cuda:  # the interpreter: small tiles so small tests cross tile borders
+        return dict(BLOCK_N=16, num_warps=4, num_stages=1, **({} if is_decode else {"BLOCK_M": 32}))
+    if is_decode:
+        return dict(BLOCK_N=32, num_warps=4, num_stages=2)
+    if q.dtype == torch.float32:
+        return dict(BLOCK_M=64, BLOCK_N=32, num_warps=4, num_stages=2)
+    return dict(BLOCK_M=128, BLOCK_N=32, num_warps=8, num_stages=2)
+
+
+def paged_attention(
+    q: torch.Tensor,
+    k_cache: torch.Tensor,
+    v_cache: torch.Tensor,
+    block_tables: torch.Tensor,
+    seq_lens: torch.Tensor,
+    query_start_loc: torch.Tensor,
+    scale: float,
+    max_query_len: int | None = None,
+    max_seq_len: int | None = None,
+    split_len: int | None = None,
+    config: dict[str, int] | None = None,
+) -> torch.Tensor:
+    """Decode kernel when every sequence has exactly one query (max_query_len == 1 and
+    T == B; query_start_loc is then taken to be arange(B+1)), else the prefill kernel.
+    Without the host-side bounds this reads them from the device (not graph-capturable).
+    `split_len` and `config` override the decode split length and the tile sizes."""
+    if q.dim() != 3 or k_cache.dim() != 4 or k_cache.shape != v_cache.shape:
+        raise ValueError(f"paged_attention: q {tuple(q.shape)}, cache {tuple(k_cache.shape)}")
+    num_tokens, num_heads, head_dim = q.shape
+    num_kv_heads, block_size = k_cache.shape[2], k_cache.shape[1]
+    if k_cache.shape[3] != head_dim or num_heads % num_kv_heads:
+        raise ValueError(f"paged_attention: {num_heads} q heads vs {num_kv_heads} KV heads")
+    num_seqs = seq_lens.shape[0]
+    if block_tables.dim() != 2 or block_tables.shape[0] != num_seqs:
+        raise ValueError("paged_attention: block_tables must be (B, max_blocks)")
+    if query_start_loc.shape != (num_seqs + 1,):
+        raise ValueError("paged_attention: query_start_loc must be (B+1,)")
+    if k_cache.stride(-1) != 1 or v_cache.stride(-1) != 1:
+        raise ValueError("paged_attention: the KV caches must be contiguous in head_dim")
+    q = q if q.stride(-1) == 1 else q.contiguous()
+    block_tables = block_tables if block_tables.stride(-1) == 1 else block_tables.contiguous()
+    out = torch.empty(q.shape, dtype=q.dtype, device=q.device)
+    if num_tokens == 0 or num_seqs == 0:
+        return out
+    if max_query_len is None:
+        max_query_len = int((query_start_loc[1:] - query_start_loc[:-1]).max())
+    if max_seq_len is None:
+        max_seq_len = int(seq_lens.max())
+    group = num_heads // num_kv_heads
+    is_decode = max_query_len == 1 and num_tokens == num_seqs
+    cfg = dict(config or attention_config(q, is_decode))
+    cfg.update(
+        HEAD_DIM=head_dim, KV_BLOCK_SIZE=block_size, GROUP=group, BLOCK_D=_pow2(head_dim, 16),
+        DOT_PRECISION="ieee" if q.dtype == torch.float32 else "tf32",
+    )  # fmt: skip
+    strides = (q.stride(0), q.stride(1), k_cache.stride(0), k_cache.stride(1), k_cache.stride(2))
+    strides += (v_cache.stride(0), v_cache.stride(1), v_cache.stride(2), block_tables.stride(0))
+    strides += (out.stride(0), out.stride(1))
+    scale_log2 = scale * LOG2E
+
+    if is_decode:
+        block_n = cfg["BLOCK_N"]
+        split_len = -(-(split_len or SPLIT_TOKENS) // block_n) * block_n  # whole tiles
+        splits = decode_num_splits(max_seq_len, split_len)
+        # Always split and merge (even once): the result is then the same for any bound.
+        part_acc = q.new_empty((num_seqs, num_heads, splits, head_dim), dtype=torch.float32)
+        part_m = q.new_empty((num_seqs, num_heads, splits), dtype=torch.float32)
+        part_l = torch.empty_like(part_m)
+        attn_kernels.decode_kernel[(num_seqs, num_kv_heads, splits)](
+            q, k_cache, v_cache, block_tables, seq_lens, out, part_acc, part_m, part_l,
+            scale_log2, splits, *strides, IS_SPLIT=True, SPLIT_LEN=split_len,
+            BLOCK_G=_pow2(group, 16), **cfg,
+        )  # fmt: skip
+        attn_kernels.decode_reduce_kernel[(num_seqs, num_heads)](
+            part_acc, part_m, part_l, out, splits, out.stride(0), out.stride(1),
+            HEAD_DIM=head_dim, BLOCK_S=_pow2(splits), BLOCK_D=cfg["BLOCK_D"], num_warps=4,
+        )  # fmt: skip
+        return out
+
+    cfg["BLOCK_M"] = max(cfg["BLOCK_M"], _pow2(group))
+    cfg["BLOCK_Q"] = cfg["BLOCK_M"] // group
+    grid = (triton.cdiv(max_query_len, cfg["BLOCK_Q"]), num_seqs, num_kv_heads)
+    attn_kernels.prefill_kernel[grid](
+        q, k_cache, v_cache, block_tables, seq_lens, query_start_loc, out, scale_log2, *strides,
+        **cfg,
+    )  # fmt: skip
+    return out

@@ -1,0 +1,224 @@
+"""Paged attention over the KV cache (GQA, float32 online softmax in base 2).
+
+Decode (one query per sequence): one program per (sequence, KV head, split) holds all the
+query heads of that KV head, so K/V are read once; with several splits (flash-decoding) a
+second kernel merges the partial results. Prefill: flash-attention tiles over packed
+variable-length queries, rows = (token, query head of the group)."""
+
+from __future__ import annotations
+
+import triton
+import triton.language as tl
+
+
+@triton.jit
+def _load_kv_tile(
+    cache_ptr, table_ptr, n, n_mask, d, d_mask, block_size: tl.constexpr, stride_b, stride_s
+):
+    """(BLOCK_N, BLOCK_D) rows `n` of one sequence and KV head, through its block table."""
+    blk = tl.load(table_ptr + n // block_size, mask=n_mask, other=0).to(tl.int64)
+    ptrs = cache_ptr + blk[:, None] * stride_b + (n % block_size)[:, None] * stride_s + d[None, :]
+    return tl.load(ptrs, mask=n_mask[:, None] & d_mask[None, :], other=0.0)
+
+
+@triton.jit
+def _softmax_step(q, k, v, s_mask, m_i, l_i, acc, scale_log2, DOT_PRECISION: tl.constexpr):
+    """One online-softmax update with a K/V tile; scores are in log2 units."""
+    s = tl.dot(q, tl.trans(k), input_precision=DOT_PRECISION) * scale_log2  # (M, N)
+    s = tl.where(s_mask, s, float("-inf"))
+    m_new = tl.maximum(m_i, tl.max(s, axis=1))  # finite: every row sees key 0 first
+    alpha = tl.exp2(m_i - m_new)
+    p = tl.exp2(s - m_new[:, None])
+    l_i = l_i * alpha + tl.sum(p, axis=1)
+    acc = acc * alpha[:, None] + tl.dot(p.to(v.dtype), v, input_precision=DOT_PRECISION)
+    return m_new, l_i, acc
+
+
+@triton.jit
+def decode_kernel(
+    q_ptr,  # (B, Hq, D): one query token per sequence
+    k_cache_ptr,  # (num_blocks, block_size, Hk, D)
+    v_cache_ptr,
+    block_tables_ptr,  # (B, max_blocks)
+    seq_lens_ptr,  # (B,) 0 = padding row, writes zeros
+    out_ptr,  # (B, Hq, D) when NUM_SPLITS == 1
+    part_acc_ptr,  # (B, Hq, num_splits, D) float32 unnormalised partial outputs
+    part_m_ptr,  # (B, Hq, num_splits) float32 running max (log2 units)
+    part_l_ptr,  # (B, Hq, num_splits) float32 softmax denominators
+    scale_log2,
+    num_splits,
+    stride_qt,
+    stride_qh,
+    stride_kb,
+    stride_ks,
+    stride_kh,
+    stride_vb,
+    stride_vs,
+    stride_vh,
+    stride_bt,
+    stride_ot,
+    stride_oh,
+    HEAD_DIM: tl.constexpr,
+    KV_BLOCK_SIZE: tl.constexpr,
+    GROUP: tl.constexpr,
+    IS_SPLIT: tl.constexpr,
+    SPLIT_LEN: tl.constexpr,  # keys per split, a multiple of BLOCK_N
+    BLOCK_G: tl.constexpr,
+    BLOCK_N: tl.constexpr,
+    BLOCK_D: tl.constexpr,
+    DOT_PRECISION: tl.constexpr,
+):
+    seq, kv_head, split = tl.program_id(0), tl.program_id(1), tl.program_id(2)
+    seq_len = tl.load(seq_lens_ptr + seq).to(tl.int32)
+    # fixed-length token range of this split (independent of the batch); may be empty
+    start = split * SPLIT_LEN
+    end = tl.minimum(start + SPLIT_LEN, seq_len)
+
+    g = tl.arange(0, BLOCK_G)
+    d = tl.arange(0, BLOCK_D)
+    heads = kv_head * GROUP + g
+    g_mask, d_mask = g < GROUP, d < HEAD_DIM
+    q_ptrs = q_ptr + seq.to(tl.int64) * stride_qt + heads[:, None] * stride_qh + d[None, :]
+    q = tl.load(q_ptrs, mask=g_mask[:, None] & d_mask[None, :], other=0.0)
+    m_i = tl.full([BLOCK_G], float("-inf"), tl.float32)
+    l_i = tl.zeros([BLOCK_G], tl.float32)
+    acc = tl.zeros([BLOCK_G, BLOCK_D], tl.float32)
+    table = block_tables_ptr + seq.to(tl.int64) * stride_bt
+    k_base = k_cache_ptr + kv_head * stride_kh
+    v_base = v_cache_ptr + kv_head * stride_vh
+    for n0 in range(start, end, BLOCK_N):
+        n = n0 + tl.arange(0, BLOCK_N)
+        n_mask = n < end
+        k = _load_kv_tile(k_base, table, n, n_mask, d, d_mask, KV_BLOCK_SIZE, stride_kb, stride_ks)
+        v = _load_kv_tile(v_base, table, n, n_mask, d, d_mask, KV_BLOCK_SIZE, stride_vb, stride_vs)
+        s_mask = n_mask[None, :]
+        m_i, l_i, acc = _softmax_step(
+            q, k.to(q.dtype), v.to(q.dtype), s_mask, m_i, l_i, acc, scale_log2, DOT_PRECISION
+        )
+
+    out_mask = g_mask[:, None] & d_mask[None, :]
+    if IS_SPLIT:
+        row = (seq * GROUP * tl.num_programs(1) + heads) * num_splits + split  # (BLOCK_G,)
+        if start < end:  # empty splits leave acc unwritten; the merge never reads it
+            tl.store(part_acc_ptr + row[:, None] * HEAD_DIM + d[None, :], acc, mask=out_mask)
+        tl.store(part_m_ptr + row, m_i, mask=g_mask)
+        tl.store(part_l_ptr + row, l_i, mask=g_mask)
+    else:
+        out = acc / tl.where(l_i > 0, l_i, 1.0)[:, None]  # seq_len 0: acc is 0, out is 0
+        o_ptrs = out_ptr + seq.to(tl.int64) * stride_ot + heads[:, None] * stride_oh + d[None, :]
+        tl.store(o_ptrs, out.to(out_ptr.dtype.element_ty), mask=out_mask)
+
+
+@triton.jit
+def decode_reduce_kernel(
+    part_acc_ptr,
+    part_m_ptr,
+    part_l_ptr,
+    out_ptr,  # (B, Hq, D)
+    num_splits,
+    stride_ot,
+    stride_oh,
+    HEAD_DIM: tl.constexpr,
+    BLOCK_S: tl.constexpr,
+    BLOCK_D: tl.constexpr,
+):
+    """Merge the splits of one (sequence, query head); empty splits carry m = -inf, l = 0."""
+    seq, head = tl.program_id(0), tl.program_id(1)
+    s = tl.arange(0, BLOCK_S)
+    d = tl.arange(0, BLOCK_D)
+    s_mask = s < num_splits
+    rows = (seq * tl.num_programs(1) + head) * num_splits + s
+    m = tl.load(part_m_ptr + rows, mask=s_mask, other=float("-inf"))
+    l = tl.load(part_l_ptr + rows, mask=s_mask, other=0.0)  # noqa: E741
+    m_max = tl.max(m, axis=0)
+    m_max = tl.where(m_max == float("-inf"), 0.0, m_max)  # all empty: weights 0, not NaN
+    w = tl.exp2(m - m_max)
+    l_sum = tl.sum(w * l, axis=0)
+    a_mask = (s_mask & (m > float("-inf")))[:, None] & (d < HEAD_DIM)[None, :]
+    acc = tl.load(part_acc_ptr + rows[:, None] * HEAD_DIM + d[None, :], mask=a_mask, other=0.0)
+    out = tl.sum(acc * w[:, None], axis=0) / tl.where(l_sum > 0, l_sum, 1.0)
+    o_ptrs = out_ptr + seq.to(tl.int64) * stride_ot + head * stride_oh + d
+    tl.store(o_ptrs, out.to(out_ptr.dtype.element_ty), mask=d < HEAD_DIM)
+
+
+@triton.jit
+def prefill_kernel(
+    q_ptr,  # (T, Hq, D) packed new tokens of all sequences
+    k_cache_ptr,
+    v_cache_ptr,
+    block_tables_ptr,
+    seq_lens_ptr,  # (B,) cached tokens incl. the new ones (which are the last q_len)
+    query_start_loc_ptr,  # (B+1,)
+    out_ptr,  # (T, Hq, D)
+    scale_log2,
+    stride_qt,
+    stride_qh,
+    stride_kb,
+    stride_ks,
+    stride_kh,
+    stride_vb,
+    stride_vs,
+    stride_vh,
+    stride_bt,
+    stride_ot,
+    stride_oh,
+    HEAD_DIM: tl.constexpr,
+    KV_BLOCK_SIZE: tl.constexpr,
+    GROUP: tl.constexpr,
+    BLOCK_Q: tl.constexpr,  # query tokens per tile; BLOCK_Q * GROUP <= BLOCK_M
+    BLOCK_M: tl.constexpr,
+    BLOCK_N: tl.constexpr,
+    BLOCK_D: tl.constexpr,
+    DOT_PRECISION: tl.constexpr,
+):
+    seq, kv_head = tl.program_id(1), tl.program_id(2)
+    q_tile = tl.num_programs(0) - 1 - tl.program_id(0)  # longest (last) tiles start first
+    q_start = tl.load(query_start_loc_ptr + seq).to(tl.int32)
+    q_len = tl.load(query_start_loc_ptr + seq + 1).to(tl.int32) - q_start
+    if q_tile * BLOCK_Q >= q_len:
+        return
+    seq_len = tl.load(seq_lens_ptr + seq).to(tl.int32)
+    ctx_len = seq_len - q_len  # tokens cached before this step's
+
+    r = tl.arange(0, BLOCK_M)
+    d = tl.arange(0, BLOCK_D)
+    tok = q_tile * BLOCK_Q + r // GROUP  # index among this sequence's new tokens
+    heads = kv_head * GROUP + r % GROUP
+    row_mask = (r // GROUP < BLOCK_Q) & (tok < q_len)
+    d_mask = d < HEAD_DIM
+    row_off = (q_start + tok).to(tl.int64)
+    q_ptrs = q_ptr + row_off[:, None] * stride_qt + heads[:, None] * stride_qh + d[None, :]
+    q = tl.load(q_ptrs, mask=row_mask[:, None] & d_mask[None, :], other=0.0)
+    pos = ctx_len + tok  # causal: row sees keys <= pos (rows past q_len see all keys)
+
+    m_i = tl.full([BLOCK_M], float("-inf"), tl.float32)
+    l_i = tl.zeros([BLOCK_M], tl.float32)
+    acc = tl.zeros([BLOCK_M, BLOCK_D], tl.float32)
+    table = block_tables_ptr + seq.to(tl.int64) * stride_bt
+    k_base = k_cache_ptr + kv_head * stride_kh
+    v_base = v_cache_ptr + kv_head * stride_vh
+    # keys before the tile's first position are visible to every row: no mask needed
+    full_end = (ctx_len + q_tile * BLOCK_Q + 1) // BLOCK_N * BLOCK_N
+    kv_end = tl.minimum(ctx_len + (q_tile + 1) * BLOCK_Q, seq_len)
+    all_n = tl.full([1, BLOCK_N], 1, tl.int1)
+    for n0 in range(0, full_end, BLOCK_N):
+        n = n0 + tl.arange(0, BLOCK_N)
+        n_mask = n < full_end
+        k = _load_kv_tile(k_base, table, n, n_mask, d, d_mask, KV_BLOCK_SIZE, stride_kb, stride_ks)
+        v = _load_kv_tile(v_base, table, n, n_mask, d, d_mask, KV_BLOCK_SIZE, stride_vb, stride_vs)
+        m_i, l_i, acc = _softmax_step(
+            q, k.to(q.dtype), v.to(q.dtype), all_n, m_i, l_i, acc, scale_log2, DOT_PRECISION
+        )
+    for n0 in range(full_end, kv_end, BLOCK_N):  # the diagonal: causal mask
+        n = n0 + tl.arange(0, BLOCK_N)
+        n_mask = n < kv_end
+        k = _load_kv_tile(k_base, table, n, n_mask, d, d_mask, KV_BLOCK_SIZE, stride_kb, stride_ks)
+        v = _load_kv_tile(v_base, table, n, n_mask, d, d_mask, KV_BLOCK_SIZE, stride_vb, stride_vs)
+        s_mask = n_mask[None, :] & (n[None, :] <= pos[:, None])
+        m_i, l_i, acc = _softmax_step(
+            q, k.to(q.dtype), v.to(q.dtype), s_mask, m_i, l_i, acc, scale_log2, DOT_PRECISION
+        )
+
+    out = acc / l_i[:, None]
+    o_ptrs = out_ptr + row_off[:, None] * stride_ot + heads[:, None] * stride_oh + d[None, :]
+    tl.store(o_ptrs, out.to(out_ptr.dtype.element_ty), mask=row_mask[:, None] & d_mask[None, :])
