@@ -19,6 +19,8 @@ for phase in "$@"; do
   echo "=== phase $phase $(date +%T)"
   case "$phase" in
     tests) python3 -m pytest -m gpu -q -x -p no:cacheprovider tests 2>&1 | tail -40 | tee "$OUT/gpu_tests.txt" ;;
+    parity) python3 -m pytest -q -x -p no:cacheprovider tests/models/test_gpu_parity.py 2>&1 | tail -30 | tee "$OUT/parity.txt" ;;
+    offload) python3 -m pytest -q -p no:cacheprovider tests/offload -m gpu 2>&1 | tail -30 | tee "$OUT/offload_tests.txt" ;;
     kernels) python3 -m pytest -q -p no:cacheprovider tests/kernels 2>&1 | tail -30 | tee "$OUT/kernel_tests.txt" ;;
     moebench) python3 bench/bench_moe_kernel.py 2>&1 | tail -30 | tee "$OUT/moe_kernel.txt" ;;
     attnbench) python3 bench/bench_attention_kernel.py 2>&1 | tail -30 | tee "$OUT/attn_kernel.txt" ;;
