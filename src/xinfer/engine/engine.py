@@ -38,6 +38,10 @@ class Engine:
             offload = replace(offload, fraction=None, is_auto=False)
         self.offload_manager = None
         expert_device = torch.device("cpu") if offload.is_enabled else self.device
+        if offload.is_enabled:  # before any expert is read: fail early if RAM is too small
+            from xinfer.offload.host_store import check_host_ram_for_experts
+
+            check_host_ram_for_experts(cfg, self.dtype)
         self.model = build_model(
             config.model,
             cfg,

@@ -1,14 +1,21 @@
 """Expert executors: the strategy that runs a MoE layer's routed experts. `ResidentExecutor`
-keeps the full `[E, ...]` set where the model runs; `OffloadExecutor` (offload/) keeps a slot
-cache. Both call the same `kernels.fused_moe`, which never knows which one it serves."""
+keeps the full `[E, ...]` set where the model runs; `OffloadExecutor` keeps a slot cache over
+a host store (lookup → fill → GEMM on slots, or the staging path for wide prefill calls).
+Both call the same `kernels.fused_moe`, which never knows which one it serves."""
 
 from __future__ import annotations
 
+import time
 from abc import ABC, abstractmethod
 
 import torch
 
 from xinfer import kernels
+from xinfer.offload import kernels as offload_kernels
+from xinfer.offload.lookup import count_distinct
+from xinfer.offload.slot_cache import STAGING_COPIES, SlotCache
+from xinfer.offload.staging import StagingBuffer
+from xinfer.offload.stats import CallProfile
 
 
 class ExpertExecutor(ABC):
@@ -19,6 +26,16 @@ class ExpertExecutor(ABC):
         """hidden (T, H), topk_ids int32 (T, k) expert ids, topk_weights float32 (T, k)."""
 
 
+def run_experts(
+    hidden: torch.Tensor,
+    ids: torch.Tensor,
+    topk_weights: torch.Tensor,
+    tensors: dict[str, torch.Tensor],
+) -> torch.Tensor:
+    """The unchanged MoE kernel on an expert set (`[E, ...]` or `[S, ...]` with slot ids)."""
+    return kernels.fused_moe(hidden, ids, topk_weights, tensors["w13"], tensors["w2"])
+
+
 class ResidentExecutor(ExpertExecutor):
     def __init__(self, tensors: dict[str, torch.Tensor]) -> None:
         self.tensors = tensors
@@ -26,5 +43,74 @@ class ResidentExecutor(ExpertExecutor):
     def __call__(
         self, hidden: torch.Tensor, topk_ids: torch.Tensor, topk_weights: torch.Tensor
     ) -> torch.Tensor:
-        t = self.tensors
-        return kernels.fused_moe(hidden, topk_ids, topk_weights, t["w13"], t["w2"])
+        return run_experts(hidden, topk_ids, topk_weights, self.tensors)
+
+
+class OffloadExecutor(ExpertExecutor):
+    """One MoE layer's experts in a host store, `cache.num_slots` of them in device slots."""
+
+    def __init__(
+        self,
+        cache: SlotCache,
+        host_tensors: dict[str, torch.Tensor],
+        staging: StagingBuffer,
+        top_k: int,
+        profile: CallProfile | None = None,
+        store: object | None = None,
+    ) -> None:
+        self.cache, self.host_tensors, self.top_k = cache, host_tensors, top_k
+        self.store = store  # the HostExpertStore: its pinning lives as long as we do
+        self.staging, self.profile = staging, profile
+
+    def needs_staging(self, topk_ids: torch.Tensor) -> bool:
+        """True when this call touches more distinct experts than there are slots. Needs no
+        device read when T*k <= S; otherwise reads one count (never inside a graph)."""
+        if topk_ids.numel() <= self.cache.num_slots:
+            return False
+        if topk_ids.is_cuda and torch.cuda.is_current_stream_capturing():
+            raise RuntimeError(
+                f"a MoE call with {topk_ids.numel()} routed ids cannot be graph-captured with "
+                f"{self.cache.num_slots} slots; capture only sizes OffloadManager.is_graph_safe"
+            )
+        return int(count_distinct(topk_ids, self.cache.num_experts)) > self.cache.num_slots
+
+    def load_experts(self, topk_ids: torch.Tensor) -> tuple[torch.Tensor, dict]:
+        """Make this call's experts resident: (ids to use, expert set to run on)."""
+        if self.needs_staging(topk_ids):
+            self.cache.counters[STAGING_COPIES] += 1
+            return topk_ids, self.staging.load(self.host_tensors)
+        slot_ids = offload_kernels.lookup(self.cache, topk_ids)
+        max_misses = min(topk_ids.numel(), self.cache.num_slots)
+        offload_kernels.fill(self.cache, self.host_tensors, max_misses)
+        return slot_ids, self.cache.slots
+
+    def __call__(
+        self, hidden: torch.Tensor, topk_ids: torch.Tensor, topk_weights: torch.Tensor
+    ) -> torch.Tensor:
+        if self.profile is not None:
+            return self._profiled(hidden, topk_ids, topk_weights)
+        ids, tensors = self.load_experts(topk_ids)
+        return run_experts(hidden, ids, topk_weights, tensors)
+
+    def _profiled(
+        self, hidden: torch.Tensor, topk_ids: torch.Tensor, topk_weights: torch.Tensor
+    ) -> torch.Tensor:
+        p, clock = self.profile, time.perf_counter
+        t_enter = clock()
+        gap = 0.0 if p.last_exit is None else t_enter - p.last_exit
+        p.sync()  # earlier work (attention, router) done
+        t_copy = clock()
+        ids, tensors = self.load_experts(topk_ids)
+        p.sync()
+        t_gemm = clock()
+        out = run_experts(hidden, ids, topk_weights, tensors)
+        t_launched = clock()
+        p.sync()
+        t_done = clock()
+        p.add(
+            launch_gap=gap,
+            gpu_wait=(t_copy - t_enter) + (t_done - t_launched),
+            host=t_launched - t_gemm,
+            copy=t_gemm - t_copy,
+        )
+        return out

@@ -1,0 +1,147 @@
+"""Host store: every routed-expert tensor of every MoE layer (any set of `[E, ...]` tensors,
+any dtype) in host RAM, pinned *after* it was filled with `cudaHostRegister` (mapped,
+portable) so that kernels read it zero-copy through UVA and the copy engine moves it async.
+On CPU "host" and "device" are one memory and nothing is pinned."""
+
+from __future__ import annotations
+
+import logging
+import mmap
+from pathlib import Path
+
+import torch
+
+from xinfer.config import ModelConfig
+from xinfer.errors import UserError
+
+logger = logging.getLogger("xinfer")
+
+GIB = 1 << 30
+PAGE = 4096
+_HOST_REGISTER_PORTABLE = 0x01
+_HOST_REGISTER_MAPPED = 0x02
+_RAM_MARGIN_BYTES = 1 * GIB  # left for the process itself
+# Page-rounded [start, end) byte ranges registered by any store in this process: CUDA
+# refuses to register a page twice, so a tensor sharing a page with one is copied instead.
+_REGISTERED: list[tuple[int, int]] = []
+
+
+def available_host_bytes() -> int | None:
+    """MemAvailable from /proc/meminfo (None where there is no such file)."""
+    try:
+        for line in Path("/proc/meminfo").read_text().splitlines():
+            if line.startswith("MemAvailable:"):
+                return int(line.split()[1]) * 1024
+    except OSError:
+        return None
+    return None
+
+
+def check_host_ram(needed_bytes: int, what: str = "the offloaded experts") -> None:
+    """Fail early, with a fix, when host RAM cannot hold `needed_bytes` more."""
+    avail = available_host_bytes()
+    if avail is not None and needed_bytes + _RAM_MARGIN_BYTES > avail:
+        raise UserError(
+            f"{what} need {needed_bytes / GIB:.1f} GB of host RAM but only {avail / GIB:.1f} GB "
+            "is available; free memory, use a machine with more RAM, or a smaller (quantized) model"
+        )
+
+
+def expert_host_bytes(cfg: ModelConfig, dtype: torch.dtype) -> int:
+    """Bytes of every routed expert of every MoE layer (what the host store will hold)."""
+    return cfg.expert_bytes(dtype) * cfg.num_experts * len(cfg.moe_layer_ids)
+
+
+def check_host_ram_for_experts(cfg: ModelConfig, dtype: torch.dtype) -> None:
+    """The pre-load check: call before the experts are read from the checkpoint."""
+    check_host_ram(expert_host_bytes(cfg, dtype))
+
+
+def _page_range(t: torch.Tensor) -> tuple[int, int]:
+    start = t.data_ptr() // PAGE * PAGE
+    end = -(-(t.data_ptr() + t.numel() * t.element_size()) // PAGE) * PAGE
+    return start, end
+
+
+def _overlaps_registered(start: int, end: int) -> bool:
+    return any(s < end and start < e for s, e in _REGISTERED)
+
+
+def _page_exclusive_copy(t: torch.Tensor) -> torch.Tensor:
+    """A copy of `t` in an anonymous mapping of its own: page-aligned storage that owns every
+    page it touches (so torch's `is_pinned` sees the registration too)."""
+    nbytes = t.numel() * t.element_size()
+    buf = mmap.mmap(-1, max(PAGE, -(-nbytes // PAGE) * PAGE))
+    raw = torch.frombuffer(buf, dtype=torch.uint8)  # keeps `buf` alive
+    out = raw[:nbytes].view(t.dtype).view(t.shape)
+    out.copy_(t)
+    return out
+
+
+class HostExpertStore:
+    """Per layer: name → `[E, ...]` host tensor (pinned and mapped on CUDA)."""
+
+    def __init__(self, device: torch.device) -> None:
+        self.device = device
+        self.layers: list[dict[str, torch.Tensor]] = []
+        self._registered: list[tuple[int, int]] = []  # (ptr, nbytes) to unregister
+
+    @property
+    def is_pinned(self) -> bool:
+        return self.device.type == "cuda"
+
+    @property
+    def nbytes(self) -> int:
+        return sum(t.numel() * t.element_size() for layer in self.layers for t in layer.values())
+
+    def layer_bytes(self, index: int) -> int:
+        return sum(t.numel() * t.element_size() for t in self.layers[index].values())
+
+    def add_layer(self, tensors: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]:
+        """Take a filled layer's expert tensors (on the host); returns the stored set."""
+        stored = {}
+        for name, t in tensors.items():
+            if t.device.type != "cpu":
+                raise ValueError(f"expert tensor {name!r} must be on the host, not {t.device}")
+            t = t.contiguous()
+            stored[name] = self.pin_after_fill(t) if self.is_pinned else t
+        self.layers.append(stored)
+        return stored
+
+    def pin_after_fill(self, t: torch.Tensor) -> torch.Tensor:
+        """Register a filled host tensor as pinned, device-mapped memory (in place if its
+        pages are its own, else a page-exclusive copy); returns the pinned tensor."""
+        if _overlaps_registered(*_page_range(t)):
+            t = _page_exclusive_copy(t)
+        nbytes = t.numel() * t.element_size()
+        if nbytes == 0:
+            return t
+        flags = _HOST_REGISTER_PORTABLE | _HOST_REGISTER_MAPPED
+        err = torch.cuda.cudart().cudaHostRegister(t.data_ptr(), nbytes, flags)
+        if int(err) != 0:
+            raise UserError(
+                f"pinning {nbytes / GIB:.2f} GB of expert memory failed (CUDA error "
+                f"{int(err)}); free host RAM or raise the locked-memory limit (ulimit -l)"
+            )
+        self._registered.append((t.data_ptr(), nbytes))
+        _REGISTERED.append(_page_range(t))
+        return t
+
+    def close(self) -> None:
+        """Unregister the pinned memory (before the tensors are freed)."""
+        if not self._registered:
+            return
+        cudart = torch.cuda.cudart()
+        for ptr, nbytes in self._registered:
+            cudart.cudaHostUnregister(ptr)
+            start = ptr // PAGE * PAGE
+            end = -(-(ptr + nbytes) // PAGE) * PAGE
+            if (start, end) in _REGISTERED:
+                _REGISTERED.remove((start, end))
+        self._registered = []
+
+    def __del__(self) -> None:
+        try:
+            self.close()
+        except Exception:  # interpreter shutdown: CUDA may already be gone
+            pass

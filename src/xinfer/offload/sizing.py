@@ -1,0 +1,84 @@
+"""How many GPU slots each MoE layer gets: a fixed fraction of its experts (rounded up, at
+least top-k), or `auto`: every layer grown evenly into the free device memory while the
+reserve (for the KV cache and workspaces, sized by the engine afterwards) stays free."""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+
+import torch
+
+from xinfer.config import OffloadConfig
+from xinfer.engine.memory import usable_gpu_bytes
+from xinfer.errors import UserError
+
+GIB = 1 << 30
+
+
+@dataclass(frozen=True)
+class LayerShape:
+    """What sizing needs to know of one MoE layer."""
+
+    num_experts: int
+    top_k: int
+    expert_bytes: int  # one expert, all of its tensors
+
+
+def slots_for_fraction(fraction: float, num_experts: int, top_k: int) -> int:
+    # The epsilon keeps e.g. 0.3 * 10 = 3.0000000000000004 from rounding up to 4.
+    return min(num_experts, max(top_k, math.ceil(fraction * num_experts - 1e-9)))
+
+
+def device_budget_bytes(
+    device: torch.device, limit_gb: float | None, resident_bytes: int
+) -> int | None:
+    """Free bytes on `device` (as if it had `limit_gb` GB). On CPU only a given limit means
+    anything (minus what the model already holds there); None = unbounded."""
+    if device.type == "cuda":
+        return usable_gpu_bytes(device, limit_gb)
+    if limit_gb is None:
+        return None
+    return max(0, int(limit_gb * GIB) - resident_bytes)
+
+
+def plan_slots(
+    layers: list[LayerShape],
+    offload: OffloadConfig,
+    budget_bytes: int | None,
+    staging_bytes: int,
+) -> int:
+    """Slots per layer (the same for every layer). `budget_bytes` is the free device memory
+    (None = unbounded); `staging_bytes` the staging buffer that a plan below E slots needs."""
+    if not layers:
+        return 0
+    num_experts = min(s.num_experts for s in layers)
+    top_k = max(s.top_k for s in layers)
+    per_slot = sum(s.expert_bytes for s in layers)  # one slot in every layer
+    if offload.fraction is not None:
+        slots = slots_for_fraction(offload.fraction, num_experts, top_k)
+        if budget_bytes is not None:
+            need = slots * per_slot + (staging_bytes if slots < num_experts else 0)
+            if need > budget_bytes:
+                raise UserError(
+                    f"MoE offload {offload.fraction} needs {need / GIB:.2f} GB of GPU memory "
+                    f"for expert slots but only {budget_bytes / GIB:.2f} GB is free; lower "
+                    "XINFER_MOE_OFFLOAD or use XINFER_MOE_OFFLOAD=auto"
+                )
+        return slots
+    if not offload.is_auto:
+        raise ValueError("plan_slots: offload is not enabled")
+    if budget_bytes is None:
+        return num_experts
+    free = budget_bytes - int(offload.reserve_gb * GIB)
+    if num_experts * per_slot <= free:
+        return num_experts  # everything fits: no staging buffer needed either
+    slots = min(num_experts - 1, (free - staging_bytes) // per_slot)
+    if slots < top_k:
+        raise UserError(
+            f"MoE offload 'auto' cannot fit {top_k} experts per layer in "
+            f"{budget_bytes / GIB:.2f} GB of free GPU memory while keeping "
+            f"XINFER_MOE_OFFLOAD_RESERVE_GB={offload.reserve_gb} free; lower the reserve "
+            "or --max-model-len, or use a smaller model"
+        )
+    return int(slots)

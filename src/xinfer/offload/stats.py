@@ -1,0 +1,146 @@
+"""Offload statistics: per-layer counters kept on the device (updated by the lookup kernel
+and the staging path, so reading them is the only sync), the stats dict behind
+`LLM.offload_stats()` and the server's metrics, and the opt-in per-call time profile.
+
+Keys of `OffloadStats.snapshot()` (totals at the top level, the same per layer in "layers"):
+  hits, misses          distinct experts per decode-path call found in / copied into slots
+  hit_rate              hits / (hits + misses), 0.0 before the first call
+  bytes_copied          misses * expert bytes (zero-copy fills host → slots)
+  staging_copies        calls that copied the whole layer into the staging buffer
+  staging_bytes         bytes those copies moved
+  bytes_moved           bytes_copied + staging_bytes
+  calls                 decode-path (lookup) calls
+plus slots_per_layer, num_experts, num_layers, pinned_gb, slot_gb, staging_gb, device and,
+with XINFER_MOE_OFFLOAD_PROFILE=1, "profile" (seconds summed over calls, and call count)."""
+
+from __future__ import annotations
+
+import logging
+import time
+
+import torch
+
+from xinfer.offload.slot_cache import CALLS, HITS, MISSES, NUM_COUNTERS, STAGING_COPIES
+
+logger = logging.getLogger("xinfer")
+GB = 1e9
+_PROFILE_KEYS = ("launch_gap", "gpu_wait", "host", "copy")
+
+
+def _rates(hits: int, misses: int, staging: int, calls: int, eb: int, lb: int) -> dict:
+    return {
+        "hits": hits,
+        "misses": misses,
+        "hit_rate": hits / (hits + misses) if hits + misses else 0.0,
+        "bytes_copied": misses * eb,
+        "staging_copies": staging,
+        "staging_bytes": staging * lb,
+        "bytes_moved": misses * eb + staging * lb,
+        "calls": calls,
+    }
+
+
+class OffloadStats:
+    def __init__(self, num_layers: int, device: torch.device) -> None:
+        self.device = device
+        # (L, NUM_COUNTERS) int64: hits, misses, staging copies, calls — row i is layer i's.
+        self.counters = torch.zeros(num_layers, NUM_COUNTERS, dtype=torch.int64, device=device)
+        self.expert_bytes: list[int] = []  # per layer
+        self.layer_bytes: list[int] = []  # per layer: all E experts
+        self.slots: list[int] = []
+        self.num_experts: list[int] = []
+        self.pinned_bytes = 0
+        self.staging_bytes = 0
+        self.profile: CallProfile | None = None
+
+    def reset(self) -> None:
+        self.counters.zero_()
+        if self.profile is not None:
+            self.profile.reset()
+
+    def snapshot(self) -> dict:
+        rows = self.counters.cpu().tolist()  # the one device read
+        layers = []
+        for i, row in enumerate(rows):
+            r = _rates(
+                row[HITS],
+                row[MISSES],
+                row[STAGING_COPIES],
+                row[CALLS],
+                self.expert_bytes[i],
+                self.layer_bytes[i],
+            )
+            layers.append({"layer": i, "slots": self.slots[i], **r})
+        total = {k: sum(layer[k] for layer in layers) for k in ("hits", "misses", "calls")}
+        for k in ("bytes_copied", "staging_copies", "staging_bytes", "bytes_moved"):
+            total[k] = sum(layer[k] for layer in layers)
+        seen = total["hits"] + total["misses"]
+        total["hit_rate"] = total["hits"] / seen if seen else 0.0
+        out = {
+            **total,
+            "num_layers": len(layers),
+            "slots_per_layer": list(self.slots),
+            "num_experts": list(self.num_experts),
+            "pinned_gb": self.pinned_bytes / GB,
+            "slot_gb": sum(s * b for s, b in zip(self.slots, self.expert_bytes)) / GB,
+            "staging_gb": self.staging_bytes / GB,
+            "device": str(self.device),
+            "layers": layers,
+        }
+        if self.profile is not None:
+            out["profile"] = self.profile.totals()
+        return out
+
+
+def format_summary(stats: dict, elapsed_s: float | None = None) -> str:
+    """One line for the end of a CLI generation: hit rate, GB moved and (given the elapsed
+    time) the host → GPU rate."""
+    moved = stats["bytes_moved"] / GB
+    line = (
+        f"MoE offload: hit rate {100 * stats['hit_rate']:.1f}% "
+        f"({stats['hits']} hits, {stats['misses']} misses), {moved:.2f} GB moved host→device "
+        f"({stats['bytes_copied'] / GB:.2f} GB slot fills, {stats['staging_copies']} staging "
+        f"copies of {stats['staging_bytes'] / GB:.2f} GB)"
+    )
+    if elapsed_s:
+        line += f", {moved / elapsed_s:.2f} GB/s over {elapsed_s:.1f} s"
+    return line
+
+
+class CallProfile:
+    """XINFER_MOE_OFFLOAD_PROFILE=1: wall-time split of every MoE call, summed over calls.
+
+    launch_gap: host time between the end of the previous MoE call and this one;
+    gpu_wait: syncs waiting for earlier and for this call's GEMM work; host: launching the
+    expert GEMM; copy: lookup + fill (or staging copy) from launch to completion."""
+
+    def __init__(self, device: torch.device, log_every: int = 2000) -> None:
+        self.device, self.log_every = device, log_every
+        self.reset()
+
+    def reset(self) -> None:
+        self.sums = dict.fromkeys(_PROFILE_KEYS, 0.0)
+        self.num_calls = 0
+        self.last_exit: float | None = None
+
+    def sync(self) -> None:
+        if self.device.type == "cuda":
+            torch.cuda.synchronize(self.device)
+
+    def add(self, **seconds: float) -> None:
+        for k, v in seconds.items():
+            self.sums[k] += v
+        self.num_calls += 1
+        self.last_exit = time.perf_counter()
+        if self.num_calls % self.log_every == 0:
+            logger.info("%s", self.format())
+
+    def totals(self) -> dict:
+        return {**{f"{k}_s": v for k, v in self.sums.items()}, "calls": self.num_calls}
+
+    def format(self) -> str:
+        n = max(1, self.num_calls)
+        parts = ", ".join(
+            f"{k.replace('_', ' ')} {1e3 * v / n:.3f} ms" for k, v in self.sums.items()
+        )
+        return f"MoE offload profile, mean per MoE call over {self.num_calls} calls: {parts}"

@@ -1,0 +1,162 @@
+"""Offload options: parsing and validation (flag wins over the environment), slot sizing for
+fractions and `auto`, the host-RAM check, profile mode, and the manager's API."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+from tiny_models import make_hf_model, prompts, write_checkpoint
+
+from xinfer import LLM, SamplingParams, UserError
+from xinfer.config import OffloadConfig
+from xinfer.llm import offload_from_env
+from xinfer.offload import host_store
+from xinfer.offload.sizing import GIB, LayerShape, plan_slots, slots_for_fraction
+
+GREEDY = SamplingParams(max_tokens=8, temperature=0.0, ignore_eos=True)
+
+
+@pytest.fixture(scope="module")
+def ckpt(tmp_path_factory):
+    return str(write_checkpoint(make_hf_model("mixtral"), tmp_path_factory.mktemp("mixtral")))
+
+
+@pytest.fixture(autouse=True)
+def clean_env(monkeypatch):
+    for suffix in ("", "_RESERVE_GB", "_PROFILE"):
+        monkeypatch.delenv("XINFER_MOE_OFFLOAD" + suffix, raising=False)
+
+
+@pytest.mark.parametrize("value", ["1.5", "-0.1", "0", "abc", "0.2x", "nan"])
+def test_bad_fraction_is_a_clear_error(value, monkeypatch):
+    with pytest.raises(UserError, match=r"MoE offload.*\(0, 1\]"):
+        OffloadConfig.parse(value)
+    monkeypatch.setenv("XINFER_MOE_OFFLOAD", value)
+    with pytest.raises(UserError, match="MoE offload"):
+        offload_from_env()
+
+
+def test_bad_reserve_is_a_clear_error(monkeypatch):
+    monkeypatch.setenv("XINFER_MOE_OFFLOAD", "auto")
+    monkeypatch.setenv("XINFER_MOE_OFFLOAD_RESERVE_GB", "-1")
+    with pytest.raises(UserError, match="reserve must be >= 0"):
+        offload_from_env()
+    monkeypatch.setenv("XINFER_MOE_OFFLOAD_RESERVE_GB", "lots")
+    with pytest.raises(UserError, match="XINFER_MOE_OFFLOAD_RESERVE_GB must be a number"):
+        offload_from_env()
+
+
+def test_good_values_parse(monkeypatch):
+    assert not OffloadConfig.parse(None).is_enabled
+    assert OffloadConfig.parse(" AUTO ").is_auto
+    assert OffloadConfig.parse("1").fraction == 1.0
+    monkeypatch.setenv("XINFER_MOE_OFFLOAD", "0.25")
+    monkeypatch.setenv("XINFER_MOE_OFFLOAD_RESERVE_GB", "4")
+    monkeypatch.setenv("XINFER_MOE_OFFLOAD_PROFILE", "1")
+    cfg = offload_from_env()
+    assert (cfg.fraction, cfg.reserve_gb, cfg.is_profile) == (0.25, 4.0, True)
+    assert offload_from_env(moe_offload="auto", reserve_gb=1.0).is_auto  # flag wins
+
+
+def test_llm_rejects_bad_env_and_flag_wins(ckpt, monkeypatch):
+    monkeypatch.setenv("XINFER_MOE_OFFLOAD", "1.5")
+    with pytest.raises(UserError, match=r"\(0, 1\]"):
+        LLM(ckpt, device="cpu")
+    llm = LLM(ckpt, device="cpu", moe_offload=0.5)  # the flag wins over the bad variable
+    assert llm.offload_stats()["slots_per_layer"] == [4, 4, 4]
+
+
+def test_slots_for_fraction():
+    assert slots_for_fraction(0.1, 8, 2) == 2  # at least top-k
+    assert slots_for_fraction(0.3, 10, 1) == 3  # 0.3 * 10 is 3.0000000000000004
+    assert slots_for_fraction(0.2, 128, 8) == 26  # rounded up
+    assert slots_for_fraction(1.0, 128, 8) == 128
+
+
+def test_plan_slots_auto_and_budget():
+    layers = [LayerShape(128, 8, 10_000_000)] * 48  # 0.48 GB per slot across the layers
+    auto = OffloadConfig(is_auto=True, reserve_gb=2.5)
+    staging = 1_280_000_000
+    budget = int(2.5 * GIB) + staging + 40 * 480_000_000 + 1000
+    assert plan_slots(layers, auto, budget, staging) == 40
+    assert plan_slots(layers, auto, None, staging) == 128  # unbounded (CPU, no limit)
+    assert plan_slots(layers, auto, 10**13, staging) == 128  # everything fits
+    with pytest.raises(UserError, match="cannot fit 8 experts per layer"):
+        plan_slots(layers, auto, int(3 * GIB), staging)
+    with pytest.raises(UserError, match="lower XINFER_MOE_OFFLOAD"):
+        plan_slots(layers, OffloadConfig(fraction=0.5), int(10 * GIB), staging)
+
+
+def test_auto_on_cpu_with_memory_limit(ckpt):
+    full = LLM(ckpt, device="cpu", moe_offload="auto")
+    assert full.offload_stats()["slots_per_layer"] == [8, 8, 8]
+    with pytest.raises(UserError, match="cannot fit 2 experts per layer"):
+        LLM(ckpt, device="cpu", moe_offload="auto", gpu_memory_limit_gb=0.001)
+    # 3 layers x 8 experts x 3 x 64 x 32 x 4 bytes: ~0.6 MB of experts; room for ~half.
+    small = LLM(
+        ckpt,
+        device="cpu",
+        moe_offload="auto",
+        moe_offload_reserve_gb=0.0,
+        gpu_memory_limit_gb=(_dense_bytes(full) + 0.9 * _expert_bytes(full)) / GIB,
+    )
+    slots = small.offload_stats()["slots_per_layer"]
+    assert 2 <= slots[0] < 8 and len(set(slots)) == 1
+
+
+def _dense_bytes(llm) -> int:
+    return sum(p.numel() * p.element_size() for p in llm.engine.model.parameters())
+
+
+def _expert_bytes(llm) -> int:
+    st = llm.offload_stats()
+    return sum(layer["slots"] for layer in st["layers"]) * 3 * 64 * 32 * 4
+
+
+def test_host_ram_check(ckpt, monkeypatch):
+    monkeypatch.setattr(host_store, "available_host_bytes", lambda: 512 << 20)
+    with pytest.raises(UserError, match="GB of host RAM but only 0.5 GB is available"):
+        LLM(ckpt, device="cpu", moe_offload=0.5)
+    monkeypatch.setattr(host_store, "available_host_bytes", lambda: None)  # no /proc
+    LLM(ckpt, device="cpu", moe_offload=0.5)
+
+
+def test_manager_api_and_profile(ckpt):
+    llm = LLM(ckpt, device="cpu", moe_offload=0.25, moe_offload_profile=True)
+    manager = llm.engine.offload_manager
+    llm.generate(prompts(2), GREEDY)
+    st = llm.offload_stats()
+    assert st["profile"]["calls"] > 0 and st["profile"]["copy_s"] >= 0
+    assert not manager.is_graph_safe(1)  # profile mode disables graphs
+    assert "hit rate" in manager.format_summary(2.0) and "GB/s" in manager.format_summary(2.0)
+    plain = LLM(ckpt, device="cpu", moe_offload=0.25).engine.offload_manager
+    assert plain.is_graph_safe(1) and not plain.is_graph_safe(2)  # 2 slots, top-2
+    assert "profile" not in plain.stats()
+
+
+def test_stats_keys(ckpt):
+    llm = LLM(ckpt, device="cpu", moe_offload=0.5)
+    assert llm.offload_stats()["hits"] == 0
+    llm.generate(prompts(1), GREEDY)
+    st = llm.offload_stats()
+    keys = "hits misses hit_rate bytes_copied staging_copies staging_bytes bytes_moved calls"
+    keys += " slots_per_layer num_experts num_layers pinned_gb slot_gb staging_gb device layers"
+    assert set(keys.split()) <= set(st)
+    assert st["misses"] > 0 and 0.0 <= st["hit_rate"] <= 1.0
+    assert st["bytes_copied"] == st["misses"] * 3 * 64 * 32 * 4
+    assert sum(layer["hits"] for layer in st["layers"]) == st["hits"]
+    assert st["pinned_gb"] == 0.0  # nothing is pinned on CPU
+    llm.engine.offload_manager.reset_stats()
+    assert llm.offload_stats()["misses"] == 0
+
+
+def test_offload_unset_means_no_manager(ckpt):
+    assert LLM(ckpt, device="cpu").offload_stats() is None
+
+
+def test_expert_tensors_handed_over(ckpt):
+    llm = LLM(ckpt, device="cpu", moe_offload=0.5)
+    for layer in llm.engine.model.moe_layers():
+        assert layer.expert_tensors == {}
+        assert type(layer.executor).__name__ == "OffloadExecutor"
+    assert torch.is_tensor(layer.executor.cache.slots["w13"])
