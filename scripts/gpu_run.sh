@@ -18,14 +18,15 @@ python3 -c 'import torch, triton, transformers; print(torch.__version__, triton.
 for phase in "$@"; do
   echo "=== phase $phase $(date +%T)"
   case "$phase" in
-    tests) python3 -m pytest -m gpu -q -x -p no:cacheprovider tests 2>&1 | tail -40 | tee "$OUT/gpu_tests.txt" ;;
-    parity) python3 -m pytest -q -x -p no:cacheprovider tests/models/test_gpu_parity.py 2>&1 | tail -30 | tee "$OUT/parity.txt" ;;
-    offload) python3 -m pytest -q -p no:cacheprovider tests/offload -m gpu 2>&1 | tail -30 | tee "$OUT/offload_tests.txt" ;;
-    kernels) python3 -m pytest -q -p no:cacheprovider tests/kernels 2>&1 | tail -30 | tee "$OUT/kernel_tests.txt" ;;
-    moebench) python3 bench/bench_moe_kernel.py 2>&1 | tail -30 | tee "$OUT/moe_kernel.txt" ;;
-    attnbench) python3 bench/bench_attention_kernel.py 2>&1 | tail -30 | tee "$OUT/attn_kernel.txt" ;;
-    fillbench) python3 bench/bench_offload_fill.py 2>&1 | tail -30 | tee "$OUT/fill.txt" ;;
-    decode) python3 bench/bench_decode.py --out "$OUT/decode" 2>&1 | grep -v "it/s]" | tail -60 ;;
+    tests) timeout 240 python3 -m pytest -m gpu -q -x -p no:cacheprovider tests 2>&1 | tail -40 | tee "$OUT/gpu_tests.txt" ;;
+    parity) timeout 150 python3 -m pytest -q -x -p no:cacheprovider tests/models/test_gpu_parity.py 2>&1 | tail -30 | tee "$OUT/parity.txt" ;;
+    offload) timeout 120 python3 -m pytest -q -p no:cacheprovider tests/offload -m gpu 2>&1 | tail -30 | tee "$OUT/offload_tests.txt" ;;
+    kernels) timeout 200 python3 -m pytest -q -p no:cacheprovider tests/kernels 2>&1 | tail -30 | tee "$OUT/kernel_tests.txt" ;;
+    moebench) timeout 90 python3 bench/bench_moe_kernel.py 2>&1 | tail -30 | tee "$OUT/moe_kernel.txt" ;;
+    attnbench) timeout 90 python3 bench/bench_attention_kernel.py 2>&1 | tail -30 | tee "$OUT/attn_kernel.txt" ;;
+    fillbench) timeout 60 python3 bench/bench_offload_fill.py 2>&1 | tail -30 | tee "$OUT/fill.txt" ;;
+    decode) timeout 300 python3 bench/bench_decode.py --out "$OUT/decode" 2>&1 | grep -v "it/s]" | tail -60 ;;
+    offloadbench) timeout 400 python3 bench/bench_offload_decode.py --out "$OUT/offload" 2>&1 | grep -v "it/s]" | tail -40 ;;
     decode-nohf) python3 bench/bench_decode.py --no-hf --out "$OUT/decode" 2>&1 | grep -v "it/s]" | tail -60 ;;
     *) echo "unknown phase $phase" ;;
   esac

@@ -29,10 +29,12 @@ def init_dummy_weights(
         if name.endswith("norm.weight"):
             t.fill_(1.0)
             continue
-        if t.device == gen_device or t.dim() < 3:
+        if t.dim() < 3:
             src = torch.empty(t.shape, dtype=t.dtype, device=gen_device)
             t.copy_(src.normal_(0, _STD, generator=gen))
             continue
-        for i in range(t.shape[0]):  # (E, ...) expert stacks: one expert at a time
+        # (E, ...) expert stacks: one expert at a time, wherever they live, so that resident
+        # and offloaded engines draw exactly the same weights from the same seed.
+        for i in range(t.shape[0]):
             src = torch.empty(t.shape[1:], dtype=t.dtype, device=gen_device)
             t[i].copy_(src.normal_(0, _STD, generator=gen))

@@ -1,0 +1,148 @@
+"""Batch-1 decode with MoE offload at several GPU-expert fractions, each beside its limit
+`t_resident + missed bytes / host→GPU bandwidth` (both measured in the same run).
+
+    python3 bench/bench_offload_decode.py --model bench/configs/qwen3_30b_a3b \
+        --rates 0.1,0.2,0.35,0.5,auto --gpu-memory-limit-gb 24 --out bench/results/offload
+
+Rate "0" (always run first) is the fully resident engine that gives t_resident. Greedy
+tokens of every rate are compared with it: placement must never change the output."""
+
+from __future__ import annotations
+
+import argparse
+import gc
+import json
+import statistics
+import sys
+import time
+from pathlib import Path
+
+import torch
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "src"))
+
+from xinfer import LLM, SamplingParams  # noqa: E402
+
+
+def h2d_bandwidth(device: torch.device, mb: int = 512) -> float:
+    src = torch.empty(mb << 20, dtype=torch.uint8, pin_memory=True)
+    dst = torch.empty_like(src, device=device)
+    dst.copy_(src, non_blocking=True)
+    torch.cuda.synchronize()
+    t = time.perf_counter()
+    for _ in range(5):
+        dst.copy_(src, non_blocking=True)
+    torch.cuda.synchronize()
+    return 5 * src.numel() / (time.perf_counter() - t)
+
+
+def run_rate(args, rate: str, prompt: list[int]) -> dict:
+    kw = dict(
+        device="cuda:0",
+        dtype="bfloat16",
+        load_format="dummy",
+        max_model_len=4096,
+        num_kv_blocks=1024,
+        max_num_seqs=1,
+        seed=0,
+    )
+    if rate != "0":
+        kw.update(moe_offload=rate, gpu_memory_limit_gb=args.gpu_memory_limit_gb)
+    t0 = time.perf_counter()
+    llm = LLM(args.model, **kw)
+    load_s = time.perf_counter() - t0
+    engine = llm.engine
+    params = SamplingParams(temperature=0, max_tokens=args.steps + 8, ignore_eos=True)
+    engine.add_request(prompt, params)
+    for _ in range(8):  # prefill + warm the caches
+        engine.step()
+    before = llm.offload_stats()
+    times, tokens = [], []
+    while engine.has_unfinished():
+        t = time.perf_counter()
+        for d in engine.step():
+            tokens.extend(d.new_token_ids)
+        times.append(time.perf_counter() - t)
+    after = llm.offload_stats()
+    step = statistics.median(times)
+    row = {
+        "rate": rate,
+        "load_s": load_s,
+        "step_ms": step * 1e3,
+        "tok_s": 1 / step,
+        "tokens": tokens,
+        "graphs": bool(engine.runner.graph_runner and engine.runner.graph_runner.graphs),
+    }
+    if after is not None:
+        n = len(times)
+        hits, misses = after["hits"] - before["hits"], after["misses"] - before["misses"]
+        row.update(
+            slots=after["slots_per_layer"],
+            hit_rate=hits / max(1, hits + misses),
+            gb_per_token=(after["bytes_moved"] - before["bytes_moved"]) / n / 1e9,
+        )
+        llm.engine.offload_manager.close()
+    del llm, engine
+    gc.collect()
+    torch.cuda.empty_cache()
+    return row
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser()
+    ap.add_argument("--model", default="bench/configs/qwen3_30b_a3b")
+    ap.add_argument("--rates", default="0.1,0.2,0.35,0.5,auto")
+    ap.add_argument("--gpu-memory-limit-gb", type=float, default=24.0)
+    ap.add_argument("--steps", type=int, default=48)
+    ap.add_argument("--out", default="bench/results/offload")
+    args = ap.parse_args()
+    device = torch.device("cuda:0")
+    bw = h2d_bandwidth(device)
+    print(f"host→GPU copy bandwidth {bw / 1e9:.1f} GB/s", flush=True)
+    prompt = torch.randint(0, 1000, (64,), generator=torch.Generator().manual_seed(0)).tolist()
+    rows = []
+    for rate in ["0"] + [r for r in args.rates.split(",") if r != "0"]:
+        row = run_rate(args, rate, prompt)
+        t_res = rows[0]["step_ms"] / 1e3 if rows else row["step_ms"] / 1e3
+        if "gb_per_token" in row:
+            limit = t_res + row["gb_per_token"] * 1e9 / bw
+            row.update(
+                limit_ms=limit * 1e3, limit_tok_s=1 / limit, ratio=row["step_ms"] / 1e3 / limit
+            )
+        row["identical"] = row["tokens"] == (rows[0]["tokens"] if rows else row["tokens"])
+        rows.append(row)
+        print({k: v for k, v in row.items() if k != "tokens"}, flush=True)
+    meta = {
+        "date": time.strftime("%Y-%m-%d"),
+        "gpu": torch.cuda.get_device_name(device),
+        "h2d_bw": bw,
+        "model": args.model,
+        "gpu_memory_limit_gb": args.gpu_memory_limit_gb,
+        "command": " ".join(sys.argv),
+    }
+    out = Path(args.out)
+    out.parent.mkdir(parents=True, exist_ok=True)
+    out.with_suffix(".json").write_text(json.dumps({"meta": meta, "rows": rows}, indent=1))
+    lines = [
+        f"Offload decode, batch 1, {meta['date']}, {meta['gpu']}, H2D {bw / 1e9:.1f} GB/s",
+        "",
+        "| GPU experts | slots/layer | tok/s | ms/token | hit rate | GB/token | limit tok/s | step / limit | identical |",
+        "|---|---|---|---|---|---|---|---|---|",
+    ]
+    for r in rows:
+        if "gb_per_token" not in r:
+            lines.append(
+                f"| all (resident) | all | {r['tok_s']:.1f} | {r['step_ms']:.2f} | 100% | 0 | — | — | ref |"
+            )
+            continue
+        lines.append(
+            f"| {r['rate']} | {r['slots'][0]} | {r['tok_s']:.1f} | {r['step_ms']:.2f} | "
+            f"{100 * r['hit_rate']:.1f}% | {r['gb_per_token']:.3f} | {r['limit_tok_s']:.1f} | "
+            f"{r['ratio']:.2f} | {'yes' if r['identical'] else 'NO'} |"
+        )
+    out.with_suffix(".md").write_text("\n".join(lines) + "\n")
+    print("\n".join(lines))
+
+
+if __name__ == "__main__":
+    main()
