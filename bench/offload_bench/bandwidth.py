@@ -1,0 +1,100 @@
+"""Host → GPU bandwidth, measured once per benchmark in a subprocess of its own (so that its
+CUDA context does not sit on the GPU under test): the copy engine (pinned
+`copy_(non_blocking=True)`) for expert-sized and large blocks, and the offload fill kernel
+(zero-copy gather from mapped pinned memory) when `xinfer.offload` provides it. Prints JSON.
+
+    python3 bench/offload_bench/bandwidth.py [--expert-mb 9.44] [--device 0]
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[2] / "src"))
+
+
+def _cuda_seconds(fn, reps: int) -> float:
+    import torch
+
+    fn()
+    torch.cuda.synchronize()
+    start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+    start.record()
+    for _ in range(reps):
+        fn()
+    end.record()
+    torch.cuda.synchronize()
+    return start.elapsed_time(end) / 1e3 / reps
+
+
+def copy_engine_gbps(dev, nbytes: int, num_blocks: int, reps: int) -> float:
+    """GB/s of `num_blocks` pinned host blocks of `nbytes` copied to the GPU per call."""
+    import torch
+
+    src = [torch.empty(nbytes, dtype=torch.uint8, pin_memory=True) for _ in range(num_blocks)]
+    dst = [torch.empty(nbytes, dtype=torch.uint8, device=dev) for _ in range(num_blocks)]
+
+    def copy() -> None:
+        for d, s in zip(dst, src):
+            d.copy_(s, non_blocking=True)
+
+    return num_blocks * nbytes / _cuda_seconds(copy, reps) / 1e9
+
+
+def fill_kernel_gbps(dev, expert_bytes: int, num_misses: int, reps: int) -> float:
+    """GB/s of the offload fill kernel copying `num_misses` experts into slots (the decode
+    path), set up like bench/bench_offload_fill.py."""
+    import torch
+
+    from xinfer.offload import kernels as offload_kernels
+    from xinfer.offload.host_store import HostExpertStore
+    from xinfer.offload.slot_cache import SlotCache
+
+    num_experts = 4 * num_misses
+    cols = max(1, expert_bytes // 2 // 2048)  # bf16 rows of 2048
+    store = HostExpertStore(dev)
+    host = store.add_layer({"w": torch.zeros(num_experts, 2048, cols, dtype=torch.bfloat16)})
+    counters = torch.zeros(4, dtype=torch.int64, device=dev)
+    cache = SlotCache(host, num_misses, dev, counters)
+    cache.miss_ids.copy_(torch.arange(num_misses, 2 * num_misses, dtype=torch.int32))
+    cache.miss_slots.copy_(torch.arange(num_misses, dtype=torch.int32))
+    cache.miss_count.fill_(num_misses)
+    seconds = _cuda_seconds(lambda: offload_kernels.fill(cache, host, num_misses), reps)
+    moved = num_misses * cache.expert_bytes
+    store.close()
+    return moved / seconds / 1e9
+
+
+def measure(expert_mb: float, device: int, reps: int = 20) -> dict:
+    """The numbers as a dict; `cuda: false` (and nothing else) without a CUDA device."""
+    import torch
+
+    if not torch.cuda.is_available():
+        return {"cuda": False}
+    dev = torch.device("cuda", device)
+    torch.cuda.set_device(dev)
+    expert_bytes = int(expert_mb * 1e6)
+    out: dict = {"cuda": True, "gpu": torch.cuda.get_device_name(dev), "expert_mb": expert_mb}
+    out["copy_engine_expert_gbps"] = copy_engine_gbps(dev, expert_bytes, 8, reps)
+    out["copy_engine_block_gbps"] = copy_engine_gbps(dev, 512 << 20, 1, max(3, reps // 4))
+    try:
+        out["fill_kernel_gbps"] = fill_kernel_gbps(dev, expert_bytes, 8, reps)
+    except Exception as e:  # noqa: BLE001 - the fill kernel is optional here
+        out["fill_kernel_gbps"] = None
+        out["fill_kernel_error"] = f"{type(e).__name__}: {e}"[:300]
+    return out
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--expert-mb", type=float, default=9.44)
+    ap.add_argument("--device", type=int, default=0)
+    args = ap.parse_args()
+    print(json.dumps(measure(args.expert_mb, args.device)))
+
+
+if __name__ == "__main__":
+    main()
