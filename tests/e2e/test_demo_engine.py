@@ -38,3 +38,16 @@ def test_chat_template_renders(demo):
     assert text == "<|im_start|>user\nhi<|im_end|>\n<|im_start|>assistant\n"
     out = demo.chat([{"role": "user", "content": "hi"}], SamplingParams(temperature=0, max_tokens=8))
     assert len(out[0].token_ids) >= 1
+
+
+def test_identical_across_offload_fractions():
+    """Learned routing, several prompts batched: every expert-cache size gives the same bits."""
+    prompts = ["def read_file(path):", "import os\n", "class Stack:"]
+    params = SamplingParams(temperature=0, max_tokens=32)
+    outs = {}
+    for frac in (None, "0.25", "0.5", "1.0"):
+        llm = LLM("demo", device="cpu", moe_offload=frac)
+        outs[frac] = [r.token_ids for r in llm.generate(prompts, params)]
+        if frac is not None:
+            assert llm.offload_stats()["misses"] > 0 or frac == "1.0"
+    assert all(v == outs[None] for v in outs.values())

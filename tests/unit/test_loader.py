@@ -1,0 +1,76 @@
+"""Checkpoint loading: sharded safetensors with an index, and clear errors for missing,
+unexpected and mis-shaped tensors; dummy weights need only config.json."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+import torch
+import tiny_models as tm
+from safetensors.torch import load_file, save_file
+
+from xinfer import LLM, SamplingParams, UserError
+
+GREEDY = SamplingParams(temperature=0, max_tokens=8)
+
+
+@pytest.fixture(scope="module")
+def hf_model():
+    return tm.make_hf_model("mixtral")
+
+
+def test_sharded_checkpoint_with_index(hf_model, tmp_path):
+    hf_model.save_pretrained(tmp_path, max_shard_size="20KB")
+    assert (tmp_path / "model.safetensors.index.json").exists()
+    assert len(list(tmp_path.glob("*.safetensors"))) > 2
+    prompt = tm.prompts(1)[0]
+    ours = LLM(str(tmp_path), device="cpu").generate([prompt], GREEDY)[0].token_ids
+    ref = hf_model.generate(torch.tensor([prompt]), max_new_tokens=8, do_sample=False)
+    assert ours == ref[0, len(prompt) :].tolist()
+
+
+def _rewrite(path, edit) -> None:
+    f = path / "model.safetensors"
+    tensors = load_file(str(f))
+    edit(tensors)
+    save_file(tensors, str(f), metadata={"format": "pt"})
+
+
+def test_missing_tensor_is_named(hf_model, tmp_path):
+    hf_model.save_pretrained(tmp_path)
+    _rewrite(tmp_path, lambda t: t.pop("model.layers.1.self_attn.k_proj.weight"))
+    with pytest.raises(UserError, match=r"missing tensors: model\.layers\.1\.self_attn\.qkv_proj"):
+        LLM(str(tmp_path), device="cpu")
+
+
+def test_missing_expert_is_reported(hf_model, tmp_path):
+    hf_model.save_pretrained(tmp_path)
+    _rewrite(tmp_path, lambda t: t.pop("model.layers.0.block_sparse_moe.experts.3.w2.weight"))
+    with pytest.raises(UserError, match=r"experts\.w2 \(1 expert parts\)"):
+        LLM(str(tmp_path), device="cpu")
+
+
+def test_unexpected_tensor_is_named(hf_model, tmp_path):
+    hf_model.save_pretrained(tmp_path)
+    _rewrite(tmp_path, lambda t: t.update({"model.layers.0.foo.weight": torch.zeros(2)}))
+    with pytest.raises(UserError, match=r"does not use: model\.layers\.0\.foo\.weight"):
+        LLM(str(tmp_path), device="cpu")
+
+
+def test_shape_mismatch_is_explained(hf_model, tmp_path):
+    hf_model.save_pretrained(tmp_path)
+    cfg = json.loads((tmp_path / "config.json").read_text())
+    cfg["intermediate_size"] = 48  # the experts in the file are 32 wide
+    (tmp_path / "config.json").write_text(json.dumps(cfg))
+    with pytest.raises(UserError, match=r"has shape .* but the model expects"):
+        LLM(str(tmp_path), device="cpu")
+
+
+def test_no_weights_needs_dummy(hf_model, tmp_path):
+    hf_model.config.save_pretrained(tmp_path)
+    with pytest.raises(UserError, match="--load-format dummy"):
+        LLM(str(tmp_path), device="cpu")
+    llm = LLM(str(tmp_path), device="cpu", load_format="dummy")
+    out = llm.generate([tm.prompts(1)[0]], GREEDY)[0]
+    assert len(out.token_ids) == 8
