@@ -150,7 +150,7 @@ def main() -> None:
     ap.add_argument("--steps", type=int, default=48)
     ap.add_argument("--prefill-len", type=int, default=2048)
     ap.add_argument("--no-hf", action="store_true")
-    ap.add_argument("--kv-blocks", type=int, default=4096)
+    ap.add_argument("--kv-blocks", type=int, default=1024)
     args = ap.parse_args()
     device = torch.device("cuda:0")
     cfg = ModelConfig.from_dir(args.model)
