@@ -47,12 +47,16 @@ def run_rate(args, rate: str, prompt: list[int]) -> dict:
         seed=0,
     )
     if rate != "0":
-        kw.update(moe_offload=rate, gpu_memory_limit_gb=args.gpu_memory_limit_gb)
+        kw["moe_offload"] = rate
+    if rate == "auto":  # fixed fractions size themselves; auto sizes from the (limited) GPU
+        kw["gpu_memory_limit_gb"] = args.gpu_memory_limit_gb
     t0 = time.perf_counter()
     llm = LLM(args.model, **kw)
     load_s = time.perf_counter() - t0
     engine = llm.engine
-    params = SamplingParams(temperature=0, max_tokens=args.steps + 8, ignore_eos=True)
+    # Seeded sampling: random weights under greedy decoding repeat one token, so routing
+    # would never change; sampled tokens route (near) uniformly, as ANCHORS.md assumes.
+    params = SamplingParams(temperature=1.0, seed=1234, max_tokens=args.steps + 8, ignore_eos=True)
     engine.add_request(prompt, params)
     for _ in range(8):  # prefill + warm the caches
         engine.step()

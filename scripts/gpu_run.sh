@@ -26,8 +26,8 @@ for phase in "$@"; do
     attnbench) timeout 90 python3 bench/bench_attention_kernel.py 2>&1 | tail -30 | tee "$OUT/attn_kernel.txt" ;;
     fillbench) timeout 60 python3 bench/bench_offload_fill.py 2>&1 | tail -30 | tee "$OUT/fill.txt" ;;
     decode) timeout 300 python3 bench/bench_decode.py --out "$OUT/decode" 2>&1 | grep -v "it/s]" | tail -60 ;;
-    offloadbench) timeout 400 python3 bench/bench_offload_decode.py --out "$OUT/offload" 2>&1 | grep -v "it/s]" | tail -40 ;;
-    decode-nohf) python3 bench/bench_decode.py --no-hf --out "$OUT/decode" 2>&1 | grep -v "it/s]" | tail -60 ;;
+    offloadbench) timeout 150 python3 bench/bench_offload_decode.py --rates 0.1,auto --steps 32 --out "$OUT/offload" 2>&1 | grep -v "it/s]" | tail -40 ;;
+    decode-nohf) timeout 130 python3 bench/bench_decode.py --no-hf --out "$OUT/decode" 2>&1 | grep -v "it/s]" | tail -60 ;;
     *) echo "unknown phase $phase" ;;
   esac
 done

@@ -35,9 +35,11 @@ class FusedMoE(nn.Module):
         self.executor: ExpertExecutor | None = None
 
     def attach_executor(self, executor: ExpertExecutor) -> None:
-        """Hand the experts over; the layer drops its own references to them."""
+        """Hand the experts over. A resident executor shares the layer's tensors (so weights
+        can still be loaded into them); otherwise the layer drops its references."""
         self.executor = executor
-        self.expert_tensors = {}
+        if not isinstance(executor, ResidentExecutor):
+            self.expert_tensors = {}
 
     def forward(self, x: torch.Tensor, router_logits: torch.Tensor) -> torch.Tensor:
         """x (T, H), router_logits (T, E) → (T, H)."""
