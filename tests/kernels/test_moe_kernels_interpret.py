@@ -23,6 +23,9 @@ child_only = pytest.mark.skipif(not IS_CHILD, reason="runs in test_interpreter_c
 
 
 @pytest.mark.skipif(IS_CHILD, reason="already inside the interpreter process")
+@pytest.mark.skipif(
+    torch.cuda.is_available(), reason="CUDA present: the GPU tests run the compiled kernels"
+)
 def test_interpreter_child() -> None:
     env = {**os.environ, "TRITON_INTERPRET": "1"}
     cmd = [sys.executable, "-m", "pytest", __file__, "-x", "-p", "no:cacheprovider"]
