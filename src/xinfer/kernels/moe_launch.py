@@ -109,14 +109,16 @@ def _moe_gemv(hidden, topk_ids, topk_weights, w13, w2, out, cfg: MoeConfig) -> N
         TOP_K=top_k, BLOCK_N=cfg.block_n, BLOCK_K=cfg.block_k, num_warps=cfg.num_warps,
     )  # fmt: skip
     down_n = cfg.down_block_n or cfg.block_n
-    grid = (num_tokens, triton.cdiv(hidden_dim, down_n))
-    moe_jit.moe_down_combine_gemv_kernel[grid](
-        inter, topk_ids, topk_weights, w2, out,
+    y = hidden.new_empty(num_tokens * top_k, hidden_dim)  # (T*k, H) unweighted outputs
+    grid = (num_tokens * top_k, triton.cdiv(hidden_dim, down_n))
+    moe_jit.moe_down_gemv_kernel[grid](
+        inter, topk_ids, w2, y,
         hidden_dim, inter_dim,
-        inter.stride(0), w2.stride(0), w2.stride(1), out.stride(0),
-        TOP_K=top_k, BLOCK_N=down_n, BLOCK_K=min(cfg.block_k, triton.next_power_of_2(inter_dim)),
+        inter.stride(0), w2.stride(0), w2.stride(1), y.stride(0),
+        BLOCK_N=down_n, BLOCK_K=min(cfg.block_k, triton.next_power_of_2(inter_dim)),
         num_warps=cfg.num_warps,
     )  # fmt: skip
+    _combine(y, topk_weights, out, top_k)
 
 
 def align_pairs(
@@ -170,6 +172,12 @@ def _moe_grouped(hidden, topk_ids, topk_weights, w13, w2, out, cfg: MoeConfig) -
         BLOCK_M=cfg.block_m, BLOCK_N=down_n, BLOCK_K=cfg.block_k,
         DOT_PRECISION=precision, num_warps=cfg.num_warps, num_stages=cfg.num_stages,
     )  # fmt: skip
+    _combine(y, topk_weights, out, top_k)
+
+
+def _combine(y: torch.Tensor, topk_weights: torch.Tensor, out: torch.Tensor, top_k: int) -> None:
+    """out[t] = sum over k, in k order and float32, of topk_weights[t, k] * y[t*k + k]."""
+    num_tokens, hidden_dim = out.shape
     block = min(1024, triton.next_power_of_2(hidden_dim))
     moe_jit.moe_combine_kernel[(num_tokens, triton.cdiv(hidden_dim, block))](
         y, topk_weights, out, hidden_dim, y.stride(0), out.stride(0),

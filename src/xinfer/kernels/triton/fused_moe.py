@@ -52,35 +52,31 @@ def moe_gate_up_gemv_kernel(
 
 
 @triton.jit
-def moe_down_combine_gemv_kernel(
-    inter_ptr, ids_ptr, weights_ptr, w2_ptr, out_ptr,
+def moe_down_gemv_kernel(
+    inter_ptr, ids_ptr, w2_ptr, y_ptr,
     hidden_dim, inter_dim,
-    stride_it, stride_we, stride_wn, stride_ot,
-    TOP_K: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr,
+    stride_it, stride_we, stride_wn, stride_yt,
+    BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr,
 ):  # fmt: skip
-    """grid (T, cdiv(H, BLOCK_N)): out[t, n] = sum_k w[t, k] * (inter[t, k]·w2[e_k, n]),
-    the sum in k order in float32, each expert output rounded to the dtype first."""
-    tok = tl.program_id(0).to(tl.int64)
+    """grid (T*k, cdiv(H, BLOCK_N)): y[pair, n] = inter[pair]·w2[e, n], rounded to the dtype.
+    One program per (pair, row tile) so that all experts of a token stream in parallel;
+    `moe_combine_kernel` then sums the pairs of each token in k order."""
+    pair = tl.program_id(0).to(tl.int64)
     pid_n = tl.program_id(1)
+    e = tl.load(ids_ptr + pair).to(tl.int64)
     offs_n = pid_n * BLOCK_N + tl.arange(0, BLOCK_N)
     offs_k = tl.arange(0, BLOCK_K)
     mask_n = offs_n < hidden_dim
-    out = tl.zeros((BLOCK_N,), dtype=tl.float32)
-    for j in range(TOP_K):  # k order: the fixed summation order of the combine
-        pair = tok * TOP_K + j
-        e = tl.load(ids_ptr + pair).to(tl.int64)
-        route_w = tl.load(weights_ptr + pair)
-        a_row = inter_ptr + pair * stride_it + offs_k
-        w_rows = w2_ptr + e * stride_we + offs_n[:, None] * stride_wn + offs_k[None, :]
-        acc = tl.zeros((BLOCK_N, BLOCK_K), dtype=tl.float32)
-        for k0 in range(0, inter_dim, BLOCK_K):
-            mask_k = offs_k < inter_dim - k0
-            a = tl.load(a_row + k0, mask=mask_k, other=0.0).to(tl.float32)
-            w = tl.load(w_rows + k0, mask=mask_n[:, None] & mask_k[None, :], other=0.0)
-            acc += w.to(tl.float32) * a[None, :]
-        y = tl.sum(acc, axis=1).to(out_ptr.dtype.element_ty).to(tl.float32)
-        out += y * route_w
-    tl.store(out_ptr + tok * stride_ot + offs_n, out.to(out_ptr.dtype.element_ty), mask=mask_n)
+    a_row = inter_ptr + pair * stride_it + offs_k
+    w_rows = w2_ptr + e * stride_we + offs_n[:, None] * stride_wn + offs_k[None, :]
+    acc = tl.zeros((BLOCK_N, BLOCK_K), dtype=tl.float32)
+    for k0 in range(0, inter_dim, BLOCK_K):
+        mask_k = offs_k < inter_dim - k0
+        a = tl.load(a_row + k0, mask=mask_k, other=0.0).to(tl.float32)
+        w = tl.load(w_rows + k0, mask=mask_n[:, None] & mask_k[None, :], other=0.0)
+        acc += w.to(tl.float32) * a[None, :]
+    y = tl.sum(acc, axis=1).to(y_ptr.dtype.element_ty)
+    tl.store(y_ptr + pair * stride_yt + offs_n, y, mask=mask_n)
 
 
 @triton.jit
