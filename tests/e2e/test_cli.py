@@ -92,3 +92,20 @@ def test_one_shot_generation_streams(tmp_path):
     assert proc.returncode == 0, proc.stderr
     assert proc.stdout.strip(), "no completion was printed"
     assert "12 tokens" in proc.stderr
+
+
+def test_interactive_chat_keeps_the_conversation(tmp_path):
+    from tests_support_tokenizer import write_tokenizer
+
+    d = tm.write_checkpoint(tm.make_hf_model("qwen3_moe", vocab_size=512), tmp_path / "m")
+    write_tokenizer(d, vocab_size=512)
+    proc = subprocess.run(
+        [sys.executable, "-m", "xinfer.cli", "--m", str(d), "--d", "cpu", "--chat",
+         "--max-tokens", "6"],
+        input="hello\n/reset\nagain\n/exit\n",
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )  # fmt: skip
+    assert proc.returncode == 0, proc.stderr
+    assert proc.stdout.count("> ") == 4  # a prompt before each of the four lines
