@@ -74,7 +74,9 @@ class Scheduler:
         preempted = 0
         # Decodes first (one token each), then running requests still in their prefill.
         for req in sorted(self.running, key=lambda r: r.num_pending_tokens > 1):
-            if budget == 0 or req not in self.running:
+            if budget == 0:
+                break
+            if req.status is not RequestStatus.RUNNING:  # preempted earlier in this loop
                 continue
             num_new = min(req.num_pending_tokens, budget)
             while not self._grow(req, num_new):
