@@ -76,9 +76,7 @@ class ModelRunner:
             if s.samples:
                 logits_idx.append(qsl[-1] - 1)
         width = max(len(t) for t in tables)
-        table = torch.zeros(len(tables), width, dtype=torch.int32)
-        for i, t in enumerate(tables):
-            table[i, : len(t)] = torch.tensor(t, dtype=torch.int32)
+        table = torch.tensor([t + [0] * (width - len(t)) for t in tables], dtype=torch.int32)
 
         def dev(x: list[int], dtype: torch.dtype) -> torch.Tensor:
             return torch.tensor(x, dtype=dtype).to(self.device, non_blocking=True)
