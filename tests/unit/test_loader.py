@@ -74,3 +74,19 @@ def test_no_weights_needs_dummy(hf_model, tmp_path):
     llm = LLM(str(tmp_path), device="cpu", load_format="dummy")
     out = llm.generate([tm.prompts(1)[0]], GREEDY)[0]
     assert len(out.token_ids) == 8
+
+
+def test_weights_load_into_a_model_that_has_run(tmp_path):
+    """The resident executor shares the layer's expert tensors, so weights can still be
+    loaded after a forward (the bench loads transformers' weights after graph capture)."""
+    from xinfer.weights.loader import load_weights
+
+    hf = tm.make_hf_model("qwen3_moe")
+    tm.write_checkpoint(hf, tmp_path)
+    llm = LLM(str(tmp_path), device="cpu", load_format="dummy")
+    llm.generate([[1, 2, 3]], SamplingParams(temperature=0, max_tokens=2))
+    load_weights(llm.engine.model, hf.state_dict().items())
+    prompt = tm.prompts(1)[0]
+    ours = llm.generate([prompt], GREEDY)[0].token_ids
+    ref = hf.generate(torch.tensor([prompt]), max_new_tokens=8, do_sample=False)
+    assert ours == ref[0, len(prompt) :].tolist()
