@@ -36,7 +36,9 @@ def test_greedy_is_deterministic_and_matches_transformers(demo):
 def test_chat_template_renders(demo):
     text = demo.tokenizer.apply_chat_template([{"role": "user", "content": "hi"}])
     assert text == "<|im_start|>user\nhi<|im_end|>\n<|im_start|>assistant\n"
-    out = demo.chat([{"role": "user", "content": "hi"}], SamplingParams(temperature=0, max_tokens=8))
+    out = demo.chat(
+        [{"role": "user", "content": "hi"}], SamplingParams(temperature=0, max_tokens=8)
+    )
     assert len(out[0].token_ids) >= 1
 
 

@@ -2,8 +2,8 @@
 
 from __future__ import annotations
 
-import torch
 import tiny_models as tm
+import torch
 
 from xinfer import LLM, SamplingParams
 

@@ -4,8 +4,8 @@ on CPU; bfloat16 logits within a stated tolerance; CUDA-graph decode equals eage
 from __future__ import annotations
 
 import pytest
-import torch
 import tiny_models as tm
+import torch
 
 from xinfer import LLM, SamplingParams
 

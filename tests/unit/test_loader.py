@@ -6,8 +6,8 @@ from __future__ import annotations
 import json
 
 import pytest
-import torch
 import tiny_models as tm
+import torch
 from safetensors.torch import load_file, save_file
 
 from xinfer import LLM, SamplingParams, UserError
