@@ -21,19 +21,9 @@ import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "src"))
 
+from offload_bench.bandwidth import copy_engine_gbps  # noqa: E402
+
 from xinfer import LLM, SamplingParams  # noqa: E402
-
-
-def h2d_bandwidth(device: torch.device, mb: int = 512) -> float:
-    src = torch.empty(mb << 20, dtype=torch.uint8, pin_memory=True)
-    dst = torch.empty_like(src, device=device)
-    dst.copy_(src, non_blocking=True)
-    torch.cuda.synchronize()
-    t = time.perf_counter()
-    for _ in range(5):
-        dst.copy_(src, non_blocking=True)
-    torch.cuda.synchronize()
-    return 5 * src.numel() / (time.perf_counter() - t)
 
 
 def run_rate(args, rate: str, prompt: list[int]) -> dict:
@@ -101,7 +91,7 @@ def main() -> None:
     ap.add_argument("--out", default="bench/results/offload")
     args = ap.parse_args()
     device = torch.device("cuda:0")
-    bw = h2d_bandwidth(device)
+    bw = copy_engine_gbps(device, 512 << 20, 1, 5) * 1e9  # pinned host → GPU, bytes/s
     print(f"host→GPU copy bandwidth {bw / 1e9:.1f} GB/s", flush=True)
     prompt = torch.randint(0, 1000, (64,), generator=torch.Generator().manual_seed(0)).tolist()
     rows = []

@@ -22,6 +22,8 @@ from torch import nn
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "src"))
 
+from offload_bench.bandwidth import copy_engine_gbps  # noqa: E402
+
 from xinfer.config import EngineConfig, OffloadConfig, SchedulerConfig  # noqa: E402
 from xinfer.layers.moe import FusedMoE  # noqa: E402
 from xinfer.offload.executor import ResidentExecutor  # noqa: E402
@@ -68,20 +70,6 @@ def timed_calls(call, ids_buf: torch.Tensor, stream: torch.Tensor, device) -> fl
     return (time.perf_counter() - t) / stream.shape[0]
 
 
-def h2d_bandwidth(device, nbytes: int) -> float:
-    if device.type != "cuda":
-        return float("nan")
-    src = torch.empty(nbytes, dtype=torch.uint8, pin_memory=True)
-    dst = torch.empty(nbytes, dtype=torch.uint8, device=device)
-    dst.copy_(src, non_blocking=True)
-    torch.cuda.synchronize()
-    t = time.perf_counter()
-    for _ in range(10):
-        dst.copy_(src, non_blocking=True)
-    torch.cuda.synchronize()
-    return 10 * nbytes / (time.perf_counter() - t)
-
-
 def main() -> None:
     ap = argparse.ArgumentParser()
     ap.add_argument("--fractions", default="0.1,0.2,0.35,0.5")
@@ -101,7 +89,12 @@ def main() -> None:
     ids_buf = torch.zeros(args.tokens, args.top_k, dtype=torch.int32, device=device)
     stream = routing_stream(args.steps, args.tokens, args.experts, args.top_k, device)
     expert_bytes = 3 * args.hidden * args.inter * torch.empty((), dtype=dtype).element_size()
-    bw = h2d_bandwidth(device, 64 * expert_bytes)
+    # pinned host → GPU through the copy engine, bytes/s (none on the CPU)
+    bw = (
+        copy_engine_gbps(device, expert_bytes, 8, 10) * 1e9
+        if device.type == "cuda"
+        else float("nan")
+    )
 
     def make_layer() -> OneLayer:
         with torch.device("cpu"):
