@@ -18,6 +18,8 @@ from pathlib import Path
 
 import torch
 import torch.nn.functional as F
+from cuda_timing import cuda_seconds as timed  # noqa: E402
+from cuda_timing import device_copy_bandwidth
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "src"))
 
@@ -40,26 +42,6 @@ def parse_args() -> argparse.Namespace:
     p.add_argument("--iters", type=int, default=20)
     p.add_argument("--sweep", action="store_true", help="time alternative splits/tiles too")
     return p.parse_args()
-
-
-def copy_bandwidth(gib: float = 1.0) -> float:
-    """Device-to-device copy, bytes read + written per second."""
-    a = torch.randn(int(gib * (1 << 30)) // 2, dtype=DTYPE, device=DEV)
-    b = torch.empty_like(a)
-    return 2 * a.numel() * a.element_size() / timed(lambda: b.copy_(a), 10)
-
-
-def timed(fn, iters: int) -> float:
-    """Mean seconds per call of fn, after one warm-up call."""
-    fn()
-    torch.cuda.synchronize()
-    start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-    start.record()
-    for _ in range(iters):
-        fn()
-    end.record()
-    torch.cuda.synchronize()
-    return start.elapsed_time(end) / 1e3 / iters
 
 
 def graph_timed(calls: list, iters: int) -> float:
@@ -170,7 +152,7 @@ def main() -> None:
     torch.manual_seed(0)
     print(f"{torch.cuda.get_device_name()}  torch {torch.__version__}")
     check_correctness(a)
-    copy_bw = copy_bandwidth()
+    copy_bw = device_copy_bandwidth()
     batches = [int(b) for b in a.batches.split(",")]
     contexts = [int(c) for c in a.contexts.split(",")]
     decode = [bench_decode(a, b, c, copy_bw) for b in batches for c in contexts]

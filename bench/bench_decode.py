@@ -16,27 +16,13 @@ import time
 from pathlib import Path
 
 import torch
+from cuda_timing import device_copy_bandwidth  # noqa: E402
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "src"))
 
 from xinfer import LLM, SamplingParams  # noqa: E402
 from xinfer.config import ModelConfig  # noqa: E402
 from xinfer.weights.loader import load_weights  # noqa: E402
-
-
-def copy_bandwidth(device: torch.device, gib: float = 1.0) -> float:
-    """Device-to-device copy, bytes read + written per second."""
-    n = int(gib * (1 << 30)) // 2
-    a = torch.randn(n, dtype=torch.bfloat16, device=device)
-    b = torch.empty_like(a)
-    for _ in range(3):
-        b.copy_(a)
-    torch.cuda.synchronize()
-    t = time.perf_counter()
-    for _ in range(10):
-        b.copy_(a)
-    torch.cuda.synchronize()
-    return 2 * a.numel() * 2 * 10 / (time.perf_counter() - t)
 
 
 def step_bytes(cfg: ModelConfig, batch: int, context: int, elem: int = 2) -> float:
@@ -154,7 +140,7 @@ def main() -> None:
     args = ap.parse_args()
     device = torch.device("cuda:0")
     cfg = ModelConfig.from_dir(args.model)
-    bw = copy_bandwidth(device)
+    bw = device_copy_bandwidth(device)
     print(f"device copy bandwidth: {bw / 1e12:.2f} TB/s", flush=True)
     result: dict = {
         "date": time.strftime("%Y-%m-%d"),

@@ -14,6 +14,7 @@ import itertools
 import sys
 
 import torch
+from cuda_timing import cuda_seconds, device_copy_bandwidth  # noqa: E402
 
 from xinfer.kernels import moe_launch as ml
 from xinfer.kernels import reference
@@ -33,25 +34,6 @@ def parse_args() -> argparse.Namespace:
     p.add_argument("--iters", type=int, default=20)
     p.add_argument("--sweep", action="store_true", help="time alternative tile configs too")
     return p.parse_args()
-
-
-def timed(fn, iters: int) -> float:
-    """Mean seconds per call of fn (already warmed up)."""
-    start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-    start.record()
-    for _ in range(iters):
-        fn()
-    end.record()
-    torch.cuda.synchronize()
-    return start.elapsed_time(end) / 1e3 / iters
-
-
-def copy_bandwidth() -> float:
-    """Device-to-device copy of 1 GiB, bytes read + written per second."""
-    src = torch.empty(1 << 30, dtype=torch.uint8, device=DEV)
-    dst = torch.empty_like(src)
-    dst.copy_(src)
-    return 2 * src.numel() / timed(lambda: dst.copy_(src), 10)
 
 
 def make_batch(args, num_tokens: int, seed: int):
@@ -102,7 +84,7 @@ def time_decode(args, w13, w2, num_tokens: int, **override) -> tuple[float, floa
     with torch.cuda.graph(graph):
         run()
     graph.replay()
-    seconds = timed(graph.replay, args.iters) / GRAPH_CALLS
+    seconds = cuda_seconds(graph.replay, args.iters, warmup=False) / GRAPH_CALLS
     touched = sum(torch.unique(b[1]).numel() for b in batches) / GRAPH_CALLS
     return seconds, touched * expert_bytes(args)
 
@@ -111,7 +93,7 @@ def time_prefill(args, w13, w2, num_tokens: int, **override) -> tuple[float, flo
     hidden, ids, weights = make_batch(args, num_tokens, seed=1)
     run = lambda: ml.fused_moe(hidden, ids, weights, w13, w2, **override)
     run()
-    seconds = timed(run, max(3, args.iters // 4))
+    seconds = cuda_seconds(run, max(3, args.iters // 4), warmup=False)
     return seconds, torch.unique(ids).numel() * expert_bytes(args)
 
 
@@ -146,7 +128,7 @@ def main() -> None:
     prefill = [int(t) for t in args.prefill.split(",") if t]
     w13, w2 = make_weights(args)
     check_correctness(args, w13, w2, sorted({1, 8, 32, 300, *decode}))
-    copy_bw = copy_bandwidth()
+    copy_bw = device_copy_bandwidth()
     rows = []
     for num_tokens in decode:
         sec, nbytes = time_decode(args, w13, w2, num_tokens)

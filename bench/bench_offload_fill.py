@@ -17,25 +17,13 @@ import sys
 from pathlib import Path
 
 import torch
+from cuda_timing import cuda_seconds as cuda_time  # noqa: E402
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "src"))
 
 from xinfer.offload import kernels as offload_kernels  # noqa: E402
 from xinfer.offload.host_store import HostExpertStore  # noqa: E402
 from xinfer.offload.slot_cache import SlotCache  # noqa: E402
-
-
-def cuda_time(fn, reps: int) -> float:
-    """Mean seconds per call of `fn` (GPU time between events, after a warm-up)."""
-    fn()
-    torch.cuda.synchronize()
-    start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-    start.record()
-    for _ in range(reps):
-        fn()
-    end.record()
-    torch.cuda.synchronize()
-    return start.elapsed_time(end) / 1e3 / reps
 
 
 def main() -> None:

@@ -14,25 +14,13 @@ import sys
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[2] / "src"))
-
-
-def _cuda_seconds(fn, reps: int) -> float:
-    import torch
-
-    fn()
-    torch.cuda.synchronize()
-    start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-    start.record()
-    for _ in range(reps):
-        fn()
-    end.record()
-    torch.cuda.synchronize()
-    return start.elapsed_time(end) / 1e3 / reps
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # bench/: cuda_timing
 
 
 def copy_engine_gbps(dev, nbytes: int, num_blocks: int, reps: int) -> float:
     """GB/s of `num_blocks` pinned host blocks of `nbytes` copied to the GPU per call."""
     import torch
+    from cuda_timing import cuda_seconds
 
     src = [torch.empty(nbytes, dtype=torch.uint8, pin_memory=True) for _ in range(num_blocks)]
     dst = [torch.empty(nbytes, dtype=torch.uint8, device=dev) for _ in range(num_blocks)]
@@ -41,13 +29,14 @@ def copy_engine_gbps(dev, nbytes: int, num_blocks: int, reps: int) -> float:
         for d, s in zip(dst, src):
             d.copy_(s, non_blocking=True)
 
-    return num_blocks * nbytes / _cuda_seconds(copy, reps) / 1e9
+    return num_blocks * nbytes / cuda_seconds(copy, reps) / 1e9
 
 
 def fill_kernel_gbps(dev, expert_bytes: int, num_misses: int, reps: int) -> float:
     """GB/s of the offload fill kernel copying `num_misses` experts into slots (the decode
     path), set up like bench/bench_offload_fill.py."""
     import torch
+    from cuda_timing import cuda_seconds
 
     from xinfer.offload import kernels as offload_kernels
     from xinfer.offload.host_store import HostExpertStore
@@ -62,7 +51,7 @@ def fill_kernel_gbps(dev, expert_bytes: int, num_misses: int, reps: int) -> floa
     cache.miss_ids.copy_(torch.arange(num_misses, 2 * num_misses, dtype=torch.int32))
     cache.miss_slots.copy_(torch.arange(num_misses, dtype=torch.int32))
     cache.miss_count.fill_(num_misses)
-    seconds = _cuda_seconds(lambda: offload_kernels.fill(cache, host, num_misses), reps)
+    seconds = cuda_seconds(lambda: offload_kernels.fill(cache, host, num_misses), reps)
     moved = num_misses * cache.expert_bytes
     store.close()
     return moved / seconds / 1e9
