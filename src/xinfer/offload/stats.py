@@ -104,6 +104,13 @@ def format_summary(stats: dict, elapsed_s: float | None = None) -> str:
     )
     if elapsed_s:
         line += f", {moved / elapsed_s:.2f} GB/s over {elapsed_s:.1f} s"
+    prof = stats.get("profile")
+    if prof and prof["calls"]:  # XINFER_MOE_OFFLOAD_PROFILE=1: the per-call time split
+        n = prof["calls"]
+        split = ", ".join(
+            f"{k.replace('_', ' ')} {1e3 * prof[f'{k}_s'] / n:.3f} ms" for k in _PROFILE_KEYS
+        )
+        line += f"; mean per MoE call over {n} calls: {split}"
     return line
 
 
