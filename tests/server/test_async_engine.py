@@ -122,10 +122,24 @@ def test_full_queue_raises(engines):
     asyncio.run(scenario())
 
 
-def test_expert_cache_counts_reads_nested_stats():
+def test_expert_cache_counts_reads_the_offload_stats(tmp_path):
+    """The metrics read the real `OffloadManager.stats()` of an offloaded engine."""
+    import tiny_models as tm
+
+    from xinfer import LLM, SamplingParams
     from xinfer.server.metrics import expert_cache_counts
 
     assert expert_cache_counts(None) is None
-    stats = {"hit_rate": 0.5, "layers": {"0": {"hits": 3, "misses": 1}, "1": {"hits": 1}}}
-    stats["bytes_copied"] = 4096
-    assert expert_cache_counts(stats) == {"hits": 4, "misses": 1, "bytes": 4096}
+    path = tm.write_checkpoint(tm.make_hf_model("qwen3_moe"), tmp_path / "m")
+    llm = LLM(str(path), device="cpu", moe_offload="0.25")
+    llm.generate(tm.prompts(3), SamplingParams(temperature=0, max_tokens=8))
+    stats = llm.offload_stats()
+    counts = expert_cache_counts(stats)
+    assert counts == {
+        "hits": stats["hits"],
+        "misses": stats["misses"],
+        "bytes": stats["bytes_copied"],
+        "staging_copies": stats["staging_copies"],
+        "staging_bytes": stats["staging_bytes"],
+    }
+    assert counts["hits"] + counts["misses"] > 0 and counts["staging_copies"] > 0

@@ -89,6 +89,10 @@ class AsyncEngine:
     def max_model_len(self) -> int:
         return self.engine.max_model_len
 
+    @property
+    def kv_tokens(self) -> int:
+        return self.engine.kv_tokens
+
     # ---- the caller side (asyncio) ---------------------------------------------------------
     def _submit(self, kind: str, payload: Any) -> None:
         with self._cv:

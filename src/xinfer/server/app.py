@@ -79,6 +79,8 @@ def build_app(engine: AsyncEngine, model_name: str, api_key: str | None = None) 
             "offload_enabled": counts is not None,
             "expert_cache": counts,
             "expert_cache_hit_rate": hit_rate,
+            "kv_tokens": engine.kv_tokens,
+            "expert_slots_per_layer": snap.offload["slots_per_layer"] if snap.offload else None,
         }
 
     @app.post("/tokenize")

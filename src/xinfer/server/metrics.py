@@ -5,8 +5,6 @@ cache's hits, misses and bytes copied."""
 
 from __future__ import annotations
 
-from typing import Any
-
 from prometheus_client import CollectorRegistry, Counter, Histogram, generate_latest
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily
 
@@ -16,29 +14,17 @@ _LATENCY_BUCKETS = (0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 
 
 
 def expert_cache_counts(stats: dict | None) -> dict[str, float] | None:
-    """Hits, misses and bytes copied from `offload_manager.stats()`, whose exact keys may
-    vary: numbers under keys naming hits / misses / bytes are summed (nested dicts too)."""
+    """Totals from `OffloadManager.stats()` (keys documented in `xinfer/offload/stats.py`):
+    hits, misses, bytes copied into slots, and whole-layer staging copies and their bytes."""
     if stats is None:
         return None
-    totals = {"hits": 0.0, "misses": 0.0, "bytes": 0.0}
-
-    def walk(d: dict[str, Any]) -> None:
-        for key, value in d.items():
-            k = str(key).lower()
-            if isinstance(value, dict):
-                walk(value)
-            elif isinstance(value, (int, float)) and not isinstance(value, bool):
-                if "rate" in k or "ratio" in k or "per_" in k:
-                    continue
-                if "hit" in k:
-                    totals["hits"] += value
-                elif "miss" in k:
-                    totals["misses"] += value
-                elif "bytes" in k and ("copied" in k or "fill" in k or k == "bytes"):
-                    totals["bytes"] += value
-
-    walk(stats)
-    return totals
+    return {
+        "hits": float(stats["hits"]),
+        "misses": float(stats["misses"]),
+        "bytes": float(stats["bytes_copied"]),
+        "staging_copies": float(stats["staging_copies"]),
+        "staging_bytes": float(stats["staging_bytes"]),
+    }
 
 
 class _SnapshotCollector:
@@ -71,6 +57,8 @@ class _SnapshotCollector:
                 ("hits", "Expert-cache lookups that found the expert in a GPU slot"),
                 ("misses", "Expert-cache lookups that had to fill a slot from host memory"),
                 ("bytes", "Bytes copied from host memory into expert slots"),
+                ("staging_copies", "Whole-layer copies for calls wider than the slots"),
+                ("staging_bytes", "Bytes of those whole-layer staging copies"),
             ):
                 yield CounterMetricFamily(f"xinfer_expert_cache_{name}", doc, value=counts[name])
 
