@@ -132,7 +132,7 @@ def test_expert_cache_counts_reads_the_offload_stats(tmp_path):
     assert expert_cache_counts(None) is None
     path = tm.write_checkpoint(tm.make_hf_model("qwen3_moe"), tmp_path / "m")
     llm = LLM(str(path), device="cpu", moe_offload="0.25")
-    llm.generate(tm.prompts(3), SamplingParams(temperature=0, max_tokens=8))
+    llm.generate(tm.prompts(1), SamplingParams(temperature=0, max_tokens=8))  # prefill: staging
     stats = llm.offload_stats()
     counts = expert_cache_counts(stats)
     assert counts == {
