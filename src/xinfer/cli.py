@@ -10,14 +10,18 @@ import sys
 import time
 
 from xinfer import envs
-from xinfer.config import CacheConfig, EngineConfig, SchedulerConfig, parse_dtype
+from xinfer.config import (
+    CacheConfig,
+    EngineConfig,
+    SchedulerConfig,
+    parse_dtype,
+    parse_kv_dtype,
+)
 from xinfer.errors import UserError
 from xinfer.llm import offload_from_env, parse_device, resolve_model_path
 from xinfer.sampling import SamplingParams
 
 logger = logging.getLogger("xinfer")
-
-_KV_DTYPES = {"auto": None, "bf16": "bfloat16", "bfloat16": "bfloat16", "fp16": "float16"}
 
 
 class _Parser(argparse.ArgumentParser):
@@ -46,7 +50,7 @@ def build_parser() -> argparse.ArgumentParser:
     a("--dtype", default="auto", help="auto | float32 | bfloat16 | float16")
     a("--max-model-len", type=int, default=None)
     a("--load-format", default="auto", choices=["auto", "dummy"])
-    a("--kvcache-dtype", default="auto", help="auto | bf16 (fp8/turbo4/turbo3: not yet)")
+    a("--kvcache-dtype", default="auto", help="auto | bf16 | fp16 | fp8 (turbo4/turbo3: not yet)")
     a("--isq", default=None, help="in-situ quantization of experts (not yet supported)")
     a("--num-speculative-tokens", type=int, default=0, help="(not yet supported)")
     a("--moe-offload", default=None, help="fraction in (0, 1] or 'auto' (env XINFER_MOE_OFFLOAD)")
@@ -73,10 +77,6 @@ def engine_config_from_args(args: argparse.Namespace) -> EngineConfig:
         raise UserError("--isq is not supported yet; run the checkpoint's own dtype")
     if args.num_speculative_tokens:
         raise UserError("--num-speculative-tokens is not supported yet")
-    if args.kvcache_dtype not in _KV_DTYPES:
-        raise UserError(
-            f"--kvcache-dtype {args.kvcache_dtype!r} is not supported yet; use auto or bf16"
-        )
     if args.device is not None and "," in args.device:
         raise UserError("tensor parallelism (--d with several GPUs) is not available yet; give one")
     return EngineConfig(
@@ -89,7 +89,7 @@ def engine_config_from_args(args: argparse.Namespace) -> EngineConfig:
         gpu_memory_limit_gb=args.gpu_memory_limit_gb,
         cache=CacheConfig(
             block_size=args.block_size,
-            kv_dtype=parse_dtype(_KV_DTYPES[args.kvcache_dtype]),
+            kv_dtype=parse_kv_dtype(args.kvcache_dtype),
             gpu_memory_utilization=args.gpu_memory_utilization,
         ),
         offload=offload_from_env(

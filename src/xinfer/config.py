@@ -37,6 +37,28 @@ def parse_dtype(value: str | torch.dtype | None) -> torch.dtype | None:
     return _DTYPES[value]
 
 
+_KV_DTYPES = {
+    "auto": None,
+    "bf16": torch.bfloat16,
+    "bfloat16": torch.bfloat16,
+    "fp16": torch.float16,
+    "float16": torch.float16,
+    "fp8": torch.float8_e4m3fn,  # half of bf16's bytes; e4m3 without scales, saturating
+}
+
+
+def parse_kv_dtype(value: str | None) -> torch.dtype | None:
+    """`--kvcache-dtype`: None/"auto" = the model dtype; bf16, fp16 or fp8 (e4m3)."""
+    if value is None:
+        return None
+    if value not in _KV_DTYPES:
+        raise UserError(
+            f"--kvcache-dtype {value!r} is not supported; use auto, bf16, fp16 or fp8 "
+            "(turbo4/turbo3 are not implemented yet)"
+        )
+    return _KV_DTYPES[value]
+
+
 @dataclass(frozen=True)
 class RopeConfig:
     theta: float = 10000.0

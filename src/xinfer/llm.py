@@ -18,6 +18,7 @@ from xinfer.config import (
     OffloadConfig,
     SchedulerConfig,
     parse_dtype,
+    parse_kv_dtype,
 )
 from xinfer.engine.engine import Engine
 from xinfer.engine.request import TokenLogprob
@@ -102,6 +103,7 @@ class LLM:
         max_num_batched_tokens: int = 2048,
         block_size: int = 16,
         num_kv_blocks: int | None = None,
+        kv_cache_dtype: str | None = None,
         seed: int = 0,
         show_progress: bool = False,
     ) -> None:
@@ -114,7 +116,11 @@ class LLM:
             seed=seed,
             enforce_eager=enforce_eager,
             gpu_memory_limit_gb=gpu_memory_limit_gb,
-            cache=CacheConfig(block_size=block_size, num_blocks=num_kv_blocks),
+            cache=CacheConfig(
+                block_size=block_size,
+                num_blocks=num_kv_blocks,
+                kv_dtype=parse_kv_dtype(kv_cache_dtype),
+            ),
             offload=offload_from_env(moe_offload, moe_offload_reserve_gb, moe_offload_profile),
             scheduler=SchedulerConfig(
                 max_num_seqs=max_num_seqs, max_num_batched_tokens=max_num_batched_tokens

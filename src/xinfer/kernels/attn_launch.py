@@ -115,6 +115,7 @@ def store_kv(
         k, v, k_cache, v_cache, slot_mapping, k.stride(0), k.stride(1), v.stride(0), v.stride(1),
         *k_cache.stride()[:3], *v_cache.stride()[:3], num_heads, head_dim, k_cache.shape[1],
         BLOCK_H=_pow2(num_heads), BLOCK_D=_pow2(head_dim), num_warps=4,
+        FP8_MAX=float(torch.finfo(k_cache.dtype).max) if k_cache.element_size() == 1 else 0.0,
     )  # fmt: skip
 
 

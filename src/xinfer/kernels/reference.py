@@ -102,8 +102,12 @@ def store_kv(
     slot_mapping: torch.Tensor,
 ) -> None:
     """Write k, v (T, Hk, D) into the paged caches (num_blocks, block_size, Hk, D) at the flat
-    slots `slot_mapping` (T,) = block_id * block_size + offset; slots < 0 are skipped (padding)."""
+    slots `slot_mapping` (T,) = block_id * block_size + offset; slots < 0 are skipped (padding).
+    An fp8 cache (e4m3, no scale) stores values saturated to its range."""
     nb, bs = k_cache.shape[:2]
+    if k_cache.element_size() == 1:  # fp8 cache: saturate rather than overflow to NaN
+        fmax = torch.finfo(k_cache.dtype).max
+        k, v = k.float().clamp(-fmax, fmax), v.float().clamp(-fmax, fmax)
     valid = slot_mapping >= 0
     slots = slot_mapping[valid].long()
     k_cache.view(nb * bs, *k_cache.shape[2:])[slots] = k[valid].to(k_cache.dtype)
