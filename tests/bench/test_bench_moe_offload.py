@@ -13,7 +13,6 @@ import pytest
 
 ROOT = Path(__file__).resolve().parents[2]
 sys.path.insert(0, str(ROOT / "bench"))
-sys.path.insert(0, str(ROOT / "tests" / "server"))
 
 from offload_bench import needle, report, server  # noqa: E402
 from offload_bench.timing import inter_token_gaps, percentile, stream_stats  # noqa: E402

@@ -25,6 +25,14 @@ def tiny_dir(tmp_path_factory):
     return tm.write_checkpoint(tm.make_hf_model("qwen3_moe"), tmp_path_factory.mktemp("cli"))
 
 
+@pytest.fixture(scope="module")
+def chat_dir(tmp_path_factory):
+    """A tiny model with a trained tokenizer and a ChatML template, for text prompts."""
+    from chat_model import write_chat_model
+
+    return write_chat_model(tmp_path_factory.mktemp("chat"))
+
+
 def _assert_user_error(proc: subprocess.CompletedProcess, needle: str) -> None:
     assert proc.returncode == 2, proc.stderr
     assert "Traceback" not in proc.stderr
@@ -74,33 +82,26 @@ def test_text_prompt_without_tokenizer(tiny_dir):
     _assert_user_error(proc, "tokenizer")
 
 
-def test_prompt_longer_than_max_model_len(tmp_path):
-    from tests_support_tokenizer import write_tokenizer
-
-    d = tm.write_checkpoint(tm.make_hf_model("qwen3_moe", vocab_size=512), tmp_path / "m")
-    write_tokenizer(d, vocab_size=512)
-    proc = run_cli("--m", str(d), "--d", "cpu", "--max-model-len", "8", "--prompt", "word " * 50)
+def test_prompt_longer_than_max_model_len(chat_dir):
+    proc = run_cli(
+        "--m", str(chat_dir), "--d", "cpu", "--max-model-len", "8", "--prompt", "word " * 50
+    )
     _assert_user_error(proc, "max-model-len")
 
 
-def test_one_shot_generation_streams(tmp_path):
-    from tests_support_tokenizer import write_tokenizer
-
-    d = tm.write_checkpoint(tm.make_hf_model("qwen3_moe", vocab_size=512), tmp_path / "m")
-    write_tokenizer(d, vocab_size=512)
-    proc = run_cli("--m", str(d), "--d", "cpu", "--prompt", "def main():", "--max-tokens", "12")
+def test_one_shot_generation_streams(chat_dir):
+    proc = run_cli(
+        "--m", str(chat_dir), "--d", "cpu", "--prompt", "Hello!", "--max-tokens", "12",
+        "--ignore-eos",
+    )  # fmt: skip
     assert proc.returncode == 0, proc.stderr
     assert proc.stdout.strip(), "no completion was printed"
     assert "12 tokens" in proc.stderr
 
 
-def test_interactive_chat_keeps_the_conversation(tmp_path):
-    from tests_support_tokenizer import write_tokenizer
-
-    d = tm.write_checkpoint(tm.make_hf_model("qwen3_moe", vocab_size=512), tmp_path / "m")
-    write_tokenizer(d, vocab_size=512)
+def test_interactive_chat_keeps_the_conversation(chat_dir):
     proc = subprocess.run(
-        [sys.executable, "-m", "xinfer.cli", "--m", str(d), "--d", "cpu", "--chat",
+        [sys.executable, "-m", "xinfer.cli", "--m", str(chat_dir), "--d", "cpu", "--chat",
          "--max-tokens", "6"],
         input="hello\n/reset\nagain\n/exit\n",
         capture_output=True,

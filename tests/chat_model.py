@@ -1,6 +1,6 @@
 """A tiny random qwen3_moe checkpoint with a real (small, byte-level BPE) tokenizer, a ChatML
 chat template and eos "<|im_end|>", for the server tests and manual runs:
-`python tests/server/chat_model.py DIR`."""
+`python tests/chat_model.py DIR`."""
 
 from __future__ import annotations
 
@@ -73,5 +73,5 @@ def write_chat_model(path: Path) -> Path:
 
 
 if __name__ == "__main__":
-    sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+    sys.path.insert(0, str(Path(__file__).resolve().parent))
     print(write_chat_model(Path(sys.argv[1])))
