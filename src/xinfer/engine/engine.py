@@ -83,7 +83,7 @@ class Engine:
             graphs,
             self.offload_manager.is_graph_safe if self.offload_manager else None,
         )
-        if self.offload_manager is not None and hasattr(self.offload_manager, "reset_stats"):
+        if self.offload_manager is not None:
             self.offload_manager.reset_stats()  # graph warm-up is not the user's traffic
         self.allocator = BlockAllocator(num_blocks, config.cache.block_size)
         self.scheduler = Scheduler(config.scheduler, self.allocator)
