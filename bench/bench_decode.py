@@ -98,6 +98,47 @@ def kernel_breakdown(llm_eager: LLM, prompt_len: int) -> list[tuple[str, float, 
     return sorted(rows, key=lambda r: -r[1])[:12]
 
 
+def export_step_trace(llm: LLM, prompt_len: int, path: Path) -> dict:
+    """Chrome trace (host ops and GPU kernels) of four graphed batch-1 decode steps, and
+    the step's anatomy: wall time per step vs the GPU time of one bare graph replay."""
+    from torch.profiler import ProfilerActivity, profile
+
+    engine = llm.engine
+    engine.add_request(
+        list(range(prompt_len)), SamplingParams(temperature=0, max_tokens=40, ignore_eos=True)
+    )
+    for _ in range(8):
+        engine.step()
+    steps = []
+    for _ in range(16):
+        t = time.perf_counter()
+        engine.step()
+        steps.append(time.perf_counter() - t)
+    with profile(activities=[ProfilerActivity.CPU, ProfilerActivity.CUDA]) as prof:
+        for _ in range(4):
+            engine.step()
+    while engine.has_unfinished():
+        engine.step()
+    prof.export_chrome_trace(str(path))
+    runner = engine.runner.graph_runner
+    graph = runner.graphs[1]
+    start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+    graph.replay()
+    start.record()
+    for _ in range(20):
+        graph.replay()
+    end.record()
+    torch.cuda.synchronize()
+    replay_ms = start.elapsed_time(end) / 20
+    step_ms = statistics.median(steps) * 1e3
+    print(
+        f"batch-1 anatomy: step {step_ms:.3f} ms, bare graph replay {replay_ms:.3f} ms, "
+        f"outside the graph {step_ms - replay_ms:.3f} ms",
+        flush=True,
+    )
+    return {"step_ms": step_ms, "graph_replay_ms": replay_ms}
+
+
 def hf_baseline(model_dir: str, device, prompt_len: int, new_tokens: int, prefill_len: int):
     import transformers
 
@@ -137,6 +178,7 @@ def main() -> None:
     ap.add_argument("--prefill-len", type=int, default=2048)
     ap.add_argument("--no-hf", action="store_true")
     ap.add_argument("--kv-blocks", type=int, default=1024)
+    ap.add_argument("--trace", default=None, help="write a Chrome trace of batch-1 steps here")
     args = ap.parse_args()
     device = torch.device("cuda:0")
     cfg = ModelConfig.from_dir(args.model)
@@ -199,6 +241,8 @@ def main() -> None:
             flush=True,
         )
     result["decode"] = rows
+    if args.trace:
+        result["anatomy"] = export_step_trace(llm, args.prompt_len, Path(args.trace))
     t = time_engine_prefill(llm, args.prefill_len)
     result["prefill_tok_s"] = args.prefill_len / t
     print(f"prefill {args.prefill_len}: {args.prefill_len / t:.0f} tok/s", flush=True)

@@ -98,9 +98,12 @@ def main() -> None:
 
     def make_layer() -> OneLayer:
         with torch.device("cpu"):
-            model = OneLayer(args.experts, args.top_k, args.hidden, args.inter).to(dtype)
-        for t in model.moe.expert_tensors.values():
-            t.copy_(torch.randn(t.shape, dtype=torch.float32).mul_(0.02).to(dtype))
+            model = OneLayer(args.experts, args.top_k, args.hidden, args.inter)
+        gen = torch.Generator(device=device).manual_seed(0)  # same weights for every layer
+        model.moe.expert_tensors = {  # plain tensors: `.to(dtype)` does not reach them
+            name: torch.randn(t.shape, generator=gen, device=device).mul_(0.02).to(dtype).cpu()
+            for name, t in model.moe.expert_tensors.items()
+        }
         return model
 
     base = make_layer()

@@ -27,7 +27,7 @@ for phase in "$@"; do
     fillbench) timeout 60 python3 bench/bench_offload_fill.py 2>&1 | tail -30 | tee "$OUT/fill.txt" ;;
     decode) timeout 300 python3 bench/bench_decode.py --out "$OUT/decode" 2>&1 | grep -v "it/s]" | tail -60 ;;
     offloadbench) timeout 150 python3 bench/bench_offload_decode.py --rates 0.1,auto --steps 32 --out "$OUT/offload" 2>&1 | grep -v "it/s]" | tail -40 ;;
-    decode-nohf) timeout 130 python3 bench/bench_decode.py --no-hf --out "$OUT/decode" 2>&1 | grep -v "it/s]" | tail -60 ;;
+    decode-nohf) timeout 170 python3 bench/bench_decode.py --no-hf --trace "$OUT/trace.json" --out "$OUT/decode" 2>&1 | grep -v "it/s]" | tail -60; gzip -f "$OUT/trace.json" ;;
     layerbench) timeout 120 python3 bench/bench_offload_layer.py 2>&1 | tail -12 | tee "$OUT/layer.txt" ;;
     *) echo "unknown phase $phase" ;;
   esac
