@@ -305,6 +305,8 @@ class EngineConfig:
     load_format: str = "auto"  # auto | dummy
     seed: int = 0
     enforce_eager: bool = False
+    # Queue the next greedy decode step before reading this one's tokens (None: on CUDA).
+    decode_look_ahead: bool | None = None
     gpu_memory_limit_gb: float | None = None
     cache: CacheConfig = field(default_factory=CacheConfig)
     offload: OffloadConfig = field(default_factory=OffloadConfig)

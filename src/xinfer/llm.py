@@ -99,6 +99,7 @@ class LLM:
         moe_offload_profile: bool | None = None,
         gpu_memory_limit_gb: float | None = None,
         enforce_eager: bool = False,
+        decode_look_ahead: bool | None = None,
         max_num_seqs: int = 64,
         max_num_batched_tokens: int = 2048,
         block_size: int = 16,
@@ -115,6 +116,7 @@ class LLM:
             load_format=load_format,
             seed=seed,
             enforce_eager=enforce_eager,
+            decode_look_ahead=decode_look_ahead,
             gpu_memory_limit_gb=gpu_memory_limit_gb,
             cache=CacheConfig(
                 block_size=block_size,

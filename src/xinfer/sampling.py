@@ -101,8 +101,8 @@ class Penalties:
 class SamplingMetadata:
     """The sampling settings of one engine step's B rows as tensors; `None` = unused by all."""
 
-    temperature: torch.Tensor  # (B,) float32, 1.0 on greedy rows
-    greedy: torch.Tensor | None  # (B,) bool; None when no row is greedy
+    temperature: torch.Tensor | None  # (B,) float32, 1.0 on greedy rows; None: all greedy
+    greedy: torch.Tensor | None  # (B,) bool; None when no row or every row is greedy
     is_all_greedy: bool
     top_k: torch.Tensor | None  # (B,) int64, V where off
     top_p: torch.Tensor | None  # (B,) float32
@@ -154,10 +154,10 @@ class SamplingMetadata:
                 ids = [t for t in sorted(stops) if t < vocab_size]
                 banned_rows, banned_ids = banned_rows + [row] * len(ids), banned_ids + ids
         return cls(
-            temperature=column(
-                [1.0 if is_greedy[i] else p.temperature for i, p in enumerate(params)]
-            ),
-            greedy=column(is_greedy, torch.bool) if any(is_greedy) else None,
+            temperature=None
+            if all(is_greedy)
+            else column([1.0 if is_greedy[i] else p.temperature for i, p in enumerate(params)]),
+            greedy=column(is_greedy, torch.bool) if 0 < sum(is_greedy) < len(params) else None,
             is_all_greedy=all(is_greedy),
             top_k=column(top_k, torch.int64) if min(top_k, default=0) < vocab_size else None,
             top_p=floats("top_p") if any(p.top_p < 1 for p in params) else None,
@@ -169,6 +169,12 @@ class SamplingMetadata:
             generators=list(generators),
             num_logprobs=[p.logprobs for p in params],
         )
+
+    @classmethod
+    def for_greedy(cls, num_logprobs: list[int | None]) -> SamplingMetadata:
+        """Rows that are all greedy, with no penalty and no banned token."""
+        return cls(None, None, True, None, None, None, None, None, [None] * len(num_logprobs),
+                   list(num_logprobs))  # fmt: skip
 
 
 def _token_counts(
@@ -251,8 +257,49 @@ class SampleResult:
     logprobs: list[TokenLogprobs | None]
 
 
+class PendingSample:
+    """A step's sampled tokens (and logprobs) still on the device: every tensor is copied to
+    the host without blocking, and `result()` waits for those copies alone, so the caller
+    can queue more GPU work (the next step) before it reads this one."""
+
+    def __init__(
+        self, token_ids: torch.Tensor, logprobs: _LogprobTensors | None, num_logprobs: list
+    ) -> None:
+        self.token_ids_device = token_ids
+        self.num_logprobs = num_logprobs
+        tensors = [token_ids] + ([] if logprobs is None else list(logprobs))
+        self.event = None
+        if token_ids.is_cuda:
+            host = [torch.empty(t.shape, dtype=t.dtype, pin_memory=True) for t in tensors]
+            for dst, src in zip(host, tensors):
+                dst.copy_(src, non_blocking=True)
+            self.event = torch.cuda.Event()
+            self.event.record()
+            tensors = host
+        self._host = tensors
+
+    def result(self) -> SampleResult:
+        if self.event is not None:
+            self.event.synchronize()
+        token_ids = self._host[0].tolist()
+        result: list[TokenLogprobs | None] = [None] * len(self.num_logprobs)
+        if len(self._host) > 1:
+            rows, chosen, top_lp, top_ids = (t.tolist() for t in self._host[1:])
+            for i, row in enumerate(rows):
+                k = self.num_logprobs[row]
+                result[row] = TokenLogprobs(
+                    token_ids[row], chosen[i], top_ids[i][:k], top_lp[i][:k]
+                )
+        return SampleResult(token_ids, result)
+
+
 def sample(logits: torch.Tensor, meta: SamplingMetadata) -> SampleResult:
     """Pick one token per row of `logits` (B, V) as `meta` says; `logits` is not modified."""
+    return sample_async(logits, meta).result()
+
+
+def sample_async(logits: torch.Tensor, meta: SamplingMetadata) -> PendingSample:
+    """`sample` without waiting: the tokens stay on the device until `result()`."""
     raw, logits = logits, logits.float()
     if meta.penalties is not None:
         pen = meta.penalties
@@ -275,25 +322,23 @@ def sample(logits: torch.Tensor, meta: SamplingMetadata) -> SampleResult:
         token_ids = random_sample(logits.softmax(dim=-1), meta.generators)
         if greedy_ids is not None:
             token_ids = torch.where(meta.greedy, greedy_ids, token_ids)
-    return SampleResult(token_ids.tolist(), _logprobs(raw, token_ids, meta.num_logprobs))
+    return PendingSample(token_ids, _logprobs(raw, token_ids, meta.num_logprobs), meta.num_logprobs)
+
+
+# (rows, chosen logprob per row, top logprobs (R, max_k), top ids (R, max_k))
+_LogprobTensors = tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]
 
 
 def _logprobs(
     raw: torch.Tensor, token_ids: torch.Tensor, num_logprobs: list[int | None]
-) -> list[TokenLogprobs | None]:
+) -> _LogprobTensors | None:
+    """Logprobs of the raw logits for the rows that asked, as device tensors."""
     rows = [row for row, k in enumerate(num_logprobs) if k is not None]
-    result: list[TokenLogprobs | None] = [None] * len(num_logprobs)
     if not rows:
-        return result
+        return None
     row_ids = torch.tensor(rows, device=raw.device)
     logprobs = raw[row_ids].float().log_softmax(dim=-1)  # (R, V)
-    chosen_ids = token_ids[row_ids]
-    chosen = logprobs.gather(1, chosen_ids[:, None]).squeeze(1).tolist()
-    chosen_ids = chosen_ids.tolist()
+    chosen = logprobs.gather(1, token_ids[row_ids][:, None]).squeeze(1)
     max_k = max(num_logprobs[row] for row in rows)
     top_lp, top_ids = logprobs.topk(max_k, dim=-1)  # (R, max_k)
-    top_lp, top_ids = top_lp.tolist(), top_ids.tolist()
-    for i, row in enumerate(rows):
-        k = num_logprobs[row]
-        result[row] = TokenLogprobs(chosen_ids[i], chosen[i], top_ids[i][:k], top_lp[i][:k])
-    return result
+    return row_ids, chosen, top_lp, top_ids

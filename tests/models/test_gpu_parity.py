@@ -69,3 +69,25 @@ def test_cuda_graph_equals_eager(ckpt):
     a = [r.token_ids for r in graphed.generate(prompts, params)]
     b = [r.token_ids for r in eager.generate(prompts, params)]
     assert a == b
+
+
+def test_look_ahead_graphs_equal_plain_eager(ckpt):
+    """Graphed decode with the next step queued ahead = eager decode without look-ahead:
+    same tokens and logprobs, with requests of different lengths dropping queued steps."""
+    _, path = ckpt
+    prompts = tm.prompts(4, seed=4)
+    params = [
+        SamplingParams(temperature=0, max_tokens=n, logprobs=1, ignore_eos=True)
+        for n in (40, 9, 25, 3)
+    ]
+    graphed = LLM(str(path), device="cuda:0", dtype="bfloat16", max_num_seqs=8)
+    plain = LLM(
+        str(path), device="cuda:0", dtype="bfloat16", enforce_eager=True, decode_look_ahead=False
+    )
+    a = graphed.generate(prompts, params)
+    b = plain.generate(prompts, params)
+    assert [r.token_ids for r in a] == [r.token_ids for r in b]
+    assert [[lp.logprob for lp in r.logprobs] for r in a] == [
+        [lp.logprob for lp in r.logprobs] for r in b
+    ]
+    assert graphed.engine.runner.look_ahead_counts["used"] > 20

@@ -82,6 +82,9 @@ class Engine:
             config.scheduler.max_num_seqs,
             graphs,
             self.offload_manager.is_graph_safe if self.offload_manager else None,
+            look_ahead=self.device.type == "cuda"
+            if config.decode_look_ahead is None
+            else config.decode_look_ahead,
         )
         if self.offload_manager is not None:
             self.offload_manager.reset_stats()  # graph warm-up is not the user's traffic
@@ -144,7 +147,9 @@ class Engine:
         out = self.scheduler.schedule()
         if out.is_empty:
             return []
-        tokens, logprobs = self.runner.execute(out, self.eos_ids)
+        tokens, logprobs = self.runner.execute(
+            out, self.eos_ids, look_ahead=not self.scheduler.waiting
+        )
         results: list[RequestOutput] = []
         sampled = iter(zip(tokens, logprobs))
         for s in out.scheduled:

@@ -14,7 +14,7 @@ from tqdm import tqdm
 from xinfer.runner.forward_context import ForwardContext, forward_context
 
 if TYPE_CHECKING:
-    from xinfer.runner.model_runner import ModelRunner, StepInputs
+    from xinfer.runner.model_runner import HostBatch, ModelRunner
 
 logger = logging.getLogger("xinfer")
 
@@ -28,21 +28,38 @@ def capture_sizes(max_batch: int) -> list[int]:
 
 
 class CudaGraphRunner:
+    """Each graph runs the model and the LM head: a replay turns the static inputs into the
+    float32 logits of every row. The inputs live in two packed device buffers, each
+    refilled from pinned memory with one copy per step:
+    int64 [input_ids | positions | slot_mapping] and int32 [seq_lens | block_tables]."""
+
     def __init__(self, runner: ModelRunner) -> None:
         self.runner = runner
         device = runner.device
         sizes = [b for b in capture_sizes(runner.max_num_seqs) if runner.is_graph_safe(b)]
         self.graphs: dict[int, torch.cuda.CUDAGraph] = {}
-        self.outputs: dict[int, torch.Tensor] = {}
+        self.logits: dict[int, torch.Tensor] = {}
         if not sizes:
             logger.info("CUDA graphs: no batch size can be captured; decode runs eagerly")
             return
         n, w = max(sizes), runner.max_blocks_per_seq
-        self.input_ids = torch.zeros(n, dtype=torch.int64, device=device)
-        self.positions = torch.zeros(n, dtype=torch.int64, device=device)
-        self.slot_mapping = torch.full((n,), -1, dtype=torch.int64, device=device)
-        self.block_tables = torch.zeros(n, w, dtype=torch.int32, device=device)
-        self.seq_lens = torch.zeros(n, dtype=torch.int32, device=device)
+        self.max_rows, self.width = n, w
+        # Two pinned buffer pairs, used in turn; an event says when a pair's copy is done.
+        self.host = [
+            (
+                torch.zeros(3 * n, dtype=torch.int64, pin_memory=True),
+                torch.zeros(n + n * w, dtype=torch.int32, pin_memory=True),
+            )
+            for _ in range(2)
+        ]
+        self.copied: list[torch.cuda.Event | None] = [None, None]
+        self.turn = 0
+        self.dev64 = torch.zeros(3 * n, dtype=torch.int64, device=device)
+        self.dev32 = torch.zeros(n + n * w, dtype=torch.int32, device=device)
+        self.input_ids, self.positions = self.dev64[:n], self.dev64[n : 2 * n]
+        self.slot_mapping = self.dev64[2 * n :]
+        self.seq_lens = self.dev32[:n]
+        self.block_tables = self.dev32[n:].view(n, w)
         self.query_start_loc = torch.arange(n + 1, dtype=torch.int32, device=device)
         self.pool = torch.cuda.graph_pool_handle()
         for bs in tqdm(sorted(sizes, reverse=True), desc="Capturing CUDA graphs"):
@@ -64,34 +81,57 @@ class CudaGraphRunner:
         ctx = self._context(bs)
         with forward_context(ctx):
             for _ in range(2):  # compile kernels and settle allocations outside the graph
-                model(self.input_ids[:bs], self.positions[:bs])
+                model.compute_logits(model(self.input_ids[:bs], self.positions[:bs]))
             torch.cuda.synchronize()
             graph = torch.cuda.CUDAGraph()
             with torch.cuda.graph(graph, pool=self.pool):
-                self.outputs[bs] = model(self.input_ids[:bs], self.positions[:bs])
+                hidden = model(self.input_ids[:bs], self.positions[:bs])
+                self.logits[bs] = model.compute_logits(hidden)
         torch.cuda.synchronize()
         self.graphs[bs] = graph
 
-    def can_run(self, inp: StepInputs) -> bool:
-        num = inp.input_ids.shape[0]
+    def can_run(self, hb: HostBatch) -> bool:
         return (
-            inp.ctx.is_decode
+            hb.is_decode
             and bool(self.graphs)
-            and num <= max(self.graphs)
-            and inp.ctx.block_tables.shape[1] <= self.block_tables.shape[1]
+            and len(hb.seq_lens) <= max(self.graphs)
+            and max(len(t) for t in hb.block_tables) <= self.width
         )
 
-    def run(self, inp: StepInputs) -> torch.Tensor:
-        num = inp.input_ids.shape[0]
+    def _load_inputs(self, hb: HostBatch, bs: int) -> None:
+        """Write the batch (padding rows: slot -1 writes no KV, seq_len 0 attends to
+        nothing) into a pinned buffer pair and send what the graph of size `bs` reads."""
+        n, num = self.max_rows, len(hb.seq_lens)
+        turn, self.turn = self.turn, 1 - self.turn
+        if self.copied[turn] is not None:
+            self.copied[turn].synchronize()  # its previous copy has left the buffer
+        host64, host32 = self.host[turn]
+        np64, np32 = host64.numpy(), host32.numpy()
+        np64[:num] = hb.input_ids
+        np64[n : n + num] = hb.positions
+        np64[2 * n : 2 * n + num] = hb.slots
+        np64[2 * n + num : 2 * n + bs] = -1
+        np32[:num] = hb.seq_lens
+        np32[num:bs] = 0
+        for row, table in enumerate(hb.block_tables):
+            np32[n + row * self.width : n + row * self.width + len(table)] = table
+        self.dev64.copy_(host64, non_blocking=True)
+        end = n + bs * self.width
+        self.dev32[:end].copy_(host32[:end], non_blocking=True)
+        event = torch.cuda.Event()
+        event.record()
+        self.copied[turn] = event
+
+    def run(self, hb: HostBatch, input_ids: torch.Tensor | None = None) -> torch.Tensor:
+        """(S, V) float32 logits of the rows that sample; `input_ids` (a device tensor)
+        replaces the batch's host-side ids (a look-ahead step's sampled tokens)."""
+        num = len(hb.seq_lens)
         bs = min(b for b in self.graphs if b >= num)
-        ctx = inp.ctx
-        self.input_ids[:num].copy_(inp.input_ids)
-        self.positions[:num].copy_(inp.positions)
-        self.slot_mapping[:num].copy_(ctx.slot_mapping)
-        self.slot_mapping[num:bs].fill_(-1)  # padding rows write no KV...
-        self.seq_lens[:num].copy_(ctx.seq_lens)
-        self.seq_lens[num:bs].fill_(0)  # ...and attend to nothing
-        width = ctx.block_tables.shape[1]
-        self.block_tables[:num, :width].copy_(ctx.block_tables)
+        self._load_inputs(hb, bs)
+        if input_ids is not None:
+            self.input_ids[:num].copy_(input_ids)
         self.graphs[bs].replay()
-        return self.outputs[bs][:num]
+        logits = self.logits[bs][:num]
+        if len(hb.logits_indices) != num:  # a 1-token prefill chunk that does not sample
+            logits = logits[torch.tensor(hb.logits_indices, device=logits.device)]
+        return logits

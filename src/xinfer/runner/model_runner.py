@@ -1,6 +1,13 @@
 """Runs one scheduled step: packs the batch into flat tensors, sets the forward context,
 runs the model (eagerly, or by replaying a captured CUDA graph for decode-only steps),
-and samples the next token of every request whose known tokens are all in the cache."""
+and samples the next token of every request whose known tokens are all in the cache.
+
+Decode look-ahead: after queuing a greedy decode step, the runner also queues the step
+after it, fed by the sampled tokens still on the device, before it reads this step's tokens
+back. The host's bookkeeping between two steps then overlaps the GPU's work. When the
+engine schedules exactly that next step, its queued result is used; otherwise (a request
+finished, a new one arrived) it is dropped: it only wrote KV slots of its own requests at
+positions that are rewritten before anything reads them, so nothing observable changes."""
 
 from __future__ import annotations
 
@@ -13,7 +20,42 @@ from xinfer.engine.request import TokenLogprob
 from xinfer.engine.scheduler import SchedulerOutput
 from xinfer.models.moe_decoder import MoeForCausalLM
 from xinfer.runner.forward_context import ForwardContext, forward_context
-from xinfer.sampling import SamplingMetadata, sample
+from xinfer.sampling import PendingSample, SamplingMetadata, sample_async
+
+
+def _token_slice(req, start: int, n: int) -> list[int]:
+    """Tokens [start, start + n) of a request without concatenating prompt and output."""
+    prompt = req.prompt_token_ids
+    if start >= len(prompt):
+        return req.output_token_ids[start - len(prompt) : start - len(prompt) + n]
+    return req.all_token_ids[start : start + n]
+
+
+@dataclass
+class LookAhead:
+    """A queued decode step: which (request, position) rows it computed, and its tokens."""
+
+    key: tuple[tuple[str, int], ...]
+    pending: PendingSample
+
+
+@dataclass
+class HostBatch:
+    """One step's tokens and metadata as host lists, packed back to back per request."""
+
+    input_ids: list[int]
+    positions: list[int]
+    slots: list[int]  # flat KV slot of each token
+    seq_lens: list[int]  # tokens in cache after this step, per request
+    query_start_loc: list[int]
+    logits_indices: list[int]  # rows that sample
+    block_tables: list[list[int]]
+    max_query_len: int
+
+    @property
+    def is_decode(self) -> bool:
+        """One new token per request, every request samples."""
+        return self.max_query_len == 1
 
 
 @dataclass
@@ -37,10 +79,12 @@ class ModelRunner:
         max_num_seqs: int = 64,
         graph_runner_factory=None,
         is_graph_safe=None,
+        look_ahead: bool = False,
     ) -> None:
         """`graph_runner_factory(runner)` builds the CUDA-graph runner (None: eager only);
         `is_graph_safe(batch_size)` says whether every layer can run that decode batch
-        without a host decision (offload: the routed ids fit in the slots)."""
+        without a host decision (offload: the routed ids fit in the slots); `look_ahead`
+        allows queuing the next greedy decode step before reading this one's tokens."""
         self.model, self.cfg, self.device = model, cfg, device
         self.block_size, self.max_model_len = block_size, max_model_len
         self.max_num_seqs = max_num_seqs
@@ -54,77 +98,150 @@ class ModelRunner:
             attn.bind_kv_cache(k, v)
             self.kv_caches.append((k, v))
         self.graph_runner = graph_runner_factory(self) if graph_runner_factory else None
+        self.look_ahead_enabled = look_ahead
+        self.look_ahead: LookAhead | None = None
+        self.look_ahead_counts = {"used": 0, "dropped": 0}
 
-    def prepare(self, out: SchedulerOutput) -> StepInputs:
+    def host_batch(self, out: SchedulerOutput) -> HostBatch:
+        """The step's metadata as host lists (no device work yet)."""
         bs = self.block_size
-        ids: list[int] = []
-        pos: list[int] = []
-        slots: list[int] = []
-        seq_lens: list[int] = []
-        qsl = [0]
-        logits_idx: list[int] = []
-        tables = []
+        hb = HostBatch([], [], [], [], [0], [], [], 0)
         for s in out.scheduled:
             req, start, n = s.request, s.start, s.num_new_tokens
-            ids.extend(req.all_token_ids[start : start + n])
+            hb.input_ids.extend(_token_slice(req, start, n))
             positions = range(start, start + n)
-            pos.extend(positions)
-            slots.extend(req.block_ids[p // bs] * bs + p % bs for p in positions)
-            seq_lens.append(start + n)
-            qsl.append(qsl[-1] + n)
-            tables.append(req.block_ids)
+            hb.positions.extend(positions)
+            hb.slots.extend(req.block_ids[p // bs] * bs + p % bs for p in positions)
+            hb.seq_lens.append(start + n)
+            hb.query_start_loc.append(hb.query_start_loc[-1] + n)
+            hb.block_tables.append(req.block_ids)
+            hb.max_query_len = max(hb.max_query_len, n)
             if s.samples:
-                logits_idx.append(qsl[-1] - 1)
-        width = max(len(t) for t in tables)
-        table = torch.tensor([t + [0] * (width - len(t)) for t in tables], dtype=torch.int32)
+                hb.logits_indices.append(hb.query_start_loc[-1] - 1)
+        return hb
 
-        def dev(x: list[int], dtype: torch.dtype) -> torch.Tensor:
+    def to_device(self, hb: HostBatch) -> StepInputs:
+        width = max(len(t) for t in hb.block_tables)
+        table = [t + [0] * (width - len(t)) for t in hb.block_tables]
+
+        def dev(x: list, dtype: torch.dtype) -> torch.Tensor:
             return torch.tensor(x, dtype=dtype).to(self.device, non_blocking=True)
 
-        max_query_len = max(s.num_new_tokens for s in out.scheduled)
         ctx = ForwardContext(
-            slot_mapping=dev(slots, torch.int64),
-            block_tables=table.to(self.device, non_blocking=True),
-            seq_lens=dev(seq_lens, torch.int32),
-            query_start_loc=dev(qsl, torch.int32),
-            max_query_len=max_query_len,
+            slot_mapping=dev(hb.slots, torch.int64),
+            block_tables=dev(table, torch.int32),
+            seq_lens=dev(hb.seq_lens, torch.int32),
+            query_start_loc=dev(hb.query_start_loc, torch.int32),
+            max_query_len=hb.max_query_len,
             # Decode attention sizes its split grid from this bound; the model length (the
             # bound CUDA graphs are captured with) keeps eager and graphed bits identical.
-            max_seq_len=self.max_model_len if max_query_len == 1 else max(seq_lens),
+            max_seq_len=self.max_model_len if hb.is_decode else max(hb.seq_lens),
         )
         return StepInputs(
-            dev(ids, torch.int64), dev(pos, torch.int64), ctx, dev(logits_idx, torch.int64)
+            dev(hb.input_ids, torch.int64),
+            dev(hb.positions, torch.int64),
+            ctx,
+            dev(hb.logits_indices, torch.int64),
         )
+
+    def prepare(self, out: SchedulerOutput) -> StepInputs:
+        return self.to_device(self.host_batch(out))
 
     @torch.inference_mode()
     def forward(self, inp: StepInputs) -> torch.Tensor:
-        """Hidden states (T, H) of the step."""
-        if self.graph_runner is not None and self.graph_runner.can_run(inp):
-            return self.graph_runner.run(inp)
+        """Hidden states (T, H) of the step, computed eagerly."""
         with forward_context(inp.ctx):
             return self.model(inp.input_ids, inp.positions)
 
     @torch.inference_mode()
+    def logits(self, hb: HostBatch) -> torch.Tensor | None:
+        """(S, V) float32 logits of the rows that sample (None when none does); a decode step
+        that a captured graph covers runs the model and the LM head in one replay."""
+        if self.graph_runner is not None and self.graph_runner.can_run(hb):
+            return self.graph_runner.run(hb)
+        inp = self.to_device(hb)
+        hidden = self.forward(inp)
+        if not hb.logits_indices:
+            return None
+        return self.model.compute_logits(hidden[inp.logits_indices])
+
+    @torch.inference_mode()
     def execute(
-        self, out: SchedulerOutput, eos_ids: set[int]
+        self, out: SchedulerOutput, eos_ids: set[int], look_ahead: bool = False
     ) -> tuple[list[int], list[TokenLogprob | None]]:
         """Run the step; returns the sampled token (and logprobs) of each sampling request,
-        in the order of `out.scheduled`."""
-        inp = self.prepare(out)
-        hidden = self.forward(inp)
+        in the order of `out.scheduled`. `look_ahead`: the caller expects the same batch to
+        decode again (nothing waits to be scheduled), so the next step may be queued now."""
         sampling = [s for s in out.scheduled if s.samples]
-        if not sampling:
-            return [], []
-        logits = self.model.compute_logits(hidden[inp.logits_indices])  # (S, V) float32
-        reqs = [s.request for s in sampling]
-        meta = SamplingMetadata.build(
-            [r.params for r in reqs],
-            [r.prompt_token_ids for r in reqs],
-            [r.output_token_ids for r in reqs],
-            [r.generator for r in reqs],
-            logits.shape[-1],
-            self.device,
-            eos_token_ids=eos_ids,
-        )
-        result = sample(logits, meta)
+        queued, self.look_ahead = self.look_ahead, None
+        if queued is not None and queued.key == _step_key(out):
+            pending = queued.pending
+            self.look_ahead_counts["used"] += 1
+        else:
+            if queued is not None:
+                self.look_ahead_counts["dropped"] += 1
+            logits = self.logits(self.host_batch(out))
+            if not sampling:
+                return [], []
+            reqs = [s.request for s in sampling]
+            meta = SamplingMetadata.build(
+                [r.params for r in reqs],
+                [r.prompt_token_ids for r in reqs],
+                [r.output_token_ids for r in reqs],
+                [r.generator for r in reqs],
+                logits.shape[-1],
+                self.device,
+                eos_token_ids=eos_ids,
+            )
+            pending = sample_async(logits, meta)
+        if look_ahead and self.look_ahead_enabled and self._can_look_ahead(out):
+            self.look_ahead = self._queue_next_step(out, pending)
+        result = pending.result()
         return result.token_ids, list(result.logprobs)
+
+    def _queue_next_step(self, out: SchedulerOutput, pending: PendingSample) -> LookAhead:
+        """Queue the decode step that follows `out`, its input ids the sampled tokens."""
+        bs = self.block_size
+        hb = HostBatch([], [], [], [], [0], [], [], 1)
+        for row, s in enumerate(out.scheduled):
+            req, pos = s.request, s.start + 1
+            hb.input_ids.append(0)  # replaced on the device by the sampled token
+            hb.positions.append(pos)
+            hb.slots.append(req.block_ids[pos // bs] * bs + pos % bs)
+            hb.seq_lens.append(pos + 1)
+            hb.query_start_loc.append(row + 1)
+            hb.logits_indices.append(row)
+            hb.block_tables.append(req.block_ids)
+        tokens = pending.token_ids_device
+        if self.graph_runner is not None and self.graph_runner.can_run(hb):
+            logits = self.graph_runner.run(hb, input_ids=tokens)
+        else:
+            inp = self.to_device(hb)
+            inp.input_ids = tokens
+            logits = self.model.compute_logits(self.forward(inp))
+        meta = SamplingMetadata.for_greedy([s.request.params.logprobs for s in out.scheduled])
+        key = tuple((s.request.request_id, s.start + 1) for s in out.scheduled)
+        return LookAhead(key, sample_async(logits, meta))
+
+    def _can_look_ahead(self, out: SchedulerOutput) -> bool:
+        """Every row decodes greedily with nothing that needs the host between the steps:
+        no penalty, no banned token, the next position in an allocated KV block, and no row
+        that must stop at this step's token (the queued step would surely be dropped)."""
+        for s in out.scheduled:
+            req, p, pos = s.request, s.request.params, s.start + 1
+            if not (s.num_new_tokens == 1 and s.samples and p.temperature == 0):
+                return False
+            if p.repetition_penalty != 1 or p.presence_penalty or p.frequency_penalty:
+                return False
+            num_out = len(req.output_token_ids) + 1  # once this step's token is appended
+            if num_out < p.min_tokens or num_out >= p.max_tokens:
+                return False
+            if pos + 1 >= self.max_model_len or pos // self.block_size >= len(req.block_ids):
+                return False
+        return True
+
+
+def _step_key(out: SchedulerOutput) -> tuple[tuple[str, int], ...] | None:
+    if not all(s.num_new_tokens == 1 and s.samples for s in out.scheduled):
+        return None
+    return tuple((s.request.request_id, s.start) for s in out.scheduled)
