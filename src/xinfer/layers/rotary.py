@@ -1,5 +1,6 @@
 """Rotary position embedding: builds the float32 cos/sin table once (default, linear, llama3
-and yarn frequency rules, as the HF configs of our models use them) and applies it."""
+and yarn frequency rules, as the HF configs of our models use them). It is applied by
+`PagedAttention.prepare_qkv`, fused with the q/k norms and the KV-cache store."""
 
 from __future__ import annotations
 
@@ -8,7 +9,6 @@ import math
 import torch
 from torch import nn
 
-from xinfer import kernels
 from xinfer.config import RopeConfig
 
 
@@ -66,13 +66,10 @@ def build_cos_sin_cache(head_dim: int, rope: RopeConfig, max_pos: int) -> torch.
 
 
 class RotaryEmbedding(nn.Module):
+    """Holds the table as a buffer, so that it follows the model to its device."""
+
     def __init__(self, head_dim: int, rope: RopeConfig, max_pos: int) -> None:
         super().__init__()
         self.cos_sin_cache = nn.Buffer(
             build_cos_sin_cache(head_dim, rope, max_pos), persistent=False
         )
-
-    def forward(
-        self, positions: torch.Tensor, q: torch.Tensor, k: torch.Tensor
-    ) -> tuple[torch.Tensor, torch.Tensor]:
-        return kernels.apply_rope(q, k, positions, self.cos_sin_cache)

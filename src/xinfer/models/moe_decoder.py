@@ -43,10 +43,9 @@ class DecoderAttention(nn.Module):
         q = q.reshape(q.shape[0], -1, self.head_dim)  # (T, Hq, D)
         k = k.reshape(k.shape[0], -1, self.head_dim)  # (T, Hk, D)
         v = v.reshape(v.shape[0], -1, self.head_dim)
-        if self.qk_norm == "head":
-            q, k = self.q_norm(q), self.k_norm(k)
-        q, k = self.rotary(positions, q, k)
-        return self.o_proj(self.attn(q, k, v))
+        head_norms = (self.q_norm, self.k_norm) if self.qk_norm == "head" else ()
+        q = self.attn.prepare_qkv(positions, q, k, v, self.rotary.cos_sin_cache, *head_norms)
+        return self.o_proj(self.attn(q))
 
 
 class SparseMoeBlock(nn.Module):
