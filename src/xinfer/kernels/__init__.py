@@ -25,6 +25,18 @@ def use_triton(t: torch.Tensor) -> bool:
     return t.is_cuda and has_triton() and not envs.XINFER_DISABLE_TRITON()
 
 
+def linear(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None = None) -> torch.Tensor:
+    """x (..., K) @ weight (N, K)^T (+ bias): the Triton skinny GEMM for decode-sized batches
+    where `gemv_launch.wants` says so (at most 16 rows, bf16/fp16, a tuned or default
+    shape), F.linear otherwise."""
+    if use_triton(x):
+        from xinfer.kernels import gemv_launch
+
+        if gemv_launch.wants(x, weight, bias):
+            return gemv_launch.linear(x, weight, bias)
+    return reference.linear(x, weight, bias)
+
+
 def rms_norm(
     x: torch.Tensor, weight: torch.Tensor, eps: float, residual: torch.Tensor | None = None
 ) -> torch.Tensor | tuple[torch.Tensor, torch.Tensor]:
@@ -95,6 +107,38 @@ def store_kv(
 
         return attn_launch.store_kv(k, v, k_cache, v_cache, slot_mapping)
     reference.store_kv(k, v, k_cache, v_cache, slot_mapping)
+
+
+def qkv_prep(
+    q: torch.Tensor,
+    k: torch.Tensor,
+    v: torch.Tensor,
+    positions: torch.Tensor,
+    cos_sin_cache: torch.Tensor,
+    k_cache: torch.Tensor,
+    v_cache: torch.Tensor,
+    slot_mapping: torch.Tensor,
+    q_norm_weight: torch.Tensor | None = None,
+    k_norm_weight: torch.Tensor | None = None,
+    eps: float = 0.0,
+) -> torch.Tensor:
+    """Per-head q/k RMSNorm (with weights), RoPE and the KV-cache store in one launch on the
+    GPU: `rms_norm`, `apply_rope`, `store_kv` fused. Returns the roped q (T, Hq, D)."""
+    num_tokens, _, head_dim = q.shape
+    if k.shape != v.shape or k.shape[0] != num_tokens or k.shape[2] != head_dim:
+        raise ValueError(f"qkv_prep: q {tuple(q.shape)}, k {tuple(k.shape)}, v disagree")
+    if k_cache.shape != v_cache.shape or k_cache.shape[2:] != k.shape[1:]:
+        raise ValueError(f"qkv_prep: caches {tuple(k_cache.shape)} do not hold k's heads")
+    if positions.shape != (num_tokens,) or slot_mapping.shape != (num_tokens,):
+        raise ValueError("qkv_prep: positions and slot_mapping must be (T,)")
+    if cos_sin_cache.shape[-1] != head_dim or (q_norm_weight is None) != (k_norm_weight is None):
+        raise ValueError("qkv_prep: cos_sin_cache must be (max_pos, D); norm weights both or none")
+    args = (q, k, v, positions, cos_sin_cache, k_cache, v_cache, slot_mapping)
+    if use_triton(q):
+        from xinfer.kernels import qkv_prep_launch
+
+        return qkv_prep_launch.qkv_prep(*args, q_norm_weight, k_norm_weight, eps)
+    return reference.qkv_prep(*args, q_norm_weight, k_norm_weight, eps)
 
 
 def paged_attention(

@@ -7,6 +7,11 @@ import torch
 import torch.nn.functional as F
 
 
+def linear(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None = None) -> torch.Tensor:
+    """x (..., K) @ weight (N, K)^T (+ bias) in x's dtype: exactly F.linear."""
+    return F.linear(x, weight, bias)
+
+
 def rms_norm(
     x: torch.Tensor, weight: torch.Tensor, eps: float, residual: torch.Tensor | None = None
 ) -> torch.Tensor | tuple[torch.Tensor, torch.Tensor]:
@@ -112,6 +117,29 @@ def store_kv(
     slots = slot_mapping[valid].long()
     k_cache.view(nb * bs, *k_cache.shape[2:])[slots] = k[valid].to(k_cache.dtype)
     v_cache.view(nb * bs, *v_cache.shape[2:])[slots] = v[valid].to(v_cache.dtype)
+
+
+def qkv_prep(
+    q: torch.Tensor,
+    k: torch.Tensor,
+    v: torch.Tensor,
+    positions: torch.Tensor,
+    cos_sin_cache: torch.Tensor,
+    k_cache: torch.Tensor,
+    v_cache: torch.Tensor,
+    slot_mapping: torch.Tensor,
+    q_norm_weight: torch.Tensor | None = None,
+    k_norm_weight: torch.Tensor | None = None,
+    eps: float = 0.0,
+) -> torch.Tensor:
+    """What runs between the qkv projection and attention: per-head RMSNorm of q (T, Hq, D)
+    and k (T, Hk, D) when the weights (D,) are given, RoPE, then k and v (T, Hk, D) into the
+    caches. Returns the roped q; exactly `rms_norm`, `apply_rope` and `store_kv` in turn."""
+    if q_norm_weight is not None and k_norm_weight is not None:
+        q, k = rms_norm(q, q_norm_weight, eps), rms_norm(k, k_norm_weight, eps)
+    q, k = apply_rope(q, k, positions, cos_sin_cache)
+    store_kv(k, v, k_cache, v_cache, slot_mapping)
+    return q
 
 
 def paged_attention(

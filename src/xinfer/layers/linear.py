@@ -1,11 +1,14 @@
 """Linear layers, including the merged projections (q|k|v, gate|up) whose checkpoint parts
-are loaded into row slices of one weight (`shard_offsets` says where each part goes)."""
+are loaded into row slices of one weight (`shard_offsets` says where each part goes).
+Forward goes through `kernels.linear`: the Triton skinny GEMM for decode batches on the GPU,
+F.linear everywhere else."""
 
 from __future__ import annotations
 
 import torch
-import torch.nn.functional as F
 from torch import nn
+
+from xinfer import kernels
 
 
 class Linear(nn.Module):
@@ -15,7 +18,7 @@ class Linear(nn.Module):
         self.bias = nn.Parameter(torch.empty(out_features)) if bias else None
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        return F.linear(x, self.weight, self.bias)
+        return kernels.linear(x, self.weight, self.bias)
 
 
 class MergedLinear(Linear):

@@ -1,0 +1,180 @@
+"""Launcher of the Triton skinny GEMM (`triton/gemv.py`): `linear` for decode-sized batches
+(at most MAX_M = 16 rows), its config table, and `wants`, the rule by which
+`xinfer.kernels.linear` takes this path instead of cuBLAS. No host sync: safe in CUDA graphs.
+
+Batch invariance: the config depends on (N, K) and the M bucket only, and the buckets of one
+(N, K) agree on cuBLAS vs Triton and on split_k (checked at import), so a row's bits are the
+same for every M <= 16: the kernel always computes a 16-row tile, and tile sizes, warps and
+stages do not change the k order of the tensor-core accumulation (tested on the GPU)."""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+
+import torch
+import triton
+
+from xinfer.kernels.triton import gemv as gemv_jit
+
+MAX_M = 16  # rows per call: one BLOCK_M tile of the kernel
+_DTYPES = (torch.bfloat16, torch.float16, torch.float32)
+_FAST_DTYPES = (torch.bfloat16, torch.float16)  # the dtypes `wants` sends to Triton
+
+
+@dataclass(frozen=True)
+class GemvConfig:
+    """Tiles of one launch. `split_k`: K is cut into that many ranges of a multiple of
+    SPLIT_ALIGN columns (fewer when K is short), fixed by (K, split_k) alone."""
+
+    block_n: int
+    block_k: int
+    num_warps: int = 4
+    num_stages: int = 3
+    split_k: int = 1
+
+
+C = GemvConfig
+# Untuned first guesses: replace with the "GEMV_TABLE entries" of bench/bench_gemv.py (H200).
+# Key (N, K, max_m): config for batches of at most max_m rows; the smallest max_m >= M of that
+# (N, K) applies, and every (N, K) needs a max_m = 16 entry. None: run cuBLAS (F.linear) for
+# that shape. Entries of one (N, K) must be all None or all configs with one split_k.
+# Shapes not listed use `default_config`.
+GEMV_TABLE: dict[tuple[int, int, int], GemvConfig | None] = {
+    # Qwen3-30B-A3B: qkv, o_proj, router
+    (5120, 2048, 16): C(block_n=32, block_k=256, num_warps=4, num_stages=4),
+    (2048, 4096, 16): C(block_n=16, block_k=512, num_warps=4, num_stages=3),
+    (128, 2048, 16): C(block_n=16, block_k=512, num_warps=4, num_stages=3, split_k=4),
+    # Qwen1.5-MoE-A2.7B: qkv, o_proj, shared-expert gate_up and down, router, shared gate
+    (6144, 2048, 16): C(block_n=32, block_k=256, num_warps=4, num_stages=4),
+    (2048, 2048, 16): C(block_n=16, block_k=256, num_warps=4, num_stages=4),
+    (11264, 2048, 16): C(block_n=32, block_k=256, num_warps=4, num_stages=4),
+    (2048, 5632, 16): C(block_n=16, block_k=512, num_warps=4, num_stages=3),
+    (60, 2048, 16): C(block_n=16, block_k=512, num_warps=4, num_stages=3, split_k=4),
+    (1, 2048, 16): C(block_n=16, block_k=512, num_warps=4, num_stages=3, split_k=4),
+}
+FP32_CONFIG = C(block_n=32, block_k=64, num_warps=4, num_stages=2)  # tests only: any shape
+SPLIT_ALIGN = 64  # split-K boundaries: BLOCK_K does not move them, so not the bits either
+_TARGET_PROGRAMS = 128  # programs `default_config` aims for: about one per SM (H200: 132)
+
+
+def _index_table(
+    table: dict[tuple[int, int, int], GemvConfig | None],
+) -> dict[tuple[int, int], list[tuple[int, GemvConfig | None]]]:
+    """(N, K) -> [(max_m, config)] sorted by max_m; raises ValueError on a table whose
+    entries could make a row's bits depend on M."""
+    by_shape: dict[tuple[int, int], list[tuple[int, GemvConfig | None]]] = {}
+    for (n, k, max_m), cfg in sorted(table.items()):
+        if not 1 <= max_m <= MAX_M:
+            raise ValueError(f"GEMV_TABLE {(n, k, max_m)}: max_m must be in [1, {MAX_M}]")
+        by_shape.setdefault((n, k), []).append((max_m, cfg))
+    for shape, buckets in by_shape.items():
+        cfgs = [cfg for _, cfg in buckets]
+        if buckets[-1][0] != MAX_M:
+            raise ValueError(f"GEMV_TABLE {shape}: needs an entry for max_m = {MAX_M}")
+        if any(c is None for c in cfgs) and any(c is not None for c in cfgs):
+            raise ValueError(f"GEMV_TABLE {shape}: cuBLAS for some M buckets but not all")
+        if len({c.split_k for c in cfgs if c is not None}) > 1:
+            raise ValueError(f"GEMV_TABLE {shape}: M buckets disagree on split_k")
+    return by_shape
+
+
+_BY_SHAPE = _index_table(GEMV_TABLE)
+
+
+def default_config(n: int, k: int) -> GemvConfig:
+    """Rule for shapes not in the table: the widest tile that still gives ~one program per
+    SM, no split-K (its second launch only pays off for tuned shapes)."""
+    del k
+    block_n = 64 if n >= 128 * _TARGET_PROGRAMS else 32 if n >= 32 * _TARGET_PROGRAMS else 16
+    return GemvConfig(block_n=block_n, block_k=256, num_warps=4, num_stages=4)
+
+
+def select(n: int, k: int, m: int, dtype: torch.dtype) -> GemvConfig | None:
+    """Config for an (N, K) weight and m rows: the table's entry (smallest max_m >= m),
+    `default_config` for shapes not in the table, FP32_CONFIG for float32; None where the
+    table picks cuBLAS."""
+    if dtype == torch.float32:
+        return FP32_CONFIG
+    buckets = _BY_SHAPE.get((n, k))
+    if buckets is None:
+        return default_config(n, k)
+    return next(cfg for max_m, cfg in buckets if m <= max_m)
+
+
+def wants(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None) -> bool:
+    """Whether `xinfer.kernels.linear` should run `linear` rather than F.linear: 1..MAX_M rows
+    (leading dims flattened), bf16/fp16 throughout, a contiguous 2-D weight, and a table that
+    does not pick cuBLAS for the shape."""
+    if x.dtype not in _FAST_DTYPES or weight.dtype != x.dtype or weight.dim() != 2:
+        return False
+    if bias is not None and bias.dtype != x.dtype:
+        return False
+    rows = math.prod(x.shape[:-1])
+    n, k = weight.shape
+    return (
+        x.shape[-1] == k
+        and 0 < rows <= MAX_M
+        and weight.is_contiguous()
+        and select(n, k, rows, x.dtype) is not None
+    )
+
+
+def _check(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None) -> None:
+    if weight.dim() != 2 or x.dim() == 0 or x.shape[-1] != weight.shape[1]:
+        raise ValueError(f"linear: x {tuple(x.shape)} and weight {tuple(weight.shape)} mismatch")
+    if x.dtype not in _DTYPES or weight.dtype != x.dtype:
+        raise ValueError(f"linear: x {x.dtype}, weight {weight.dtype}: expected one of {_DTYPES}")
+    if bias is not None and (bias.shape != (weight.shape[0],) or bias.dtype != x.dtype):
+        raise ValueError(f"linear: bias {tuple(bias.shape)} {bias.dtype} does not fit")
+    if weight.stride(1) != 1:
+        raise ValueError("linear: weight must be contiguous in its last dim")
+    if math.prod(x.shape[:-1]) > MAX_M:
+        raise ValueError(f"linear: at most {MAX_M} rows, got x {tuple(x.shape)}")
+
+
+def linear(
+    x: torch.Tensor,
+    weight: torch.Tensor,
+    bias: torch.Tensor | None = None,
+    config: GemvConfig | None = None,
+) -> torch.Tensor:
+    """Triton twin of `reference.linear` for x (..., K) with at most MAX_M rows: (..., N) in
+    x's dtype, float32 accumulation. `config` overrides `select` (tests, benchmarks)."""
+    _check(x, weight, bias)
+    n, k = weight.shape
+    x2 = x.reshape(-1, k)
+    if x2.stride(-1) != 1:
+        x2 = x2.contiguous()
+    m = x2.shape[0]
+    out = x2.new_empty(m, n)
+    if m and n:
+        config = config or select(n, k, m, x.dtype)
+        if config is None:
+            raise ValueError(f"linear: GEMV_TABLE picks cuBLAS for ({n}, {k}); pass a config")
+        _launch(x2, weight, bias, out, config)
+    return out.view(*x.shape[:-1], n)
+
+
+def _launch(x, weight, bias, out, cfg: GemvConfig) -> None:
+    m, k = x.shape
+    n = weight.shape[0]
+    k_per_split = triton.cdiv(triton.cdiv(k, cfg.split_k), SPLIT_ALIGN) * SPLIT_ALIGN
+    splits = triton.cdiv(k, k_per_split) if k else 1  # non-empty splits only
+    part = out if splits == 1 else out.new_empty(splits, m, n, dtype=torch.float32)
+    precision = "ieee" if x.dtype == torch.float32 else "tf32"  # fp32 must not use tf32
+    fuse_bias = bias is not None and splits == 1
+    gemv_jit.gemv_kernel[(triton.cdiv(n, cfg.block_n), splits)](
+        x, weight, bias if fuse_bias else x, part,
+        m, n, k, k_per_split,
+        x.stride(0), weight.stride(0), part.stride(0) if splits > 1 else 0, part.stride(-2),
+        HAS_BIAS=fuse_bias, BLOCK_M=MAX_M, BLOCK_N=cfg.block_n, BLOCK_K=cfg.block_k,
+        DOT_PRECISION=precision, num_warps=cfg.num_warps, num_stages=cfg.num_stages,
+    )  # fmt: skip
+    if splits > 1:
+        block = min(1024, max(128, triton.next_power_of_2(n)))  # few compiles for any N
+        gemv_jit.gemv_split_reduce_kernel[(m, triton.cdiv(n, block))](
+            part, bias if bias is not None else x, out,
+            n, part.stride(0), part.stride(1), out.stride(0),
+            SPLIT_K=splits, HAS_BIAS=bias is not None, BLOCK_N=block, num_warps=4,
+        )  # fmt: skip

@@ -1,0 +1,74 @@
+"""Triton skinny GEMM ("GEMV") for decode-sized linears: out (M, N) = x (M, K) @ w (N, K)^T
+(+ bias) for M <= 16 (launched from `xinfer.kernels.gemv_launch`).
+
+A program computes one (BLOCK_M = 16, BLOCK_N) output tile: x rows past M load as zeros, so
+the tile has one shape for every M; w streams through once, BLOCK_K columns at a time, and
+`tl.dot` accumulates in float32 (x is the 16-row A operand, so the tensor cores run
+mma.sync m16n8k16, whose float32 accumulator is carried through K in k order).
+
+Determinism: no atomics. An output element depends only on its x row, its w row and the K
+range of its split, so row i's bits do not depend on M. With split-K, each split stores
+float32 partials and `gemv_split_reduce_kernel` adds them in split order."""
+
+from __future__ import annotations
+
+import triton
+import triton.language as tl
+
+
+@triton.jit(do_not_specialize=["M", "N", "stride_os", "stride_om"])
+def gemv_kernel(
+    x_ptr, w_ptr, bias_ptr, out_ptr,
+    M, N, K, k_per_split,
+    stride_xm, stride_wn, stride_os, stride_om,
+    HAS_BIAS: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,
+    BLOCK_K: tl.constexpr, DOT_PRECISION: tl.constexpr,
+):  # fmt: skip
+    """grid (cdiv(N, BLOCK_N), splits): out[split, m, n] = sum of x[m, k] * w[n, k] over the
+    split's K range [split * k_per_split, +k_per_split), plus bias[n], in out's dtype.
+    Split-K launches pass a float32 `out` of shape (splits, M, N) and no bias.
+    M, N and the output strides are not specialised: one compile serves every M and N."""
+    pid_n = tl.program_id(0)
+    split = tl.program_id(1)
+    offs_m = tl.arange(0, BLOCK_M)
+    offs_n = pid_n * BLOCK_N + tl.arange(0, BLOCK_N)
+    offs_k = tl.arange(0, BLOCK_K)
+    mask_m = offs_m < M
+    mask_n = offs_n < N
+    k_begin = split * k_per_split
+    k_end = tl.minimum(K, k_begin + k_per_split)
+    x_ptrs = x_ptr + offs_m[:, None] * stride_xm + (k_begin + offs_k)[None, :]  # (M, K) tile
+    w_rows = offs_n.to(tl.int64)[None, :] * stride_wn
+    w_ptrs = w_ptr + w_rows + (k_begin + offs_k)[:, None]  # (K, N) tile: w^T
+    acc = tl.zeros((BLOCK_M, BLOCK_N), dtype=tl.float32)
+    for k0 in range(k_begin, k_end, BLOCK_K):
+        mask_k = offs_k < k_end - k0
+        x = tl.load(x_ptrs, mask=mask_m[:, None] & mask_k[None, :], other=0.0)
+        w = tl.load(w_ptrs, mask=mask_k[:, None] & mask_n[None, :], other=0.0)
+        acc = tl.dot(x, w, acc, input_precision=DOT_PRECISION)
+        x_ptrs += BLOCK_K
+        w_ptrs += BLOCK_K
+    if HAS_BIAS:
+        acc += tl.load(bias_ptr + offs_n, mask=mask_n, other=0.0).to(tl.float32)[None, :]
+    out_ptrs = out_ptr + split * stride_os + offs_m[:, None] * stride_om + offs_n[None, :]
+    tl.store(out_ptrs, acc.to(out_ptr.dtype.element_ty), mask=mask_m[:, None] & mask_n[None, :])
+
+
+@triton.jit(do_not_specialize=["N", "stride_ps", "stride_pm", "stride_om"])
+def gemv_split_reduce_kernel(
+    part_ptr, bias_ptr, out_ptr,
+    N, stride_ps, stride_pm, stride_om,
+    SPLIT_K: tl.constexpr, HAS_BIAS: tl.constexpr, BLOCK_N: tl.constexpr,
+):  # fmt: skip
+    """grid (M, cdiv(N, BLOCK_N)): out[m, n] = sum over splits, in split order and float32,
+    of part[split, m, n], plus bias[n], cast to out's dtype."""
+    m = tl.program_id(0)
+    offs_n = tl.program_id(1) * BLOCK_N + tl.arange(0, BLOCK_N)
+    mask_n = offs_n < N
+    part_ptrs = part_ptr + m * stride_pm + offs_n
+    acc = tl.zeros((BLOCK_N,), dtype=tl.float32)
+    for s in tl.static_range(SPLIT_K):
+        acc += tl.load(part_ptrs + s * stride_ps, mask=mask_n, other=0.0)
+    if HAS_BIAS:
+        acc += tl.load(bias_ptr + offs_n, mask=mask_n, other=0.0).to(tl.float32)
+    tl.store(out_ptr + m * stride_om + offs_n, acc.to(out_ptr.dtype.element_ty), mask=mask_n)
