@@ -3,8 +3,11 @@
 # logging everything under $OUT (which comes back). Usage: scripts/gpu_run.sh tests bench ...
 set -uo pipefail
 cd "$(dirname "$0")/.."
-OUT=${OUT:-/tmp/out}
-mkdir -p "$OUT"
+# Logs go to a scratch folder packed into one $OUT/results.tgz at the end (the device tool
+# brings back at most 8 files).
+FINAL_OUT=${OUT:-/tmp/out}
+OUT=/tmp/gpu_run_results
+mkdir -p "$OUT" "$FINAL_OUT"
 if ls .whl/*.whl >/dev/null 2>&1; then
   python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade \
     --target /tmp/site .whl/*.whl || exit 1
@@ -28,8 +31,10 @@ for phase in "$@"; do
     decode) timeout 300 python3 bench/bench_decode.py --out "$OUT/decode" 2>&1 | grep -v "it/s]" | tail -60 ;;
     offloadbench) timeout 150 python3 bench/bench_offload_decode.py --rates 0.1,auto --steps 32 --out "$OUT/offload" 2>&1 | grep -v "it/s]" | tail -40 ;;
     decode-nohf) timeout 170 python3 bench/bench_decode.py --no-hf --trace "$OUT/trace.json" --out "$OUT/decode" 2>&1 | grep -v "it/s]" | tail -60; gzip -f "$OUT/trace.json" ;;
+    moesweep) timeout 200 python3 bench/bench_moe_kernel.py --sweep --decode 1,8 --prefill "" 2>&1 | tee "$OUT/moe_sweep.txt" | tail -20 ;;
     layerbench) timeout 120 python3 bench/bench_offload_layer.py 2>&1 | tail -12 | tee "$OUT/layer.txt" ;;
     *) echo "unknown phase $phase" ;;
   esac
 done
 echo "=== done $(date +%T)"
+tar czf "$FINAL_OUT/results.tgz" -C "$OUT" .
