@@ -35,23 +35,26 @@ class GemvConfig:
 
 
 C = GemvConfig
-# Untuned first guesses: replace with the "GEMV_TABLE entries" of bench/bench_gemv.py (H200).
+# Tuned on the H200 with bench/bench_gemv.py (2026-12-02): cuBLAS stays where it won.
 # Key (N, K, max_m): config for batches of at most max_m rows; the smallest max_m >= M of that
 # (N, K) applies, and every (N, K) needs a max_m = 16 entry. None: run cuBLAS (F.linear) for
 # that shape. Entries of one (N, K) must be all None or all configs with one split_k.
 # Shapes not listed use `default_config`.
 GEMV_TABLE: dict[tuple[int, int, int], GemvConfig | None] = {
     # Qwen3-30B-A3B: qkv, o_proj, router
-    (5120, 2048, 16): C(block_n=32, block_k=256, num_warps=4, num_stages=4),
-    (2048, 4096, 16): C(block_n=16, block_k=512, num_warps=4, num_stages=3),
-    (128, 2048, 16): C(block_n=16, block_k=512, num_warps=4, num_stages=3, split_k=4),
+    (5120, 2048, 16): None,  # cuBLAS 7.75 µs, best Triton slower
+    (2048, 4096, 16): C(block_n=32, block_k=128, num_warps=4, num_stages=4, split_k=4),
+    (128, 2048, 16): C(block_n=16, block_k=256, num_warps=4, num_stages=4, split_k=8),
+    # LM head of the 151936-token vocabularies (Qwen)
+    (151936, 2048, 8): C(block_n=32, block_k=256, num_warps=4, num_stages=3),
+    (151936, 2048, 16): C(block_n=64, block_k=128, num_warps=4, num_stages=4),
     # Qwen1.5-MoE-A2.7B: qkv, o_proj, shared-expert gate_up and down, router, shared gate
-    (6144, 2048, 16): C(block_n=32, block_k=256, num_warps=4, num_stages=4),
-    (2048, 2048, 16): C(block_n=16, block_k=256, num_warps=4, num_stages=4),
-    (11264, 2048, 16): C(block_n=32, block_k=256, num_warps=4, num_stages=4),
-    (2048, 5632, 16): C(block_n=16, block_k=512, num_warps=4, num_stages=3),
-    (60, 2048, 16): C(block_n=16, block_k=512, num_warps=4, num_stages=3, split_k=4),
-    (1, 2048, 16): C(block_n=16, block_k=512, num_warps=4, num_stages=3, split_k=4),
+    (6144, 2048, 16): None,
+    (2048, 2048, 16): None,
+    (11264, 2048, 16): None,
+    (2048, 5632, 16): C(block_n=32, block_k=128, num_warps=4, num_stages=4, split_k=4),
+    (60, 2048, 16): C(block_n=16, block_k=256, num_warps=4, num_stages=4, split_k=8),
+    (1, 2048, 16): C(block_n=16, block_k=256, num_warps=4, num_stages=4, split_k=8),
 }
 FP32_CONFIG = C(block_n=32, block_k=64, num_warps=4, num_stages=2)  # tests only: any shape
 SPLIT_ALIGN = 64  # split-K boundaries: BLOCK_K does not move them, so not the bits either

@@ -4,9 +4,9 @@ files subclass `MoeForCausalLM` and only state how their HF config and checkpoin
 from __future__ import annotations
 
 import torch
-import torch.nn.functional as F
 from torch import nn
 
+from xinfer import kernels
 from xinfer.config import ModelConfig
 from xinfer.layers.attention import PagedAttention
 from xinfer.layers.linear import Linear, MergedLinear
@@ -137,7 +137,7 @@ class MoeForCausalLM(nn.Module):
 
     def compute_logits(self, hidden: torch.Tensor) -> torch.Tensor:
         weight = self.model.embed_tokens.weight if self.lm_head is None else self.lm_head.weight
-        return F.linear(hidden, weight).float()
+        return kernels.linear(hidden, weight).float()
 
     def moe_layers(self) -> list[FusedMoE]:
         return [m for m in self.modules() if isinstance(m, FusedMoE)]
