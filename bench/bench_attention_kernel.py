@@ -1,19 +1,32 @@
 """Benchmark of the Triton paged-attention kernels on the Qwen3-30B-A3B attention shape (32 query
-heads, 4 KV heads, head_dim 128, bf16, block_size 16, shuffled block tables): decode at batch
-1/8/32 and context 2k/8k, timed as CUDA-graph replay over several layers' caches (so L2 does
-not serve the next call), and a 2k-token prefill (fresh, and chunked after 6k cached tokens).
-Reports GB/s of KV read against the measured device copy bandwidth, TFLOP/s for prefill next
-to torch SDPA on contiguous tensors. Checks correctness against `reference.py` first. CUDA only.
+heads, 4 KV heads, head_dim 128, bf16, block_size 16, shuffled block tables). CUDA only.
 
-    python bench/bench_attention_kernel.py            # default table
-    python bench/bench_attention_kernel.py --sweep    # also try other splits / tile configs
+Default: decode at batch 1/8/32 and context 2k/8k, timed as CUDA-graph replay over several
+layers' caches (so L2 does not serve the next call), and a 2k-token prefill (fresh, and chunked
+after 6k cached tokens). Reports GB/s of KV read against the measured device copy bandwidth,
+TFLOP/s for prefill next to torch SDPA on contiguous tensors. Checks correctness against
+`reference.py` first.
+
+--sweep: only the decode launch-config sweep. For batch 1/8/32 at contexts 128, 1024, 4096
+(bound max_seq_len 4096) and 8000 (bound 8192), every candidate (SPLIT_LEN x BLOCK_N x
+num_warps x num_stages) is checked against `reference.py`, then timed per layer call as CUDA-graph
+replays of back-to-back calls on distinct caches (>= 256 MiB of KV a replay, so L2 does not
+serve the next one). Prints a table in us, the best config per case next to the current
+default (`attn_launch.DECODE_CONFIGS`), and per bound the config closest to the best over all
+batches (geometric mean of time / best), as a row to paste into DECODE_CONFIGS.
+
+    python bench/bench_attention_kernel.py                  # default tables
+    python bench/bench_attention_kernel.py --sweep          # decode configs (~1 min)
+    python bench/bench_attention_kernel.py --sweep-prefill  # prefill tiles
 """
 
 from __future__ import annotations
 
 import argparse
+import itertools
 import math
 import sys
+import time
 from pathlib import Path
 
 import torch
@@ -28,6 +41,14 @@ from xinfer.kernels import reference  # noqa: E402
 
 DEV = "cuda"
 DTYPE = torch.bfloat16
+# decode sweep: (context, bound max_seq_len) per batch, and the candidate launch configs
+SWEEP_BATCHES = (1, 8, 32)
+SWEEP_CONTEXTS = ((128, 4096), (1024, 4096), (4096, 4096), (8000, 8192))
+SWEEP_SPLITS = (32, 64, 128, 256, 512)
+SWEEP_TILES = ((32, 4), (64, 4), (64, 8), (128, 8))  # (BLOCK_N, num_warps): no spills on sm_90
+SWEEP_STAGES = (1, 2, 3)
+SWEEP_KV_BYTES = 256 << 20  # KV read per graph replay (5x the H200's L2)
+SWEEP_MAX_CALLS = 512  # calls per graph
 
 
 def parse_args() -> argparse.Namespace:
@@ -40,7 +61,9 @@ def parse_args() -> argparse.Namespace:
     p.add_argument("--contexts", default="2048,8192")
     p.add_argument("--prefill", type=int, default=2048, help="new tokens in the prefill rows")
     p.add_argument("--iters", type=int, default=20)
-    p.add_argument("--sweep", action="store_true", help="time alternative splits/tiles too")
+    p.add_argument("--sweep", action="store_true", help="only sweep the decode launch configs")
+    p.add_argument("--sweep-iters", type=int, default=10, help="graph replays per sweep timing")
+    p.add_argument("--sweep-prefill", action="store_true", help="only sweep the prefill tiles")
     return p.parse_args()
 
 
@@ -90,23 +113,25 @@ def check_correctness(a) -> None:
     print("correctness: decode and prefill match reference.py (atol = rtol = 2e-2)")
 
 
-def bench_decode(a, batch: int, ctx: int, copy_bw: float, split_len=None, config=None) -> dict:
-    kv_bytes = 2 * batch * ctx * a.kv_heads * a.head_dim * 2  # K and V, bf16
-    layers = max(2, min(48, math.ceil((2 << 30) / kv_bytes)))  # >= 2 GiB of KV in the graph
+def kv_bytes(a, batch: int, ctx: int) -> int:
+    return 2 * batch * ctx * a.kv_heads * a.head_dim * DTYPE.itemsize  # K and V
+
+
+def bench_decode(a, batch: int, ctx: int, copy_bw: float) -> dict:
+    nbytes = kv_bytes(a, batch, ctx)
+    layers = max(2, min(48, math.ceil((2 << 30) / nbytes)))  # >= 2 GiB of KV in the graph
     q, caches, tables, lens, qsl = paged_case(a, [ctx] * batch, [1] * batch, layers)
     scale = a.head_dim**-0.5
     calls = [
-        lambda k=k, v=v: al.paged_attention(
-            q, k, v, tables, lens, qsl, scale, 1, ctx, split_len=split_len, config=config
-        )
+        lambda k=k, v=v: al.paged_attention(q, k, v, tables, lens, qsl, scale, 1, ctx)
         for k, v in caches
     ]
     sec = graph_timed(calls, a.iters)
-    splits = al.decode_num_splits(ctx, split_len or al.SPLIT_TOKENS)
+    cfg = al.decode_config(q, a.head_dim, ctx)
     del caches, calls
     return dict(
-        batch=batch, ctx=ctx, splits=splits, us=sec * 1e6, mb=kv_bytes / 1e6,
-        gbs=kv_bytes / sec / 1e9, pct=100 * kv_bytes / sec / copy_bw, cfg=config,
+        batch=batch, ctx=ctx, splits=al.decode_num_splits(ctx, cfg["SPLIT_LEN"]), us=sec * 1e6,
+        mb=nbytes / 1e6, gbs=nbytes / sec / 1e9, pct=100 * nbytes / sec / copy_bw,
     )  # fmt: skip
 
 
@@ -129,20 +154,130 @@ def bench_prefill(a, new: int, ctx: int, config=None) -> dict:
     )
 
 
-def sweep(a, copy_bw: float) -> None:
-    print("\nsweep (decode: splits x config; prefill: tiles)")
-    for batch, ctx in ((1, 8192), (8, 2048), (32, 8192)):
-        for split_len in (128, 256, 512, 1024):
-            for bn, warps in ((32, 4), (64, 4), (64, 8), (128, 8)):
-                cfg = dict(BLOCK_N=bn, num_warps=warps, num_stages=2)
-                r = bench_decode(a, batch, ctx, copy_bw, split_len, cfg)
-                print(f"  decode B={batch:<3} ctx={ctx:<5} split_len={split_len:<4} {cfg}: "
-                      f"{r['us']:8.1f} us  {r['gbs']:7.0f} GB/s")  # fmt: skip
+def sweep_prefill(a) -> None:
+    print("prefill tile sweep")
     for bm, bn, warps, stages in ((128, 32, 8, 2), (128, 64, 8, 2), (64, 32, 4, 2),
                                   (64, 64, 4, 2), (128, 32, 8, 3), (128, 32, 4, 2)):  # fmt: skip
         cfg = dict(BLOCK_M=bm, BLOCK_N=bn, num_warps=warps, num_stages=stages)
         r = bench_prefill(a, a.prefill, a.prefill, cfg)
         print(f"  prefill {a.prefill} {cfg}: {r['us']:8.1f} us  {r['tflops']:6.1f} TFLOP/s")
+
+
+def sweep_configs() -> list[tuple[int, int, int, int]]:
+    """(SPLIT_LEN, BLOCK_N, num_warps, num_stages) candidates: whole tiles per split, and
+    pipelining only where a split has more than one tile."""
+    return [
+        (split, bn, warps, stages)
+        for split, (bn, warps), stages in itertools.product(SWEEP_SPLITS, SWEEP_TILES, SWEEP_STAGES)
+        if split % bn == 0 and (stages == 1 or split > bn)
+    ]
+
+
+def as_config(key: tuple[int, int, int, int]) -> dict[str, int]:
+    return dict(zip(("SPLIT_LEN", "BLOCK_N", "num_warps", "num_stages"), key, strict=True))
+
+
+def sweep_case(a, batch: int, ctx: int, bound: int, keys: list) -> dict:
+    """{config key: us per layer call, or None where it failed or disagreed with reference}."""
+    layers = max(4, min(SWEEP_MAX_CALLS, math.ceil(SWEEP_KV_BYTES / kv_bytes(a, batch, ctx))))
+    q, caches, tables, lens, qsl = paged_case(a, [ctx] * batch, [1] * batch, layers)
+    scale = a.head_dim**-0.5
+    ref = reference.paged_attention(q, *caches[0], tables, lens, qsl, scale)
+    times = {}
+    for key in keys:
+
+        def call(k, v, cfg=as_config(key)):
+            return al.paged_attention(q, k, v, tables, lens, qsl, scale, 1, bound, config=cfg)
+
+        try:
+            torch.testing.assert_close(call(*caches[0]), ref, atol=2e-2, rtol=2e-2)
+            calls = [lambda k=k, v=v: call(k, v) for k, v in caches]
+            times[key] = graph_timed(calls, a.sweep_iters) * 1e6
+        except Exception as e:  # noqa: BLE001 - a failing candidate is reported, not fatal
+            print(f"  B={batch} ctx={ctx} {as_config(key)}: {type(e).__name__}: {e}"[:300])
+            times[key] = None
+    return times
+
+
+def default_key(a, bound: int) -> tuple[int, int, int, int]:
+    q = torch.empty(1, a.heads, a.head_dim, device=DEV, dtype=DTYPE)
+    cfg = al.decode_config(q, a.head_dim, bound)
+    split = -(-cfg["SPLIT_LEN"] // cfg["BLOCK_N"]) * cfg["BLOCK_N"]
+    return split, cfg["BLOCK_N"], cfg["num_warps"], cfg["num_stages"]
+
+
+def fmt_key(key) -> str:
+    return "split {:>3} BN {:>3} w {} st {}".format(*key)
+
+
+def print_table(results: dict, keys: list, best: dict, defaults: dict) -> None:
+    print("\nus per layer call (decode + reduce); * best of the column, D the current default")
+    print(f"{'config':<26}" + "".join(f"{f'B{b}/{c}':>10}" for b, c, _ in results))
+    for key in keys:
+        cells = []
+        for case, times in results.items():
+            t = times[key]
+            mark = ("*" if key == best[case][1] else "") + ("D" if key == defaults[case[2]] else "")
+            cells.append(f"{'fail' if t is None else f'{t:.1f}'}{mark:<2}".rjust(10))
+        print(f"{fmt_key(key):<26}" + "".join(cells))
+
+
+def print_best(results: dict, best: dict, defaults: dict) -> None:
+    print("\nbest per case vs the current default:")
+    for case, times in results.items():
+        (t, key), d = best[case], times[defaults[case[2]]]
+        d_txt = "fail" if d is None else f"{d:.1f} us ({d / t:.2f}x the best)"
+        print(f"  B={case[0]:<2} ctx={case[1]:<5} bound={case[2]}: best {t:.1f} us "
+              f"[{fmt_key(key)}]; default {d_txt} [{fmt_key(defaults[case[2]])}]")  # fmt: skip
+
+
+def print_per_bound(results: dict, keys: list, best: dict) -> None:
+    """Per bound, the configs whose times over all its cases are closest to each case's best
+    (geometric mean of time / best; configs that failed anywhere are left out)."""
+    for bound in sorted({case[2] for case in results}):
+        group = [case for case in results if case[2] == bound]
+        scores = []
+        for key in keys:
+            times = [results[case][key] for case in group]
+            if None not in times:
+                logs = [math.log(t / best[case][0]) for t, case in zip(times, group, strict=True)]
+                scores.append((math.exp(sum(logs) / len(logs)), key))
+        scores.sort()
+        print(f"\nbound {bound}: geometric mean of time / best over {len(group)} cases")
+        if not scores:
+            print("  no config ran in every case")
+            continue
+        for score, key in scores[:3]:
+            print(f"  {score:.3f}  {fmt_key(key)}")
+        row = ", ".join(f"{k}={v}" for k, v in as_config(scores[0][1]).items())
+        print(f"  DECODE_CONFIGS row: ({bound}, dict({row})),")
+
+
+def print_sweep(a, results: dict, keys: list) -> None:
+    """The table (us per layer call), the best config per case, the recommendation per bound."""
+    for case in [c for c, times in results.items() if not any(times.values())]:
+        print(f"B={case[0]} ctx={case[1]}: every config failed")
+        del results[case]
+    defaults = {bound: default_key(a, bound) for _, _, bound in results}
+    best = {
+        c: min((t, k) for k, t in times.items() if t is not None) for c, times in results.items()
+    }
+    print_table(results, keys, best, defaults)
+    print_best(results, best, defaults)
+    print_per_bound(results, keys, best)
+
+
+def sweep(a) -> None:
+    keys = sweep_configs()
+    bounds = sorted({bound for _, bound in SWEEP_CONTEXTS})
+    keys += [k for k in {default_key(a, b) for b in bounds} if k not in keys]
+    print(f"decode sweep: {len(keys)} configs x {len(SWEEP_BATCHES) * len(SWEEP_CONTEXTS)} cases")
+    results, start = {}, time.perf_counter()
+    for batch, (ctx, bound) in itertools.product(SWEEP_BATCHES, SWEEP_CONTEXTS):
+        results[(batch, ctx, bound)] = sweep_case(a, batch, ctx, bound, keys)
+        torch.cuda.empty_cache()
+        print(f"  done B={batch} ctx={ctx} ({time.perf_counter() - start:.0f} s)", flush=True)
+    print_sweep(a, results, keys)
 
 
 def main() -> None:
@@ -151,14 +286,18 @@ def main() -> None:
         sys.exit("bench_attention_kernel.py needs a CUDA GPU")
     torch.manual_seed(0)
     print(f"{torch.cuda.get_device_name()}  torch {torch.__version__}")
+    if a.sweep or a.sweep_prefill:
+        if a.sweep:
+            sweep(a)
+        if a.sweep_prefill:
+            sweep_prefill(a)
+        return
     check_correctness(a)
     copy_bw = device_copy_bandwidth()
     batches = [int(b) for b in a.batches.split(",")]
     contexts = [int(c) for c in a.contexts.split(",")]
     decode = [bench_decode(a, b, c, copy_bw) for b in batches for c in contexts]
     prefill = [bench_prefill(a, a.prefill, a.prefill), bench_prefill(a, a.prefill, 4 * a.prefill)]
-    if a.sweep:
-        sweep(a, copy_bw)
     print(f"\ncopy bandwidth (read + write): {copy_bw / 1e12:.2f} TB/s")
     print(f"decode: Hq={a.heads} Hk={a.kv_heads} D={a.head_dim} bf16, CUDA graph, per layer call")
     print("| batch | context | splits | KV MB | us | KV GB/s | % of copy BW |")

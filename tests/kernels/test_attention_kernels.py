@@ -120,12 +120,54 @@ def test_decode_attention(dtype, hq, hk, split_len):
     assert torch.count_nonzero(got[3]) == 0
 
 
-@pytest.mark.parametrize("head_dim", [64, 80])
-def test_decode_attention_head_dims(head_dim):
-    case = _paged_case(torch.bfloat16, [33, 700], [1, 1], 16, 2, head_dim=head_dim)
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+@pytest.mark.parametrize("head_dim", [64, 80, 256])
+def test_decode_attention_head_dims(dtype, head_dim):
+    case = _paged_case(dtype, [33, 700], [1, 1], 16, 2, head_dim=head_dim)
     ref = reference.paged_attention(*case, scale=head_dim**-0.5)
     got = kernels.paged_attention(*case, head_dim**-0.5, max_query_len=1, max_seq_len=700)
+    torch.testing.assert_close(got, ref, **TOL[dtype])
+
+
+@pytest.mark.parametrize("dtype", [torch.float16, torch.bfloat16])
+def test_decode_attention_table_rows(dtype):
+    """Every DECODE_CONFIGS row compiles and is right, at the bound it is chosen for."""
+    case = _paged_case(dtype, [1, 150, 0, 4000, 1030], [1] * 5, 32, 4)
+    ref = reference.paged_attention(*case, scale=0.088)
+    for bound, row in _launch().DECODE_CONFIGS:
+        got = _launch().paged_attention(
+            *case, scale=0.088, max_query_len=1, max_seq_len=max(bound, 4000), config=row
+        )
+        torch.testing.assert_close(got, ref, **TOL[torch.bfloat16])
+        assert torch.count_nonzero(got[2]) == 0
+
+
+def test_decode_attention_fp8_cache():
+    q, k_cache, v_cache, *rest = _paged_case(torch.bfloat16, [1, 17, 1000, 0], [1] * 4, 32, 4)
+    case = (q, k_cache.to(torch.float8_e4m3fn), v_cache.to(torch.float8_e4m3fn), *rest)
+    ref = reference.paged_attention(*case, scale=0.088)
+    got = kernels.paged_attention(*case, 0.088, max_query_len=1, max_seq_len=4096)
     torch.testing.assert_close(got, ref, **TOL[torch.bfloat16])
+
+
+def test_decode_bits_independent_of_bound_and_batch():
+    """Compiled: a sequence's bits depend on neither the bound (same launch config) nor the
+    other rows of the batch or their order."""
+    q, k_cache, v_cache, tables, lens, qsl = _paged_case(
+        torch.bfloat16, [150, 3000, 0, 90], [1] * 4, 32, 4
+    )
+    cfg = dict(SPLIT_LEN=64, BLOCK_N=32, num_warps=4, num_stages=2)
+
+    def run(rows, bound):
+        sub = (q[rows], k_cache, v_cache, tables[rows], lens[rows], qsl[: len(rows) + 1])
+        return _launch().paged_attention(
+            *sub, 0.088, max_query_len=1, max_seq_len=bound, config=cfg
+        )
+
+    full = run([0, 1, 2, 3], 3000)
+    assert torch.equal(run([0, 1, 2, 3], 8192), full)
+    assert torch.equal(run([3, 0, 2, 1], 3000), full[[3, 0, 2, 1]])
+    assert torch.equal(run([0], 3000), full[:1])
 
 
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])

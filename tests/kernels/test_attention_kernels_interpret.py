@@ -130,3 +130,54 @@ def test_prefill_head_dim_24_group_3():
     ref = reference.paged_attention(*case, scale=0.2)
     got = L.paged_attention(*case, 0.2, max_query_len=14, max_seq_len=33)
     torch.testing.assert_close(got, ref, **ATTN_TOL[torch.float32])
+
+
+@pytest.mark.parametrize("block_size", [4, 32])  # a tile spans several blocks / half a block
+def test_decode_block_sizes(block_size):
+    case = _paged_case(torch.float32, [1, 17, 150, 0], [1] * 4, 8, 2, block_size=block_size)
+    ref = reference.paged_attention(*case, scale=0.17)
+    got = L.paged_attention(*case, 0.17, max_query_len=1, max_seq_len=150, split_len=48)
+    torch.testing.assert_close(got, ref, **ATTN_TOL[torch.float32])
+
+
+def test_decode_head_dim_24_group_3():
+    case = _paged_case(torch.float16, [33, 12, 70], [1] * 3, 6, 2, head_dim=24)
+    ref = reference.paged_attention(*case, scale=0.2)
+    got = L.paged_attention(*case, 0.2, max_query_len=1, max_seq_len=70, split_len=32)
+    torch.testing.assert_close(got, ref, **ATTN_TOL[torch.float16])
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.float16])
+def test_decode_fp8_cache(dtype):
+    q, k_cache, v_cache, *rest = _paged_case(dtype, [1, 40, 150, 0], [1] * 4, 8, 2)
+    case = (q, k_cache.to(torch.float8_e4m3fn), v_cache.to(torch.float8_e4m3fn), *rest)
+    ref = reference.paged_attention(*case, scale=0.17)
+    got = L.paged_attention(*case, 0.17, max_query_len=1, max_seq_len=150)
+    torch.testing.assert_close(got, ref, **ATTN_TOL[dtype])
+
+
+def test_decode_table_rows():
+    """Every DECODE_CONFIGS row as it runs on the GPU (tiles, splits, stages)."""
+    case = _paged_case(torch.float16, [1, 70, 300, 0], [1] * 4, 8, 2)
+    ref = reference.paged_attention(*case, scale=0.17)
+    for _, row in L.DECODE_CONFIGS:
+        got = L.paged_attention(*case, 0.17, max_query_len=1, max_seq_len=300, config=row)
+        torch.testing.assert_close(got, ref, **ATTN_TOL[torch.float16])
+
+
+def test_decode_bits_independent_of_bound_and_batch():
+    """A sequence's result depends only on its own data and the split length: not on the
+    bound the grid is sized from, nor on the other rows of the batch or their order."""
+    q, k_cache, v_cache, tables, lens, qsl = _paged_case(
+        torch.float32, [150, 37, 0, 90], [1] * 4, 8, 2
+    )
+
+    def run(rows, bound):
+        sub = (q[rows], k_cache, v_cache, tables[rows], lens[rows], qsl[: len(rows) + 1])
+        return L.paged_attention(*sub, 0.17, max_query_len=1, max_seq_len=bound, split_len=32)
+
+    full = run([0, 1, 2, 3], 150)
+    assert torch.equal(run([0, 1, 2, 3], 1000), full)
+    assert torch.equal(run([3, 0, 2, 1], 150), full[[3, 0, 2, 1]])
+    assert torch.equal(run([0], 150), full[:1])
+    assert torch.count_nonzero(full[2]) == 0

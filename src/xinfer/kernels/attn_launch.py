@@ -4,7 +4,6 @@ also run on CPU tensors under `TRITON_INTERPRET=1` (the interpreter tests)."""
 
 from __future__ import annotations
 
-import functools
 import math
 
 import torch
@@ -17,9 +16,6 @@ from xinfer.kernels.triton.norm import rms_norm_kernel
 from xinfer.kernels.triton.rotary import rope_kernel
 
 LOG2E = 1.4426950408889634
-# Flash-decoding split length in keys. Fixed, so that how a sequence is split (and so the
-# bits of its result) depends neither on the batch nor on the bound the grid is sized from.
-SPLIT_TOKENS = 256
 
 
 def _pow2(n: int, floor: int = 1) -> int:
@@ -119,28 +115,47 @@ def store_kv(
     )  # fmt: skip
 
 
-@functools.cache
-def _num_sms(device: torch.device) -> int:
-    if device.type != "cuda":
-        return 4  # the interpreter: keep the grid small
-    return torch.cuda.get_device_properties(device).multi_processor_count
+# Decode launch configs on CUDA, by the host-side bound max_seq_len: rows by increasing bound,
+# the first that covers it (the last row also takes every larger bound). SPLIT_LEN keys per
+# split, a multiple of BLOCK_N: the grid has cdiv(bound, SPLIT_LEN) splits, so a smaller
+# SPLIT_LEN spreads a short context over more programs but writes more partial outputs
+# (GROUP * D values per split of a KV head). BLOCK_N keys per tile. Set for bf16/fp16 with
+# head_dim <= 128 (wider rows: see `decode_config`). A row changes result bits (the split
+# ranges), never their independence of the batch. Tune on the GPU with
+# `python bench/bench_attention_kernel.py --sweep`: it prints the best row per bound.
+DECODE_CONFIGS: tuple[tuple[int, dict[str, int]], ...] = (
+    (4096, dict(SPLIT_LEN=64, BLOCK_N=64, num_warps=4, num_stages=1)),
+    (8192, dict(SPLIT_LEN=128, BLOCK_N=64, num_warps=4, num_stages=2)),
+)
+# Splits merged per step of the decode reduce. Fixed, like its warps: the merge's summation
+# order (so the bits) then depends on the split length only, not on the number of splits.
+REDUCE_BLOCK_S = 64
 
 
-def decode_num_splits(max_seq_len: int, split_len: int = SPLIT_TOKENS) -> int:
-    """Splits that cover `max_seq_len` keys (a host-side bound, so a captured graph stays
-    valid); splits past a sequence's end write m = -inf and are skipped by the merge."""
-    return max(1, math.ceil(max_seq_len / split_len))
-
-
-def attention_config(q: torch.Tensor, is_decode: bool) -> dict[str, int]:
-    """Tile sizes; sm_90 bf16 choices keep both kernels under 255 registers without spills."""
+def decode_config(q: torch.Tensor, head_dim: int, max_seq_len: int) -> dict[str, int]:
+    """The DECODE_CONFIGS row for the bound `max_seq_len` (host-side, so a graph stays valid)."""
+    rows = (c for bound, c in DECODE_CONFIGS if max_seq_len <= bound)
+    cfg = dict(next(rows, DECODE_CONFIGS[-1][1]))
     if not q.is_cuda:  # the interpreter: small tiles so small tests cross tile borders
-        return dict(BLOCK_N=16, num_warps=4, num_stages=1, **({} if is_decode else {"BLOCK_M": 32}))
-    if is_decode:
-        return dict(BLOCK_N=32, num_warps=4, num_stages=2)
+        cfg.update(BLOCK_N=16, num_stages=1)
+    elif q.element_size() * _pow2(head_dim) > 256:  # fp32 or head_dim > 128: no spills on sm_90
+        cfg.update(BLOCK_N=max(16, cfg["BLOCK_N"] // 2), num_warps=max(8, cfg["num_warps"]))
+    return cfg
+
+
+def prefill_config(q: torch.Tensor) -> dict[str, int]:
+    """Tile sizes; sm_90 bf16 choices stay under 255 registers without spills."""
+    if not q.is_cuda:  # the interpreter: small tiles so small tests cross tile borders
+        return dict(BLOCK_M=32, BLOCK_N=16, num_warps=4, num_stages=1)
     if q.dtype == torch.float32:
         return dict(BLOCK_M=64, BLOCK_N=32, num_warps=4, num_stages=2)
     return dict(BLOCK_M=128, BLOCK_N=32, num_warps=8, num_stages=2)
+
+
+def decode_num_splits(max_seq_len: int, split_len: int) -> int:
+    """Splits that cover `max_seq_len` keys (a host-side bound, so a captured graph stays
+    valid); the merge reads only the splits a sequence reaches."""
+    return max(1, math.ceil(max_seq_len / split_len))
 
 
 def paged_attention(
@@ -159,11 +174,12 @@ def paged_attention(
     """Decode kernel when every sequence has exactly one query (max_query_len == 1 and
     T == B; query_start_loc is then taken to be arange(B+1)), else the prefill kernel.
     Without the host-side bounds this reads them from the device (not graph-capturable).
-    `split_len` and `config` override the decode split length and the tile sizes."""
+    `config` overrides entries of the launch config (decode: `decode_config`, prefill:
+    `prefill_config`); `split_len` overrides the decode SPLIT_LEN (rounded up to whole tiles)."""
     if q.dim() != 3 or k_cache.dim() != 4 or k_cache.shape != v_cache.shape:
         raise ValueError(f"paged_attention: q {tuple(q.shape)}, cache {tuple(k_cache.shape)}")
     num_tokens, num_heads, head_dim = q.shape
-    num_kv_heads, block_size = k_cache.shape[2], k_cache.shape[1]
+    num_kv_heads = k_cache.shape[2]
     if k_cache.shape[3] != head_dim or num_heads % num_kv_heads:
         raise ValueError(f"paged_attention: {num_heads} q heads vs {num_kv_heads} KV heads")
     num_seqs = seq_lens.shape[0]
@@ -175,49 +191,72 @@ def paged_attention(
         raise ValueError("paged_attention: the KV caches must be contiguous in head_dim")
     q = q if q.stride(-1) == 1 else q.contiguous()
     block_tables = block_tables if block_tables.stride(-1) == 1 else block_tables.contiguous()
-    out = torch.empty(q.shape, dtype=q.dtype, device=q.device)
     if num_tokens == 0 or num_seqs == 0:
-        return out
+        return torch.empty(q.shape, dtype=q.dtype, device=q.device)
     if max_query_len is None:
         max_query_len = int((query_start_loc[1:] - query_start_loc[:-1]).max())
     if max_seq_len is None:
         max_seq_len = int(seq_lens.max())
-    group = num_heads // num_kv_heads
-    is_decode = max_query_len == 1 and num_tokens == num_seqs
-    cfg = dict(config or attention_config(q, is_decode))
-    cfg.update(
-        HEAD_DIM=head_dim, KV_BLOCK_SIZE=block_size, GROUP=group, BLOCK_D=_pow2(head_dim, 16),
-        DOT_PRECISION="ieee" if q.dtype == torch.float32 else "tf32",
+    paged = (q, k_cache, v_cache, block_tables, seq_lens)
+    if max_query_len == 1 and num_tokens == num_seqs:
+        cfg = {**decode_config(q, head_dim, max_seq_len), **(config or {})}
+        if split_len:
+            cfg["SPLIT_LEN"] = split_len
+        return _decode(paged, scale, max_seq_len, cfg)
+    cfg = {**prefill_config(q), **(config or {})}
+    return _prefill(paged, query_start_loc, scale, max_query_len, cfg)
+
+
+def _common_args(paged: tuple, out: torch.Tensor) -> tuple[tuple[int, ...], dict]:
+    """Strides (q, K, V, block table, out) and the constexprs both attention kernels take."""
+    q, k_cache, v_cache, block_tables, _ = paged
+    strides = (q.stride(0), q.stride(1), *k_cache.stride()[:3], *v_cache.stride()[:3])
+    strides += (block_tables.stride(0), out.stride(0), out.stride(1))
+    head_dim, group = q.shape[2], q.shape[1] // k_cache.shape[2]
+    constexprs = dict(
+        HEAD_DIM=head_dim, KV_BLOCK_SIZE=k_cache.shape[1], GROUP=group,
+        BLOCK_D=_pow2(head_dim, 16), DOT_PRECISION="ieee" if q.dtype == torch.float32 else "tf32",
     )  # fmt: skip
-    strides = (q.stride(0), q.stride(1), k_cache.stride(0), k_cache.stride(1), k_cache.stride(2))
-    strides += (v_cache.stride(0), v_cache.stride(1), v_cache.stride(2), block_tables.stride(0))
-    strides += (out.stride(0), out.stride(1))
-    scale_log2 = scale * LOG2E
+    return strides, constexprs
 
-    if is_decode:
-        block_n = cfg["BLOCK_N"]
-        split_len = -(-(split_len or SPLIT_TOKENS) // block_n) * block_n  # whole tiles
-        splits = decode_num_splits(max_seq_len, split_len)
-        # Always split and merge (even once): the result is then the same for any bound.
-        part_acc = q.new_empty((num_seqs, num_heads, splits, head_dim), dtype=torch.float32)
-        part_m = q.new_empty((num_seqs, num_heads, splits), dtype=torch.float32)
-        part_l = torch.empty_like(part_m)
-        attn_kernels.decode_kernel[(num_seqs, num_kv_heads, splits)](
-            q, k_cache, v_cache, block_tables, seq_lens, out, part_acc, part_m, part_l,
-            scale_log2, splits, *strides, IS_SPLIT=True, SPLIT_LEN=split_len,
-            BLOCK_G=_pow2(group, 16), **cfg,
-        )  # fmt: skip
-        attn_kernels.decode_reduce_kernel[(num_seqs, num_heads)](
-            part_acc, part_m, part_l, out, splits, out.stride(0), out.stride(1),
-            HEAD_DIM=head_dim, BLOCK_S=_pow2(splits), BLOCK_D=cfg["BLOCK_D"], num_warps=4,
-        )  # fmt: skip
-        return out
 
-    cfg["BLOCK_M"] = max(cfg["BLOCK_M"], _pow2(group))
-    cfg["BLOCK_Q"] = cfg["BLOCK_M"] // group
-    grid = (triton.cdiv(max_query_len, cfg["BLOCK_Q"]), num_seqs, num_kv_heads)
+def _decode(paged: tuple, scale: float, max_seq_len: int, cfg: dict) -> torch.Tensor:
+    """Split (flash-decoding) then merge, always (even for one split), so that a sequence's
+    bits depend only on the split length, not on the bound, the batch or the other rows."""
+    q, block_tables, seq_lens = paged[0], paged[3], paged[4]
+    num_seqs, num_heads, head_dim = q.shape
+    out = torch.empty(q.shape, dtype=q.dtype, device=q.device)
+    strides, constexprs = _common_args(paged, out)
+    block_n = cfg.pop("BLOCK_N")
+    split_len = -(-cfg.pop("SPLIT_LEN") // block_n) * block_n  # whole tiles
+    splits = decode_num_splits(max_seq_len, split_len)
+    part_out = q.new_empty((num_seqs, num_heads, splits, head_dim))
+    part_lse = q.new_empty((num_seqs, num_heads, splits), dtype=torch.float32)
+    group = constexprs["GROUP"]
+    attn_kernels.decode_kernel[(num_seqs, num_heads // group, splits)](
+        *paged, part_out, part_lse, scale * LOG2E, splits, split_len,
+        block_tables.shape[1], *strides[:-2], BLOCK_G=_pow2(group, 16), BLOCK_N=block_n,
+        **constexprs, **cfg,
+    )  # fmt: skip
+    attn_kernels.decode_reduce_kernel[(num_seqs, num_heads)](
+        part_out, part_lse, seq_lens, out, splits, split_len, *strides[-2:],
+        HEAD_DIM=head_dim, BLOCK_S=REDUCE_BLOCK_S,
+        BLOCK_D=constexprs["BLOCK_D"], num_warps=4,
+    )  # fmt: skip
+    return out
+
+
+def _prefill(
+    paged: tuple, query_start_loc: torch.Tensor, scale: float, max_query_len: int, cfg: dict
+) -> torch.Tensor:
+    """Flash-attention tiles of BLOCK_Q tokens x GROUP heads, causal over the cached keys."""
+    q, k_cache, seq_lens = paged[0], paged[1], paged[4]
+    out = torch.empty(q.shape, dtype=q.dtype, device=q.device)
+    strides, constexprs = _common_args(paged, out)
+    cfg["BLOCK_M"] = max(cfg["BLOCK_M"], _pow2(constexprs["GROUP"]))
+    cfg["BLOCK_Q"] = cfg["BLOCK_M"] // constexprs["GROUP"]
+    grid = (triton.cdiv(max_query_len, cfg["BLOCK_Q"]), seq_lens.shape[0], k_cache.shape[2])
     attn_kernels.prefill_kernel[grid](
-        q, k_cache, v_cache, block_tables, seq_lens, query_start_loc, out, scale_log2, *strides,
-        **cfg,
-    )  # fmt: skip
+        *paged, query_start_loc, out, scale * LOG2E, *strides, **constexprs, **cfg
+    )
     return out

@@ -1,9 +1,10 @@
 """Paged attention over the KV cache (GQA, float32 online softmax in base 2).
 
-Decode (one query per sequence): one program per (sequence, KV head, split) holds all the
-query heads of that KV head, so K/V are read once; with several splits (flash-decoding) a
-second kernel merges the partial results. Prefill: flash-attention tiles over packed
-variable-length queries, rows = (token, query head of the group)."""
+Decode (one query per sequence), flash-decoding: one program per (sequence, KV head, split)
+holds all the query heads of that KV head, so K/V are read once, and attends to a fixed range
+of `split_len` keys; a second kernel merges each query head's non-empty splits in order.
+Prefill: flash-attention tiles over packed variable-length queries, rows = (token, query head
+of the group)."""
 
 from __future__ import annotations
 
@@ -12,13 +13,29 @@ import triton.language as tl
 
 
 @triton.jit
+def _block_ids(table_ptr, n, num_blocks, block_size: tl.constexpr):
+    """Cache block of each key position `n` (int64), 0 past the table's `num_blocks` columns.
+    Entries past the sequence's end may be stale: callers mask the K/V loads, not this one."""
+    idx = n // block_size
+    return tl.load(table_ptr + idx, mask=idx < num_blocks, other=0).to(tl.int64)
+
+
+@triton.jit
+def _load_kv_rows(
+    cache_ptr, blk, n, n_mask, d, d_mask, block_size: tl.constexpr, stride_b, stride_s
+):
+    """(BLOCK_N, BLOCK_D) rows of key positions `n` held in cache blocks `blk`."""
+    ptrs = cache_ptr + blk[:, None] * stride_b + (n % block_size)[:, None] * stride_s + d[None, :]
+    return tl.load(ptrs, mask=n_mask[:, None] & d_mask[None, :], other=0.0)
+
+
+@triton.jit
 def _load_kv_tile(
     cache_ptr, table_ptr, n, n_mask, d, d_mask, block_size: tl.constexpr, stride_b, stride_s
 ):
     """(BLOCK_N, BLOCK_D) rows `n` of one sequence and KV head, through its block table."""
     blk = tl.load(table_ptr + n // block_size, mask=n_mask, other=0).to(tl.int64)
-    ptrs = cache_ptr + blk[:, None] * stride_b + (n % block_size)[:, None] * stride_s + d[None, :]
-    return tl.load(ptrs, mask=n_mask[:, None] & d_mask[None, :], other=0.0)
+    return _load_kv_rows(cache_ptr, blk, n, n_mask, d, d_mask, block_size, stride_b, stride_s)
 
 
 @triton.jit
@@ -34,19 +51,19 @@ def _softmax_step(q, k, v, s_mask, m_i, l_i, acc, scale_log2, DOT_PRECISION: tl.
     return m_new, l_i, acc
 
 
-@triton.jit
+@triton.jit(do_not_specialize=["num_splits", "split_len", "table_blocks"])
 def decode_kernel(
     q_ptr,  # (B, Hq, D): one query token per sequence
     k_cache_ptr,  # (num_blocks, block_size, Hk, D)
     v_cache_ptr,
-    block_tables_ptr,  # (B, max_blocks)
-    seq_lens_ptr,  # (B,) 0 = padding row, writes zeros
-    out_ptr,  # (B, Hq, D) when NUM_SPLITS == 1
-    part_acc_ptr,  # (B, Hq, num_splits, D) float32 unnormalised partial outputs
-    part_m_ptr,  # (B, Hq, num_splits) float32 running max (log2 units)
-    part_l_ptr,  # (B, Hq, num_splits) float32 softmax denominators
+    block_tables_ptr,  # (B, table_blocks)
+    seq_lens_ptr,  # (B,) 0 = padding row
+    part_out_ptr,  # (B, Hq, num_splits, D) normalised partial outputs, in q's dtype
+    part_lse_ptr,  # (B, Hq, num_splits) float32 log2-sum-exp2 of the split's scores
     scale_log2,
     num_splits,
+    split_len,  # keys per split, a multiple of BLOCK_N
+    table_blocks,  # columns of the block table
     stride_qt,
     stride_qh,
     stride_kb,
@@ -56,89 +73,97 @@ def decode_kernel(
     stride_vs,
     stride_vh,
     stride_bt,
-    stride_ot,
-    stride_oh,
     HEAD_DIM: tl.constexpr,
     KV_BLOCK_SIZE: tl.constexpr,
     GROUP: tl.constexpr,
-    IS_SPLIT: tl.constexpr,
-    SPLIT_LEN: tl.constexpr,  # keys per split, a multiple of BLOCK_N
     BLOCK_G: tl.constexpr,
     BLOCK_N: tl.constexpr,
     BLOCK_D: tl.constexpr,
     DOT_PRECISION: tl.constexpr,
 ):
+    """Partial attention of one (sequence, KV head) over keys [split * split_len, +split_len)
+    (fixed ranges, independent of the batch). Splits past the sequence's end write nothing:
+    the merge reads only the first cdiv(seq_len, split_len)."""
     seq, kv_head, split = tl.program_id(0), tl.program_id(1), tl.program_id(2)
-    seq_len = tl.load(seq_lens_ptr + seq).to(tl.int32)
-    # fixed-length token range of this split (independent of the batch); may be empty
-    start = split * SPLIT_LEN
-    end = tl.minimum(start + SPLIT_LEN, seq_len)
-
+    start = split * split_len
     g = tl.arange(0, BLOCK_G)
     d = tl.arange(0, BLOCK_D)
     heads = kv_head * GROUP + g
     g_mask, d_mask = g < GROUP, d < HEAD_DIM
+    # q and the first tile's block ids do not depend on seq_len: their loads overlap its load
     q_ptrs = q_ptr + seq.to(tl.int64) * stride_qt + heads[:, None] * stride_qh + d[None, :]
     q = tl.load(q_ptrs, mask=g_mask[:, None] & d_mask[None, :], other=0.0)
+    table = block_tables_ptr + seq.to(tl.int64) * stride_bt
+    blk = _block_ids(table, start + tl.arange(0, BLOCK_N), table_blocks, KV_BLOCK_SIZE)
+    end = tl.minimum(start + split_len, tl.load(seq_lens_ptr + seq).to(tl.int32))
+    if start >= end:
+        return
+
     m_i = tl.full([BLOCK_G], float("-inf"), tl.float32)
     l_i = tl.zeros([BLOCK_G], tl.float32)
     acc = tl.zeros([BLOCK_G, BLOCK_D], tl.float32)
-    table = block_tables_ptr + seq.to(tl.int64) * stride_bt
     k_base = k_cache_ptr + kv_head * stride_kh
     v_base = v_cache_ptr + kv_head * stride_vh
     for n0 in range(start, end, BLOCK_N):
         n = n0 + tl.arange(0, BLOCK_N)
         n_mask = n < end
-        k = _load_kv_tile(k_base, table, n, n_mask, d, d_mask, KV_BLOCK_SIZE, stride_kb, stride_ks)
-        v = _load_kv_tile(v_base, table, n, n_mask, d, d_mask, KV_BLOCK_SIZE, stride_vb, stride_vs)
-        s_mask = n_mask[None, :]
+        k = _load_kv_rows(k_base, blk, n, n_mask, d, d_mask, KV_BLOCK_SIZE, stride_kb, stride_ks)
+        v = _load_kv_rows(v_base, blk, n, n_mask, d, d_mask, KV_BLOCK_SIZE, stride_vb, stride_vs)
+        blk = _block_ids(table, n + BLOCK_N, table_blocks, KV_BLOCK_SIZE)  # next tile's
         m_i, l_i, acc = _softmax_step(
-            q, k.to(q.dtype), v.to(q.dtype), s_mask, m_i, l_i, acc, scale_log2, DOT_PRECISION
-        )
+            q, k.to(q.dtype), v.to(q.dtype), n_mask[None, :], m_i, l_i, acc, scale_log2,
+            DOT_PRECISION,
+        )  # fmt: skip
 
+    row = (seq.to(tl.int64) * GROUP * tl.num_programs(1) + heads) * num_splits + split
+    out = acc / l_i[:, None]  # l_i >= 1: the split holds at least one key
+    out_ptrs = part_out_ptr + row[:, None] * HEAD_DIM + d[None, :]
     out_mask = g_mask[:, None] & d_mask[None, :]
-    if IS_SPLIT:
-        row = (seq * GROUP * tl.num_programs(1) + heads) * num_splits + split  # (BLOCK_G,)
-        if start < end:  # empty splits leave acc unwritten; the merge never reads it
-            tl.store(part_acc_ptr + row[:, None] * HEAD_DIM + d[None, :], acc, mask=out_mask)
-        tl.store(part_m_ptr + row, m_i, mask=g_mask)
-        tl.store(part_l_ptr + row, l_i, mask=g_mask)
-    else:
-        out = acc / tl.where(l_i > 0, l_i, 1.0)[:, None]  # seq_len 0: acc is 0, out is 0
-        o_ptrs = out_ptr + seq.to(tl.int64) * stride_ot + heads[:, None] * stride_oh + d[None, :]
-        tl.store(o_ptrs, out.to(out_ptr.dtype.element_ty), mask=out_mask)
+    tl.store(out_ptrs, out.to(part_out_ptr.dtype.element_ty), mask=out_mask)
+    tl.store(part_lse_ptr + row, m_i + tl.log2(l_i), mask=g_mask)
 
 
-@triton.jit
+@triton.jit(do_not_specialize=["num_splits", "split_len"])
 def decode_reduce_kernel(
-    part_acc_ptr,
-    part_m_ptr,
-    part_l_ptr,
+    part_out_ptr,
+    part_lse_ptr,
+    seq_lens_ptr,
     out_ptr,  # (B, Hq, D)
     num_splits,
+    split_len,
     stride_ot,
     stride_oh,
     HEAD_DIM: tl.constexpr,
     BLOCK_S: tl.constexpr,
     BLOCK_D: tl.constexpr,
 ):
-    """Merge the splits of one (sequence, query head); empty splits carry m = -inf, l = 0."""
+    """Merge the non-empty splits of one (sequence, query head), BLOCK_S at a time in split
+    order, so the bits depend on neither the batch nor num_splits; seq_len 0 gives zeros."""
     seq, head = tl.program_id(0), tl.program_id(1)
+    seq_len = tl.load(seq_lens_ptr + seq).to(tl.int32)
+    used = tl.minimum(tl.cdiv(seq_len, split_len), num_splits)  # keys past the bound: unread
     s = tl.arange(0, BLOCK_S)
     d = tl.arange(0, BLOCK_D)
-    s_mask = s < num_splits
-    rows = (seq * tl.num_programs(1) + head) * num_splits + s
-    m = tl.load(part_m_ptr + rows, mask=s_mask, other=float("-inf"))
-    l = tl.load(part_l_ptr + rows, mask=s_mask, other=0.0)  # noqa: E741
-    m_max = tl.max(m, axis=0)
-    m_max = tl.where(m_max == float("-inf"), 0.0, m_max)  # all empty: weights 0, not NaN
-    w = tl.exp2(m - m_max)
-    l_sum = tl.sum(w * l, axis=0)
-    a_mask = (s_mask & (m > float("-inf")))[:, None] & (d < HEAD_DIM)[None, :]
-    acc = tl.load(part_acc_ptr + rows[:, None] * HEAD_DIM + d[None, :], mask=a_mask, other=0.0)
-    out = tl.sum(acc * w[:, None], axis=0) / tl.where(l_sum > 0, l_sum, 1.0)
+    d_mask = d < HEAD_DIM
+    base = (seq.to(tl.int64) * tl.num_programs(1) + head) * num_splits
+    m_run = tl.full([], float("-inf"), tl.float32)
+    l_run = tl.zeros([], tl.float32)
+    acc = tl.zeros([BLOCK_D], tl.float32)
+    for s0 in range(0, used, BLOCK_S):
+        s_mask = s0 + s < used
+        rows = base + s0 + s
+        lse = tl.load(part_lse_ptr + rows, mask=s_mask, other=float("-inf"))
+        o_ptrs = part_out_ptr + rows[:, None] * HEAD_DIM + d[None, :]
+        o = tl.load(o_ptrs, mask=s_mask[:, None] & d_mask[None, :], other=0.0).to(tl.float32)
+        m_new = tl.maximum(m_run, tl.max(lse, axis=0))  # finite: split s0 is non-empty
+        alpha = tl.exp2(m_run - m_new)
+        w = tl.exp2(lse - m_new)
+        l_run = l_run * alpha + tl.sum(w, axis=0)
+        acc = acc * alpha + tl.sum(o * w[:, None], axis=0)
+        m_run = m_new
+    out = acc / tl.where(l_run > 0, l_run, 1.0)
     o_ptrs = out_ptr + seq.to(tl.int64) * stride_ot + head * stride_oh + d
-    tl.store(o_ptrs, out.to(out_ptr.dtype.element_ty), mask=d < HEAD_DIM)
+    tl.store(o_ptrs, out.to(out_ptr.dtype.element_ty), mask=d_mask)
 
 
 @triton.jit
