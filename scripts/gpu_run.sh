@@ -21,19 +21,20 @@ python3 -c 'import torch, triton, transformers; print(torch.__version__, triton.
 for phase in "$@"; do
   echo "=== phase $phase $(date +%T)"
   case "$phase" in
-    tests) timeout 420 python3 -m pytest -m gpu -q -p no:cacheprovider --ignore=tests/server tests 2>&1 | tee "$OUT/gpu_tests.txt" | tail -40 ;;
+    tests) timeout 300 python3 -m pytest -m gpu -q -p no:cacheprovider --ignore=tests/server tests 2>&1 | tee "$OUT/gpu_tests.txt" | tail -40 ;;
     parity) timeout 150 python3 -m pytest -q -x -p no:cacheprovider tests/models/test_gpu_parity.py 2>&1 | tail -30 | tee "$OUT/parity.txt" ;;
     offload) timeout 120 python3 -m pytest -q -p no:cacheprovider tests/offload -m gpu 2>&1 | tail -30 | tee "$OUT/offload_tests.txt" ;;
+    newtests) timeout 300 python3 -m pytest -q -p no:cacheprovider tests/kernels/test_attention_kernels.py tests/kernels/test_qkv_prep.py tests/kernels/test_gemv.py tests/models/test_gpu_parity.py tests/offload/test_offload_gpu.py 2>&1 | tee "$OUT/new_tests.txt" | tail -30 ;;
     kernels) timeout 200 python3 -m pytest -q -p no:cacheprovider tests/kernels 2>&1 | tail -30 | tee "$OUT/kernel_tests.txt" ;;
     moebench) timeout 90 python3 bench/bench_moe_kernel.py 2>&1 | tail -30 | tee "$OUT/moe_kernel.txt" ;;
     attnbench) timeout 90 python3 bench/bench_attention_kernel.py 2>&1 | tail -30 | tee "$OUT/attn_kernel.txt" ;;
     fillbench) timeout 60 python3 bench/bench_offload_fill.py 2>&1 | tail -30 | tee "$OUT/fill.txt" ;;
     decode) timeout 300 python3 bench/bench_decode.py --out "$OUT/decode" 2>&1 | grep -v "it/s]" | tail -60 ;;
-    offloadbench) timeout 150 python3 bench/bench_offload_decode.py --rates 0.1,auto --steps 32 --out "$OUT/offload" 2>&1 | grep -v "it/s]" | tail -40 ;;
+    offloadbench) timeout 420 python3 bench/bench_offload_decode.py --rates 0.1,0.2,0.35,0.5,auto --steps 48 --out "$OUT/offload" 2>&1 | grep -v "it/s]" | tail -40 ;;
     decode-nohf) timeout 170 python3 bench/bench_decode.py --no-hf --trace "$OUT/trace.json" --out "$OUT/decode" 2>&1 | grep -v "it/s]" | tail -60; gzip -f "$OUT/trace.json" ;;
     moesweep) timeout 200 python3 bench/bench_moe_kernel.py --sweep --decode 1 --prefill "" 2>&1 | tee "$OUT/moe_sweep.txt" | tail -20 ;;
     gemvbench) timeout 240 python3 bench/bench_gemv.py 2>&1 | tee "$OUT/gemv.txt" | tail -40 ;;
-    attnsweep) timeout 150 python3 bench/bench_attention_kernel.py --sweep 2>&1 | tee "$OUT/attn_sweep.txt" | tail -40 ;;
+    attnsweep) timeout 240 python3 bench/bench_attention_kernel.py --sweep 2>&1 | tee "$OUT/attn_sweep.txt" | tail -40 ;;
     layerbench) timeout 120 python3 bench/bench_offload_layer.py 2>&1 | tail -12 | tee "$OUT/layer.txt" ;;
     *) echo "unknown phase $phase" ;;
   esac

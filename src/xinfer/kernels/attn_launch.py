@@ -123,9 +123,11 @@ def store_kv(
 # head_dim <= 128 (wider rows: see `decode_config`). A row changes result bits (the split
 # ranges), never their independence of the batch. Tune on the GPU with
 # `python bench/bench_attention_kernel.py --sweep`: it prints the best row per bound.
+# Rows from that sweep on the H200 (2026-12-02; geometric mean over batch 1/8/32 and
+# contexts 128..bound, within 1.09x of each case's best).
 DECODE_CONFIGS: tuple[tuple[int, dict[str, int]], ...] = (
-    (4096, dict(SPLIT_LEN=64, BLOCK_N=64, num_warps=4, num_stages=1)),
-    (8192, dict(SPLIT_LEN=128, BLOCK_N=64, num_warps=4, num_stages=2)),
+    (4096, dict(SPLIT_LEN=64, BLOCK_N=32, num_warps=4, num_stages=3)),
+    (8192, dict(SPLIT_LEN=128, BLOCK_N=32, num_warps=4, num_stages=3)),
 )
 # Splits merged per step of the decode reduce. Fixed, like its warps: the merge's summation
 # order (so the bits) then depends on the split length only, not on the number of splits.

@@ -34,7 +34,8 @@ class CudaGraphRunner:
     int64 [input_ids | positions | slot_mapping] and int32 [seq_lens | block_tables]."""
 
     def __init__(self, runner: ModelRunner) -> None:
-        self.runner = runner
+        # the model and bounds, not the runner itself (which holds this object: no cycle)
+        self.model, self.max_model_len = runner.model, runner.max_model_len
         device = runner.device
         sizes = [b for b in capture_sizes(runner.max_num_seqs) if runner.is_graph_safe(b)]
         self.graphs: dict[int, torch.cuda.CUDAGraph] = {}
@@ -72,12 +73,12 @@ class CudaGraphRunner:
             seq_lens=self.seq_lens[:bs],
             query_start_loc=self.query_start_loc[: bs + 1],
             max_query_len=1,
-            max_seq_len=self.runner.max_model_len,
+            max_seq_len=self.max_model_len,
         )
 
     @torch.inference_mode()
     def _capture(self, bs: int) -> None:
-        model = self.runner.model
+        model = self.model
         ctx = self._context(bs)
         with forward_context(ctx):
             for _ in range(2):  # compile kernels and settle allocations outside the graph
