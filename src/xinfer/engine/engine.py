@@ -11,12 +11,12 @@ import torch
 
 from xinfer.config import EngineConfig, ModelConfig
 from xinfer.engine.kv_cache import BlockAllocator
-from xinfer.engine.memory import plan_num_blocks
+from xinfer.engine.memory import check_weights_fit, plan_num_blocks
 from xinfer.engine.output import OutputProcessor
 from xinfer.engine.request import Request, RequestOutput
 from xinfer.engine.scheduler import Scheduler
 from xinfer.errors import UserError
-from xinfer.runner.model_loader import build_model, resolve_dtype
+from xinfer.runner.model_loader import build_model, resident_weight_bytes, resolve_dtype
 from xinfer.runner.model_runner import ModelRunner
 from xinfer.sampling import SamplingParams, make_generator
 from xinfer.tokenizer import Tokenizer
@@ -42,6 +42,11 @@ class Engine:
             from xinfer.offload.host_store import check_host_ram_for_experts
 
             check_host_ram_for_experts(cfg, self.dtype)
+        if self.device.type == "cuda":  # ...and if the GPU cannot hold what stays on it
+            weights = resident_weight_bytes(
+                cfg, self.dtype, self.max_model_len, include_experts=not offload.is_enabled
+            )
+            check_weights_fit(weights, self.device, config.gpu_memory_limit_gb, cfg.is_moe)
         self.model = build_model(
             config.model,
             cfg,

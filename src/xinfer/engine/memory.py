@@ -7,6 +7,7 @@ from __future__ import annotations
 import torch
 
 from xinfer.config import EngineConfig, ModelConfig
+from xinfer.errors import UserError
 
 GIB = 1 << 30
 _CPU_MAX_KV_BYTES = 2 * GIB
@@ -20,6 +21,27 @@ def usable_gpu_bytes(device: torch.device, limit_gb: float | None) -> int:
         return free
     used = total - free
     return max(0, int(limit_gb * GIB) - used)
+
+
+def check_weights_fit(
+    weight_bytes: int, device: torch.device, limit_gb: float | None, is_moe: bool
+) -> None:
+    """Fail before loading, with the fix, when the GPU cannot hold the resident weights."""
+    if device.type != "cuda":
+        return
+    free = usable_gpu_bytes(device, limit_gb)
+    if weight_bytes + _GPU_WORKSPACE_BYTES <= free:
+        return
+    where = f" (--gpu-memory-limit-gb {limit_gb:g})" if limit_gb is not None else ""
+    fix = (
+        "keep the experts in host RAM with XINFER_MOE_OFFLOAD=auto (or a fraction such as 0.2)"
+        if is_moe
+        else "use a GPU with more memory or a smaller model"
+    )
+    raise UserError(
+        f"the model's weights need {weight_bytes / GIB:.1f} GB of GPU memory but only "
+        f"{free / GIB:.1f} GB is free{where}; {fix}"
+    )
 
 
 def plan_num_blocks(

@@ -44,6 +44,20 @@ def _default_dtype(dtype: torch.dtype):
         torch.set_default_dtype(prev)
 
 
+def resident_weight_bytes(
+    cfg: ModelConfig, dtype: torch.dtype, max_pos: int, include_experts: bool
+) -> int:
+    """Bytes the model will hold on its device (parameters and buffers; the routed experts
+    only when `include_experts`), from a copy built on the meta device (no memory)."""
+    cls = get_model_class(cfg.architecture)
+    with _default_dtype(dtype), torch.device("meta"):
+        model = cls(cfg, max_pos, torch.device("meta"))
+    tensors = list(model.parameters()) + list(model.buffers())
+    if include_experts:
+        tensors += [t for moe in model.moe_layers() for t in moe.expert_tensors.values()]
+    return sum(t.numel() * t.element_size() for t in tensors)
+
+
 def build_model(
     model_dir: str,
     cfg: ModelConfig,
