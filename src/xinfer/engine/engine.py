@@ -91,8 +91,6 @@ class Engine:
             if config.decode_look_ahead is None
             else config.decode_look_ahead,
         )
-        if self.offload_manager is not None:
-            self.offload_manager.reset_stats()  # graph warm-up is not the user's traffic
         self.allocator = BlockAllocator(num_blocks, config.cache.block_size)
         self.scheduler = Scheduler(config.scheduler, self.allocator)
         self.eos_ids = set(self.tokenizer.eos_token_ids) if self.tokenizer else set()
@@ -100,6 +98,10 @@ class Engine:
         self.outputs = OutputProcessor(self.tokenizer, self.eos_ids)
         self.requests: dict[str, Request] = {}
         self._ids = itertools.count()
+        if self.device.type == "cuda":
+            self.warm_up_prefill()
+        if self.offload_manager is not None:
+            self.offload_manager.reset_stats()  # warm-ups are not the user's traffic
         logger.info(
             "KV cache: %d tokens (%d blocks of %d), max model len %d",
             self.kv_tokens,
@@ -107,6 +109,18 @@ class Engine:
             config.cache.block_size,
             self.max_model_len,
         )
+
+    def warm_up_prefill(self) -> None:
+        """Run two throw-away prompts, one step's token budget long and one token shorter
+        (Triton specialises sizes divisible by 16), so that the prefill kernels are compiled
+        before the first user's long prompt waits for them. Leaves no request, block or
+        output behind."""
+        budget = min(self.config.scheduler.max_num_batched_tokens, self.max_model_len - 1)
+        greedy_one = SamplingParams(temperature=0.0, max_tokens=1, ignore_eos=True)
+        for n in sorted({budget, budget - 1} - {0}, reverse=True):
+            self.add_request([0] * n, greedy_one, request_id=f"xinfer-warm-up-{n}")
+            while self.has_unfinished():
+                self.step()
 
     def encode_prompt(self, prompt: str | list[int]) -> list[int]:
         if isinstance(prompt, str):

@@ -1,0 +1,23 @@
+"""The start-up prefill warm-up (run on CUDA so the first long prompt does not wait for
+kernel compilation) leaves nothing behind: no request, every KV block free, no output, and
+the next generations equal those of an engine that never warmed up."""
+
+from __future__ import annotations
+
+from tiny_models import make_hf_model, prompts, write_checkpoint
+
+from xinfer import LLM, SamplingParams
+
+
+def test_warm_up_leaves_no_trace(tmp_path):
+    path = str(write_checkpoint(make_hf_model("qwen3_moe", seed=2), tmp_path))
+    params = SamplingParams(temperature=0.0, max_tokens=12, ignore_eos=True)
+    cold = LLM(path, device="cpu", max_model_len=128, max_num_batched_tokens=64)
+    warm = LLM(path, device="cpu", max_model_len=128, max_num_batched_tokens=64)
+    engine = warm.engine
+    engine.warm_up_prefill()
+    assert not engine.has_unfinished() and not engine.requests
+    assert engine.allocator.num_free == engine.allocator.num_blocks
+    batch = prompts(3, seed=9)
+    expected = [r.token_ids for r in cold.generate(batch, params)]
+    assert [r.token_ids for r in warm.generate(batch, params)] == expected
