@@ -11,34 +11,16 @@ TRITON_INTERPRET=1, and the cases below run only there."""
 
 from __future__ import annotations
 
-import os
-import subprocess
-import sys
-from pathlib import Path
-
 import pytest
 import torch
+from interpreter_child import child_only, interpreter_child_test
 
 pytest.importorskip("triton")
 
-IS_CHILD = os.environ.get("TRITON_INTERPRET") == "1"
-child_only = pytest.mark.skipif(not IS_CHILD, reason="runs in test_interpreter_child's process")
 N, K = 130, 200  # off every BLOCK_N / BLOCK_K multiple
 
 
-@pytest.mark.skipif(IS_CHILD, reason="already inside the interpreter process")
-@pytest.mark.skipif(
-    torch.cuda.is_available(), reason="CUDA present: the GPU tests run the compiled kernel"
-)
-def test_interpreter_child() -> None:
-    env = {**os.environ, "TRITON_INTERPRET": "1"}
-    cmd = [sys.executable, "-m", "pytest", __file__, "-x", "-p", "no:cacheprovider"]
-    cmd += ["-k", "not test_interpreter_child"]
-    root = Path(__file__).resolve().parents[2]
-    proc = subprocess.run(cmd, cwd=root, env=env, capture_output=True, text=True, timeout=600)
-    tail = proc.stdout[-6000:] + proc.stderr[-3000:]
-    summary = proc.stdout.strip().splitlines()[-1] if proc.stdout.strip() else ""
-    assert proc.returncode == 0 and " passed" in summary and "skipped" not in summary, tail
+test_interpreter_child = interpreter_child_test(__file__)
 
 
 def _widen_bf16_dot(monkeypatch) -> None:
