@@ -116,15 +116,16 @@ def test_single_output_row(gl) -> None:
 
 
 @child_only
-def test_default_config_and_leading_dims(gl) -> None:
+def test_leading_dims_and_strided_rows(gl) -> None:
     from xinfer.kernels import reference
 
+    cfg = gl.GemvConfig(block_n=32, block_k=64)
     x, w, b = _inputs(6, N, K, torch.float16, bias=True, seed=3)
-    out = gl.linear(x.view(2, 3, K), w, b)  # config from `select`
+    out = gl.linear(x.view(2, 3, K), w, b, config=cfg)
     assert out.shape == (2, 3, N)
     _check(out.view(6, N), reference.linear(x, w, b))
     x_strided = torch.randn(4, 2 * K, dtype=torch.float16)[:, ::2]  # rows not contiguous in K
-    _check(gl.linear(x_strided, w), reference.linear(x_strided, w))
+    _check(gl.linear(x_strided, w, config=cfg), reference.linear(x_strided, w))
 
 
 @child_only

@@ -39,7 +39,7 @@ C = GemvConfig
 # Key (N, K, max_m): config for batches of at most max_m rows; the smallest max_m >= M of that
 # (N, K) applies, and every (N, K) needs a max_m = 16 entry. None: run cuBLAS (F.linear) for
 # that shape. Entries of one (N, K) must be all None or all configs with one split_k.
-# Shapes not listed use `default_config`.
+# Shapes not listed run cuBLAS: untuned Triton tiles lost to it in every sweep case.
 GEMV_TABLE: dict[tuple[int, int, int], GemvConfig | None] = {
     # Qwen3-30B-A3B: qkv, o_proj, router
     (5120, 2048, 16): None,  # cuBLAS 7.75 µs, best Triton slower
@@ -58,7 +58,6 @@ GEMV_TABLE: dict[tuple[int, int, int], GemvConfig | None] = {
 }
 FP32_CONFIG = C(block_n=32, block_k=64, num_warps=4, num_stages=2)  # tests only: any shape
 SPLIT_ALIGN = 64  # split-K boundaries: BLOCK_K does not move them, so not the bits either
-_TARGET_PROGRAMS = 128  # programs `default_config` aims for: about one per SM (H200: 132)
 
 
 def _index_table(
@@ -85,23 +84,14 @@ def _index_table(
 _BY_SHAPE = _index_table(GEMV_TABLE)
 
 
-def default_config(n: int, k: int) -> GemvConfig:
-    """Rule for shapes not in the table: the widest tile that still gives ~one program per
-    SM, no split-K (its second launch only pays off for tuned shapes)."""
-    del k
-    block_n = 64 if n >= 128 * _TARGET_PROGRAMS else 32 if n >= 32 * _TARGET_PROGRAMS else 16
-    return GemvConfig(block_n=block_n, block_k=256, num_warps=4, num_stages=4)
-
-
 def select(n: int, k: int, m: int, dtype: torch.dtype) -> GemvConfig | None:
     """Config for an (N, K) weight and m rows: the table's entry (smallest max_m >= m),
-    `default_config` for shapes not in the table, FP32_CONFIG for float32; None where the
-    table picks cuBLAS."""
+    FP32_CONFIG for float32; None (cuBLAS) where the table says so or lacks the shape."""
     if dtype == torch.float32:
         return FP32_CONFIG
     buckets = _BY_SHAPE.get((n, k))
     if buckets is None:
-        return default_config(n, k)
+        return None
     return next(cfg for max_m, cfg in buckets if m <= max_m)
 
 
