@@ -26,6 +26,23 @@ from offload_bench.bandwidth import copy_engine_gbps  # noqa: E402
 from xinfer import LLM, SamplingParams  # noqa: E402
 
 
+def trace_steps(engine, prompt: list[int], params: SamplingParams, path: Path) -> None:
+    """Chrome trace (host ops and GPU kernels) of four decode steps after a warm-up, to see
+    what the lookup and fill kernels cost per layer."""
+    from torch.profiler import ProfilerActivity, profile
+
+    engine.add_request(prompt, params)
+    for _ in range(8):
+        engine.step()
+    with profile(activities=[ProfilerActivity.CPU, ProfilerActivity.CUDA]) as prof:
+        for _ in range(4):
+            engine.step()
+    while engine.has_unfinished():
+        engine.step()
+    path.parent.mkdir(parents=True, exist_ok=True)
+    prof.export_chrome_trace(str(path))
+
+
 def run_rate(args, rate: str, prompt: list[int]) -> dict:
     kw = dict(
         device="cuda:0",
@@ -58,6 +75,8 @@ def run_rate(args, rate: str, prompt: list[int]) -> dict:
             tokens.extend(d.new_token_ids)
         times.append(time.perf_counter() - t)
     after = llm.offload_stats()
+    if args.trace_dir and rate != "0":
+        trace_steps(engine, prompt, params, Path(args.trace_dir) / f"offload_{rate}.json")
     step = statistics.median(times)
     row = {
         "rate": rate,
@@ -89,6 +108,7 @@ def main() -> None:
     ap.add_argument("--gpu-memory-limit-gb", type=float, default=24.0)
     ap.add_argument("--steps", type=int, default=48)
     ap.add_argument("--out", default="bench/results/offload")
+    ap.add_argument("--trace-dir", default=None, help="also write a Chrome trace per rate")
     args = ap.parse_args()
     device = torch.device("cuda:0")
     bw = copy_engine_gbps(device, 512 << 20, 1, 5) * 1e9  # pinned host → GPU, bytes/s

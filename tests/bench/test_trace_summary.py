@@ -1,0 +1,36 @@
+"""bench/trace_summary.py on a synthetic Chrome trace: per-step kernel times, launches,
+busy time and span, from gzip or plain JSON."""
+
+from __future__ import annotations
+
+import gzip
+import json
+import sys
+from pathlib import Path
+
+BENCH = Path(__file__).resolve().parents[2] / "bench"
+
+
+def test_summary_of_two_steps(tmp_path):
+    sys.path.insert(0, str(BENCH))
+    from trace_summary import load_kernels, summarize
+
+    def kernel(name, ts, dur):
+        return {"ph": "X", "cat": "kernel", "name": name, "ts": ts, "dur": dur}
+
+    events = [  # two steps of: gemv 30 µs, norm 10 µs, with 10 µs gaps; plus a host op
+        kernel("gemv", 0, 30), kernel("norm", 40, 10), kernel("gemv", 60, 30),
+        kernel("norm", 100, 10), {"ph": "X", "cat": "cpu_op", "name": "aten::mm", "ts": 0,
+                                  "dur": 500},
+    ]  # fmt: skip
+    path = tmp_path / "t.json.gz"
+    with gzip.open(path, "wt") as f:
+        json.dump({"traceEvents": events}, f)
+    kernels = load_kernels(path)
+    assert len(kernels) == 4
+    lines = summarize(kernels, steps=2, top=5)
+    assert lines[2] == "| gemv | 0.030 | 1 |" and lines[3] == "| norm | 0.010 | 1 |"
+    assert lines[-1].endswith("GPU busy 0.040 ms of a 0.055 ms span per step")
+    plain = tmp_path / "t.json"
+    plain.write_text(json.dumps({"traceEvents": events}))
+    assert load_kernels(plain) == kernels
