@@ -1,12 +1,17 @@
 """Host → GPU bandwidth of the offload `fill` kernel (zero-copy reads of mapped pinned
-memory) against the copy engine (`copy_(non_blocking=True)` from pinned memory).
+memory) against the copy engine, and the fixed cost of the offload machinery per MoE layer.
 
-Shape: Qwen3-30B-A3B bf16 experts (w13 1536x2048 + w2 2048x768 = 9.44 MB), 8 misses per
-call. Checks the bytes first, then times: the fill kernel eagerly and inside a CUDA graph
-(miss count read from device memory), lookup + fill in a graph with every id a miss, and
-the copy engine. Prints a table last; `--json PATH` also writes the numbers.
+Shape: Qwen3-30B-A3B bf16 experts (w13 1536x2048 + w2 2048x768 = 9.44 MB, both tensors in
+one fill launch). Checks the bytes first, then times:
+- the fill kernel with 1, 2 and 8 misses a call over a sweep of grid sizes (programs per
+  SM), block sizes and warps, eagerly; the default config inside a CUDA graph;
+- lookup + fill in a graph with every id a miss;
+- the machinery alone: lookup + fill for 48 layers (one slot cache each) in one CUDA graph,
+  every id a hit, and one miss a layer: microseconds per layer, by lookup warps;
+- the copy engine (`copy_(non_blocking=True)` per expert tensor).
+Prints tables last; `--json PATH` also writes the numbers.
 
-    python3 bench/bench_offload_fill.py [--experts 32] [--misses 8] [--reps 50]
+    python3 bench/bench_offload_fill.py [--experts 32] [--reps 30]
 """
 
 from __future__ import annotations
@@ -26,97 +31,148 @@ from xinfer.offload.host_store import HostExpertStore  # noqa: E402
 from xinfer.offload.slot_cache import SlotCache  # noqa: E402
 
 
+def graphed(fn):
+    """`fn` captured in a CUDA graph (after one eager warm-up call); returns its replay."""
+    fn()
+    torch.cuda.synchronize()
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(graph):
+        fn()
+    return graph.replay
+
+
+def fill_sweep(host, dev, reps: int) -> list[tuple[str, float]]:
+    """GB/s of the fill kernel by misses a call and launch config (eager)."""
+    rows = []
+    for misses in (1, 2, 8):
+        cache = SlotCache(host, 8, dev, torch.zeros(4, dtype=torch.int64, device=dev))
+        cache.miss_ids.copy_(torch.arange(8, 16, dtype=torch.int32))
+        cache.miss_slots.copy_(torch.arange(8, dtype=torch.int32))
+        cache.miss_count.fill_(misses)
+        moved = misses * cache.expert_bytes
+        offload_kernels.fill(cache, host)
+        torch.cuda.synchronize()
+        for name, t in host.items():  # correctness first
+            assert torch.equal(cache.slots[name][:misses].cpu(), t[8 : 8 + misses]), name
+        for per_sm in (2, 4, 8):
+            programs = offload_kernels.fill_grid(dev, per_sm)
+            for block in (1024, 2048, 4096):
+                for warps in (4, 8):
+                    sec = cuda_time(
+                        lambda c=cache, p=programs, b=block, w=warps: offload_kernels.fill(
+                            c, host, num_programs=p, block=b, num_warps=w
+                        ),
+                        reps,
+                    )
+                    label = f"{misses} miss, {per_sm}/SM, block {block}, {warps} warps"
+                    rows.append((label, moved / sec / 1e9))
+        sec = cuda_time(graphed(lambda c=cache: offload_kernels.fill(c, host)), reps)
+        rows.append((f"{misses} miss, default, in a CUDA graph", moved / sec / 1e9))
+    return rows
+
+
+def all_miss_graph(host, dev, misses: int, reps: int) -> float:
+    """GB/s of lookup + fill in a CUDA graph, alternating two disjoint expert sets."""
+    cache = SlotCache(host, misses, dev, torch.zeros(4, dtype=torch.int64, device=dev))
+    sets = [torch.arange(misses, dtype=torch.int32), torch.arange(misses, 2 * misses)]
+    static_ids = sets[0].view(1, misses).to(torch.int32).to(dev)
+    replay = graphed(
+        lambda: (offload_kernels.lookup(cache, static_ids), offload_kernels.fill(cache, host))
+    )
+    step = [0]
+
+    def replay_all_miss() -> None:
+        static_ids.copy_(sets[step[0] % 2].view(1, misses), non_blocking=True)
+        step[0] += 1
+        replay()
+
+    sec = cuda_time(replay_all_miss, reps)
+    assert int(cache.counters[0]) == 0, "expected every id to miss"
+    return misses * cache.expert_bytes / sec / 1e9
+
+
+def machinery(host, dev, reps: int, warps: int, layers=48, slots=45, top_k=8):
+    """Microseconds per layer of lookup + fill, `layers` slot caches in one CUDA graph:
+    (every id a hit, one miss a layer). The second includes copying one expert."""
+    caches = [
+        SlotCache(host, slots, dev, torch.zeros(4, dtype=torch.int64, device=dev))
+        for _ in range(layers)
+    ]
+    ids = torch.arange(top_k, dtype=torch.int32, device=dev).view(1, top_k)
+    for cache in caches:  # make the hot set resident
+        offload_kernels.lookup(cache, ids)
+        offload_kernels.fill(cache, host)
+
+    def step() -> None:
+        for cache in caches:
+            offload_kernels.lookup(cache, ids, num_warps=warps)
+            offload_kernels.fill(cache, host)
+
+    replay = graphed(step)
+    hit_us = cuda_time(replay, reps) * 1e6 / layers
+    assert all(int(c.miss_count) == 0 for c in caches)
+    # One miss a layer: the last id cycles through more experts than there are free slots.
+    cold = list(range(top_k, host["w13"].shape[0]))
+    n = [0]
+
+    def one_miss() -> None:
+        ids[0, -1] = cold[n[0] % len(cold)]
+        n[0] += 1
+        replay()
+
+    miss_us = cuda_time(one_miss, reps) * 1e6 / layers
+    assert all(int(c.miss_count) == 1 for c in caches)
+    return warps, hit_us, miss_us
+
+
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    ap.add_argument("--experts", type=int, default=32)
-    ap.add_argument("--misses", type=int, default=8)
+    ap.add_argument("--experts", type=int, default=64)
     ap.add_argument("--hidden", type=int, default=2048)
     ap.add_argument("--inter", type=int, default=768)
-    ap.add_argument("--reps", type=int, default=50)
+    ap.add_argument("--reps", type=int, default=30)
     ap.add_argument("--json", type=str, default=None)
     args = ap.parse_args()
     dev = torch.device("cuda", torch.cuda.current_device())
-    E, M, H, inter = args.experts, args.misses, args.hidden, args.inter
+    E, H, inter = args.experts, args.hidden, args.inter
     host_set = {
         "w13": torch.randn(E, 2 * inter, H).to(torch.bfloat16),
         "w2": torch.randn(E, H, inter).to(torch.bfloat16),
     }
     store = HostExpertStore(dev)
     host = store.add_layer(host_set)  # pinned after fill, mapped
-    cache = SlotCache(host, M, dev, torch.zeros(4, dtype=torch.int64, device=dev))
-    expert_bytes = cache.expert_bytes
-    moved = M * expert_bytes
-    print(f"{E} experts of {expert_bytes / 1e6:.2f} MB pinned; {M} misses = {moved / 1e6:.1f} MB")
+    expert_bytes = sum(t[0].numel() * t.element_size() for t in host.values())
+    print(f"{E} experts of {expert_bytes / 1e6:.2f} MB pinned", flush=True)
 
-    # A fixed miss list: experts M..2M-1 into slots 0..M-1 (what lookup would write).
-    cache.miss_ids.copy_(torch.arange(M, 2 * M, dtype=torch.int32))
-    cache.miss_slots.copy_(torch.arange(M, dtype=torch.int32))
-    cache.miss_count.fill_(M)
+    rows = fill_sweep(host, dev, args.reps)
+    rows.append(("lookup + fill in a CUDA graph, all 8 miss", all_miss_graph(host, dev, 8, 20)))
+    rows.append(("lookup + fill in a CUDA graph, all 1 miss", all_miss_graph(host, dev, 1, 20)))
 
-    def fill(**kw):
-        offload_kernels.fill(cache, host, M, **kw)
+    cache = SlotCache(host, 8, dev, torch.zeros(4, dtype=torch.int64, device=dev))
+    for misses in (1, 8):
 
-    fill()
-    torch.cuda.synchronize()
-    for name, t in host.items():  # correctness first
-        assert torch.equal(cache.slots[name].cpu(), t[M : 2 * M]), name
-    print("fill bytes verified")
+        def copy_engine(n=misses) -> None:
+            for name, t in host.items():
+                for m in range(n):
+                    cache.slots[name][m].copy_(t[8 + m], non_blocking=True)
 
-    rows: list[tuple[str, float]] = []
-    for chunks in (None, 16, 32, 66, 132):
-        for block in (1024, 2048, 4096):
-            t = cuda_time(lambda c=chunks, b=block: fill(num_chunks=c, block=b), args.reps)
-            label = f"fill kernel, chunks={chunks or 'auto'}, block={block}"
-            rows.append((label, moved / t / 1e9))
-
-    graph = torch.cuda.CUDAGraph()
-    with torch.cuda.graph(graph):
-        fill()
-    t = cuda_time(graph.replay, args.reps)
-    rows.append(("fill kernel in a CUDA graph (count from device)", moved / t / 1e9))
-
-    # lookup + fill in a graph, alternating two disjoint sets of M experts: every id misses.
-    cache2 = SlotCache(host, M, dev, torch.zeros(4, dtype=torch.int64, device=dev))
-    sets = [torch.arange(M, dtype=torch.int32), torch.arange(M, 2 * M, dtype=torch.int32)]
-    static_ids = sets[0].view(1, M).to(dev)
-    offload_kernels.lookup(SlotCache(host, M, dev, cache2.counters.clone()), static_ids)
-    torch.cuda.synchronize()
-    g2 = torch.cuda.CUDAGraph()
-    with torch.cuda.graph(g2):
-        offload_kernels.lookup(cache2, static_ids)
-        offload_kernels.fill(cache2, host, M)
-    step = [0]
-
-    def replay_all_miss() -> None:
-        static_ids.copy_(sets[step[0] % 2].view(1, M), non_blocking=True)
-        step[0] += 1
-        g2.replay()
-
-    t = cuda_time(replay_all_miss, args.reps)
-    assert int(cache2.counters[0]) == 0, "expected every id to miss"
-    rows.append(("lookup + fill in a CUDA graph, all 8 miss", moved / t / 1e9))
-
-    # Copy engine from the same registered memory, and from torch's pinned allocator.
-    def copy_engine(src: dict[str, torch.Tensor]) -> None:
-        for name, t in src.items():
-            dst = cache.slots[name]
-            for m in range(M):
-                dst[m].copy_(t[M + m], non_blocking=True)
-
-    t = cuda_time(lambda: copy_engine(host), args.reps)
-    rows.append(("copy_(non_blocking) per expert, registered memory", moved / t / 1e9))
-    pinned = {k: v.pin_memory() for k, v in host_set.items()}
-    t = cuda_time(lambda: copy_engine(pinned), args.reps)
-    rows.append(("copy_(non_blocking) per expert, pin_memory()", moved / t / 1e9))
+        sec = cuda_time(copy_engine, args.reps)
+        rows.append((f"copy engine, {misses} experts", misses * expert_bytes / sec / 1e9))
+    mach = [machinery(host, dev, args.reps, warps) for warps in (1, 2, 4)]
     store.close()
 
     gpu = torch.cuda.get_device_name(dev)
-    print(f"\nhost → GPU, {M} experts of {expert_bytes / 1e6:.2f} MB ({gpu})")
-    print(f"| {'method':<58} | GB/s  |\n|{'-' * 60}|-------|")
+    print(f"\nhost → GPU, experts of {expert_bytes / 1e6:.2f} MB ({gpu})")
+    print(f"| {'method':<52} | GB/s  |\n|{'-' * 54}|-------|")
     for label, gbs in rows:
-        print(f"| {label:<58} | {gbs:5.1f} |")
+        print(f"| {label:<52} | {gbs:5.1f} |")
+    print("\nlookup + fill per MoE layer, 48 layers in one CUDA graph (45 slots, top-8, batch 1)")
+    print("| lookup warps | all hits, us/layer | one miss a layer, us/layer |\n|---|---|---|")
+    for warps, hit_us, miss_us in mach:
+        print(f"| {warps} | {hit_us:.2f} | {miss_us:.1f} |")
     if args.json:
-        Path(args.json).write_text(json.dumps(dict(rows), indent=1))
+        out = {"bandwidth": dict(rows), "machinery": mach}
+        Path(args.json).write_text(json.dumps(out, indent=1))
 
 
 if __name__ == "__main__":

@@ -51,7 +51,7 @@ def fill_kernel_gbps(dev, expert_bytes: int, num_misses: int, reps: int) -> floa
     cache.miss_ids.copy_(torch.arange(num_misses, 2 * num_misses, dtype=torch.int32))
     cache.miss_slots.copy_(torch.arange(num_misses, dtype=torch.int32))
     cache.miss_count.fill_(num_misses)
-    seconds = cuda_seconds(lambda: offload_kernels.fill(cache, host, num_misses), reps)
+    seconds = cuda_seconds(lambda: offload_kernels.fill(cache, host), reps)
     moved = num_misses * cache.expert_bytes
     store.close()
     return moved / seconds / 1e9

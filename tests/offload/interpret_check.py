@@ -30,10 +30,11 @@ def check(num_experts: int, num_slots: int, top_k: int, num_calls: int) -> None:
     for step, ids in enumerate(stream):
         want = lookup_reference(ref, ids)
         fill_reference(ref, host)
-        got = offload_kernels.lookup(tri, ids, force_triton=True)
-        max_misses = min(ids.numel(), num_slots)
-        # Tiny blocks and several chunks: rows that are not multiples of the block.
-        offload_kernels.fill(tri, host, max_misses, force_triton=True, num_chunks=3, block=4)
+        # One warp on odd calls: smaller id blocks, so wide calls take several blocks.
+        got = offload_kernels.lookup(tri, ids, force_triton=True, num_warps=1 + 3 * (step % 2))
+        # Tiny blocks over a few programs: rows that are not multiples of the block, blocks
+        # of one row dealt to several programs, more than four tensors (two launches).
+        offload_kernels.fill(tri, host, force_triton=True, num_programs=3, block=4)
         where = f"E={num_experts} S={num_slots} k={top_k} call {step}"
         assert torch.equal(got, want), (where, got, want)
         for name, value in ref.state().items():

@@ -23,13 +23,15 @@ DEV = torch.device("cuda", 0) if torch.cuda.is_available() else None
 
 
 def expert_set(num_experts: int, seed: int, hidden: int = 64, inter: int = 32) -> dict:
-    """Host tensors of mixed dtypes: bf16 weights, fp8 and uint8 'scales', odd sizes."""
+    """Host tensors of mixed dtypes: bf16 weights, fp8, uint8 and fp16 'scales', odd sizes;
+    five tensors, so the fill takes two launches."""
     g = torch.Generator().manual_seed(seed)
     return {
         "w13": torch.randn(num_experts, 2 * inter, hidden, generator=g).to(torch.bfloat16),
         "w2": torch.randn(num_experts, hidden, inter, generator=g).to(torch.bfloat16),
         "s8": torch.randn(num_experts, 5, 7, generator=g).to(torch.float8_e4m3fn),
         "u8": torch.randint(0, 255, (num_experts, 13), generator=g, dtype=torch.uint8),
+        "f16": torch.randn(num_experts, 3, 3, generator=g).to(torch.float16),  # a 2nd launch
     }
 
 
@@ -67,7 +69,7 @@ def test_triton_lookup_and_fill_equal_twins(num_experts, num_slots, top_k):
         want = lookup_reference(cpu, ids)
         fill_reference(cpu, host)
         got = offload_kernels.lookup(gpu, ids.to(DEV))
-        offload_kernels.fill(gpu, host, min(ids.numel(), num_slots))
+        offload_kernels.fill(gpu, host)
         assert torch.equal(got.cpu(), want), step
         assert_same(gpu, cpu, host, f"call {step}")
     store.close()
@@ -82,12 +84,12 @@ def test_lookup_and_fill_replay_in_cuda_graph():
     static_ids = torch.zeros(rows, top_k, dtype=torch.int32, device=DEV)
     warm = SlotCache(host, num_slots, DEV, torch.zeros(4, dtype=torch.int64, device=DEV))
     offload_kernels.lookup(warm, static_ids)  # compile outside capture
-    offload_kernels.fill(warm, host, rows * top_k)
+    offload_kernels.fill(warm, host)
     torch.cuda.synchronize()
     graph = torch.cuda.CUDAGraph()
     with torch.cuda.graph(graph):
         static_slots = offload_kernels.lookup(gpu, static_ids)
-        offload_kernels.fill(gpu, host, rows * top_k)
+        offload_kernels.fill(gpu, host)
     # Capture records the kernels without running them: the tables are still empty.
     rng = random.Random(7)
     for step in range(100):

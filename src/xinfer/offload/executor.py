@@ -80,8 +80,7 @@ class OffloadExecutor(ExpertExecutor):
             self.cache.counters[STAGING_COPIES] += 1
             return topk_ids, self.staging.load(self.host_tensors)
         slot_ids = offload_kernels.lookup(self.cache, topk_ids)
-        max_misses = min(topk_ids.numel(), self.cache.num_slots)
-        offload_kernels.fill(self.cache, self.host_tensors, max_misses)
+        offload_kernels.fill(self.cache, self.host_tensors)
         return slot_ids, self.cache.slots
 
     def __call__(

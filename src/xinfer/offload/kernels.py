@@ -1,6 +1,10 @@
 """Launchers for the offload kernels: `lookup` and `fill` run the Triton kernels on CUDA
 (graph-capturable: fixed grids, no host reads) and the reference twins elsewhere (CPU, or
-`XINFER_DISABLE_TRITON=1`, where `fill` reads the miss count and is eager-only)."""
+`XINFER_DISABLE_TRITON=1`, where `fill` reads the miss count and is eager-only).
+
+`fill` copies every expert tensor of a layer in one launch (four tensors a launch; more take
+further launches) over a grid of FILL_PROGRAMS_PER_SM programs per SM, whatever the number
+of misses: one missed expert gets the whole grid's loads in flight."""
 
 from __future__ import annotations
 
@@ -13,9 +17,11 @@ from xinfer.kernels import use_triton
 from xinfer.offload.lookup import fill_reference, lookup_reference
 from xinfer.offload.slot_cache import SlotCache
 
-FILL_BLOCK = 2048  # words per inner step of a fill program
+FILL_BLOCK = 2048  # words per block of the fill's work list
 FILL_NUM_WARPS = 4
 FILL_PROGRAMS_PER_SM = 4
+FILL_TENSORS_PER_LAUNCH = 4  # the fill kernel's pointer arguments
+LOOKUP_NUM_WARPS = 4
 _WORDS = ((4, torch.int32), (2, torch.int16), (1, torch.uint8))
 
 
@@ -28,7 +34,13 @@ def _num_sms(device: torch.device) -> int:
     return torch.cuda.get_device_properties(device).multi_processor_count
 
 
-def lookup(cache: SlotCache, topk_ids: torch.Tensor, *, force_triton: bool = False) -> torch.Tensor:
+def lookup(
+    cache: SlotCache,
+    topk_ids: torch.Tensor,
+    *,
+    force_triton: bool = False,
+    num_warps: int = LOOKUP_NUM_WARPS,
+) -> torch.Tensor:
     """(T, k) expert ids → (T, k) int32 slot ids; writes the miss list for `fill`."""
     if topk_ids.dim() != 2:
         raise ValueError(f"lookup: topk_ids must be (T, k), got {tuple(topk_ids.shape)}")
@@ -39,7 +51,7 @@ def lookup(cache: SlotCache, topk_ids: torch.Tensor, *, force_triton: bool = Fal
     ids = topk_ids.to(torch.int32).contiguous()
     slot_ids = torch.empty_like(ids)
     block_e = _next_pow2(cache.num_experts)
-    block_n = max(16, min(1024, 8192 // block_e))
+    block_n = max(8, min(1024, 2048 * num_warps // block_e))
     with torch.cuda.device(ids.device) if ids.is_cuda else nullcontext():
         lookup_kernel[(1,)](
             ids,
@@ -49,7 +61,6 @@ def lookup(cache: SlotCache, topk_ids: torch.Tensor, *, force_triton: bool = Fal
             cache.expert_of_slot,
             cache.last_use,
             cache.clock,
-            cache.scratch,
             cache.miss_ids,
             cache.miss_slots,
             cache.miss_count,
@@ -59,7 +70,7 @@ def lookup(cache: SlotCache, topk_ids: torch.Tensor, *, force_triton: bool = Fal
             BLOCK_E=block_e,
             BLOCK_S=_next_pow2(cache.num_slots),
             BLOCK_N=block_n,
-            num_warps=4,
+            num_warps=num_warps,
         )
     return slot_ids
 
@@ -88,47 +99,49 @@ class MappedWords:
         return self.host.data_ptr()
 
 
+def fill_grid(device: torch.device, programs_per_sm: int = FILL_PROGRAMS_PER_SM) -> int:
+    """The fill kernel's fixed number of programs on `device` (a few for the interpreter)."""
+    return programs_per_sm * _num_sms(device) if device.type == "cuda" else 3
+
+
 def fill(
     cache: SlotCache,
     host_tensors: dict[str, torch.Tensor],
-    max_misses: int,
     *,
     force_triton: bool = False,
-    num_chunks: int | None = None,
+    num_programs: int | None = None,
     block: int = FILL_BLOCK,
+    num_warps: int = FILL_NUM_WARPS,
 ) -> None:
     """Copy the experts of the last lookup's miss list into their slots.
 
-    `max_misses` (host-side bound, e.g. min(T*k, S)) fixes the grid; programs beyond the
-    device-side miss count return at once, so the launch is graph-safe."""
+    The grid is fixed (`num_programs`, default `fill_grid`) and the miss count is read on
+    the device, so the launch is graph-safe."""
     device_is_cuda = cache.device.type == "cuda"
     if not (force_triton or (device_is_cuda and use_triton(cache.miss_count))):
         fill_reference(cache, host_tensors)
         return
     from xinfer.kernels.triton.offload import fill_kernel
 
-    max_misses = max(1, min(max_misses, cache.num_slots))
-    for name, host in host_tensors.items():
-        dst = cache.slots[name]
-        row_bytes = host[0].numel() * host.element_size()
-        size, dtype = word_dtype(row_bytes, host.data_ptr(), dst.data_ptr())
-        row_words = row_bytes // size
-        if num_chunks is not None:
-            chunks = num_chunks
-        elif device_is_cuda:
-            chunks = -(-FILL_PROGRAMS_PER_SM * _num_sms(cache.device) // max_misses)
-        else:
-            chunks = 2
-        chunks = max(1, min(chunks, -(-row_words // block)))
-        src = MappedWords(host, dtype) if device_is_cuda else as_words(host, dtype)
+    grid = (num_programs or fill_grid(cache.device),)
+    names = list(host_tensors)
+    for i in range(0, len(names), FILL_TENSORS_PER_LAUNCH):
+        args = []
+        group = names[i : i + FILL_TENSORS_PER_LAUNCH]
+        for name in group:
+            host, dst = host_tensors[name], cache.slots[name]
+            row_bytes = host[0].numel() * host.element_size()
+            size, dtype = word_dtype(row_bytes, host.data_ptr(), dst.data_ptr())
+            src = MappedWords(host, dtype) if device_is_cuda else as_words(host, dtype)
+            args += [src, as_words(dst, dtype), row_bytes // size]
+        args += args[:3] * (FILL_TENSORS_PER_LAUNCH - len(group))  # unused slots
         with torch.cuda.device(cache.device) if device_is_cuda else nullcontext():
-            fill_kernel[(max_misses, chunks)](
-                src,
-                as_words(dst, dtype),
+            fill_kernel[grid](
+                *args,
                 cache.miss_ids,
                 cache.miss_slots,
                 cache.miss_count,
-                row_words,
+                NUM_TENSORS=len(group),
                 BLOCK=block,
-                num_warps=FILL_NUM_WARPS,
+                num_warps=num_warps,
             )

@@ -37,7 +37,6 @@ class SlotCache:
         self.expert_of_slot = torch.full((num_slots,), -1, **i32)  # (S,) -1 = empty
         self.last_use = torch.full((num_slots,), -1, dtype=torch.int64, device=device)  # (S,)
         self.clock = torch.zeros(1, dtype=torch.int64, device=device)  # +1 per lookup
-        self.scratch = torch.zeros(self.num_experts, **i32)  # (E,) lookup kernel workspace
         self.miss_ids = torch.full((num_slots,), -1, **i32)  # (S,) expert of the m-th miss
         self.miss_slots = torch.full((num_slots,), -1, **i32)  # (S,) its slot
         self.miss_count = torch.zeros(1, **i32)

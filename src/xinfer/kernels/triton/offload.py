@@ -17,7 +17,6 @@ def lookup_kernel(
     expert_of_slot_ptr,  # (S,) int32, -1 = empty
     last_use_ptr,  # (S,) int64
     clock_ptr,  # (1,) int64
-    scratch_ptr,  # (E,) int32 workspace
     miss_ids_ptr,  # (S,) int32 out
     miss_slots_ptr,  # (S,) int32 out
     miss_count_ptr,  # (1,) int32 out
@@ -28,36 +27,45 @@ def lookup_kernel(
     BLOCK_S: tl.constexpr,
     BLOCK_N: tl.constexpr,
 ):
+    # Every table is read once, up front, so that the loads overlap; everything after that
+    # works in registers (no scratch memory, no barrier): on a decode step this kernel is
+    # latency, not work.
     NONE: tl.constexpr = 1 << 30  # "no position" sentinel
     e_offs = tl.arange(0, BLOCK_E)
     e_mask = e_offs < num_experts
     s_offs = tl.arange(0, BLOCK_S)
     s_mask = s_offs < num_slots
-
-    # 1. First position of every expert in the call (NONE if it is not routed to).
-    first = tl.full([BLOCK_E], NONE, tl.int32)
-    for start in range(0, num_ids, BLOCK_N):
-        n_offs = start + tl.arange(0, BLOCK_N)
-        ids = tl.load(ids_ptr + n_offs, mask=n_offs < num_ids, other=-1)
-        pos = tl.where(ids[None, :] == e_offs[:, None], n_offs[None, :], NONE)  # (E, N)
-        first = tl.minimum(first, tl.min(pos, axis=1))
+    n_offs = tl.arange(0, BLOCK_N)
+    ids0 = tl.load(ids_ptr + n_offs, mask=n_offs < num_ids, other=-2)
     soe = tl.load(slot_of_expert_ptr + e_offs, mask=e_mask, other=-1)
+    eos = tl.load(expert_of_slot_ptr + s_offs, mask=s_mask, other=-1)
+    last_use = tl.load(last_use_ptr + s_offs, mask=s_mask, other=0)
+    clock = tl.load(clock_ptr) + 1
+    hits_total = tl.load(counters_ptr + 0)
+    misses_total = tl.load(counters_ptr + 1)
+    calls_total = tl.load(counters_ptr + 3)
+
+    # 1. First position of every expert in the call (NONE if it is not routed to), and
+    #    which slots hold a routed expert (those are the hits).
+    pos = tl.where(ids0[None, :] == e_offs[:, None], n_offs[None, :], NONE)  # (E, N)
+    first = tl.min(pos, axis=1)
+    held = (ids0[None, :] == eos[:, None]) & (eos[:, None] >= 0)  # (S, N)
+    hit_s = tl.max(held.to(tl.int32), axis=1) > 0
+    for start in range(BLOCK_N, num_ids, BLOCK_N):
+        offs = start + n_offs
+        ids = tl.load(ids_ptr + offs, mask=offs < num_ids, other=-2)
+        pos = tl.where(ids[None, :] == e_offs[:, None], offs[None, :], NONE)
+        first = tl.minimum(first, tl.min(pos, axis=1))
+        held = (ids[None, :] == eos[:, None]) & (eos[:, None] >= 0)
+        hit_s = hit_s | (tl.max(held.to(tl.int32), axis=1) > 0)
     is_hit_e = (first < NONE) & (soe >= 0)
     todo = (first < NONE) & (soe < 0)  # misses not yet given a slot
     num_hits = tl.sum(is_hit_e.to(tl.int32))
     num_misses = tl.minimum(tl.sum(todo.to(tl.int32)), num_slots - num_hits)
-
-    # 2. Slots holding a hit: gather the per-expert hit flag through the scratch buffer.
-    tl.store(scratch_ptr + e_offs, is_hit_e.to(tl.int32), mask=e_mask)
-    tl.debug_barrier()
-    eos = tl.load(expert_of_slot_ptr + s_offs, mask=s_mask, other=-1)
-    hit_s = tl.load(scratch_ptr + eos, mask=s_mask & (eos >= 0), other=0) != 0
-    clock = tl.load(clock_ptr) + 1
-    last_use = tl.load(last_use_ptr + s_offs, mask=s_mask, other=0)
     last_use = tl.where(hit_s, clock, last_use)
     used = hit_s | (s_offs >= num_slots)
 
-    # 3. Misses in order of first appearance take the (last_use, index)-smallest free slot.
+    # 2. Misses in order of first appearance take the (last_use, index)-smallest free slot.
     for m in range(0, num_misses):
         first_todo = tl.min(tl.where(todo, first, NONE))
         sel_e = todo & (first == first_todo)
@@ -80,41 +88,77 @@ def lookup_kernel(
     tl.store(last_use_ptr + s_offs, last_use, mask=s_mask)
     tl.store(clock_ptr, clock)
     tl.store(miss_count_ptr, num_misses)
-    tl.store(counters_ptr + 0, tl.load(counters_ptr + 0) + num_hits)
-    tl.store(counters_ptr + 1, tl.load(counters_ptr + 1) + num_misses)
-    tl.store(counters_ptr + 3, tl.load(counters_ptr + 3) + 1)
-    tl.debug_barrier()
+    tl.store(counters_ptr + 0, hits_total + num_hits)
+    tl.store(counters_ptr + 1, misses_total + num_misses)
+    tl.store(counters_ptr + 3, calls_total + 1)
 
-    # 4. Rewrite expert ids to slot ids (through the table just written).
-    for start in range(0, num_ids, BLOCK_N):
-        n_offs = start + tl.arange(0, BLOCK_N)
-        n_mask = n_offs < num_ids
-        ids = tl.load(ids_ptr + n_offs, mask=n_mask, other=0)
-        slots = tl.load(slot_of_expert_ptr + ids, mask=n_mask, other=-1)
-        tl.store(slot_ids_ptr + n_offs, slots, mask=n_mask)
+    # 3. Rewrite expert ids to slot ids, from the table in registers.
+    slots = tl.sum(tl.where(ids0[None, :] == e_offs[:, None], soe[:, None], 0), axis=0)
+    tl.store(slot_ids_ptr + n_offs, slots, mask=n_offs < num_ids)
+    for start in range(BLOCK_N, num_ids, BLOCK_N):
+        offs = start + n_offs
+        ids = tl.load(ids_ptr + offs, mask=offs < num_ids, other=-2)
+        slots = tl.sum(tl.where(ids[None, :] == e_offs[:, None], soe[:, None], 0), axis=0)
+        tl.store(slot_ids_ptr + offs, slots, mask=offs < num_ids)
+
+
+@triton.jit
+def _copy_row_block(src_ptr, dst_ptr, row_words, expert, slot, block, BLOCK: tl.constexpr):
+    offs = block * BLOCK + tl.arange(0, BLOCK)
+    mask = offs < row_words
+    value = tl.load(src_ptr + expert * row_words + offs, mask=mask)
+    tl.store(dst_ptr + slot * row_words + offs, value, mask=mask)
 
 
 @triton.jit
 def fill_kernel(
-    src_ptr,  # host expert tensor viewed as words: (E, row_words), device-mapped
-    dst_ptr,  # slot tensor viewed as words: (S, row_words)
+    # Up to four expert tensors, each viewed as words: src (E, row_words) device-mapped host
+    # memory, dst (S, row_words) slots. Unused ones are ignored (NUM_TENSORS).
+    src0,
+    dst0,
+    words0,
+    src1,
+    dst1,
+    words1,
+    src2,
+    dst2,
+    words2,
+    src3,
+    dst3,
+    words3,
     miss_ids_ptr,  # (S,) int32
     miss_slots_ptr,  # (S,) int32
     miss_count_ptr,  # (1,) int32, read on the device: the grid is fixed
-    row_words,
+    NUM_TENSORS: tl.constexpr,
     BLOCK: tl.constexpr,
 ):
-    m = tl.program_id(0)
-    chunk_id = tl.program_id(1)
-    if m < tl.load(miss_count_ptr):
+    # The work is every BLOCK-word block of every missed expert's rows, all tensors in one
+    # list; the programs deal it out round-robin. So one miss is spread over the whole grid
+    # (as many loads in flight as eight misses would have), and a call without misses costs
+    # one load per program.
+    pid = tl.program_id(0)
+    num_programs = tl.num_programs(0)
+    blocks0 = tl.cdiv(words0, BLOCK)
+    blocks1 = tl.cdiv(words1, BLOCK) if NUM_TENSORS > 1 else 0
+    blocks2 = tl.cdiv(words2, BLOCK) if NUM_TENSORS > 2 else 0
+    blocks3 = tl.cdiv(words3, BLOCK) if NUM_TENSORS > 3 else 0
+    end1 = blocks0 + blocks1
+    end2 = end1 + blocks2
+    per_expert = end2 + blocks3
+    total = tl.load(miss_count_ptr) * per_expert
+    for b in range(pid, total, num_programs):
+        m = b // per_expert
+        r = b - m * per_expert
         expert = tl.load(miss_ids_ptr + m).to(tl.int64)
         slot = tl.load(miss_slots_ptr + m).to(tl.int64)
-        src = src_ptr + expert * row_words
-        dst = dst_ptr + slot * row_words
-        chunk = tl.cdiv(tl.cdiv(row_words, tl.num_programs(1)), BLOCK) * BLOCK
-        begin = chunk_id * chunk
-        end = tl.minimum(begin + chunk, row_words)
-        for off in range(begin, end, BLOCK):
-            offs = off + tl.arange(0, BLOCK)
-            mask = offs < end
-            tl.store(dst + offs, tl.load(src + offs, mask=mask), mask=mask)
+        if r < blocks0:
+            _copy_row_block(src0, dst0, words0, expert, slot, r, BLOCK)
+        if NUM_TENSORS > 1:
+            if (r >= blocks0) & (r < end1):
+                _copy_row_block(src1, dst1, words1, expert, slot, r - blocks0, BLOCK)
+        if NUM_TENSORS > 2:
+            if (r >= end1) & (r < end2):
+                _copy_row_block(src2, dst2, words2, expert, slot, r - end1, BLOCK)
+        if NUM_TENSORS > 3:
+            if r >= end2:
+                _copy_row_block(src3, dst3, words3, expert, slot, r - end2, BLOCK)
