@@ -13,6 +13,7 @@ import argparse
 import gc
 import json
 import statistics
+import subprocess
 import sys
 import time
 from pathlib import Path
@@ -43,6 +44,25 @@ def trace_steps(engine, prompt: list[int], params: SamplingParams, path: Path) -
     prof.export_chrome_trace(str(path))
 
 
+def gpu_state() -> str:
+    """SM clock, temperature and power as nvidia-smi reads them right after a measurement
+    ('' without nvidia-smi): steps that differ between engines can be told from clocks."""
+    try:
+        out = subprocess.run(
+            [
+                "nvidia-smi",
+                "--query-gpu=clocks.sm,temperature.gpu,power.draw",
+                "--format=csv,noheader",
+            ],
+            capture_output=True,
+            text=True,
+            timeout=10,
+        )
+        return out.stdout.strip()
+    except (OSError, subprocess.SubprocessError):
+        return ""
+
+
 def run_rate(args, rate: str, prompt: list[int]) -> dict:
     kw = dict(
         device="cuda:0",
@@ -63,9 +83,12 @@ def run_rate(args, rate: str, prompt: list[int]) -> dict:
     engine = llm.engine
     # Seeded sampling: random weights under greedy decoding repeat one token, so routing
     # would never change; sampled tokens route (near) uniformly, as ANCHORS.md assumes.
-    params = SamplingParams(temperature=1.0, seed=1234, max_tokens=args.steps + 8, ignore_eos=True)
+    warm = args.warmup_steps
+    params = SamplingParams(
+        temperature=1.0, seed=1234, max_tokens=args.steps + warm, ignore_eos=True
+    )
     engine.add_request(prompt, params)
-    for _ in range(8):  # prefill + warm the caches
+    for _ in range(warm):  # prefill, warm the caches, let the clocks settle after loading
         engine.step()
     before = llm.offload_stats()
     times, tokens = [], []
@@ -79,6 +102,7 @@ def run_rate(args, rate: str, prompt: list[int]) -> dict:
         trace_steps(engine, prompt, params, Path(args.trace_dir) / f"offload_{rate}.json")
     step = statistics.median(times)
     row = {
+        "gpu_state": gpu_state(),
         "rate": rate,
         "load_s": load_s,
         "step_ms": step * 1e3,
@@ -107,6 +131,12 @@ def main() -> None:
     ap.add_argument("--rates", default="0.1,0.2,0.35,0.5,auto")
     ap.add_argument("--gpu-memory-limit-gb", type=float, default=24.0)
     ap.add_argument("--steps", type=int, default=48)
+    ap.add_argument("--warmup-steps", type=int, default=8)
+    ap.add_argument(
+        "--resident-again",
+        action="store_true",
+        help="time the resident engine once more at the end (the spread between engines)",
+    )
     ap.add_argument("--out", default="bench/results/offload")
     ap.add_argument("--trace-dir", default=None, help="also write a Chrome trace per rate")
     args = ap.parse_args()
@@ -115,7 +145,8 @@ def main() -> None:
     print(f"host→GPU copy bandwidth {bw / 1e9:.1f} GB/s", flush=True)
     prompt = torch.randint(0, 1000, (64,), generator=torch.Generator().manual_seed(0)).tolist()
     rows = []
-    for rate in ["0"] + [r for r in args.rates.split(",") if r != "0"]:
+    rates = ["0"] + [r for r in args.rates.split(",") if r != "0"]
+    for rate in rates + (["0"] if args.resident_again else []):
         row = run_rate(args, rate, prompt)
         t_res = rows[0]["step_ms"] / 1e3 if rows else row["step_ms"] / 1e3
         if "gb_per_token" in row:
@@ -143,10 +174,11 @@ def main() -> None:
         "| GPU experts | slots/layer | tok/s | ms/token | hit rate | GB/token | limit tok/s | step / limit | identical |",
         "|---|---|---|---|---|---|---|---|---|",
     ]
-    for r in rows:
+    for i, r in enumerate(rows):
         if "gb_per_token" not in r:
+            label = "all (resident)" if i == 0 else "all (resident, again)"
             lines.append(
-                f"| all (resident) | all | {r['tok_s']:.1f} | {r['step_ms']:.2f} | 100% | 0 | — | — | ref |"
+                f"| {label} | all | {r['tok_s']:.1f} | {r['step_ms']:.2f} | 100% | 0 | — | — | ref |"
             )
             continue
         lines.append(

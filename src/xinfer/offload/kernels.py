@@ -51,7 +51,10 @@ def lookup(
     ids = topk_ids.to(torch.int32).contiguous()
     slot_ids = torch.empty_like(ids)
     block_e = _next_pow2(cache.num_experts)
-    block_n = max(8, min(1024, 2048 * num_warps // block_e))
+    # Ids a block: the whole call when it is small (decode), else what keeps the (E, N)
+    # compare tiles near 2048 elements a warp.
+    cap = max(8, min(1024, 2048 * num_warps // block_e))
+    block_n = min(cap, max(8, _next_pow2(ids.numel())))
     with torch.cuda.device(ids.device) if ids.is_cuda else nullcontext():
         lookup_kernel[(1,)](
             ids,
