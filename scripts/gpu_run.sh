@@ -30,7 +30,7 @@ for phase in "$@"; do
     attnbench) timeout 90 python3 bench/bench_attention_kernel.py 2>&1 | tail -30 | tee "$OUT/attn_kernel.txt" ;;
     fillbench) timeout 150 python3 bench/bench_offload_fill.py 2>&1 | tee "$OUT/fill.txt" | tail -80 ;;
     decode) timeout 300 python3 bench/bench_decode.py --out "$OUT/decode" 2>&1 | grep -v "it/s]" | tail -60 ;;
-    offloadbench) timeout 420 python3 bench/bench_offload_decode.py --rates ${OFFLOAD_RATES:-0.1,0.2,0.35,0.5,auto} --steps ${OFFLOAD_STEPS:-48} --warmup-steps ${OFFLOAD_WARMUP:-8} ${OFFLOAD_EXTRA:-} --out "$OUT/offload" 2>&1 | grep -v "it/s]" | tail -40 ;;
+    offloadbench) timeout ${OFFLOAD_TIMEOUT:-420} python3 bench/bench_offload_decode.py --rates ${OFFLOAD_RATES:-0.1,0.2,0.35,0.5,auto} --steps ${OFFLOAD_STEPS:-48} --warmup-steps ${OFFLOAD_WARMUP:-8} ${OFFLOAD_EXTRA:-} --out "$OUT/offload" 2>&1 | grep -v "it/s]" | tail -40 ;;
     decode-nohf) timeout 170 python3 bench/bench_decode.py --no-hf --trace "$OUT/trace.json" --out "$OUT/decode" 2>&1 | grep -v "it/s]" | tail -60; gzip -f "$OUT/trace.json" ;;
     moesweep) timeout 200 python3 bench/bench_moe_kernel.py --sweep --decode 1 --prefill "" 2>&1 | tee "$OUT/moe_sweep.txt" | tail -20 ;;
     gemvbench) timeout 240 python3 bench/bench_gemv.py 2>&1 | tee "$OUT/gemv.txt" | tail -40 ;;
