@@ -4,6 +4,7 @@ temperature → top-k → top-p → min-p → draw) plus optional logprobs of th
 
 from __future__ import annotations
 
+import functools
 import math
 from dataclasses import dataclass
 
@@ -128,16 +129,10 @@ class SamplingMetadata:
         if not len(prompt_ids) == len(output_ids) == len(generators) == len(params):
             raise ValueError("params, prompt_ids, output_ids and generators differ in length")
 
-        def column(values: list, dtype: torch.dtype = torch.float32) -> torch.Tensor:
-            return torch.tensor(values, dtype=dtype, device=device)
-
+        column = functools.partial(_column, device=device)
         floats = lambda name: column([getattr(p, name) for p in params])
-        is_greedy = [p.temperature < _GREEDY_EPS for p in params]
-        top_k = [p.top_k if 0 < p.top_k < vocab_size else vocab_size for p in params]
         penalties = None  # the common case (no penalties) skips the (B, V) tensors
-        if any(
-            p.repetition_penalty != 1 or p.presence_penalty or p.frequency_penalty for p in params
-        ):
+        if _uses_penalties(params):
             output_counts = _token_counts(output_ids, vocab_size, device)
             seen = output_counts > 0
             if any(p.repetition_penalty != 1 for p in params):
@@ -153,6 +148,41 @@ class SamplingMetadata:
                 stops = set(p.stop_token_ids) | (set() if p.ignore_eos else eos_token_ids or set())
                 ids = [t for t in sorted(stops) if t < vocab_size]
                 banned_rows, banned_ids = banned_rows + [row] * len(ids), banned_ids + ids
+        banned = (
+            (column(banned_rows, torch.int64), column(banned_ids, torch.int64))
+            if banned_ids
+            else None
+        )
+        return cls._from_params(params, generators, vocab_size, device, penalties, banned)
+
+    @classmethod
+    def for_params(
+        cls,
+        params: list[SamplingParams],
+        generators: list[torch.Generator | None],
+        vocab_size: int,
+        device: torch.device | str,
+    ) -> SamplingMetadata:
+        """The settings of rows whose sampling needs no token history: no penalty, and no
+        banned token (the caller has checked that every row is past its `min_tokens`)."""
+        if _uses_penalties(params):
+            raise ValueError("penalties need the token history; use SamplingMetadata.build")
+        return cls._from_params(params, generators, vocab_size, device, None, None)
+
+    @classmethod
+    def _from_params(
+        cls,
+        params: list[SamplingParams],
+        generators: list[torch.Generator | None],
+        vocab_size: int,
+        device: torch.device | str,
+        penalties: Penalties | None,
+        banned: tuple[torch.Tensor, torch.Tensor] | None,
+    ) -> SamplingMetadata:
+        column = functools.partial(_column, device=device)
+        floats = lambda name: column([getattr(p, name) for p in params])
+        is_greedy = [p.temperature < _GREEDY_EPS for p in params]
+        top_k = [p.top_k if 0 < p.top_k < vocab_size else vocab_size for p in params]
         return cls(
             temperature=None
             if all(is_greedy)
@@ -163,9 +193,7 @@ class SamplingMetadata:
             top_p=floats("top_p") if any(p.top_p < 1 for p in params) else None,
             min_p=floats("min_p") if any(p.min_p > 0 for p in params) else None,
             penalties=penalties,
-            banned=(column(banned_rows, torch.int64), column(banned_ids, torch.int64))
-            if banned_ids
-            else None,
+            banned=banned,
             generators=list(generators),
             num_logprobs=[p.logprobs for p in params],
         )
@@ -175,6 +203,16 @@ class SamplingMetadata:
         """Rows that are all greedy, with no penalty and no banned token."""
         return cls(None, None, True, None, None, None, None, None, [None] * len(num_logprobs),
                    list(num_logprobs))  # fmt: skip
+
+
+def _column(values: list, dtype: torch.dtype = torch.float32, *, device) -> torch.Tensor:
+    return torch.tensor(values, dtype=dtype, device=device)
+
+
+def _uses_penalties(params: list[SamplingParams]) -> bool:
+    return any(
+        p.repetition_penalty != 1 or p.presence_penalty or p.frequency_penalty for p in params
+    )
 
 
 def _token_counts(
@@ -291,6 +329,32 @@ class PendingSample:
                     token_ids[row], chosen[i], top_ids[i][:k], top_lp[i][:k]
                 )
         return SampleResult(token_ids, result)
+
+
+class RngSnapshot:
+    """The states of every generator that sampling `meta` on `device` will draw from (each
+    seeded row's own; the device's default one when some row is unseeded), taken before the
+    draw, so that a sampled step whose result is thrown away can be undone: `restore()` puts
+    the streams back as if it had never run."""
+
+    def __init__(self, meta: SamplingMetadata, device: torch.device | str) -> None:
+        gens: list[torch.Generator] = []
+        if not meta.is_all_greedy:
+            gens = [g for g in meta.generators if g is not None]
+            if len(gens) < len(meta.generators):
+                gens.append(_default_generator(torch.device(device)))
+        self._states = [(g, g.get_state()) for g in gens]
+
+    def restore(self) -> None:
+        for gen, state in self._states:
+            gen.set_state(state)
+
+
+def _default_generator(device: torch.device) -> torch.Generator:
+    if device.type == "cuda":
+        index = device.index if device.index is not None else torch.cuda.current_device()
+        return torch.cuda.default_generators[index]
+    return torch.default_generator
 
 
 def sample(logits: torch.Tensor, meta: SamplingMetadata) -> SampleResult:

@@ -1,12 +1,15 @@
-"""Decode look-ahead (the next greedy step queued before this one's tokens are read) changes
-nothing a user sees: token ids and logprobs equal the plain engine's when requests finish at
+"""Decode look-ahead (the next step queued before this one's tokens are read) changes nothing
+a user sees: token ids and logprobs equal the plain engine's when requests finish at
 different steps, stop on a token mid-stream, arrive while others decode, are preempted, mix
-greedy and seeded sampling, or run with MoE offload. On CPU the queued step runs eagerly, so
-these tests exercise the bookkeeping (which queued steps are used, which are dropped)."""
+greedy and sampled rows (seeded, or drawing from the default generator), or run with MoE
+offload. A dropped queued step has drawn random numbers; they are put back. On CPU the
+queued step runs eagerly, so these tests exercise the bookkeeping (which queued steps are
+used, which are dropped, which random streams are restored)."""
 
 from __future__ import annotations
 
 import pytest
+import torch
 from tiny_models import make_hf_model, prompts, write_checkpoint
 
 from xinfer import LLM, SamplingParams
@@ -24,6 +27,7 @@ def run(path: str, look_ahead: bool, schedule, **llm_kwargs):
     """Drive the engine step by step; `schedule` maps step index → [(prompt, params)] to add
     then. Returns per request (token ids, logprobs) and the runner's look-ahead counts."""
     llm = LLM(path, device="cpu", decode_look_ahead=look_ahead, **llm_kwargs)
+    torch.manual_seed(1234)  # unseeded sampled rows draw from the default generator
     engine = llm.engine
     tokens: dict[str, list[int]] = {}
     logprobs: dict[str, list[float]] = {}
@@ -77,10 +81,31 @@ def test_arrivals_and_sampled_rows(model_path):
         0: [(PROMPTS[0], greedy(24)), (PROMPTS[3], greedy(24))],
         5: [(PROMPTS[1], greedy(6))],  # arrives while the first two decode
         6: [(PROMPTS[1], greedy(6))],
-        12: [(PROMPTS[2], seeded)],  # a sampled row: no look-ahead while it runs
+        12: [(PROMPTS[2], seeded)],  # a sampled row joins the greedy ones
     }
     _, counts = assert_same(model_path, schedule)
     assert counts["used"] > 0 and counts["dropped"] > 0
+
+
+def sampled(max_tokens: int, seed: int | None, **kw) -> SamplingParams:
+    return SamplingParams(
+        temperature=1.0, top_k=50, max_tokens=max_tokens, seed=seed, ignore_eos=True, **kw
+    )
+
+
+@pytest.mark.parametrize("seed", [7, None], ids=["seeded", "default-generator"])
+def test_sampled_rows_look_ahead_and_dropped_steps_draw_nothing(model_path, seed):
+    """Sampled rows run on queued steps too; arrivals drop queued steps that had already
+    drawn for the running rows, and the rows' later tokens still equal the plain engine's."""
+    schedule = {
+        0: [(PROMPTS[0], sampled(30, seed, logprobs=1)), (PROMPTS[1], sampled(12, seed))],
+        4: [(PROMPTS[2], greedy(5))],  # arrivals: the step queued before them is dropped
+        9: [(PROMPTS[3], sampled(6, None if seed is None else seed + 1))],
+        17: [(PROMPTS[2], sampled(4, seed, min_tokens=3))],
+    }
+    tokens, counts = assert_same(model_path, schedule)
+    assert counts["used"] > 10 and counts["dropped"] >= 2
+    assert len(set(next(iter(tokens.values())))) > 3  # really sampled, not one repeated token
 
 
 def test_preemption_under_kv_pressure(model_path):

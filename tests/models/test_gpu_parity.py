@@ -91,3 +91,22 @@ def test_look_ahead_graphs_equal_plain_eager(ckpt):
         [lp.logprob for lp in r.logprobs] for r in b
     ]
     assert graphed.engine.runner.look_ahead_counts["used"] > 20
+
+
+def test_sampled_look_ahead_graphs_equal_plain_eager(ckpt):
+    """Seeded sampling on queued graphed steps draws what plain eager decode draws, also when
+    a queued step is dropped (a request of a different length finishes, one arrives)."""
+    _, path = ckpt
+    prompts = tm.prompts(4, seed=6)
+    params = [
+        SamplingParams(temperature=1.0, top_p=0.95, max_tokens=n, seed=10 + n, ignore_eos=True)
+        for n in (40, 9, 25, 3)
+    ]
+    graphed = LLM(str(path), device="cuda:0", dtype="bfloat16", max_num_seqs=8)
+    plain = LLM(
+        str(path), device="cuda:0", dtype="bfloat16", enforce_eager=True, decode_look_ahead=False
+    )
+    a = [r.token_ids for r in graphed.generate(prompts, params)]
+    b = [r.token_ids for r in plain.generate(prompts, params)]
+    assert a == b
+    assert graphed.engine.runner.look_ahead_counts["used"] > 20

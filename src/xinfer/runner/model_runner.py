@@ -2,12 +2,14 @@
 runs the model (eagerly, or by replaying a captured CUDA graph for decode-only steps),
 and samples the next token of every request whose known tokens are all in the cache.
 
-Decode look-ahead: after queuing a greedy decode step, the runner also queues the step
-after it, fed by the sampled tokens still on the device, before it reads this step's tokens
-back. The host's bookkeeping between two steps then overlaps the GPU's work. When the
-engine schedules exactly that next step, its queued result is used; otherwise (a request
+Decode look-ahead: after queuing a decode step, the runner also queues the step after it,
+fed by the sampled tokens still on the device, before it reads this step's tokens back. The
+host's bookkeeping between two steps then overlaps the GPU's work. When the engine
+schedules exactly that next step, its queued result is used; otherwise (a request
 finished, a new one arrived) it is dropped: it only wrote KV slots of its own requests at
-positions that are rewritten before anything reads them, so nothing observable changes."""
+positions that are rewritten before anything reads them, and the random streams its
+sampling drew from are put back, so nothing observable changes (seeded rows draw the same
+numbers, in the same order, as without look-ahead)."""
 
 from __future__ import annotations
 
@@ -20,7 +22,7 @@ from xinfer.engine.request import TokenLogprob
 from xinfer.engine.scheduler import SchedulerOutput
 from xinfer.models.moe_decoder import MoeForCausalLM
 from xinfer.runner.forward_context import ForwardContext, forward_context
-from xinfer.sampling import PendingSample, SamplingMetadata, sample_async
+from xinfer.sampling import PendingSample, RngSnapshot, SamplingMetadata, sample_async
 
 
 def _token_slice(req, start: int, n: int) -> list[int]:
@@ -33,10 +35,12 @@ def _token_slice(req, start: int, n: int) -> list[int]:
 
 @dataclass
 class LookAhead:
-    """A queued decode step: which (request, position) rows it computed, and its tokens."""
+    """A queued decode step: which (request, position) rows it computed, its tokens, and
+    the random streams as they were before it sampled (restored if it is dropped)."""
 
     key: tuple[tuple[str, int], ...]
     pending: PendingSample
+    rng: RngSnapshot
 
 
 @dataclass
@@ -179,6 +183,7 @@ class ModelRunner:
             self.look_ahead_counts["used"] += 1
         else:
             if queued is not None:
+                queued.rng.restore()
                 self.look_ahead_counts["dropped"] += 1
             logits = self.logits(self.host_batch(out))
             if not sampling:
@@ -219,17 +224,22 @@ class ModelRunner:
             inp = self.to_device(hb)
             inp.input_ids = tokens
             logits = self.model.compute_logits(self.forward(inp))
-        meta = SamplingMetadata.for_greedy([s.request.params.logprobs for s in out.scheduled])
+        reqs = [s.request for s in out.scheduled]
+        meta = SamplingMetadata.for_params(
+            [r.params for r in reqs], [r.generator for r in reqs], logits.shape[-1], self.device
+        )
         key = tuple((s.request.request_id, s.start + 1) for s in out.scheduled)
-        return LookAhead(key, sample_async(logits, meta))
+        rng = RngSnapshot(meta, self.device)
+        return LookAhead(key, sample_async(logits, meta), rng)
 
     def _can_look_ahead(self, out: SchedulerOutput) -> bool:
-        """Every row decodes greedily with nothing that needs the host between the steps:
-        no penalty, no banned token, the next position in an allocated KV block, and no row
-        that must stop at this step's token (the queued step would surely be dropped)."""
+        """Every row decodes with nothing that needs the host between the steps: no penalty
+        (it needs this step's token), no banned token, the next position in an allocated KV
+        block, and no row that must stop at this step's token (the queued step would surely
+        be dropped)."""
         for s in out.scheduled:
             req, p, pos = s.request, s.request.params, s.start + 1
-            if not (s.num_new_tokens == 1 and s.samples and p.temperature == 0):
+            if not (s.num_new_tokens == 1 and s.samples):
                 return False
             if p.repetition_penalty != 1 or p.presence_penalty or p.frequency_penalty:
                 return False
