@@ -110,7 +110,8 @@ def run_rate(args, rate: str, prompt: list[int]) -> dict:
         times.append(time.perf_counter() - t)
     after = llm.offload_stats()
     replay_ms = bare_replay_ms(engine)
-    if args.trace_dir and rate != "0":
+    look_ahead = dict(engine.runner.look_ahead_counts)
+    if args.trace_dir:
         trace_steps(engine, prompt, params, Path(args.trace_dir) / f"offload_{rate}.json")
     step = statistics.median(times)
     row = {
@@ -120,6 +121,7 @@ def run_rate(args, rate: str, prompt: list[int]) -> dict:
         "step_ms": step * 1e3,
         "tok_s": 1 / step,
         "replay_ms": replay_ms,
+        "look_ahead": look_ahead,
         "tokens": tokens,
         "graphs": bool(engine.runner.graph_runner and engine.runner.graph_runner.graphs),
     }
