@@ -206,7 +206,10 @@ class SamplingMetadata:
 
 
 def _column(values: list, dtype: torch.dtype = torch.float32, *, device) -> torch.Tensor:
-    return torch.tensor(values, dtype=dtype, device=device)
+    """A host list on `device` without waiting for the GPU: `torch.tensor(..., device=cuda)`
+    synchronizes the stream, which would drain a queued (look-ahead) step every step."""
+    pinned = torch.device(device).type == "cuda"  # the caching host allocator keeps it alive
+    return torch.tensor(values, dtype=dtype, pin_memory=pinned).to(device, non_blocking=True)
 
 
 def _uses_penalties(params: list[SamplingParams]) -> bool:
@@ -222,7 +225,7 @@ def _token_counts(
     max_len = max((len(r) for r in rows), default=0)
     # Pad with an extra id `vocab_size` whose column is dropped afterwards.
     padded = torch.tensor([r + [vocab_size] * (max_len - len(r)) for r in rows], dtype=torch.int64)
-    padded = padded.reshape(len(rows), max_len).to(device)
+    padded = padded.reshape(len(rows), max_len).to(device, non_blocking=True)
     counts = torch.zeros(len(rows), vocab_size + 1, dtype=torch.float32, device=device)
     counts.scatter_add_(1, padded, torch.ones_like(padded, dtype=torch.float32))
     return counts[:, :vocab_size]
@@ -371,7 +374,7 @@ def sample_async(logits: torch.Tensor, meta: SamplingMetadata) -> PendingSample:
             logits, pen.seen, pen.output_counts, pen.repetition, pen.presence, pen.frequency
         )
     if meta.banned is not None:
-        logits = logits.index_put(meta.banned, torch.tensor(float("-inf"), device=logits.device))
+        logits = logits.index_put(meta.banned, logits.new_full((), float("-inf")))
     if meta.is_all_greedy:
         token_ids = logits.argmax(dim=-1)
     else:
@@ -400,7 +403,7 @@ def _logprobs(
     rows = [row for row, k in enumerate(num_logprobs) if k is not None]
     if not rows:
         return None
-    row_ids = torch.tensor(rows, device=raw.device)
+    row_ids = _column(rows, torch.int64, device=raw.device)
     logprobs = raw[row_ids].float().log_softmax(dim=-1)  # (R, V)
     chosen = logprobs.gather(1, token_ids[row_ids][:, None]).squeeze(1)
     max_k = max(num_logprobs[row] for row in rows)
