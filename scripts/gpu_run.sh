@@ -35,7 +35,7 @@ for phase in "$@"; do
     moesweep) timeout 200 python3 bench/bench_moe_kernel.py --sweep --decode 1 --prefill "" 2>&1 | tee "$OUT/moe_sweep.txt" | tail -20 ;;
     gemvbench) timeout 240 python3 bench/bench_gemv.py 2>&1 | tee "$OUT/gemv.txt" | tail -40 ;;
     attnsweep) timeout 240 python3 bench/bench_attention_kernel.py --sweep 2>&1 | tee "$OUT/attn_sweep.txt" | tail -40 ;;
-    offloadtrace) timeout ${TRACE_TIMEOUT:-200} python3 bench/bench_offload_decode.py --rates 0.35 --steps 32 --trace-dir "$OUT" --out "$OUT/offload_trace" 2>&1 | grep -v "it/s]" | tail -12; gzip -f "$OUT"/offload_*.json ;;
+    offloadtrace) timeout ${TRACE_TIMEOUT:-200} python3 bench/bench_offload_decode.py --rates ${TRACE_RATES:-0.35} --steps 32 --trace-dir "$OUT" --out "$OUT/offload_trace" 2>&1 | grep -v "it/s]" | tail -12; gzip -f "$OUT"/offload_*.json ;;
     layerbench) timeout 120 python3 bench/bench_offload_layer.py 2>&1 | tail -12 | tee "$OUT/layer.txt" ;;
     *) echo "unknown phase $phase" ;;
   esac
