@@ -132,7 +132,7 @@ class SamplingMetadata:
         column = functools.partial(_column, device=device)
         floats = lambda name: column([getattr(p, name) for p in params])
         penalties = None  # the common case (no penalties) skips the (B, V) tensors
-        if _uses_penalties(params):
+        if uses_penalties(params):
             output_counts = _token_counts(output_ids, vocab_size, device)
             seen = output_counts > 0
             if any(p.repetition_penalty != 1 for p in params):
@@ -153,7 +153,9 @@ class SamplingMetadata:
             if banned_ids
             else None
         )
-        return cls._from_params(params, generators, vocab_size, device, penalties, banned)
+        return cls.for_params(
+            params, generators, vocab_size, device, penalties=penalties, banned=banned
+        )
 
     @classmethod
     def for_params(
@@ -162,23 +164,15 @@ class SamplingMetadata:
         generators: list[torch.Generator | None],
         vocab_size: int,
         device: torch.device | str,
+        *,
+        penalties: Penalties | None = None,
+        banned: tuple[torch.Tensor, torch.Tensor] | None = None,
     ) -> SamplingMetadata:
-        """The settings of rows whose sampling needs no token history: no penalty, and no
-        banned token (the caller has checked that every row is past its `min_tokens`)."""
-        if _uses_penalties(params):
+        """The per-row settings that follow from `params` alone. Called directly (without
+        `penalties` / `banned`, which need the token history) only for rows that use no
+        penalty and are past their `min_tokens`, as a queued look-ahead step's are."""
+        if penalties is None and uses_penalties(params):
             raise ValueError("penalties need the token history; use SamplingMetadata.build")
-        return cls._from_params(params, generators, vocab_size, device, None, None)
-
-    @classmethod
-    def _from_params(
-        cls,
-        params: list[SamplingParams],
-        generators: list[torch.Generator | None],
-        vocab_size: int,
-        device: torch.device | str,
-        penalties: Penalties | None,
-        banned: tuple[torch.Tensor, torch.Tensor] | None,
-    ) -> SamplingMetadata:
         column = functools.partial(_column, device=device)
         floats = lambda name: column([getattr(p, name) for p in params])
         is_greedy = [p.temperature < _GREEDY_EPS for p in params]
@@ -212,7 +206,8 @@ def _column(values: list, dtype: torch.dtype = torch.float32, *, device) -> torc
     return torch.tensor(values, dtype=dtype, pin_memory=pinned).to(device, non_blocking=True)
 
 
-def _uses_penalties(params: list[SamplingParams]) -> bool:
+def uses_penalties(params: list[SamplingParams]) -> bool:
+    """Some row applies a repetition, presence or frequency penalty."""
     return any(
         p.repetition_penalty != 1 or p.presence_penalty or p.frequency_penalty for p in params
     )

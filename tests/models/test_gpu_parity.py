@@ -94,8 +94,9 @@ def test_look_ahead_graphs_equal_plain_eager(ckpt):
 
 
 def test_sampled_look_ahead_graphs_equal_plain_eager(ckpt):
-    """Seeded sampling on queued graphed steps draws what plain eager decode draws, also when
-    a queued step is dropped (a request of a different length finishes, one arrives)."""
+    """Seeded top-p sampling on queued graphed steps draws what plain eager decode draws, as
+    the batch shrinks (requests of different lengths finish). Dropped queued steps and the
+    default generator are covered on CPU by tests/e2e/test_look_ahead.py."""
     _, path = ckpt
     prompts = tm.prompts(4, seed=6)
     params = [

@@ -292,3 +292,27 @@ def test_min_tokens_bans_eos_and_stop_ids():
     ids = sample(logits, build(params, vocab, output_ids=outputs, eos_token_ids={7})).token_ids
     assert ids[0] not in (3, 7) and ids[1] == 7 and ids[2] == 7
     # ignore_eos: the eos id is an ordinary token there (the engine does not stop on it).
+
+
+def test_for_params_equals_build_without_history_and_refuses_penalties():
+    """A queued look-ahead step's metadata (`for_params`) samples exactly as `build` does for
+    rows without penalties past `min_tokens`; rows with a penalty need `build`."""
+    params = [
+        SamplingParams(temperature=0.0),
+        SamplingParams(temperature=0.7, top_k=5, top_p=0.9, min_p=0.05, seed=3),
+        SamplingParams(temperature=1.3, min_tokens=2, logprobs=2),
+    ]
+    logits = torch.randn(3, 40, generator=torch.Generator().manual_seed(0))
+    outputs = [[1, 2], [3, 4], [5, 6]]  # every row past its min_tokens: nothing banned
+    drawn = []
+    for meta_of in (
+        lambda g: build(params, 40, output_ids=outputs, generators=g, eos_token_ids={0}),
+        lambda g: SamplingMetadata.for_params(params, g, 40, CPU),
+    ):
+        torch.manual_seed(5)
+        gens = [None, make_generator(3, CPU), None]
+        r = sample(logits, meta_of(gens))
+        drawn.append((r.token_ids, [None if lp is None else lp.top_ids for lp in r.logprobs]))
+    assert drawn[0] == drawn[1]
+    with pytest.raises(ValueError, match="penalties"):
+        SamplingMetadata.for_params([SamplingParams(presence_penalty=0.5)], [None], 40, CPU)

@@ -22,7 +22,13 @@ from xinfer.engine.request import TokenLogprob
 from xinfer.engine.scheduler import SchedulerOutput
 from xinfer.models.moe_decoder import MoeForCausalLM
 from xinfer.runner.forward_context import ForwardContext, forward_context
-from xinfer.sampling import PendingSample, RngSnapshot, SamplingMetadata, sample_async
+from xinfer.sampling import (
+    PendingSample,
+    RngSnapshot,
+    SamplingMetadata,
+    sample_async,
+    uses_penalties,
+)
 
 
 def _token_slice(req, start: int, n: int) -> list[int]:
@@ -237,11 +243,11 @@ class ModelRunner:
         (it needs this step's token), no banned token, the next position in an allocated KV
         block, and no row that must stop at this step's token (the queued step would surely
         be dropped)."""
+        if uses_penalties([s.request.params for s in out.scheduled]):
+            return False
         for s in out.scheduled:
             req, p, pos = s.request, s.request.params, s.start + 1
             if not (s.num_new_tokens == 1 and s.samples):
-                return False
-            if p.repetition_penalty != 1 or p.presence_penalty or p.frequency_penalty:
                 return False
             num_out = len(req.output_token_ids) + 1  # once this step's token is appended
             if num_out < p.min_tokens or num_out >= p.max_tokens:
