@@ -78,7 +78,9 @@ def test_offload_fractions_are_byte_identical(kind, tmp_path):
         got = [r.token_ids for r in llm.generate(prompts, greedy)]
         assert got == base, f"{kind}: offload {fraction} changed the output"
         stats = llm.offload_stats()
-        assert stats["hits"] + stats["misses"] > 0
+        assert stats["calls"] > 0
+        if fraction == 0.5:  # 8 slots hold a 3-request decode step: lookup/fill ran
+            assert stats["hits"] + stats["misses"] > 0
 
 
 def test_ignore_list_keeps_modules_unquantized(tmp_path):

@@ -13,7 +13,7 @@ from typing import Any
 import torch
 
 from xinfer.errors import UserError
-from xinfer.quant.base import TensorSpec, WeightFormat
+from xinfer.quant.base import KernelWeights, TensorSpec, WeightFormat
 from xinfer.quant.checks import cdiv, expect, float_scale
 from xinfer.quant.config import ModuleMatcher, QuantConfig
 
@@ -70,6 +70,10 @@ class Fp8Block(WeightFormat):
         q = (blocks / scale[:, None, :, None]).clamp(-FP8_MAX, FP8_MAX).to(FP8)
         q = q.view(padded.shape)[:n, :k].contiguous()
         return {"weight": q, "weight_scale_inv": scale}
+
+    def kernel_weights(self, tensors, k):
+        w, s = tensors["weight"], tensors["weight_scale_inv"]
+        return KernelWeights(1, w, s, None, self.block_n, self.block_k)
 
     def triton_linear(self, x, tensors, bias, n, k):
         from xinfer.kernels import quant_launch

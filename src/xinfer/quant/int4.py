@@ -9,7 +9,7 @@ from dataclasses import dataclass
 
 import torch
 
-from xinfer.quant.base import TensorSpec, WeightFormat
+from xinfer.quant.base import KernelWeights, TensorSpec, WeightFormat
 from xinfer.quant.checks import cdiv
 from xinfer.quant.packing import unpack_nibbles
 
@@ -69,6 +69,10 @@ class Int4Grouped(WeightFormat):
         scale = scale.to(self.scale_dtype).float()  # the stored scale is what dequant uses
         q = torch.round(w / scale[..., None] + zero[..., None]).clamp(0, 15)
         return q.reshape(n, k).to(torch.uint8), scale, zero.to(torch.uint8)
+
+    def kernel_weights(self, tensors, k):
+        w, s, z = tensors["qweight"], tensors["scales"], tensors.get("zeros")
+        return KernelWeights(2, w, s, z, 1, self.group(k), self.has_zero)
 
     def triton_linear(self, x, tensors, bias, n, k):
         from xinfer.kernels import quant_launch

@@ -14,7 +14,7 @@ from typing import Any
 import torch
 
 from xinfer.errors import UserError
-from xinfer.quant.base import TensorSpec, WeightFormat
+from xinfer.quant.base import KernelWeights, TensorSpec, WeightFormat
 from xinfer.quant.checks import expect
 from xinfer.quant.config import ModuleMatcher, QuantConfig
 from xinfer.quant.packing import pack_nibbles, unpack_nibbles
@@ -88,6 +88,10 @@ class Nvfp4(WeightFormat):
             "weight_scale_2": global_scale.reshape(()),
             "input_scale": torch.ones((), device=w.device),
         }
+
+    def kernel_weights(self, tensors, k):
+        w, s, s2 = tensors["weight"], tensors["weight_scale"], tensors["weight_scale_2"]
+        return KernelWeights(3, w, s, s2, 1, GROUP)
 
     def triton_linear(self, x, tensors, bias, n, k):
         from xinfer.kernels import quant_launch

@@ -30,8 +30,11 @@ def int32_to_codes(words: torch.Tensor, order: tuple[int, ...] = tuple(range(8))
 
 
 def codes_to_int32(codes: torch.Tensor, order: tuple[int, ...] = tuple(range(8))) -> torch.Tensor:
-    """Inverse of `int32_to_codes`: (..., 8W) codes → (..., W) int32."""
-    c = codes.to(torch.int64).reshape(*codes.shape[:-1], -1, 8)[..., list(order)]
+    """Inverse of `int32_to_codes`: (..., L) codes → (..., ceil(L/8)) int32 (zero-padded)."""
+    c = codes.to(torch.int64)
+    if c.shape[-1] % 8:
+        c = torch.nn.functional.pad(c, (0, 8 - c.shape[-1] % 8))
+    c = c.reshape(*codes.shape[:-1], -1, 8)[..., list(order)]
     shifts = torch.arange(0, 32, 4, dtype=torch.int64, device=codes.device)
     words = (c << shifts).sum(-1)
     return torch.where(words >= 2**31, words - 2**32, words).to(torch.int32)
