@@ -139,8 +139,10 @@ class ModelConfig:
     hf_config: dict[str, Any] = field(default_factory=dict, compare=False, repr=False)
 
     def __post_init__(self) -> None:
-        if self.hidden_act not in ("silu", "swiglu"):
-            raise UserError(f"activation {self.hidden_act!r} is not supported (only silu)")
+        if self.hidden_act not in ("silu", "swiglu", "gelu_pytorch_tanh"):
+            raise UserError(
+                f"activation {self.hidden_act!r} is not supported (silu, gelu_pytorch_tanh)"
+            )
         if self.num_heads % self.num_kv_heads:
             raise UserError("num_attention_heads must be a multiple of num_key_value_heads")
 
@@ -177,7 +179,9 @@ class ModelConfig:
         num_heads = hf["num_attention_heads"]
         head_dim = hf.get("head_dim") or hf["hidden_size"] // num_heads
         num_experts = hf.get("num_experts") or hf.get("num_local_experts") or 0
-        qk_norm = {"qwen3_moe": "head", "olmoe": "full"}.get(mt)
+        qk_norm = {"qwen3_moe": "head", "qwen3": "head", "gemma3_text": "head", "olmoe": "full"}.get(
+            mt
+        )
         eos = hf.get("eos_token_id")
         eos_ids = tuple(eos) if isinstance(eos, list) else (() if eos is None else (eos,))
         return cls(
@@ -199,13 +203,15 @@ class ModelConfig:
             rope=RopeConfig.from_hf(hf),
             max_position_embeddings=hf.get("max_position_embeddings", 4096),
             tie_word_embeddings=bool(hf.get("tie_word_embeddings", False)),
-            qkv_bias=bool(hf.get("qkv_bias", hf.get("attention_bias", mt == "qwen2_moe"))),
+            qkv_bias=bool(
+                hf.get("qkv_bias", hf.get("attention_bias", mt in ("qwen2_moe", "qwen2")))
+            ),
             qk_norm=qk_norm,
             clip_qkv=hf.get("clip_qkv"),
             shared_expert_intermediate_size=hf.get("shared_expert_intermediate_size", 0) or 0,
             mlp_only_layers=tuple(hf.get("mlp_only_layers") or ()),
             decoder_sparse_step=hf.get("decoder_sparse_step", 1) or 1,
-            hidden_act=hf.get("hidden_act", "silu"),
+            hidden_act=hf.get("hidden_act") or hf.get("hidden_activation") or "silu",
             torch_dtype=str(hf.get("dtype") or hf.get("torch_dtype") or "float32"),
             bos_token_id=hf.get("bos_token_id"),
             eos_token_ids=eos_ids,
@@ -217,6 +223,11 @@ class ModelConfig:
         p = Path(path)
         if not p.exists():
             raise UserError(f"model path {str(p)!r} does not exist")
+        if p.is_file() and p.suffix.lower() == ".gguf":
+            from xinfer.weights.gguf_config import hf_config_from_gguf
+            from xinfer.weights.gguf_loader import cached_gguf
+
+            return cls.from_hf(hf_config_from_gguf(cached_gguf(str(p))))
         if not p.is_dir():
             raise UserError(f"model path {str(p)!r} is not a directory with a config.json")
         cfg = p / "config.json"

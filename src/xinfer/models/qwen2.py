@@ -1,0 +1,10 @@
+"""Qwen2 (dense, qkv bias). A dense model is the shared decoder with a gated MLP in every layer
+(no routed experts), so it never enters the offload path."""
+
+from __future__ import annotations
+
+from xinfer.models.moe_decoder import MoeForCausalLM
+
+
+class Qwen2ForCausalLM(MoeForCausalLM):
+    pass
