@@ -276,6 +276,7 @@ class EngineConfig:
     device: str = "cpu"
     dtype: torch.dtype | None = None
     max_model_len: int | None = None
+    allow_long_max_model_len: bool = False  # accept max_model_len above the model's maximum
     load_format: str = "auto"  # auto | dummy
     seed: int = 0
     enforce_eager: bool = False
