@@ -6,6 +6,7 @@ config keys are read here from the HF config (or the GGUF-derived one)."""
 from __future__ import annotations
 
 from dataclasses import dataclass
+from typing import Any
 
 import torch
 import torch.nn.functional as F
@@ -19,9 +20,24 @@ from xinfer.layers.linear import Linear, MergedLinear
 from xinfer.layers.mlp import GatedMLP
 from xinfer.layers.norm import RMSNorm
 from xinfer.layers.rotary import RotaryEmbedding
+from xinfer.models.hf_config import decoder_fields
 from xinfer.models.moe_decoder import MoeForCausalLM
 
 _SLIDING, _FULL = "sliding_attention", "full_attention"
+
+
+def config_from_hf(hf: dict[str, Any], architecture: str) -> ModelConfig:
+    fields = decoder_fields(hf, architecture)
+    fields["hidden_act"] = hf.get("hidden_activation") or hf.get("hidden_act") or "gelu_pytorch_tanh"
+    if fields["hidden_act"] != "gelu_pytorch_tanh":
+        raise UserError(f"Gemma 3 with activation {fields['hidden_act']!r} is not supported")
+    return ModelConfig(
+        **fields,
+        num_experts=0, num_experts_per_tok=0, moe_intermediate_size=0, norm_topk_prob=False,
+        qkv_bias=bool(hf.get("attention_bias", False)),
+        qk_norm="head",
+        hf_config=hf,
+    )  # fmt: skip
 
 
 @dataclass(frozen=True)
