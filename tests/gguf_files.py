@@ -66,7 +66,9 @@ def gguf_name(hf_name: str, arch: str) -> str:
 
 def _permute(w: np.ndarray, heads: int) -> np.ndarray:
     """llama.cpp's converter: q/k rows reordered for interleaved RoPE."""
-    return w.reshape(heads, 2, w.shape[0] // heads // 2, *w.shape[1:]).swapaxes(1, 2).reshape(w.shape)
+    return (
+        w.reshape(heads, 2, w.shape[0] // heads // 2, *w.shape[1:]).swapaxes(1, 2).reshape(w.shape)
+    )
 
 
 def _stack_experts(sd: dict[str, torch.Tensor]) -> dict[str, np.ndarray]:

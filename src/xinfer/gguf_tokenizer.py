@@ -84,7 +84,13 @@ def _sentencepiece(meta: dict[str, Any], tokens: list[str]) -> HFTokenizer:
     unk_id = meta.get("tokenizer.ggml.unknown_token_id")
     unk = tokens[unk_id] if unk_id is not None else None
     tok = HFTokenizer(
-        BPE(vocab, spm_merges(tokens, scores, mergeable), unk_token=unk, fuse_unk=True, byte_fallback=True)
+        BPE(
+            vocab,
+            spm_merges(tokens, scores, mergeable),
+            unk_token=unk,
+            fuse_unk=True,
+            byte_fallback=True,
+        )
     )
     add_prefix = bool(meta.get("tokenizer.ggml.add_space_prefix", True))
     steps = [normalizers.Prepend("▁")] if add_prefix else []
@@ -110,7 +116,11 @@ def tokenizer_from_gguf(meta: dict[str, Any]) -> Tokenizer | None:
     backend = builders[kind](meta, tokens)
     types = meta.get("tokenizer.ggml.token_type") or []
     backend.add_special_tokens(
-        [AddedToken(tokens[i], normalized=False, special=True) for i, t in enumerate(types) if t == _CONTROL]
+        [
+            AddedToken(tokens[i], normalized=False, special=True)
+            for i, t in enumerate(types)
+            if t == _CONTROL
+        ]
     )
     backend.add_tokens(
         [AddedToken(tokens[i], normalized=False) for i, t in enumerate(types) if t == _USER_DEFINED]

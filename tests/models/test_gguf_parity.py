@@ -64,7 +64,9 @@ def test_gguf_moe_offload_is_byte_identical_across_fractions(tmp_path):
     path = gf.write_gguf(hf, tmp_path / "moe.gguf", "qwen3moe", "Q4_0", MOE_META)
     prompts = tm.prompts(4, seed=5)
     params = SamplingParams(temperature=0, max_tokens=12)
-    base = [r.token_ids for r in LLM(str(path), device="cpu", dtype="float32").generate(prompts, params)]
+    base = [
+        r.token_ids for r in LLM(str(path), device="cpu", dtype="float32").generate(prompts, params)
+    ]
     for fraction in (0.25, 0.5, 1.0):
         llm = LLM(str(path), device="cpu", dtype="float32", moe_offload=fraction)
         assert llm.engine.offload_manager is not None

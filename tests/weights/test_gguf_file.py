@@ -18,7 +18,9 @@ def _write(path, arch="qwen3moe", tensors=None, meta=True):
         w.add_token_list(["a", "b", "<s>"])
         w.add_array("test.floats", [0.5, -1.25])
         w.add_string("tokenizer.chat_template", "{{ messages }}")
-    for name, arr, qtype in tensors or [("blk.0.attn_q.weight", np.ones((4, 32), np.float32), None)]:
+    for name, arr, qtype in tensors or [
+        ("blk.0.attn_q.weight", np.ones((4, 32), np.float32), None)
+    ]:
         if qtype is None:
             w.add_tensor(name, arr)
         else:
@@ -32,7 +34,9 @@ def _write(path, arch="qwen3moe", tensors=None, meta=True):
 
 def test_reader_matches_gguf_package(tmp_path):
     rng = np.random.default_rng(0)
-    q8 = gguf.quants.quantize(rng.standard_normal((6, 64)).astype(np.float32), gguf.GGMLQuantizationType.Q8_0)
+    q8 = gguf.quants.quantize(
+        rng.standard_normal((6, 64)).astype(np.float32), gguf.GGMLQuantizationType.Q8_0
+    )
     tensors = [
         ("a.weight", rng.standard_normal((3, 32)).astype(np.float32), None),
         ("b.weight", rng.standard_normal((5, 32)).astype(np.float16), None),
@@ -44,11 +48,16 @@ def test_reader_matches_gguf_package(tmp_path):
     for t in ref.tensors:
         got = ours.tensors[t.name]
         assert got.shape == tuple(reversed(t.shape.tolist()))
-        assert np.array_equal(got.raw.numpy().reshape(-1), np.asarray(t.data).view(np.uint8).reshape(-1))
+        assert np.array_equal(
+            got.raw.numpy().reshape(-1), np.asarray(t.data).view(np.uint8).reshape(-1)
+        )
     for key, field in ref.fields.items():
         if not key.startswith("GGUF."):
             assert ours.metadata[key] == field.contents()
-    assert ours.tensors["c.weight"].shape == (6, 64) and ours.tensors["c.weight"].raw.shape == (6, 68)
+    assert ours.tensors["c.weight"].shape == (6, 64) and ours.tensors["c.weight"].raw.shape == (
+        6,
+        68,
+    )
     assert ours.arch == "qwen3moe" and ours.get("block_count") == 1
 
 
@@ -60,14 +69,23 @@ def test_tensors_are_memory_mapped_not_copied(tmp_path):
         owners = [
             line.split()[-1]
             for line in maps
-            if int(line.split()[0].split("-")[0], 16) <= addr < int(line.split()[0].split("-")[1], 16)
+            if int(line.split()[0].split("-")[0], 16)
+            <= addr
+            < int(line.split()[0].split("-")[1], 16)
         ]
     assert owners == [str(path)]
 
 
 def test_split_files_are_read_as_one(tmp_path):
-    _write(tmp_path / "m-00001-of-00002.gguf", tensors=[("x.weight", np.ones((2, 32), np.float32), None)])
-    _write(tmp_path / "m-00002-of-00002.gguf", tensors=[("y.weight", np.zeros((3, 32), np.float32), None)], meta=False)
+    _write(
+        tmp_path / "m-00001-of-00002.gguf",
+        tensors=[("x.weight", np.ones((2, 32), np.float32), None)],
+    )
+    _write(
+        tmp_path / "m-00002-of-00002.gguf",
+        tensors=[("y.weight", np.zeros((3, 32), np.float32), None)],
+        meta=False,
+    )
     ckpt = open_gguf(tmp_path / "m-00001-of-00002.gguf")
     assert set(ckpt.tensors) == {"x.weight", "y.weight"} and len(ckpt.paths) == 2
     (tmp_path / "m-00002-of-00002.gguf").unlink()
@@ -97,7 +115,9 @@ def test_not_gguf_and_unsupported_type_are_refused(tmp_path):
     with pytest.raises(UserError, match="not a GGUF file"):
         open_gguf(bad)
     raw = np.zeros((2, 66), np.uint8)  # two IQ2_XXS blocks
-    path = _write(tmp_path / "iq.gguf", tensors=[("w.weight", raw, gguf.GGMLQuantizationType.IQ2_XXS)])
+    path = _write(
+        tmp_path / "iq.gguf", tensors=[("w.weight", raw, gguf.GGMLQuantizationType.IQ2_XXS)]
+    )
     with pytest.raises(UserError) as e:
         open_gguf(path)
     assert "cannot run" in _one_sentence(e.value)

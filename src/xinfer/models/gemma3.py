@@ -28,7 +28,9 @@ _SLIDING, _FULL = "sliding_attention", "full_attention"
 
 def config_from_hf(hf: dict[str, Any], architecture: str) -> ModelConfig:
     fields = decoder_fields(hf, architecture)
-    fields["hidden_act"] = hf.get("hidden_activation") or hf.get("hidden_act") or "gelu_pytorch_tanh"
+    fields["hidden_act"] = (
+        hf.get("hidden_activation") or hf.get("hidden_act") or "gelu_pytorch_tanh"
+    )
     if fields["hidden_act"] != "gelu_pytorch_tanh":
         raise UserError(f"Gemma 3 with activation {fields['hidden_act']!r} is not supported")
     return ModelConfig(
@@ -111,7 +113,10 @@ class Gemma3Attention(nn.Module):
             cfg.hidden_size, {"q": nh * hd, "k": nkv * hd, "v": nkv * hd}, bias=cfg.qkv_bias
         )
         self.o_proj = Linear(nh * hd, cfg.hidden_size)
-        self.q_norm, self.k_norm = GemmaRMSNorm(hd, cfg.rms_norm_eps), GemmaRMSNorm(hd, cfg.rms_norm_eps)
+        self.q_norm, self.k_norm = (
+            GemmaRMSNorm(hd, cfg.rms_norm_eps),
+            GemmaRMSNorm(hd, cfg.rms_norm_eps),
+        )
         self.rotary = rotary  # shared by all layers of this kind
         window = extras.sliding_window if is_sliding else None
         scale = extras.query_pre_attn_scalar**-0.5

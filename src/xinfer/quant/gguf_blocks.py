@@ -31,7 +31,9 @@ class BlockType:
 
     def row_bytes(self, row_len: int) -> int:
         if row_len % self.block_size:
-            raise ValueError(f"{self.name}: row length {row_len} is not a multiple of {self.block_size}")
+            raise ValueError(
+                f"{self.name}: row length {row_len} is not a multiple of {self.block_size}"
+            )
         return row_len // self.block_size * self.type_size
 
 

@@ -12,9 +12,9 @@ import torch
 from xinfer.config import ModelConfig, parse_dtype
 from xinfer.models.moe_decoder import MoeForCausalLM
 from xinfer.models.registry import get_model_class
+from xinfer.weights.checkpoint import iter_checkpoint
 from xinfer.weights.dummy import init_dummy_weights
 from xinfer.weights.loader import load_weights
-from xinfer.weights.checkpoint import iter_checkpoint
 
 logger = logging.getLogger(__name__)
 
@@ -76,6 +76,6 @@ def build_model(
     if load_format == "dummy":
         init_dummy_weights(model, seed=seed, gen_device=device, show_progress=show_progress)
     else:
-        tensors = iter_checkpoint(model_dir, cfg.hf_config, show_progress)
+        tensors = iter_checkpoint(model_dir, cfg.hf_config, show_progress, device)
         load_weights(model, tensors, cls.checkpoint_renames)
     return model

@@ -14,10 +14,14 @@ from xinfer.weights.safetensors import iter_safetensors
 
 
 def iter_checkpoint(
-    path: str | Path, hf_config: dict[str, Any], show_progress: bool = True
+    path: str | Path,
+    hf_config: dict[str, Any],
+    show_progress: bool = True,
+    device: torch.device | None = None,
 ) -> Iterator[tuple[str, torch.Tensor]]:
+    """`device`: where GGUF blocks are dequantized (the GPU, when the model runs there)."""
     if is_gguf_path(path) and Path(path).is_file():
         from xinfer.weights.gguf_loader import iter_gguf
 
-        return iter_gguf(path, hf_config, show_progress)
+        return iter_gguf(path, hf_config, show_progress, device)
     return iter_safetensors(path, show_progress)

@@ -56,7 +56,10 @@ def _rope_scaling(ckpt: GGUFCheckpoint) -> dict[str, Any] | None:
     kind = ckpt.get("rope.scaling.type")
     if kind in (None, "none"):
         return None
-    scaling: dict[str, Any] = {"rope_type": kind, "factor": float(ckpt.get("rope.scaling.factor", 1.0))}
+    scaling: dict[str, Any] = {
+        "rope_type": kind,
+        "factor": float(ckpt.get("rope.scaling.factor", 1.0)),
+    }
     if (orig := ckpt.get("rope.scaling.original_context_length")) is not None:
         scaling["original_max_position_embeddings"] = int(orig)
     return scaling

@@ -119,15 +119,21 @@ def split_parts(path: Path) -> list[Path]:
     if not m:
         return [path]
     count = int(m["count"])
-    parts = [path.with_name(f"{m['stem']}-{i:05d}-of-{count:05d}.gguf") for i in range(1, count + 1)]
+    parts = [
+        path.with_name(f"{m['stem']}-{i:05d}-of-{count:05d}.gguf") for i in range(1, count + 1)
+    ]
     absent = [p.name for p in parts if not p.is_file()]
     if absent:
         raise UserError(f"split GGUF {path.name!r} is missing its parts {', '.join(absent)}")
     return parts
 
 
-def _parse(path: Path) -> tuple[dict[str, Any], list[tuple[str, int, tuple[int, ...], int]], np.ndarray, int]:
-    data = np.memmap(path, dtype=np.uint8, mode="r") if path.stat().st_size else np.zeros(0, np.uint8)
+def _parse(
+    path: Path,
+) -> tuple[dict[str, Any], list[tuple[str, int, tuple[int, ...], int]], np.ndarray, int]:
+    data = (
+        np.memmap(path, dtype=np.uint8, mode="r") if path.stat().st_size else np.zeros(0, np.uint8)
+    )
     h = _Header(data)
     if len(data) < 4 or bytes(data[:4]) != _MAGIC:
         raise UserError(f"{str(path)!r} is not a GGUF file (its first bytes are not 'GGUF')")
@@ -185,7 +191,9 @@ def open_gguf(path: str | Path) -> GGUFCheckpoint:
             meta, infos, data, data_start = _parse(part)
         except (_Truncated, ValueError, OverflowError, MemoryError) as e:
             why = "it is cut short" if isinstance(e, _Truncated) else f"bad header: {e}"
-            raise UserError(f"{str(part)!r} is not a complete GGUF file ({why}); download it again") from None
+            raise UserError(
+                f"{str(part)!r} is not a complete GGUF file ({why}); download it again"
+            ) from None
         if part == parts[0]:
             metadata = meta
         for info in infos:

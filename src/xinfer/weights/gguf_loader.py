@@ -35,11 +35,16 @@ def hf_rows(t: GGUFTensor, values: torch.Tensor, ckpt: GGUFCheckpoint, hf: dict)
         heads = hf.get("num_key_value_heads") or hf["num_attention_heads"]
     else:
         return values
-    return values[gguf_names.unpermute_order(values.shape[0], heads)]
+    return values[gguf_names.unpermute_order(values.shape[0], heads).to(values.device)]
 
 
-def dequantized(t: GGUFTensor, ckpt: GGUFCheckpoint, hf: dict) -> torch.Tensor:
-    values = dequantize(t.raw, t.btype, t.row_len)
+def dequantized(
+    t: GGUFTensor, ckpt: GGUFCheckpoint, hf: dict, device: torch.device | None = None
+) -> torch.Tensor:
+    """float32 values in HF layout; the blocks are copied to `device` (a GPU dequantizes a
+    30B model in seconds, the CPU twins take minutes) before the twin runs there."""
+    raw = t.raw if device is None or device.type == "cpu" else t.raw.to(device)
+    values = dequantize(raw, t.btype, t.row_len)
     if gguf_names.is_offset_norm(ckpt.arch, t.name):
         values = values - 1.0
     if t.name.endswith("ffn_gate_inp_shexp.weight"):
@@ -48,12 +53,15 @@ def dequantized(t: GGUFTensor, ckpt: GGUFCheckpoint, hf: dict) -> torch.Tensor:
 
 
 def iter_gguf(
-    path: str | Path, hf: dict[str, Any], show_progress: bool = True
+    path: str | Path,
+    hf: dict[str, Any],
+    show_progress: bool = True,
+    device: torch.device | None = None,
 ) -> Iterator[tuple[str, torch.Tensor]]:
     ckpt = cached_gguf(str(path))
     for t in tqdm(ckpt.tensors.values(), desc="Loading GGUF", disable=not show_progress):
         if (experts := gguf_names.expert_names(t.name, t.shape[0])) is not None:
-            stack = dequantized(t, ckpt, hf)  # (E, rows, K)
+            stack = dequantized(t, ckpt, hf, device)  # (E, rows, K)
             for e, name in enumerate(experts):
                 yield name, stack[e]
             continue
@@ -62,4 +70,4 @@ def iter_gguf(
             if t.name.startswith("rope_"):  # llama.cpp's precomputed RoPE factors
                 continue
             raise UserError(f"GGUF tensor {t.name!r} is not one a {ckpt.arch} model uses")
-        yield name, dequantized(t, ckpt, hf)
+        yield name, dequantized(t, ckpt, hf, device)
