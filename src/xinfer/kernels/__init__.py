@@ -190,9 +190,20 @@ def paged_attention(
     scale: float,
     max_query_len: int | None = None,
     max_seq_len: int | None = None,
+    sliding_window: int | None = None,
 ) -> torch.Tensor:
     """`max_query_len`/`max_seq_len` are host-side bounds that let the GPU path pick its
-    decode or prefill kernel and grid without reading device memory."""
+    decode or prefill kernel and grid without reading device memory. `sliding_window` W:
+    a query at position p sees keys in (p - W, p] only (Gemma 3's local layers)."""
+    if sliding_window is not None and (max_seq_len is None or max_seq_len > sliding_window):
+        if use_triton(q):
+            raise NotImplementedError(
+                "sliding-window attention past the window is not implemented in the Triton "
+                f"kernels yet; use --max-model-len {sliding_window} on the GPU"
+            )
+        return reference.paged_attention(
+            q, k_cache, v_cache, block_tables, seq_lens, query_start_loc, scale, sliding_window
+        )
     if use_triton(q):
         from xinfer.kernels import attn_launch
 

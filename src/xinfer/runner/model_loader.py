@@ -17,9 +17,9 @@ from xinfer.models.moe_decoder import MoeForCausalLM
 from xinfer.models.registry import get_model_class
 from xinfer.quant.assign import assign_formats, deferred_weights
 from xinfer.quant.config import QuantConfig, resolve_quant_config
+from xinfer.weights.checkpoint import iter_checkpoint
 from xinfer.weights.dummy import init_dummy_weights
 from xinfer.weights.loader import load_weights
-from xinfer.weights.safetensors import iter_safetensors
 
 logger = logging.getLogger(__name__)
 
@@ -117,5 +117,6 @@ def build_model(
         init_dummy_weights(model, seed=seed, gen_device=device, show_progress=show_progress)
     else:
         cls = get_model_class(cfg.architecture)
-        load_weights(model, iter_safetensors(model_dir, show_progress), cls.checkpoint_renames)
+        tensors = iter_checkpoint(model_dir, cfg.hf_config, show_progress, device)
+        load_weights(model, tensors, cls.checkpoint_renames)
     return model
