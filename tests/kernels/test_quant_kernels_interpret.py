@@ -86,6 +86,7 @@ def test_linear_matches_twin(ql, name, dtype, m):
 @pytest.mark.parametrize("use_gemv", [True, False], ids=["gemv", "grouped"])
 def test_fused_moe_matches_twin(ql, name, use_gemv):
     from xinfer.kernels import reference
+
     fmt = _formats()[name]
     num_experts, top_k, tokens = 5, 2, 7
     _, k = SHAPES.get(name, DEFAULT_SHAPE)
