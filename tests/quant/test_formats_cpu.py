@@ -78,7 +78,7 @@ def test_offload_fractions_are_byte_identical(kind, tmp_path):
         got = [r.token_ids for r in llm.generate(prompts, greedy)]
         assert got == base, f"{kind}: offload {fraction} changed the output"
         stats = llm.offload_stats()
-        assert stats["calls"] > 0
+        assert stats["calls"] + stats["staging_copies"] > 0  # the experts went through offload
         if fraction == 0.5:  # 8 slots hold a 3-request decode step: lookup/fill ran
             assert stats["hits"] + stats["misses"] > 0
 

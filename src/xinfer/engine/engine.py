@@ -11,12 +11,12 @@ import torch
 
 from xinfer.config import EngineConfig, ModelConfig
 from xinfer.engine.kv_cache import BlockAllocator
-from xinfer.engine.memory import check_weights_fit, plan_num_blocks
+from xinfer.engine.memory import plan_num_blocks
 from xinfer.engine.output import OutputProcessor
 from xinfer.engine.request import Request, RequestOutput
 from xinfer.engine.scheduler import Scheduler
 from xinfer.errors import UserError
-from xinfer.runner.model_loader import build_model, resident_weight_bytes, resolve_dtype
+from xinfer.runner.model_loader import build_model, plan_weights, resolve_dtype
 from xinfer.runner.model_runner import ModelRunner
 from xinfer.sampling import SamplingParams, make_generator
 from xinfer.tokenizer import Tokenizer
@@ -62,15 +62,12 @@ class Engine:
             offload = replace(offload, fraction=None, is_auto=False)
         self.offload_manager = None
         expert_device = torch.device("cpu") if offload.is_enabled else self.device
-        if offload.is_enabled:  # before any expert is read: fail early if RAM is too small
-            from xinfer.offload.host_store import check_host_ram_for_experts
-
-            check_host_ram_for_experts(cfg, self.dtype)
-        if self.device.type == "cuda":  # ...and if the GPU cannot hold what stays on it
-            weights = resident_weight_bytes(
-                cfg, self.dtype, self.max_model_len, include_experts=not offload.is_enabled
-            )
-            check_weights_fit(weights, self.device, config.gpu_memory_limit_gb, cfg.is_moe)
+        # before any weight is read: host RAM for offloaded experts, the GPU for the rest,
+        # in the checkpoint's formats (quantized sizes)
+        self.weight_plan = plan_weights(
+            cfg, self.dtype, self.max_model_len, offload.is_enabled, config.model
+        )
+        self.weight_plan.check(self.device, config.gpu_memory_limit_gb, cfg.is_moe)
         self.model = build_model(
             config.model,
             cfg,
