@@ -111,10 +111,17 @@ def reference_dequant(kind: str, qc: dict, t: dict[str, torch.Tensor], n: int, k
 
 
 def write_quantized(
-    arch: str, kind: str, path: Path, seed: int = 0, skip: re.Pattern | None = None, **overrides
+    arch: str,
+    kind: str,
+    path: Path,
+    seed: int = 0,
+    skip: re.Pattern | None = None,
+    reference: bool = True,
+    **overrides,
 ):
     """Write the checkpoint; returns (transformers model with the dequantized weights, path).
-    Modules matching `skip` stay unquantized (and the config's ignore list must say so)."""
+    Modules matching `skip` stay unquantized (and the config's ignore list must say so).
+    `reference=False` skips the dequantized reference (the model keeps its float weights)."""
     qc = json.loads(json.dumps(FORMATS[kind]))
     extra = {"shared_expert_intermediate_size": 128} if arch == "qwen2_moe" else {}
     hf = tm.make_hf_model(arch, seed=seed, **{**SHAPE, **extra, **overrides})
@@ -145,10 +152,12 @@ def write_quantized(
             q = {f"{module}.{k}": v.contiguous() for k, v in fmt.quantize(w).items()}
             tensors.update(q)
             local = {k.rsplit(".", 1)[1]: v for k, v in q.items()}
-            floats[name] = reference_dequant(kind, qc, local, *w.shape)
+            if reference:
+                floats[name] = reference_dequant(kind, qc, local, *w.shape)
         else:
             tensors[name] = w.contiguous()
             floats[name] = w
     save_file(tensors, str(path / "model.safetensors"), metadata={"format": "pt"})
-    hf.load_state_dict(fused_weights(floats, full), strict=False)
+    if reference:
+        hf.load_state_dict(fused_weights(floats, full), strict=False)
     return hf, path

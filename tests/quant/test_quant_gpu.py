@@ -16,7 +16,9 @@ PARAMS = SamplingParams(max_tokens=32, temperature=0.0, ignore_eos=True)
 
 @pytest.mark.parametrize("kind", ["fp8", "nvfp4", "gptq", "awq", "ct-asym-g64"])
 def test_offload_graph_equals_eager_equals_resident(kind, tmp_path):
-    _, path = qk.write_quantized("qwen3_moe", kind, tmp_path / kind, seed=1, num_experts=16)
+    _, path = qk.write_quantized(
+        "qwen3_moe", kind, tmp_path / kind, seed=1, reference=False, num_experts=16
+    )
     kw = dict(device="cuda:0", dtype="bfloat16", num_kv_blocks=64)
 
     def run(**extra):
@@ -36,7 +38,7 @@ def test_offload_graph_equals_eager_equals_resident(kind, tmp_path):
 
 @pytest.mark.parametrize("kind", ["fp8", "nvfp4", "gptq", "ct"])
 def test_dummy_weights_in_each_format_generate(kind, tmp_path):
-    _, path = qk.write_quantized("qwen3_moe", kind, tmp_path / kind)
+    _, path = qk.write_quantized("qwen3_moe", kind, tmp_path / kind, reference=False)
     llm = LLM(str(path), device="cuda:0", dtype="bfloat16", load_format="dummy",
               num_kv_blocks=64)  # fmt: skip
     layer = llm.engine.model.moe_layers()[0]
