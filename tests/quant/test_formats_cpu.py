@@ -171,3 +171,23 @@ def test_unsupported_options_are_refused_before_loading(kind, change, message, t
     (path / "config.json").write_text(json.dumps(cfg))
     with pytest.raises(UserError, match=message):
         LLM(str(path), device="cpu", dtype="float32")
+
+
+@pytest.mark.parametrize("kind", ["fp8", "nvfp4", "gptq", "awq", "ct-asym-g64"])
+def test_dummy_weights_are_valid_in_the_declared_format(kind, tmp_path):
+    """`--load-format dummy` quantizes random weights with the format's own quantizer: the
+    layers hold that format, the model generates, and offload moves the stored bytes
+    (bytes per miss = the format's bytes per expert) without changing the output."""
+    _, path = qk.write_quantized("qwen3_moe", kind, tmp_path / kind, reference=False)
+    greedy = SamplingParams(temperature=0, max_tokens=8, ignore_eos=True)
+    kw = dict(device="cpu", dtype="float32", load_format="dummy")
+    llm = LLM(str(path), **kw)
+    moe = llm.engine.model.moe_layers()[0]
+    assert moe.weight_format.is_quantized and moe.weight_format.name.startswith(kind[:2])
+    base = [r.token_ids for r in llm.generate(tm.prompts(2), greedy)]
+    off = LLM(str(path), moe_offload=0.5, **kw)
+    assert [r.token_ids for r in off.generate(tm.prompts(2), greedy)] == base
+    stats = off.offload_stats()
+    per_miss = moe.expert_weights.expert_bytes
+    assert per_miss < 3 * 128 * 128 * 4 / 3  # well under the fp32 expert's bytes
+    assert stats["bytes_copied"] == stats["misses"] * per_miss
