@@ -38,7 +38,7 @@ FORMATS = {
     "awq": AwqInt4(group_size=128, has_zero=True),
     "ct": PackQuantizedInt4(128, False, torch.bfloat16),
 }
-H, I, E, K_TOP = 2048, 768, 128, 8
+HIDDEN, INTER, NUM_EXPERTS, TOP_K = 2048, 768, 128, 8
 
 
 def stack(fmt, n, k, count, g):
@@ -53,9 +53,12 @@ def nbytes(tensors: dict, rows: int | None = None) -> int:
 
 def moe_case(name, fmt, tokens, sweep):
     g = torch.Generator(device=DEV).manual_seed(0)
-    w13, w2 = stack(fmt, 2 * I, H, E, g), stack(fmt, H, I, E, g)
-    hidden = torch.randn(tokens, H, device=DEV, dtype=torch.bfloat16)
-    weights, ids = reference.route_topk(torch.randn(tokens, E, device=DEV), K_TOP, True)
+    w13, w2 = (
+        stack(fmt, 2 * INTER, HIDDEN, NUM_EXPERTS, g),
+        stack(fmt, HIDDEN, INTER, NUM_EXPERTS, g),
+    )
+    hidden = torch.randn(tokens, HIDDEN, device=DEV, dtype=torch.bfloat16)
+    weights, ids = reference.route_topk(torch.randn(tokens, NUM_EXPERTS, device=DEV), TOP_K, True)
     touched = len(set(ids.flatten().tolist()))
     moved = touched * (nbytes(w13) + nbytes(w2))
     if name == "bf16":
@@ -64,8 +67,8 @@ def moe_case(name, fmt, tokens, sweep):
         run = lambda **kw: moe_launch.fused_moe(hidden, ids, weights, w13["weight"], w2["weight"])
         sweep = False
     else:
-        run = lambda **kw: ql.fused_moe(hidden, ids, weights, fmt, w13, w2, I, **kw)
-        ref = fmt.reference_moe(hidden, ids, weights, w13, w2, I).float()
+        run = lambda **kw: ql.fused_moe(hidden, ids, weights, fmt, w13, w2, INTER, **kw)
+        ref = fmt.reference_moe(hidden, ids, weights, w13, w2, INTER).float()
         err = (run().float() - ref).norm() / ref.norm()
         assert err < 1e-2, f"{name} moe T={tokens}: relative error {err:.2e}"
     configs = [None]
