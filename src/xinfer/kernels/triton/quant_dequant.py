@@ -48,7 +48,7 @@ def load_weight_tile(
         mag = code & 7
         e = mag >> 1
         m = (mag & 1).to(tl.float32)
-        pow2 = (1 << tl.maximum(e - 1, 0)).to(tl.float32)
+        pow2 = tl.where(e == 3, 4.0, tl.where(e == 2, 2.0, 1.0))  # 2^(e-1) for e >= 1
         v = tl.where(e == 0, 0.5 * m, (1.0 + 0.5 * m) * pow2)
         v = tl.where(code >= 8, -v, v)
         s = tl.load(s_ptr + rows * stride_sn + offs_k[None, :] // 16, mask=mask, other=0.0)
