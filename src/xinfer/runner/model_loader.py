@@ -76,5 +76,6 @@ def build_model(
     if load_format == "dummy":
         init_dummy_weights(model, seed=seed, gen_device=device, show_progress=show_progress)
     else:
-        load_weights(model, iter_safetensors(model_dir, show_progress), cls.checkpoint_renames)
+        tensors = model.adapt_checkpoint(iter_safetensors(model_dir, show_progress))
+        load_weights(model, tensors, cls.checkpoint_renames, cls.merged_projections)
     return model

@@ -59,7 +59,10 @@ def _slice(model: nn.Module, dst: torch.Tensor, name: str, t: Target) -> torch.T
 
 
 def load_weights(
-    model: nn.Module, tensors: Iterable[tuple[str, torch.Tensor]], renames: tuple = ()
+    model: nn.Module,
+    tensors: Iterable[tuple[str, torch.Tensor]],
+    renames: tuple = (),
+    merged: dict[str, tuple[str, str]] | None = None,
 ) -> LoadReport:
     targets = named_targets(model)
     tie = getattr(model, "lm_head", 0) is None
@@ -68,7 +71,7 @@ def load_weights(
     for ckpt_name, tensor in tensors:
         if ckpt_name.endswith(_IGNORED_SUFFIXES) or (tie and ckpt_name == "lm_head.weight"):
             continue
-        t = map_name(ckpt_name, renames)
+        t = map_name(ckpt_name, renames, merged)
         if t.name not in targets:
             report.unexpected.append(ckpt_name)
             continue

@@ -1,6 +1,7 @@
 """Checkpoint name → (target tensor, where in it). One declarative table covers the merged
 projections (q|k|v, gate|up), per-expert tensors stacked into `[E, ...]`, and transformers 5's
-fused expert tensors; model classes add their renames (`checkpoint_renames`)."""
+fused expert tensors; model classes add their renames (`checkpoint_renames`) and merged
+projections of their own (`merged_projections`)."""
 
 from __future__ import annotations
 
@@ -17,7 +18,7 @@ _MERGED = {
 }
 _PER_EXPERT = re.compile(r"^(?P<prefix>.*\.experts)\.(?P<e>\d+)\.(?P<proj>\w+)\.weight$")
 _FUSED_EXPERT = re.compile(r"^(?P<prefix>.*\.experts)\.(?P<proj>gate_up_proj|down_proj)$")
-_PROJ = re.compile(r"^(?P<prefix>.*)\.(?P<proj>[a-z_]+_proj)\.(?P<kind>weight|bias)$")
+_PROJ = re.compile(r"^(?P<prefix>.*)\.(?P<proj>\w+)\.(?P<kind>weight|bias)$")
 
 
 @dataclass(frozen=True)
@@ -42,7 +43,12 @@ def apply_renames(name: str, renames: tuple[tuple[str, str], ...]) -> str:
     return name
 
 
-def map_name(name: str, renames: tuple[tuple[str, str], ...] = ()) -> Target:
+def map_name(
+    name: str,
+    renames: tuple[tuple[str, str], ...] = (),
+    merged: dict[str, tuple[str, str]] | None = None,
+) -> Target:
+    """`merged`: a model's own projection → (merged parameter, part) entries."""
     name = apply_renames(name, renames)
     if m := _PER_EXPERT.match(name):
         prefix, e, proj = m["prefix"], int(m["e"]), m["proj"]
@@ -52,7 +58,8 @@ def map_name(name: str, renames: tuple[tuple[str, str], ...] = ()) -> Target:
             return Target(f"{prefix}.w13", expert=e, half=0 if proj == "gate_proj" else 1)
     if m := _FUSED_EXPERT.match(name):
         return Target(f"{m['prefix']}.{'w13' if m['proj'] == 'gate_up_proj' else 'w2'}")
-    if (m := _PROJ.match(name)) and m["proj"] in _MERGED:
-        merged, part = _MERGED[m["proj"]]
-        return Target(f"{m['prefix']}.{merged}.{m['kind']}", part=part)
+    table = {**_MERGED, **merged} if merged else _MERGED
+    if (m := _PROJ.match(name)) and m["proj"] in table:
+        target, part = table[m["proj"]]
+        return Target(f"{m['prefix']}.{target}.{m['kind']}", part=part)
     return Target(name)
