@@ -1,5 +1,5 @@
-"""Gated DeltaNet, the linear-attention token mixer of Qwen3-Next and Qwen3.5: one input
-projection [q k v | z | b | a], a depthwise causal conv over q k v, the gated delta rule
+"""Gated DeltaNet, the linear-attention token mixer of Qwen3-Next and Qwen3.5: input
+projections [q k v | z] and [b | a], a depthwise causal conv over q k v, the gated delta rule
 (chunked over a prompt, one recurrent step per decode token) and a gated RMSNorm before
 the output projection. Its per-request state (the conv's last inputs and the (Hv, Dk, Dv)
 delta-rule matrix) lives in slots bound by the model runner (`bind_state`); the forward
@@ -39,22 +39,26 @@ class GatedDeltaNet(nn.Module):
         head_v_dim: int,
         conv_kernel_size: int,
         eps: float,
-        in_proj_parts: dict[str, int],
+        split_projections: bool,
     ) -> None:
-        """`in_proj_parts`: the checkpoint's names and sizes of the input projections, in
-        the order [q k v | z | b | a] once loaded (the model file reorders interleaved
-        layouts while loading)."""
+        """`split_projections`: the checkpoint stores `in_proj_qkv`, `in_proj_z`, `in_proj_b`
+        and `in_proj_a` apart (Qwen3.5; merged here into `in_proj_qkvz` and `in_proj_ba`,
+        parts named after them); otherwise as `in_proj_qkvz` and `in_proj_ba` whose rows the
+        model file has put in [q k v | z] and [b | a] order while loading (Qwen3-Next)."""
         super().__init__()
         self.num_k_heads, self.num_v_heads = num_k_heads, num_v_heads
         self.head_k_dim, self.head_v_dim = head_k_dim, head_v_dim
         self.key_dim, self.value_dim = num_k_heads * head_k_dim, num_v_heads * head_v_dim
         self.conv_dim = 2 * self.key_dim + self.value_dim
         self.conv_kernel_size, self.eps = conv_kernel_size, eps
-        widths = [self.conv_dim, self.value_dim, num_v_heads, num_v_heads]
-        if sum(in_proj_parts.values()) != sum(widths):
-            raise ValueError(f"GatedDeltaNet: in_proj parts {in_proj_parts} != {widths}")
-        self.in_proj = MergedLinear(hidden_size, in_proj_parts)
-        self.split_sizes = widths
+        if split_projections:
+            qkvz = {"in_proj_qkv": self.conv_dim, "in_proj_z": self.value_dim}
+            self.in_proj_qkvz: Linear = MergedLinear(hidden_size, qkvz)
+            ba = {"in_proj_b": num_v_heads, "in_proj_a": num_v_heads}
+            self.in_proj_ba: Linear = MergedLinear(hidden_size, ba)
+        else:
+            self.in_proj_qkvz = Linear(hidden_size, self.conv_dim + self.value_dim)
+            self.in_proj_ba = Linear(hidden_size, 2 * num_v_heads)
         self.conv1d = _ConvWeight(self.conv_dim, conv_kernel_size)
         self.dt_bias = nn.Parameter(torch.ones(num_v_heads))
         self.A_log = nn.Parameter(torch.zeros(num_v_heads))
@@ -79,7 +83,8 @@ class GatedDeltaNet(nn.Module):
         if ctx.state_ids is None:
             raise RuntimeError("the forward context has no state slots for linear attention")
         num_tokens = x.shape[0]
-        mixed, z, b, a = self.in_proj(x).split(self.split_sizes, dim=-1)
+        mixed, z = self.in_proj_qkvz(x).split([self.conv_dim, self.value_dim], dim=-1)
+        b, a = self.in_proj_ba(x).split([self.num_v_heads, self.num_v_heads], dim=-1)
         conv_w = self.conv1d.weight.view(self.conv_dim, self.conv_kernel_size)
         ids, lens = ctx.state_ids, ctx.seq_lens
         if ctx.is_decode:  # one token per sequence: fixed shapes, CUDA-graph safe

@@ -112,7 +112,7 @@ class HybridDecoderLayer(nn.Module):
         layer_idx: int,
         max_pos: int,
         expert_device: torch.device | None,
-        linear_in_proj_parts: dict[str, int],
+        split_projections: bool,
     ) -> None:
         super().__init__()
         self.is_linear = cfg.layer_types[layer_idx] == LINEAR
@@ -125,7 +125,7 @@ class HybridDecoderLayer(nn.Module):
                 cfg.linear_value_head_dim,
                 cfg.linear_conv_kernel_dim,
                 cfg.rms_norm_eps,
-                linear_in_proj_parts,
+                split_projections,
             )
         else:
             self.self_attn = GatedAttention(cfg, max_pos)
@@ -154,12 +154,12 @@ class HybridModel(nn.Module):
         cfg: HybridConfig,
         max_pos: int,
         expert_device: torch.device | None,
-        linear_in_proj_parts: dict[str, int],
+        split_projections: bool,
     ) -> None:
         super().__init__()
         self.embed_tokens = nn.Embedding(cfg.vocab_size, cfg.hidden_size)
         self.layers = nn.ModuleList(
-            HybridDecoderLayer(cfg, i, max_pos, expert_device, linear_in_proj_parts)
+            HybridDecoderLayer(cfg, i, max_pos, expert_device, split_projections)
             for i in range(cfg.num_layers)
         )
         self.norm = RMSNorm(cfg.hidden_size, cfg.rms_norm_eps)
@@ -173,18 +173,17 @@ class HybridModel(nn.Module):
 
 
 class HybridForCausalLM(MoeForCausalLM):
-    """Subclasses give the linear layers' input-projection parts as their checkpoint names
-    them (`linear_in_proj_parts`) and may rewrite the checkpoint stream further."""
+    """Subclasses say how their checkpoints store the linear layers' input projections
+    (`split_projections`, see `GatedDeltaNet`) and may rewrite the checkpoint stream."""
 
-    def linear_in_proj_parts(self, cfg: HybridConfig) -> dict[str, int]:
-        raise NotImplementedError
+    split_projections = False
 
     def build_model(
         self, cfg: ModelConfig, max_pos: int, expert_device: torch.device | None
     ) -> nn.Module:
         if not isinstance(cfg, HybridConfig):
             raise TypeError("a hybrid model needs a HybridConfig")
-        return HybridModel(cfg, max_pos, expert_device, self.linear_in_proj_parts(cfg))
+        return HybridModel(cfg, max_pos, expert_device, self.split_projections)
 
     def adapt_checkpoint(
         self, tensors: Iterable[tuple[str, torch.Tensor]]

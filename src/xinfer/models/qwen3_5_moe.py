@@ -1,6 +1,7 @@
 """Qwen3.5 / Qwen3.6 MoE (`qwen3_5_moe`): the Qwen3-Next hybrid decoder with every layer
 MoE (top-k always renormalised) and the linear layers' projections stored apart
-(`in_proj_qkv`, `in_proj_z`, `in_proj_b`, `in_proj_a`). Checkpoints are usually
+(`in_proj_qkv`, `in_proj_z`, `in_proj_b`, `in_proj_a`; merged here into `in_proj_qkvz` and
+`in_proj_ba`). Checkpoints are usually
 `Qwen3_5MoeForConditionalGeneration`: the text model's config sits in `text_config` and its
 weights under `model.language_model.`; the vision tower (`model.visual.`) and the
 multi-token prediction weights (`mtp.`) are skipped with one log line each. Text only:
@@ -46,17 +47,13 @@ def config_from_hf(hf: dict[str, Any], architecture: str) -> HybridConfig:
 
 class Qwen3_5MoeForCausalLM(HybridForCausalLM):
     checkpoint_renames = (("model.language_model.", "model."),)
+    split_projections = True
     merged_projections = {
-        "in_proj_qkv": ("in_proj", "qkv"),
-        "in_proj_z": ("in_proj", "z"),
-        "in_proj_b": ("in_proj", "b"),
-        "in_proj_a": ("in_proj", "a"),
+        "in_proj_qkv": ("in_proj_qkvz", "in_proj_qkv"),
+        "in_proj_z": ("in_proj_qkvz", "in_proj_z"),
+        "in_proj_b": ("in_proj_ba", "in_proj_b"),
+        "in_proj_a": ("in_proj_ba", "in_proj_a"),
     }
-
-    def linear_in_proj_parts(self, cfg: HybridConfig) -> dict[str, int]:
-        heads = cfg.linear_num_value_heads
-        value_dim = heads * cfg.linear_value_head_dim
-        return {"qkv": cfg.linear_conv_dim, "z": value_dim, "b": heads, "a": heads}
 
     def adapt_checkpoint(
         self, tensors: Iterable[tuple[str, torch.Tensor]]

@@ -13,6 +13,7 @@ from typing import Any
 
 import torch
 
+from xinfer.errors import UserError
 from xinfer.models.hf_config import decoder_fields, moe_fields
 from xinfer.models.hybrid_decoder import FULL, LINEAR, HybridConfig, HybridForCausalLM
 
@@ -73,15 +74,6 @@ MTP_NOTE = "multi-token prediction weights (not used: no speculative decoding ye
 
 
 class Qwen3NextForCausalLM(HybridForCausalLM):
-    merged_projections = {
-        "in_proj_qkvz": ("in_proj", "qkvz"),
-        "in_proj_ba": ("in_proj", "ba"),
-    }
-
-    def linear_in_proj_parts(self, cfg: HybridConfig) -> dict[str, int]:
-        value_dim = cfg.linear_num_value_heads * cfg.linear_value_head_dim
-        return {"qkvz": cfg.linear_conv_dim + value_dim, "ba": 2 * cfg.linear_num_value_heads}
-
     def adapt_checkpoint(
         self, tensors: Iterable[tuple[str, torch.Tensor]]
     ) -> Iterator[tuple[str, torch.Tensor]]:
@@ -90,14 +82,24 @@ class Qwen3NextForCausalLM(HybridForCausalLM):
         per_k = cfg.linear_num_value_heads // hk  # value heads per key head
         qkvz_split = [dk, dk, per_k * cfg.linear_value_head_dim, per_k * cfg.linear_value_head_dim]
         for name, tensor in skip_unused(tensors, {"mtp.": MTP_NOTE}):
-            if name.endswith("linear_attn.in_proj_qkvz.weight"):
-                tensor = _regroup(tensor, hk, qkvz_split)
-            elif name.endswith("linear_attn.in_proj_ba.weight"):
-                tensor = _regroup(tensor, hk, [per_k, per_k])
+            # every tensor of the two projections (weights, and block scales if quantized)
+            if ".linear_attn.in_proj_qkvz." in name:
+                tensor = _regroup(name, tensor, hk, qkvz_split)
+            elif ".linear_attn.in_proj_ba." in name:
+                tensor = _regroup(name, tensor, hk, [per_k, per_k])
             yield from super().adapt_checkpoint([(name, tensor)])
 
 
-def _regroup(weight: torch.Tensor, num_groups: int, split: list[int]) -> torch.Tensor:
-    """Rows [g0: p0 p1 …][g1: p0 p1 …]… → [p0 of all groups][p1 of all groups]…"""
-    grouped = weight.view(num_groups, sum(split), -1).split(split, dim=1)
-    return torch.cat([part.reshape(-1, weight.shape[-1]) for part in grouped])
+def _regroup(name: str, t: torch.Tensor, num_groups: int, split: list[int]) -> torch.Tensor:
+    """Rows [g0: p0 p1 …][g1: p0 p1 …]… → [p0 of all groups][p1 of all groups]…; a tensor
+    with one row per block of rows (block scales) is regrouped by blocks."""
+    rows = num_groups * sum(split)
+    block = rows // t.shape[0] if t.dim() and t.shape[0] and rows % t.shape[0] == 0 else 0
+    if not block or any(s % block for s in split):
+        raise UserError(
+            f"checkpoint tensor {name!r} ({tuple(t.shape)}) does not split into the "
+            f"{num_groups} key-head groups of {sum(split)} rows this config implies"
+        )
+    grouped = t.reshape(num_groups, sum(split) // block, *t.shape[1:])
+    parts = grouped.split([s // block for s in split], dim=1)
+    return torch.cat([p.reshape(-1, *t.shape[1:]) for p in parts])
