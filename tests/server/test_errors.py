@@ -99,6 +99,17 @@ def test_bad_request(server, name, path, body, status, param, code):
         assert error["code"] == code
 
 
+def test_image_parts_refused_in_one_sentence(server):
+    """Multimodal checkpoints load their text model only: image parts get a clear 400."""
+    parts = [{"type": "text", "text": "what is this?"}]
+    parts.append({"type": "image_url", "image_url": {"url": "data:image/png;base64,AAAA"}})
+    r = httpx.post(f"{server.base}{CHAT}", json=chat(messages=[{"role": "user", "content": parts}]))
+    assert r.status_code == 400, r.text
+    error = r.json()["error"]
+    assert "'image_url' are not supported" in error["message"] and "text only" in error["message"]
+    assert error["param"] == "messages.0"
+
+
 def test_wrong_method(server):
     r = httpx.get(f"{server.v1}/chat/completions")
     assert r.status_code == 405

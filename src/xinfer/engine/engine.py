@@ -15,6 +15,7 @@ from xinfer.engine.memory import plan_num_blocks
 from xinfer.engine.output import OutputProcessor
 from xinfer.engine.request import Request, RequestOutput
 from xinfer.engine.scheduler import Scheduler
+from xinfer.engine.state_cache import StateSlotAllocator, plan_state_slots
 from xinfer.errors import UserError
 from xinfer.runner.model_loader import build_model, plan_weights, resolve_dtype
 from xinfer.runner.model_runner import ModelRunner
@@ -84,7 +85,17 @@ class Engine:
 
             self.offload_manager = enable_offload(self.model, config, offload, self.device)
         kv_dtype = config.cache.kv_dtype or self.dtype
-        num_blocks = plan_num_blocks(cfg, config, self.device, kv_dtype, self.max_model_len)
+        # hybrid models: one recurrent-state slot per running request, from the same budget
+        self.num_state_slots = plan_state_slots(
+            cfg, config, self.device, self.dtype, kv_dtype, self.max_model_len
+        )
+        if self.num_state_slots:
+            scheduler_config = replace(config.scheduler, max_num_seqs=self.num_state_slots)
+            config = self.config = replace(config, scheduler=scheduler_config)
+        state_bytes = self.num_state_slots * cfg.state_bytes_per_seq(self.dtype)
+        num_blocks = plan_num_blocks(
+            cfg, config, self.device, kv_dtype, self.max_model_len, reserved_bytes=state_bytes
+        )
         blocks_per_seq = -(-self.max_model_len // config.cache.block_size)
         if num_blocks < blocks_per_seq:
             raise UserError(
@@ -111,9 +122,12 @@ class Engine:
             look_ahead=self.device.type == "cuda"
             if config.decode_look_ahead is None
             else config.decode_look_ahead,
+            num_state_slots=self.num_state_slots,
+            state_dtype=self.dtype,
         )
         self.allocator = BlockAllocator(num_blocks, config.cache.block_size)
-        self.scheduler = Scheduler(config.scheduler, self.allocator)
+        slots = StateSlotAllocator(self.num_state_slots) if self.num_state_slots else None
+        self.scheduler = Scheduler(config.scheduler, self.allocator, slots)
         self.eos_ids = set(self.tokenizer.eos_token_ids) if self.tokenizer else set()
         self.eos_ids |= set(cfg.eos_token_ids)
         self.outputs = OutputProcessor(self.tokenizer, self.eos_ids)
@@ -130,6 +144,13 @@ class Engine:
             config.cache.block_size,
             self.max_model_len,
         )
+        if self.num_state_slots:
+            logger.info(
+                "recurrent state: %d sequences (%.1f MB each, %.2f GB)",
+                self.num_state_slots,
+                cfg.state_bytes_per_seq(self.dtype) / 2**20,
+                state_bytes / 2**30,
+            )
 
     def warm_up_prefill(self) -> None:
         """Run two throw-away prompts, one step's token budget long and one token shorter

@@ -27,6 +27,7 @@ class Request:
     arrival_time: float = field(default_factory=time.monotonic)
     output_token_ids: list[int] = field(default_factory=list)
     block_ids: list[int] = field(default_factory=list)
+    state_slot: int = -1  # recurrent-state slot (hybrid models) while running; -1 = none
     num_computed_tokens: int = 0  # tokens whose K/V are in the cache
     status: RequestStatus = RequestStatus.WAITING
     finish_reason: str | None = None  # "stop" | "length" | "abort"

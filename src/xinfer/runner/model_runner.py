@@ -13,13 +13,14 @@ numbers, in the same order, as without look-ahead)."""
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 import torch
 
 from xinfer.config import ModelConfig
 from xinfer.engine.request import TokenLogprob
 from xinfer.engine.scheduler import SchedulerOutput
+from xinfer.engine.state_cache import bind_state_caches
 from xinfer.models.moe_decoder import MoeForCausalLM
 from xinfer.runner.forward_context import ForwardContext, forward_context
 from xinfer.sampling import (
@@ -61,6 +62,7 @@ class HostBatch:
     logits_indices: list[int]  # rows that sample
     block_tables: list[list[int]]
     max_query_len: int
+    state_ids: list[int] = field(default_factory=list)  # recurrent-state slot per request
 
     @property
     def is_decode(self) -> bool:
@@ -90,11 +92,15 @@ class ModelRunner:
         graph_runner_factory=None,
         is_graph_safe=None,
         look_ahead: bool = False,
+        num_state_slots: int = 0,
+        state_dtype: torch.dtype | None = None,
     ) -> None:
         """`graph_runner_factory(runner)` builds the CUDA-graph runner (None: eager only);
         `is_graph_safe(batch_size)` says whether every layer can run that decode batch
         without a host decision (offload: the routed ids fit in the slots); `look_ahead`
-        allows queuing the next greedy decode step before reading this one's tokens."""
+        allows queuing the next greedy decode step before reading this one's tokens;
+        `num_state_slots` requests' recurrent state is allocated for hybrid models' state
+        layers (conv state in `state_dtype`)."""
         self.model, self.cfg, self.device = model, cfg, device
         self.block_size, self.max_model_len = block_size, max_model_len
         self.max_num_seqs = max_num_seqs
@@ -107,6 +113,9 @@ class ModelRunner:
             v = torch.zeros(shape, dtype=kv_dtype, device=device)
             attn.bind_kv_cache(k, v)
             self.kv_caches.append((k, v))
+        self.state_caches = bind_state_caches(
+            model, num_state_slots, state_dtype or kv_dtype, device
+        )
         self.graph_runner = graph_runner_factory(self) if graph_runner_factory else None
         self.look_ahead_enabled = look_ahead
         self.look_ahead: LookAhead | None = None
@@ -125,6 +134,7 @@ class ModelRunner:
             hb.seq_lens.append(start + n)
             hb.query_start_loc.append(hb.query_start_loc[-1] + n)
             hb.block_tables.append(req.block_ids)
+            hb.state_ids.append(req.state_slot)
             hb.max_query_len = max(hb.max_query_len, n)
             if s.samples:
                 hb.logits_indices.append(hb.query_start_loc[-1] - 1)
@@ -146,6 +156,7 @@ class ModelRunner:
             # Decode attention sizes its split grid from this bound; the model length (the
             # bound CUDA graphs are captured with) keeps eager and graphed bits identical.
             max_seq_len=self.max_model_len if hb.is_decode else max(hb.seq_lens),
+            state_ids=dev(hb.state_ids, torch.int32) if self.state_caches else None,
         )
         return StepInputs(
             dev(hb.input_ids, torch.int64),
@@ -223,6 +234,7 @@ class ModelRunner:
             hb.query_start_loc.append(row + 1)
             hb.logits_indices.append(row)
             hb.block_tables.append(req.block_ids)
+            hb.state_ids.append(req.state_slot)
         tokens = pending.token_ids_device
         if self.graph_runner is not None and self.graph_runner.can_run(hb):
             logits = self.graph_runner.run(hb, input_ids=tokens)
@@ -242,7 +254,10 @@ class ModelRunner:
         """Every row decodes with nothing that needs the host between the steps: no penalty
         (it needs this step's token), no banned token, the next position in an allocated KV
         block, and no row that must stop at this step's token (the queued step would surely
-        be dropped)."""
+        be dropped). Not for recurrent state: a queued step advances it in place, so a
+        dropped one could not be undone."""
+        if self.state_caches:
+            return False
         if uses_penalties([s.request.params for s in out.scheduled]):
             return False
         for s in out.scheduled:

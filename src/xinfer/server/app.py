@@ -80,6 +80,8 @@ def build_app(engine: AsyncEngine, model_name: str, api_key: str | None = None) 
             "expert_cache": counts,
             "expert_cache_hit_rate": hit_rate,
             "kv_tokens": engine.kv_tokens,
+            # hybrid models: sequences whose recurrent state fits (0: no recurrent state)
+            "state_slots": engine.num_state_slots,
             "expert_slots_per_layer": snap.offload["slots_per_layer"] if snap.offload else None,
         }
 

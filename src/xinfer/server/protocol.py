@@ -6,7 +6,7 @@ from __future__ import annotations
 import time
 from typing import Annotated, Any, Literal
 
-from pydantic import BaseModel, ConfigDict, Field, StrictBool, StrictInt
+from pydantic import BaseModel, ConfigDict, Field, StrictBool, StrictInt, model_validator
 
 MAX_N = 8  # most choices per request
 
@@ -51,6 +51,21 @@ class ChatMessage(_Body):
     role: Literal["system", "developer", "user", "assistant", "tool"]
     content: str | list[TextPart] | None = None
     name: str | None = None
+
+    @model_validator(mode="before")
+    @classmethod
+    def _text_only(cls, data: Any) -> Any:
+        """Image, audio or video parts get one clear sentence (every model here generates
+        from text; a multimodal checkpoint's vision tower is not loaded)."""
+        parts = data.get("content") if isinstance(data, dict) else None
+        for part in parts if isinstance(parts, list) else ():
+            kind = part.get("type") if isinstance(part, dict) else None
+            if kind not in (None, "text"):
+                raise ValueError(
+                    f"content parts of type {kind!r} are not supported: this server takes "
+                    "text only (send the message as text)"
+                )
+        return data
 
     def text(self) -> str:
         if isinstance(self.content, list):
