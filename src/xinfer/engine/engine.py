@@ -13,6 +13,7 @@ from xinfer.config import EngineConfig, ModelConfig
 from xinfer.engine.kv_cache import BlockAllocator
 from xinfer.engine.memory import check_weights_fit, plan_num_blocks
 from xinfer.engine.output import OutputProcessor
+from xinfer.engine.prefix_cache import PrefixCacheStats
 from xinfer.engine.request import Request, RequestOutput
 from xinfer.engine.scheduler import Scheduler
 from xinfer.errors import UserError
@@ -115,7 +116,9 @@ class Engine:
             if config.decode_look_ahead is None
             else config.decode_look_ahead,
         )
-        self.allocator = BlockAllocator(num_blocks, config.cache.block_size)
+        self.allocator = BlockAllocator(
+            num_blocks, config.cache.block_size, self._use_prefix_caching()
+        )
         self.scheduler = Scheduler(config.scheduler, self.allocator)
         self.eos_ids = set(self.tokenizer.eos_token_ids) if self.tokenizer else set()
         self.eos_ids |= set(cfg.eos_token_ids)
@@ -124,8 +127,9 @@ class Engine:
         self._ids = itertools.count()
         if self.device.type == "cuda":
             self.warm_up_prefill()
+        self.allocator.reset_prefix_cache()  # warm-ups are not the user's traffic
         if self.offload_manager is not None:
-            self.offload_manager.reset_stats()  # warm-ups are not the user's traffic
+            self.offload_manager.reset_stats()
         logger.info(
             "KV cache: %d tokens (%d blocks of %d), max model len %d",
             self.kv_tokens,
@@ -133,6 +137,23 @@ class Engine:
             config.cache.block_size,
             self.max_model_len,
         )
+
+    def _use_prefix_caching(self) -> bool:
+        """On unless switched off, or the model keeps per-request state (a recurrent
+        linear-attention state) that cached KV blocks cannot rebuild."""
+        if not self.config.enable_prefix_caching:
+            return False
+        if not getattr(self.model, "supports_prefix_caching", True):
+            logger.info(
+                "prefix caching is off: %s keeps per-request state that KV blocks cannot restore",
+                self.model_config.architecture,
+            )
+            return False
+        return True
+
+    def prefix_cache_stats(self) -> PrefixCacheStats | None:
+        cache = self.allocator.prefix_cache
+        return None if cache is None else cache.stats
 
     def warm_up_prefill(self) -> None:
         """Run two throw-away prompts, one step's token budget long and one token shorter
@@ -198,6 +219,7 @@ class Engine:
         for s in out.scheduled:
             req = s.request
             req.num_computed_tokens += s.num_new_tokens
+            self.scheduler.cache_computed_blocks(req)
             if not s.samples:
                 continue
             token, lp = next(sampled)

@@ -28,6 +28,12 @@ class Request:
     output_token_ids: list[int] = field(default_factory=list)
     block_ids: list[int] = field(default_factory=list)
     num_computed_tokens: int = 0  # tokens whose K/V are in the cache
+    # Prefix caching: chained hashes of the request's full blocks (as far as computed or
+    # looked up), how many of its blocks are in the prefix cache, and how many prompt
+    # tokens its first admission found there (OpenAI's usage.cached_tokens).
+    block_hashes: list[bytes] = field(default_factory=list)
+    num_cached_blocks: int = 0
+    num_cached_tokens: int = 0
     status: RequestStatus = RequestStatus.WAITING
     finish_reason: str | None = None  # "stop" | "length" | "abort"
     stop_reason: str | int | None = None  # the stop string or token that ended it
@@ -74,3 +80,4 @@ class RequestOutput:
     new_logprobs: list[TokenLogprob] = field(default_factory=list)
     num_prompt_tokens: int = 0
     num_output_tokens: int = 0
+    num_cached_tokens: int = 0  # prompt tokens served from the prefix cache

@@ -123,6 +123,9 @@ class MoeForCausalLM(nn.Module):
 
     # (old, new) substrings applied to checkpoint names before mapping; "{e}" = expert index.
     checkpoint_renames: tuple[tuple[str, str], ...] = ()
+    # False for models with per-request state that cached KV blocks cannot restore (linear
+    # attention's recurrent state): the engine then turns prefix caching off.
+    supports_prefix_caching: bool = True
 
     def __init__(
         self, cfg: ModelConfig, max_pos: int, expert_device: torch.device | None = None
