@@ -89,6 +89,8 @@ def main(argv: list[str] | None = None) -> int:
         run = RunArgs.from_namespace(ns)
         logging.getLogger().setLevel(run.logging_level)
         engine_args = EngineArgs.from_namespace(ns)
+        if engine_args.log_stats_interval is None and run.prompt is None and not run.chat:
+            engine_args.log_stats_interval = 10.0  # a server logs its stats; a terminal not
         sampling = SamplingArgs.from_namespace(ns).to_params()
         config = engine_args.create_engine_config()
         server = ServerArgs.from_namespace(ns)

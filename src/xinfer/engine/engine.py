@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import itertools
 import logging
+import time
 from dataclasses import replace
 
 import torch
@@ -16,6 +17,7 @@ from xinfer.engine.output import OutputProcessor
 from xinfer.engine.prefix_cache import PrefixCacheStats
 from xinfer.engine.request import Request, RequestOutput
 from xinfer.engine.scheduler import Scheduler
+from xinfer.engine.stats import StatsLogger, startup_summary
 from xinfer.errors import UserError
 from xinfer.runner.model_loader import build_model, resident_weight_bytes, resolve_dtype
 from xinfer.runner.model_runner import ModelRunner
@@ -51,6 +53,7 @@ def resolve_max_model_len(cfg: ModelConfig, config: EngineConfig) -> int:
 
 class Engine:
     def __init__(self, config: EngineConfig, show_progress: bool = True) -> None:
+        t_start = time.monotonic()
         self.config = config
         self.device = torch.device(config.device)
         self.model_config = cfg = ModelConfig.from_dir(config.model)
@@ -67,11 +70,13 @@ class Engine:
             from xinfer.offload.host_store import check_host_ram_for_experts
 
             check_host_ram_for_experts(cfg, self.dtype)
+        weight_bytes, dense_bytes = (
+            resident_weight_bytes(cfg, self.dtype, self.max_model_len, experts, config.model)
+            for experts in (True, False)
+        )
         if self.device.type == "cuda":  # ...and if the GPU cannot hold what stays on it
-            weights = resident_weight_bytes(
-                cfg, self.dtype, self.max_model_len, include_experts=not offload.is_enabled
-            )
-            check_weights_fit(weights, self.device, config.gpu_memory_limit_gb, cfg.is_moe)
+            on_device = dense_bytes if offload.is_enabled else weight_bytes
+            check_weights_fit(on_device, self.device, config.gpu_memory_limit_gb, cfg.is_moe)
         self.model = build_model(
             config.model,
             cfg,
@@ -130,13 +135,11 @@ class Engine:
         self.allocator.reset_prefix_cache()  # warm-ups are not the user's traffic
         if self.offload_manager is not None:
             self.offload_manager.reset_stats()
-        logger.info(
-            "KV cache: %d tokens (%d blocks of %d), max model len %d",
-            self.kv_tokens,
-            num_blocks,
-            config.cache.block_size,
-            self.max_model_len,
-        )
+        self.stats_logger = StatsLogger(config.log_stats_interval_s)
+        self.stats_logger.reset(self)
+        load_s = time.monotonic() - t_start
+        expert_bytes = weight_bytes - dense_bytes
+        logger.info("%s", startup_summary(self, load_s, weight_bytes, expert_bytes))
 
     def _use_prefix_caching(self) -> bool:
         """On unless switched off, or the model keeps per-request state (a recurrent
@@ -208,26 +211,41 @@ class Engine:
         return self.scheduler.num_unfinished > 0
 
     def step(self) -> list[RequestOutput]:
+        step_start = time.monotonic()
         out = self.scheduler.schedule()
         if out.is_empty:
             return []
+        self.stats_logger.begin_step()
+        for s in out.scheduled:
+            if s.request.scheduled_time is None:
+                s.request.scheduled_time = step_start
         tokens, logprobs = self.runner.execute(
             out, self.eos_ids, look_ahead=not self.scheduler.waiting
         )
+        now = time.monotonic()
         results: list[RequestOutput] = []
         sampled = iter(zip(tokens, logprobs))
+        num_decodes = 0  # rows that computed one generated token (the rest is prompt work)
         for s in out.scheduled:
             req = s.request
+            num_decodes += s.num_new_tokens == 1 and s.start >= len(req.prompt_token_ids)
             req.num_computed_tokens += s.num_new_tokens
             self.scheduler.cache_computed_blocks(req)
             if not s.samples:
                 continue
             token, lp = next(sampled)
+            if req.first_token_time is None:
+                req.first_token_time = now
             delta = self.outputs.append(req, token, lp)
             if req.finish_reason is not None:
+                req.finished_time = now
+                delta.metrics = req.metrics()
                 self.scheduler.finish(req, req.finish_reason)
                 self.requests.pop(req.request_id, None)
             results.append(delta)
+        num_prompt = sum(s.num_new_tokens for s in out.scheduled) - num_decodes
+        self.stats_logger.record_step(num_prompt, len(results))
+        self.stats_logger.maybe_log(self)
         return results
 
     def offload_stats(self) -> dict | None:

@@ -58,7 +58,9 @@ class PrefixCache:
         self._hash_of: dict[int, bytes] = {}
         self.stats = PrefixCacheStats()
 
-    def __len__(self) -> int:
+    @property
+    def num_blocks(self) -> int:
+        """Blocks with a cached content (held by requests or evictable)."""
         return len(self._block_of)
 
     def is_cached(self, block_id: int) -> bool:

@@ -46,6 +46,7 @@ class Scheduler:
         self.config, self.allocator = config, allocator
         self.waiting: deque[Request] = deque()
         self.running: list[Request] = []
+        self.num_preemptions = 0  # since start
 
     def add(self, request: Request) -> None:
         self.waiting.append(request)
@@ -107,6 +108,8 @@ class Scheduler:
 
     def _preempt(self, req: Request) -> None:
         self._drop_blocks(req)
+        req.num_preemptions += 1
+        self.num_preemptions += 1
         req.status = RequestStatus.WAITING
         self.running.remove(req)
         self.waiting.appendleft(req)
