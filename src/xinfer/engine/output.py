@@ -62,4 +62,5 @@ class OutputProcessor:
             new_logprobs=[logprob] if logprob is not None else [],
             num_prompt_tokens=len(req.prompt_token_ids),
             num_output_tokens=len(req.output_token_ids),
+            num_cached_tokens=req.num_cached_tokens,
         )

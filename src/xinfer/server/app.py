@@ -28,7 +28,7 @@ def _check_model(name: str | None, served: str) -> None:
 
 def build_app(engine: AsyncEngine, model_name: str, api_key: str | None = None) -> FastAPI:
     app = FastAPI(title="xinfer", docs_url=None, redoc_url=None, openapi_url=None)
-    metrics = ServerMetrics()
+    metrics = ServerMetrics(model_name)
     if engine.observer is None:
         engine.observer = metrics
     app.state.engine, app.state.model_name, app.state.metrics = engine, model_name, metrics
