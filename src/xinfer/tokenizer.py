@@ -110,6 +110,10 @@ class Tokenizer:
             ids = [self.bos_token_id, *ids]
         return ids
 
+    def to_json(self) -> str:
+        """The tokenizer.json text (for libraries that build their own view, e.g. grammars)."""
+        return self._tok.to_str()
+
     def decode(self, ids: list[int], skip_special_tokens: bool = True) -> str:
         return self._tok.decode(ids, skip_special_tokens=skip_special_tokens)
 
