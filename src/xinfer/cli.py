@@ -68,6 +68,9 @@ def build_parser() -> argparse.ArgumentParser:
     a("--ui-server", action="store_true", help="serve the chat page on port + 1")
     a("--api-key", default=None, help="require this bearer key (env XINFER_API_KEY)")
     a("--served-model-name", default=None)
+    # server lifecycle (item 7 of issue 18; to move into the options object with the others)
+    a("--shutdown-grace-s", type=float, default=5.0,
+      help="on SIGTERM, seconds open requests get to finish before they are aborted")  # fmt: skip
     a("--log-level", default=None)
     return p
 
