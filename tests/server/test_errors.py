@@ -52,7 +52,7 @@ CASES = [
     (
         "prompt + max_tokens beyond context",
         CHAT,
-        chat(max_tokens=600),
+        chat(max_tokens=1100),
         400,
         "max_tokens",
         "context_length_exceeded",
@@ -60,7 +60,7 @@ CASES = [
     (
         "prompt longer than the context",
         TEXT,
-        text(prompt=[7] * 600),
+        text(prompt=[7] * 1100),
         400,
         "prompt",
         "context_length_exceeded",

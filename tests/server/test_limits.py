@@ -46,7 +46,7 @@ def test_full_waiting_queue_answers_503(limited_server):
     body = {"model": "tiny_chat", "prompt": "Hello", "max_tokens": 300, "ignore_eos": True}
 
     async def fire() -> list[httpx.Response]:
-        async with httpx.AsyncClient(timeout=120, headers=headers) as http:
+        async with httpx.AsyncClient(timeout=600, headers=headers) as http:
             return await asyncio.gather(
                 *(http.post(f"{s.v1}/completions", json=body) for _ in range(6))
             )
@@ -61,5 +61,7 @@ def test_full_waiting_queue_answers_503(limited_server):
         else:
             assert r.json()["usage"]["completion_tokens"] == 300
     # Capacity comes back once the queue drains.
-    ok = httpx.post(f"{s.v1}/completions", json={**body, "max_tokens": 2}, headers=headers)
+    ok = httpx.post(
+        f"{s.v1}/completions", json={**body, "max_tokens": 2}, headers=headers, timeout=120
+    )
     assert ok.status_code == 200

@@ -38,9 +38,7 @@ def attach_engine(app: FastAPI, engine: AsyncEngine) -> None:
     app.state.engine = engine
 
 
-def build_app(
-    engine: AsyncEngine | None, model_name: str, api_key: str | None = None
-) -> FastAPI:
+def build_app(engine: AsyncEngine | None, model_name: str, api_key: str | None = None) -> FastAPI:
     """The API app; with `engine` None it answers 503 ("loading") until `attach_engine`."""
     app = FastAPI(title="xinfer", docs_url=None, redoc_url=None, openapi_url=None)
     metrics = ServerMetrics()

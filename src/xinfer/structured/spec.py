@@ -12,9 +12,12 @@ from xinfer.errors import UserError
 
 GrammarKind = Literal["json_object", "json_schema", "lark", "regex"]
 _KINDS = ("json_object", "json_schema", "lark", "regex")
-# Whitespace the JSON grammar allows between tokens: bounded, so that a weak model cannot
-# spend its whole budget on blanks and the object always gets closed.
-JSON_WHITESPACE = r"[\x20\x0A\x0D\x09]{0,16}"
+# Whitespace the JSON grammar allows between tokens: one optional space (`{"a": 1, "b": 2}`
+# or compact), so that a weak model cannot spend its budget on blanks. A schema may ask for
+# other whitespace with llguidance's "x-guidance": {"whitespace_pattern": ...}.
+JSON_WHITESPACE = r"\x20?"
+# llguidance's JSON compile options (also usable as a schema's "x-guidance" key)
+JSON_GRAMMAR_OPTIONS = {"whitespace_pattern": JSON_WHITESPACE}
 MAX_GRAMMAR_CHARS = 256 * 1024
 
 
@@ -49,7 +52,7 @@ class GrammarSpec:
         """The grammar in llguidance's serialized form (validated when a matcher is built)."""
         import llguidance
 
-        options = {"whitespace_pattern": JSON_WHITESPACE}
+        options = JSON_GRAMMAR_OPTIONS
         if self.kind == "json_object":
             return llguidance.LLMatcher.grammar_from_json_schema(
                 {"type": "object"}, defaults=options

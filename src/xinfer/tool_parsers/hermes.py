@@ -7,6 +7,7 @@ import json
 import re
 from typing import Any
 
+from xinfer.structured.spec import JSON_GRAMMAR_OPTIONS
 from xinfer.tool_parsers.base import (
     StreamEvent,
     ToolCall,
@@ -95,7 +96,8 @@ class HermesToolParser(ToolParser):
         def literal(text: str) -> str:
             return text if text in special_tokens else json.dumps(text)
 
-        schema = json.dumps(function_call_schema(tools), ensure_ascii=False)
+        schema = {**function_call_schema(tools), "x-guidance": JSON_GRAMMAR_OPTIONS}
+        schema = json.dumps(schema, ensure_ascii=False)
         call = f'{literal(OPEN)} "\\n" %json {schema} "\\n" {literal(CLOSE)}'
         start = 'start: call ("\\n" call)*' if is_parallel else "start: call"
         return f"{start}\ncall: {call}\n"
