@@ -33,10 +33,11 @@ ASK = [{"role": "user", "content": "Weather in Paris?"}]
 
 
 def _create(server, **kw):
+    kw.setdefault("max_tokens", 100)
+    messages = kw.pop("messages", ASK)
     return server.client().chat.completions.create(
-        model="tiny_chat", messages=kw.pop("messages", ASK), tools=TOOLS, temperature=0,
-        max_tokens=100, **kw,
-    )  # fmt: skip
+        model="tiny_chat", messages=messages, tools=TOOLS, temperature=0, **kw
+    )
 
 
 def _check_calls(calls) -> None:
@@ -67,9 +68,9 @@ def test_required_tool_call_and_the_result_round_trips(server):
     tokens = httpx.post(
         f"{server.base}/tokenize", json={"model": "tiny_chat", "messages": history}, timeout=60
     ).json()["tokens"]
-    prompt = httpx.post(
-        f"{server.base}/detokenize", json={"tokens": tokens}, timeout=60
-    ).json()["prompt"]
+    prompt = httpx.post(f"{server.base}/detokenize", json={"tokens": tokens}, timeout=60).json()[
+        "prompt"
+    ]
     assert "<tool_response>\nsunny, 21 C\n</tool_response>" in prompt
     assert f'"name": "{call.function.name}", "arguments": {call.function.arguments}' in prompt
 

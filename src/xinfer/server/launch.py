@@ -14,6 +14,7 @@ import logging
 import os
 import signal
 import socket
+import sys
 import threading
 from pathlib import Path
 
@@ -85,12 +86,20 @@ async def _run(
     servers: list[tuple[uvicorn.Server, socket.socket]],
     load,
     on_loaded,
+    grace_s: float = DEFAULT_SHUTDOWN_GRACE_S,
 ) -> tuple[AsyncEngine | None, BaseException | None]:
     """Serve on the bound sockets while `load()` runs in a daemon thread (a signal during a
-    long load must not wait for it); returns (the engine or None, the load's error)."""
+    long load must not wait for it); returns (the engine or None, the load's error). After a
+    signal, open requests get `grace_s` seconds; then the engine stops, which ends each open
+    stream with an error event and [DONE] (uvicorn cancels whatever is left a second later)."""
     loop = asyncio.get_running_loop()
     loaded: asyncio.Future = loop.create_future()
     signals_seen = 0
+    engine: AsyncEngine | None = None
+
+    def stop_engine() -> None:
+        if engine is not None:
+            loop.run_in_executor(None, engine.stop)
 
     def stop_all() -> None:
         for s, _ in servers:
@@ -102,9 +111,9 @@ async def _run(
         if signals_seen > 1:
             logger.warning("second signal: exiting now")
             os._exit(128 + signum)
-        grace = servers[0][0].config.timeout_graceful_shutdown
-        logger.info("shutting down: open requests get %.1f s (signal again to quit now)", grace)
+        logger.info("shutting down: open requests get %.1f s (signal again to quit now)", grace_s)
         stop_all()
+        loop.call_later(grace_s, stop_engine)
 
     def settle(result, error) -> None:
         if not loaded.done():
@@ -123,7 +132,7 @@ async def _run(
             loop.add_signal_handler(sig, on_signal, sig)
     threading.Thread(target=load_in_thread, name="xinfer-load", daemon=True).start()
     tasks = [asyncio.ensure_future(s.serve(sockets=[sock])) for s, sock in servers]
-    engine, error = None, None
+    error = None
     try:
         pending = set(tasks) | {loaded}
         while pending:
@@ -181,7 +190,7 @@ def serve(config: EngineConfig, args: argparse.Namespace) -> None:
                     a,
                     log_level=uv_level,
                     access_log=False,
-                    timeout_graceful_shutdown=grace,
+                    timeout_graceful_shutdown=grace + 1,  # a backstop: the engine stops first
                     lifespan="off",
                 )
             ),
@@ -201,7 +210,8 @@ def serve(config: EngineConfig, args: argparse.Namespace) -> None:
 
     engine, error = None, None
     try:
-        engine, error = asyncio.run(_run(servers, lambda: _load_engine(config), on_loaded))
+        load = lambda: _load_engine(config)  # noqa: E731
+        engine, error = asyncio.run(_run(servers, load, on_loaded, grace))
     finally:
         if engine is not None:
             engine.stop()
@@ -209,3 +219,9 @@ def serve(config: EngineConfig, args: argparse.Namespace) -> None:
             sock.close()
     if error is not None:
         raise error
+    # Everything is shut down; skip the interpreter's teardown of torch and friends, which
+    # takes seconds on a busy machine and would stretch the promised grace + 2 s.
+    logging.shutdown()
+    for stream in (sys.stdout, sys.stderr):
+        stream.flush()
+    os._exit(0)
