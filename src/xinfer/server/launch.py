@@ -21,6 +21,7 @@ from pathlib import Path
 import uvicorn
 
 from xinfer import envs
+from xinfer.args import ServerArgs
 from xinfer.config import EngineConfig
 from xinfer.engine.async_engine import AsyncEngine
 from xinfer.errors import UserError
@@ -157,8 +158,9 @@ async def _run(
     return engine, error
 
 
-def serve(config: EngineConfig, args: argparse.Namespace) -> None:
-    api_key = getattr(args, "api_key", None) or envs.XINFER_API_KEY()
+def serve(config: EngineConfig, args: ServerArgs | argparse.Namespace) -> None:
+    api_key = args.value("api_key") if hasattr(args, "value") else getattr(args, "api_key", None)
+    api_key = api_key or envs.XINFER_API_KEY()
     host, port = args.host, args.port
     grace = getattr(args, "shutdown_grace_s", None)
     grace = DEFAULT_SHUTDOWN_GRACE_S if grace is None else grace
