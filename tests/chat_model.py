@@ -24,8 +24,8 @@ TOOLS_CHATML = (
     "{%- if messages[0]['role'] == 'system' %}{{- messages[0]['content'] + '\\n\\n' }}{%- endif %}"
     "{{- '# Tools\\n<tools>' }}"
     "{%- for tool in tools %}{{- '\\n' + (tool | tojson) }}{%- endfor %}"
-    "{{- '\\n</tools>\\nCall one as <tool_call>\\n{\\\"name\\\": ..., "
-    "\\\"arguments\\\": {...}}\\n</tool_call><|im_end|>\\n' }}"
+    '{{- \'\\n</tools>\\nCall one as <tool_call>\\n{\\"name\\": ..., '
+    '\\"arguments\\": {...}}\\n</tool_call><|im_end|>\\n\' }}'
     "{%- endif %}"
     "{%- for message in messages %}"
     "{%- if tools and loop.first and message['role'] == 'system' %}"
