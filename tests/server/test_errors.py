@@ -102,7 +102,7 @@ CASES = [
         None,
     ),
     ("logit_bias", CHAT, chat(logit_bias={"5": 10}), 400, "logit_bias", "unsupported_parameter"),
-    ("image part", CHAT, chat(messages=[{"role": "user", "content": [IMAGE]}]), 400, "type", None),
+    ("image part", CHAT, chat(messages=[{"role": "user", "content": [IMAGE]}]), 400, "[0]", None),
     ("schema without schema", CHAT, chat(response_format={"type": "json_schema"}), 400, None, None),
     ("unknown tokenize field", "/tokenize", {"prompt": "hi", "foo": 1}, 400, "foo", None),
 ]

@@ -219,7 +219,11 @@ class Engine:
             if self.tokenizer is None:
                 raise UserError("structured output needs the model's tokenizer files")
             vocab = self.model_config.vocab_size
-            self._grammar_compiler = GrammarCompiler(self.tokenizer, vocab, self.eos_ids)
+            try:
+                self._grammar_compiler = GrammarCompiler(self.tokenizer, vocab, self.eos_ids)
+            except Exception as e:  # noqa: BLE001 - a tokenizer llguidance cannot read
+                message = f"structured output is not available for this tokenizer: {e}"
+                raise UserError(message) from None
         return self._grammar_compiler
 
     def offload_stats(self) -> dict | None:

@@ -79,7 +79,10 @@ def _load_engine(config: EngineConfig) -> AsyncEngine:
 
     engine = Engine(config, show_progress=True)
     if engine.tokenizer is not None:
-        engine.grammar_compiler.warm_up()  # structured output's tables, before a user waits
+        try:
+            engine.grammar_compiler.warm_up()  # structured output's tables, before a user waits
+        except UserError as e:
+            logger.warning("%s; requests with response_format or forced tool calls get a 400", e)
     return AsyncEngine(engine, config.scheduler.max_waiting).start()
 
 
