@@ -23,6 +23,7 @@ from xinfer.errors import UserError
 from xinfer.runner.model_loader import build_model, plan_weights, resolve_dtype
 from xinfer.runner.model_runner import ModelRunner
 from xinfer.sampling import SamplingParams, make_generator
+from xinfer.structured import GrammarCompiler
 from xinfer.tokenizer import Tokenizer
 
 logger = logging.getLogger("xinfer")
@@ -138,6 +139,7 @@ class Engine:
         self.eos_ids |= set(cfg.eos_token_ids)
         self.outputs = OutputProcessor(self.tokenizer, self.eos_ids)
         self.requests: dict[str, Request] = {}
+        self._grammar_compiler: GrammarCompiler | None = None
         self._ids = itertools.count()
         if self.device.type == "cuda":
             self.warm_up_prefill()
@@ -215,6 +217,8 @@ class Engine:
             raise UserError(f"request id {request_id!r} is already in use")
         gen = make_generator(params.seed, self.device) if params.seed is not None else None
         req = Request(request_id, ids, params, generator=gen, max_len=self.max_model_len)
+        if params.grammar is not None:
+            req.grammar = self.grammar_compiler.matcher(params.grammar)
         self.outputs.register(req)
         self.requests[request_id] = req
         self.scheduler.add(req)
@@ -265,6 +269,20 @@ class Engine:
         self.stats_logger.record_step(num_prompt, len(results))
         self.stats_logger.maybe_log(self)
         return results
+
+    @property
+    def grammar_compiler(self) -> GrammarCompiler:
+        """Structured output's grammar compiler for this model (built on first use)."""
+        if self._grammar_compiler is None:
+            if self.tokenizer is None:
+                raise UserError("structured output needs the model's tokenizer files")
+            vocab = self.model_config.vocab_size
+            try:
+                self._grammar_compiler = GrammarCompiler(self.tokenizer, vocab, self.eos_ids)
+            except Exception as e:  # noqa: BLE001 - a tokenizer llguidance cannot read
+                message = f"structured output is not available for this tokenizer: {e}"
+                raise UserError(message) from None
+        return self._grammar_compiler
 
     def offload_stats(self) -> dict | None:
         return None if self.offload_manager is None else self.offload_manager.stats()

@@ -41,6 +41,7 @@ class Request:
     generator: torch.Generator | None = None
     max_len: int = 0  # prompt + output may not exceed this (max_model_len)
     text_state: Any = None  # detokenizer + stop matcher, owned by the engine's OutputProcessor
+    grammar: Any = None  # structured.GrammarMatcher when params.grammar is set
     # time.monotonic() stamps: first scheduled, first token sampled, finished.
     scheduled_time: float | None = None
     first_token_time: float | None = None
