@@ -71,13 +71,21 @@ def check_weights_fit(
     )
 
 
+def gpu_kv_budget(engine: EngineConfig, device: torch.device) -> int:
+    """Bytes the caches (KV blocks and any recurrent state) may take on the GPU."""
+    budget = usable_gpu_bytes(device, engine.gpu_memory_limit_gb)
+    return int(budget * engine.cache.gpu_memory_utilization) - _GPU_WORKSPACE_BYTES
+
+
 def plan_num_blocks(
     cfg: ModelConfig,
     engine: EngineConfig,
     device: torch.device,
     kv_dtype: torch.dtype,
     max_model_len: int,
+    reserved_bytes: int = 0,
 ) -> int:
+    """`reserved_bytes`: taken from the GPU budget first (hybrid models' recurrent state)."""
     block_size = engine.cache.block_size
     if engine.cache.num_blocks is not None:
         return engine.cache.num_blocks
@@ -86,6 +94,4 @@ def plan_num_blocks(
     if device.type != "cuda":
         want = blocks_per_seq * min(engine.scheduler.max_num_seqs, 8)
         return max(blocks_per_seq, min(want, _CPU_MAX_KV_BYTES // per_block))
-    budget = usable_gpu_bytes(device, engine.gpu_memory_limit_gb)
-    budget = int(budget * engine.cache.gpu_memory_utilization) - _GPU_WORKSPACE_BYTES
-    return max(0, budget // per_block)
+    return max(0, (gpu_kv_budget(engine, device) - reserved_bytes) // per_block)

@@ -126,5 +126,6 @@ def build_model(
     else:
         cls = get_model_class(cfg.architecture)
         tensors = iter_checkpoint(model_dir, cfg.hf_config, show_progress, device)
-        load_weights(model, tensors, cls.checkpoint_renames)
+        tensors = model.adapt_checkpoint(tensors)  # the model's own skips and reshapes
+        load_weights(model, tensors, cls.checkpoint_renames, cls.merged_projections)
     return model

@@ -116,7 +116,10 @@ def _convert(fmt: WeightFormat, kind: str, tensor, n: int, k: int, ckpt_name: st
 
 
 def load_weights(
-    model: nn.Module, tensors: Iterable[tuple[str, torch.Tensor]], renames: tuple = ()
+    model: nn.Module,
+    tensors: Iterable[tuple[str, torch.Tensor]],
+    renames: tuple = (),
+    merged: dict[str, tuple[str, str]] | None = None,
 ) -> LoadReport:
     targets = named_targets(model)
     modules = dict(model.named_modules())
@@ -125,7 +128,7 @@ def load_weights(
     for ckpt_name, tensor in tensors:
         if ckpt_name.endswith(_IGNORED_SUFFIXES) or (tie and ckpt_name == "lm_head.weight"):
             continue
-        t = map_name(ckpt_name, renames)
+        t = map_name(ckpt_name, renames, merged)
         module = modules.get(t.module)
         if module is not None and (_is_linear(module) or _is_expert_layer(module)):
             if t.proj is None and _is_expert_layer(module):
