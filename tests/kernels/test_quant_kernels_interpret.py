@@ -33,7 +33,14 @@ def _formats():
     }
 
 
-FORMATS = ["fp8-16x32", "fp8-per-channel", "gptq-g32-sym", "awq-g64-asym", "ct-g32-asym-bf16", "nvfp4"]
+FORMATS = [
+    "fp8-16x32",
+    "fp8-per-channel",
+    "gptq-g32-sym",
+    "awq-g64-asym",
+    "ct-g32-asym-bf16",
+    "nvfp4",
+]
 # (N, K): N off every tile; K a multiple of the group (int4, nvfp4), off the fp8 blocks
 # (GPTQ and AWQ pack along N: their checkpoints have N % 8 == 0)
 SHAPES = {"fp8-16x32": (37, 80), "nvfp4": (37, 96), "gptq-g32-sym": (40, 96)}
