@@ -107,6 +107,18 @@ def plan_weights(
     )
 
 
+def resident_weight_bytes(
+    cfg: ModelConfig,
+    dtype: torch.dtype,
+    max_pos: int,
+    include_experts: bool,
+    model_dir: str | Path | None = None,
+) -> int:
+    """Bytes the model holds on its device (the routed experts only when
+    `include_experts`): `plan_weights(...).device_bytes`."""
+    return plan_weights(cfg, dtype, max_pos, not include_experts, model_dir).device_bytes
+
+
 def build_model(
     model_dir: str,
     cfg: ModelConfig,
