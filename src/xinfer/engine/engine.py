@@ -37,14 +37,18 @@ class Engine:
             logger.info("model has no routed experts; MoE offload is ignored")
             offload = replace(offload, fraction=None, is_auto=False)
         self.offload_manager = None
-        expert_device = torch.device("cpu") if offload.is_enabled else self.device
-        if offload.is_enabled:  # before any expert is read: fail early if RAM is too small
+        # Fraction 1.0 keeps every expert on the device: build them there, never on the host.
+        from xinfer.offload.setup import keeps_every_expert
+
+        experts_on_host = offload.is_enabled and not keeps_every_expert(offload)
+        expert_device = torch.device("cpu") if experts_on_host else self.device
+        if experts_on_host:  # before any expert is read: fail early if RAM is too small
             from xinfer.offload.host_store import check_host_ram_for_experts
 
             check_host_ram_for_experts(cfg, self.dtype)
         if self.device.type == "cuda":  # ...and if the GPU cannot hold what stays on it
             weights = resident_weight_bytes(
-                cfg, self.dtype, self.max_model_len, include_experts=not offload.is_enabled
+                cfg, self.dtype, self.max_model_len, include_experts=not experts_on_host
             )
             check_weights_fit(weights, self.device, config.gpu_memory_limit_gb, cfg.is_moe)
         self.model = build_model(

@@ -1,6 +1,8 @@
 """Turns MoE offload on for a built model: sizes the slots, moves every layer's expert set
 into the host store, attaches an `OffloadExecutor` per MoE layer, and returns the
-`OffloadManager` the engine, the CUDA-graph runner, the CLI and the server talk to."""
+`OffloadManager` the engine, the CUDA-graph runner, the CLI and the server talk to. A layer
+whose every expert fits (S == E) keeps them on the device behind a `ResidentExecutor`: no
+pinned copy, no lookup, no fill."""
 
 from __future__ import annotations
 
@@ -11,7 +13,7 @@ from tqdm.auto import tqdm
 
 from xinfer import envs, kernels
 from xinfer.config import EngineConfig, OffloadConfig
-from xinfer.offload.executor import OffloadExecutor
+from xinfer.offload.executor import OffloadExecutor, ResidentExecutor
 from xinfer.offload.host_store import HostExpertStore
 from xinfer.offload.sizing import LayerShape, device_budget_bytes, plan_slots
 from xinfer.offload.slot_cache import SlotCache
@@ -23,8 +25,15 @@ GB = 1e9
 _PROGRESS_MIN_BYTES = 2 << 30  # show a progress bar when pinning at least this much
 
 
+def keeps_every_expert(offload: OffloadConfig) -> bool:
+    """Whether the plan is known before loading to give every layer all its experts
+    (fraction 1.0): the engine then builds the experts on the device directly."""
+    return offload.fraction == 1.0
+
+
 class OffloadManager:
-    """Owns the host store, the per-layer slot caches, the staging buffer and the stats."""
+    """Owns the host store, the per-layer slot caches, the staging buffer and the stats.
+    `executors` are the offloaded layers only; `num_resident_layers` run resident."""
 
     def __init__(
         self,
@@ -34,13 +43,16 @@ class OffloadManager:
         stats: OffloadStats,
         config: OffloadConfig,
         device: torch.device,
+        num_resident_layers: int = 0,
     ) -> None:
         self.store, self.executors, self.staging = store, executors, staging
         self._stats, self.config, self.device = stats, config, device
+        self.num_resident_layers = num_resident_layers
         self.top_k = max((e.top_k for e in executors), default=0)
 
     @property
     def slots_per_layer(self) -> list[int]:
+        """Slots of each offloaded layer (resident layers have no slots)."""
         return [e.cache.num_slots for e in self.executors]
 
     @property
@@ -50,6 +62,8 @@ class OffloadManager:
     def is_graph_safe(self, num_tokens: int) -> bool:
         """Whether a MoE call of `num_tokens` tokens can be captured in a CUDA graph: the
         decode path suffices (T*k <= slots of every layer) and it is the device-side one."""
+        if not self.executors:
+            return True  # every layer is resident: nothing decides anything on the host
         if self.config.is_profile:
             return False
         if self.device.type == "cuda" and not (
@@ -90,33 +104,49 @@ def enable_offload(
         first = next(iter(layer.expert_tensors.values()))
         row_bytes = sum(t[0].numel() * t.element_size() for t in layer.expert_tensors.values())
         shapes.append(LayerShape(first.shape[0], layer.top_k, row_bytes))
-    staging_bytes = max((staging_bytes_for(la.expert_tensors) for la in layers), default=0)
-    resident = sum(p.numel() * p.element_size() for p in model.parameters())
-    resident += sum(b.numel() * b.element_size() for b in model.buffers())
-    budget = device_budget_bytes(device, engine_config.gpu_memory_limit_gb, resident)
-    num_slots = plan_slots(shapes, offload, budget, staging_bytes)
+    built_on_device = any(_is_on(layer, device) for layer in layers)
+    if built_on_device:
+        num_slots = max((s.num_experts for s in shapes), default=0)  # loaded in place
+    else:
+        staging_bytes = max((staging_bytes_for(la.expert_tensors) for la in layers), default=0)
+        resident = sum(p.numel() * p.element_size() for p in model.parameters())
+        resident += sum(b.numel() * b.element_size() for b in model.buffers())
+        budget = device_budget_bytes(device, engine_config.gpu_memory_limit_gb, resident)
+        num_slots = plan_slots(shapes, offload, budget, staging_bytes)
+    staging_bytes = max(
+        (staging_bytes_for(la.expert_tensors) for la, sh in zip(layers, shapes)
+         if num_slots < sh.num_experts),
+        default=0,
+    )  # fmt: skip
 
     store = HostExpertStore(device)
     stats = OffloadStats(len(layers), device)
     profile = CallProfile(device) if offload.is_profile else None
     stats.profile = profile
     staging = StagingBuffer(device, staging_bytes)
-    total = sum(s.num_experts * s.expert_bytes for s in shapes)
+    total = sum(s.num_experts * s.expert_bytes for s in shapes if num_slots < s.num_experts)
     executors = []
     pin = "pinning experts" if store.is_pinned else "moving experts"
     for i, layer in enumerate(
         tqdm(layers, desc=pin, unit="layer", disable=total < _PROGRESS_MIN_BYTES, leave=False)
     ):
-        host = store.add_layer(layer.expert_tensors)
         slots = min(num_slots, shapes[i].num_experts)
+        stats.expert_bytes.append(shapes[i].expert_bytes)
+        stats.slots.append(slots)
+        stats.num_experts.append(shapes[i].num_experts)
+        if slots == shapes[i].num_experts:  # every expert fits: no host copy, no lookup
+            tensors = {k: t.to(device) for k, t in layer.expert_tensors.items()}
+            layer.attach_executor(ResidentExecutor(tensors))
+            stats.layer_bytes.append(0)  # never staged
+            stats.is_resident.append(True)
+            continue
+        host = store.add_layer(layer.expert_tensors)
         cache = SlotCache(host, slots, device, stats.counters[i])
         executor = OffloadExecutor(cache, host, staging, layer.top_k, profile, store)
         layer.attach_executor(executor)
         executors.append(executor)
-        stats.expert_bytes.append(shapes[i].expert_bytes)
-        stats.layer_bytes.append(store.layer_bytes(i))
-        stats.slots.append(slots)
-        stats.num_experts.append(shapes[i].num_experts)
+        stats.layer_bytes.append(store.layer_bytes(len(executors) - 1))
+        stats.is_resident.append(False)
     stats.pinned_bytes = store.nbytes if store.is_pinned else 0
     max_tokens = engine_config.scheduler.max_num_batched_tokens
     needs_staging = any(
@@ -126,7 +156,14 @@ def enable_offload(
         staging.allocate()  # now, so that the KV cache sized next leaves room for it
     stats.staging_bytes = staging_bytes if needs_staging else 0
     _log_summary(offload, shapes, stats, store)
-    return OffloadManager(store, executors, staging, stats, offload, device)
+    num_resident = len(layers) - len(executors)
+    return OffloadManager(store, executors, staging, stats, offload, device, num_resident)
+
+
+def _is_on(layer: torch.nn.Module, device: torch.device) -> bool:
+    """The layer's experts were built on `device` itself (not on the host)."""
+    first = next(iter(layer.expert_tensors.values()))
+    return first.device.type == device.type and device.type != "cpu"
 
 
 def _log_summary(
@@ -141,15 +178,29 @@ def _log_summary(
         "MoE offload: %d of %d experts per layer on the %s (%s), %d MoE layers",
         slots,
         experts,
-        "GPU" if store.is_pinned else "device",
+        "GPU" if store.is_pinned or all(stats.is_resident) else "device",
         how,
         len(shapes),
     )
+    num_resident = sum(stats.is_resident)
+    if num_resident:
+        logger.info(
+            "MoE offload: %d of %d MoE layers keep every expert on the device (resident: no "
+            "host copy, no lookup)",
+            num_resident,
+            len(shapes),
+        )
+    if num_resident == len(shapes):
+        return
     if store.is_pinned:
         logger.info("MoE offload: %.2f GB of experts pinned in host RAM", store.nbytes / GB)
     else:
         logger.info("MoE offload: %.2f GB of experts in host RAM (not pinned)", store.nbytes / GB)
-    slot_bytes = sum(s * sh.expert_bytes for s, sh in zip(stats.slots, shapes))
+    slot_bytes = sum(
+        s * sh.expert_bytes
+        for s, sh, resident in zip(stats.slots, shapes, stats.is_resident)
+        if not resident
+    )
     logger.info(
         "MoE offload: %.2f GB of expert slots, %.2f GB staging buffer",
         slot_bytes / GB,

@@ -10,8 +10,11 @@ Keys of `OffloadStats.snapshot()` (totals at the top level, the same per layer i
   staging_bytes         bytes those copies moved
   bytes_moved           bytes_copied + staging_bytes
   calls                 decode-path (lookup) calls
-plus slots_per_layer, num_experts, num_layers, pinned_gb, slot_gb, staging_gb, device and,
-with XINFER_MOE_OFFLOAD_PROFILE=1, "profile" (seconds summed over calls, and call count)."""
+plus slots_per_layer (all E for a resident layer), num_experts, num_layers, resident_layers
+(layers whose every expert fits on the device: they run resident, with no slots, lookups or
+copies, so their counters stay 0), offloaded_layers, pinned_gb, slot_gb (offloaded layers'
+slots), resident_gb, staging_gb, device and, with XINFER_MOE_OFFLOAD_PROFILE=1, "profile"
+(seconds summed over calls, and call count). Each entry of "layers" says `resident`."""
 
 from __future__ import annotations
 
@@ -49,6 +52,7 @@ class OffloadStats:
         self.layer_bytes: list[int] = []  # per layer: all E experts
         self.slots: list[int] = []
         self.num_experts: list[int] = []
+        self.is_resident: list[bool] = []  # per layer: all experts on the device
         self.pinned_bytes = 0
         self.staging_bytes = 0
         self.profile: CallProfile | None = None
@@ -70,19 +74,25 @@ class OffloadStats:
                 self.expert_bytes[i],
                 self.layer_bytes[i],
             )
-            layers.append({"layer": i, "slots": self.slots[i], **r})
+            layers.append(
+                {"layer": i, "slots": self.slots[i], "resident": self.is_resident[i], **r}
+            )
         total = {k: sum(layer[k] for layer in layers) for k in ("hits", "misses", "calls")}
         for k in ("bytes_copied", "staging_copies", "staging_bytes", "bytes_moved"):
             total[k] = sum(layer[k] for layer in layers)
         seen = total["hits"] + total["misses"]
         total["hit_rate"] = total["hits"] / seen if seen else 0.0
+        per_layer = list(zip(self.slots, self.expert_bytes, self.is_resident))
         out = {
             **total,
             "num_layers": len(layers),
+            "resident_layers": sum(self.is_resident),
+            "offloaded_layers": len(layers) - sum(self.is_resident),
             "slots_per_layer": list(self.slots),
             "num_experts": list(self.num_experts),
             "pinned_gb": self.pinned_bytes / GB,
-            "slot_gb": sum(s * b for s, b in zip(self.slots, self.expert_bytes)) / GB,
+            "slot_gb": sum(s * b for s, b, resident in per_layer if not resident) / GB,
+            "resident_gb": sum(s * b for s, b, resident in per_layer if resident) / GB,
             "staging_gb": self.staging_bytes / GB,
             "device": str(self.device),
             "layers": layers,
@@ -95,6 +105,11 @@ class OffloadStats:
 def format_summary(stats: dict, elapsed_s: float | None = None) -> str:
     """One line for the end of a CLI generation: hit rate, GB moved and (given the elapsed
     time) the host → GPU rate."""
+    if stats["num_layers"] and not stats["offloaded_layers"]:
+        return (
+            f"MoE offload: every expert fits on the device; all {stats['num_layers']} MoE "
+            "layers run resident (no lookups, nothing moved)"
+        )
     moved = stats["bytes_moved"] / GB
     line = (
         f"MoE offload: hit rate {100 * stats['hit_rate']:.1f}% "
