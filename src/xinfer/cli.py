@@ -19,6 +19,7 @@ from xinfer.config import (
 )
 from xinfer.errors import UserError
 from xinfer.llm import offload_from_env, parse_device, resolve_model_path
+from xinfer.routing.config import RoutingConfig
 from xinfer.sampling import SamplingParams
 
 logger = logging.getLogger("xinfer")
@@ -57,6 +58,15 @@ def build_parser() -> argparse.ArgumentParser:
     a("--moe-offload-reserve-gb", type=float, default=None)
     a("--moe-offload-profile", action="store_true", default=None)
     a("--gpu-memory-limit-gb", type=float, default=None, help="size as if the GPU had G GB")
+    a(
+        "--routing-source",
+        default="router",
+        help="benchmarks: where MoE experts come from: router (the model's own, default), "
+        "a routing-model preset (qwen3-30b-a3b, qwen3.5-35b-a3b, olmoe, uniform), "
+        "model:SIGMA,TAU,PHI or replay:PATH",
+    )
+    a("--routing-seed", type=int, default=0, help="seed of the routing model")
+    a("--record-routing", default=None, metavar="PATH", help="write every routed expert id here")
     a("--gpu-memory-utilization", type=float, default=0.9)
     a("--disable-cuda-graph", action="store_true")
     a("--max-num-seqs", type=int, default=64)
@@ -100,6 +110,7 @@ def engine_config_from_args(args: argparse.Namespace) -> EngineConfig:
             max_num_batched_tokens=args.max_num_batched_tokens,
             max_waiting=args.max_waiting,
         ),
+        routing=RoutingConfig(args.routing_source, args.routing_seed, args.record_routing),
     )
 
 
@@ -199,10 +210,13 @@ def main(argv: list[str] | None = None) -> int:
         from xinfer.engine.engine import Engine
 
         engine = Engine(config, show_progress=True)
-        if args.prompt is not None:
-            run_prompt(engine, args)
-        else:
-            run_chat(engine, args)
+        try:
+            if args.prompt is not None:
+                run_prompt(engine, args)
+            else:
+                run_chat(engine, args)
+        finally:
+            engine.close()
         return 0
     except UserError as e:
         print(f"xinfer: error: {e}", file=sys.stderr)

@@ -23,6 +23,7 @@ from xinfer.config import (
 from xinfer.engine.engine import Engine
 from xinfer.engine.request import TokenLogprob
 from xinfer.errors import UserError
+from xinfer.routing.config import RoutingConfig
 from xinfer.sampling import SamplingParams
 
 logger = logging.getLogger("xinfer")
@@ -107,7 +108,14 @@ class LLM:
         kv_cache_dtype: str | None = None,
         seed: int = 0,
         show_progress: bool = False,
+        routing_source: str = "router",
+        routing_seed: int = 0,
+        record_routing: str | None = None,
     ) -> None:
+        """`routing_source` (benchmarks): where MoE layers' experts come from — "router"
+        (the model's own choice), a routing-model preset ("qwen3-30b-a3b", ...,
+        "uniform"), "model:SIGMA,TAU,PHI" or "replay:PATH"; `record_routing`: write every
+        MoE layer's routed ids, step by step, to this file (docs/moe_offload.md)."""
         config = EngineConfig(
             model=resolve_model_path(model),
             device=parse_device(device),
@@ -127,6 +135,7 @@ class LLM:
             scheduler=SchedulerConfig(
                 max_num_seqs=max_num_seqs, max_num_batched_tokens=max_num_batched_tokens
             ),
+            routing=RoutingConfig(routing_source, routing_seed, record_routing),
         )
         self.engine = Engine(config, show_progress=show_progress)
 
@@ -178,6 +187,10 @@ class LLM:
             for c in convs
         ]
         return self.generate(prompts, params)
+
+    def close(self) -> None:
+        """Flush and close files the engine writes (a routing trace)."""
+        self.engine.close()
 
     def offload_stats(self) -> dict | None:
         """Per-layer and total expert-cache statistics, or None when offload is off."""

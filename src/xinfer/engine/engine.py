@@ -66,6 +66,7 @@ class Engine:
             from xinfer.offload.setup import enable_offload
 
             self.offload_manager = enable_offload(self.model, config, offload, self.device)
+        self.routing = self._install_routing(config)
         kv_dtype = config.cache.kv_dtype or self.dtype
         num_blocks = plan_num_blocks(cfg, config, self.device, kv_dtype, self.max_model_len)
         blocks_per_seq = -(-self.max_model_len // config.cache.block_size)
@@ -91,9 +92,8 @@ class Engine:
             config.scheduler.max_num_seqs,
             graphs,
             self.offload_manager.is_graph_safe if self.offload_manager else None,
-            look_ahead=self.device.type == "cuda"
-            if config.decode_look_ahead is None
-            else config.decode_look_ahead,
+            look_ahead=self._look_ahead(config),
+            observer=self.routing if self.routing and self.routing.recorder else None,
         )
         self.allocator = BlockAllocator(num_blocks, config.cache.block_size)
         self.scheduler = Scheduler(config.scheduler, self.allocator)
@@ -106,6 +106,9 @@ class Engine:
             self.warm_up_prefill()
         if self.offload_manager is not None:
             self.offload_manager.reset_stats()  # warm-ups are not the user's traffic
+        self.runner.request_slots.reset()  # request keys (routing streams) start at 0
+        if self.routing is not None:
+            self.routing.start()
         logger.info(
             "KV cache: %d tokens (%d blocks of %d), max model len %d",
             self.kv_tokens,
@@ -113,6 +116,39 @@ class Engine:
             config.cache.block_size,
             self.max_model_len,
         )
+
+    def _install_routing(self, config: EngineConfig):
+        """The routing source / recorder of `config.routing` on the MoE layers (None: the
+        router's own choice, nothing recorded, nothing installed)."""
+        from xinfer.routing.install import install_routing
+        from xinfer.runner.request_slots import request_rows
+
+        sched = config.scheduler
+        return install_routing(
+            self.model,
+            config.routing,
+            self.device,
+            num_rows=request_rows(sched.max_num_seqs),
+            max_tokens=max(sched.max_num_batched_tokens, sched.max_num_seqs),
+            model_name=config.model,
+            is_dummy=config.load_format == "dummy",
+        )
+
+    def _look_ahead(self, config: EngineConfig) -> bool:
+        """Decode look-ahead (on CUDA unless set); off while recording routing, which
+        records each step after its forward (a queued step would be missed or doubled)."""
+        if self.routing is not None and self.routing.recorder is not None:
+            return False
+        return (
+            self.device.type == "cuda"
+            if config.decode_look_ahead is None
+            else bool(config.decode_look_ahead)
+        )
+
+    def close(self) -> None:
+        """Flush and close what the engine writes (the routing trace); idempotent."""
+        if self.routing is not None:
+            self.routing.close()
 
     def warm_up_prefill(self) -> None:
         """Run two throw-away prompts, one step's token budget long and one token shorter

@@ -33,6 +33,9 @@ class FusedMoE(nn.Module):
             "w2": torch.empty(num_experts, hidden_size, intermediate_size, **kw),
         }
         self.executor: ExpertExecutor | None = None
+        # Set by xinfer.routing (explicit options only): another source of the top-k choice
+        # (a routing model, a replayed trace) and/or the recording of the routed ids.
+        self.routing = None
 
     def attach_executor(self, executor: ExpertExecutor) -> None:
         """Hand the experts over. A resident executor shares the layer's tensors (so weights
@@ -45,5 +48,8 @@ class FusedMoE(nn.Module):
         """x (T, H), router_logits (T, E) → (T, H)."""
         if self.executor is None:
             self.attach_executor(ResidentExecutor(self.expert_tensors))
-        topk_weights, topk_ids = kernels.route_topk(router_logits, self.top_k, self.renormalize)
+        if self.routing is None:
+            topk_weights, topk_ids = kernels.route_topk(router_logits, self.top_k, self.renormalize)
+        else:
+            topk_weights, topk_ids = self.routing(router_logits)
         return self.executor(x, topk_ids, topk_weights)

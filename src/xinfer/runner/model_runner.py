@@ -13,7 +13,7 @@ numbers, in the same order, as without look-ahead)."""
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 import torch
 
@@ -22,6 +22,7 @@ from xinfer.engine.request import TokenLogprob
 from xinfer.engine.scheduler import SchedulerOutput
 from xinfer.models.moe_decoder import MoeForCausalLM
 from xinfer.runner.forward_context import ForwardContext, forward_context
+from xinfer.runner.request_slots import RequestSlots, request_rows
 from xinfer.sampling import (
     PendingSample,
     RngSnapshot,
@@ -61,6 +62,9 @@ class HostBatch:
     logits_indices: list[int]  # rows that sample
     block_tables: list[list[int]]
     max_query_len: int
+    request_ids: list[str] = field(default_factory=list)  # per request
+    state_rows: list[int] = field(default_factory=list)  # per request (RequestSlots)
+    request_keys: list[int] = field(default_factory=list)  # per request (RequestSlots)
 
     @property
     def is_decode(self) -> bool:
@@ -90,16 +94,21 @@ class ModelRunner:
         graph_runner_factory=None,
         is_graph_safe=None,
         look_ahead: bool = False,
+        observer=None,
     ) -> None:
         """`graph_runner_factory(runner)` builds the CUDA-graph runner (None: eager only);
         `is_graph_safe(batch_size)` says whether every layer can run that decode batch
         without a host decision (offload: the routed ids fit in the slots); `look_ahead`
-        allows queuing the next greedy decode step before reading this one's tokens."""
+        allows queuing the next greedy decode step before reading this one's tokens;
+        `observer` (the routing recorder) hears `after_forward(request_ids, positions,
+        query_start_loc)` after each forward and `after_step()` once its tokens are read."""
         self.model, self.cfg, self.device = model, cfg, device
         self.block_size, self.max_model_len = block_size, max_model_len
         self.max_num_seqs = max_num_seqs
         self.is_graph_safe = is_graph_safe or (lambda batch_size: True)
         self.max_blocks_per_seq = -(-max_model_len // block_size)
+        self.request_slots = RequestSlots(request_rows(max_num_seqs))
+        self.observer = observer
         shape = (num_blocks, block_size, cfg.num_kv_heads, cfg.head_dim)
         self.kv_caches = []
         for attn in model.attention_layers():
@@ -126,9 +135,16 @@ class ModelRunner:
             hb.query_start_loc.append(hb.query_start_loc[-1] + n)
             hb.block_tables.append(req.block_ids)
             hb.max_query_len = max(hb.max_query_len, n)
+            self._add_request(hb, req.request_id)
             if s.samples:
                 hb.logits_indices.append(hb.query_start_loc[-1] - 1)
         return hb
+
+    def _add_request(self, hb: HostBatch, request_id: str) -> None:
+        row, key = self.request_slots.assign(request_id)
+        hb.request_ids.append(request_id)
+        hb.state_rows.append(row)
+        hb.request_keys.append(key)
 
     def to_device(self, hb: HostBatch) -> StepInputs:
         width = max(len(t) for t in hb.block_tables)
@@ -146,6 +162,8 @@ class ModelRunner:
             # Decode attention sizes its split grid from this bound; the model length (the
             # bound CUDA graphs are captured with) keeps eager and graphed bits identical.
             max_seq_len=self.max_model_len if hb.is_decode else max(hb.seq_lens),
+            state_rows=dev(hb.state_rows, torch.int64),
+            request_keys=dev(hb.request_keys, torch.int64),
         )
         return StepInputs(
             dev(hb.input_ids, torch.int64),
@@ -168,12 +186,19 @@ class ModelRunner:
         """(S, V) float32 logits of the rows that sample (None when none does); a decode step
         that a captured graph covers runs the model and the LM head in one replay."""
         if self.graph_runner is not None and self.graph_runner.can_run(hb):
-            return self.graph_runner.run(hb)
+            logits = self.graph_runner.run(hb)
+            self._observe(hb)
+            return logits
         inp = self.to_device(hb)
         hidden = self.forward(inp)
+        self._observe(hb)
         if not hb.logits_indices:
             return None
         return self.model.compute_logits(hidden[inp.logits_indices])
+
+    def _observe(self, hb: HostBatch) -> None:
+        if self.observer is not None:
+            self.observer.after_forward(hb.request_ids, hb.positions, hb.query_start_loc)
 
     @torch.inference_mode()
     def execute(
@@ -193,6 +218,8 @@ class ModelRunner:
                 self.look_ahead_counts["dropped"] += 1
             logits = self.logits(self.host_batch(out))
             if not sampling:
+                if self.observer is not None:
+                    self.observer.after_step()
                 return [], []
             reqs = [s.request for s in sampling]
             meta = SamplingMetadata.build(
@@ -208,6 +235,8 @@ class ModelRunner:
         if look_ahead and self.look_ahead_enabled and self._can_look_ahead(out):
             self.look_ahead = self._queue_next_step(out, pending)
         result = pending.result()
+        if self.observer is not None:
+            self.observer.after_step()  # the step's work is done: its records are copied
         return result.token_ids, list(result.logprobs)
 
     def _queue_next_step(self, out: SchedulerOutput, pending: PendingSample) -> LookAhead:
@@ -223,6 +252,7 @@ class ModelRunner:
             hb.query_start_loc.append(row + 1)
             hb.logits_indices.append(row)
             hb.block_tables.append(req.block_ids)
+            self._add_request(hb, req.request_id)
         tokens = pending.token_ids_device
         if self.graph_runner is not None and self.graph_runner.can_run(hb):
             logits = self.graph_runner.run(hb, input_ids=tokens)
