@@ -8,8 +8,8 @@ from __future__ import annotations
 import pytest
 from tiny_models import make_hf_model, prompts, write_checkpoint
 
-from xinfer import LLM, SamplingParams, UserError
-from xinfer.cli import build_parser, engine_config_from_args
+from xinfer import LLM, SamplingParams, UserError, __version__
+from xinfer.args import EngineArgs, build_parser
 from xinfer.routing.trace import read_trace, request_streams
 
 GREEDY = SamplingParams(max_tokens=12, temperature=0.0, ignore_eos=True)
@@ -93,12 +93,17 @@ def test_replay_of_another_shape_is_refused(ckpt, tmp_path):
         LLM(ckpt, device="cpu", routing_source=f"replay:{trace}")
 
 
+def _engine_args(argv: list[str]) -> EngineArgs:
+    return EngineArgs.from_namespace(build_parser(__version__).parse_args(argv))
+
+
 def test_cli_flags(ckpt, tmp_path):
-    args = build_parser().parse_args(
+    args = _engine_args(
         ["--m", ckpt, "--d", "cpu", "--routing-source", "olmoe", "--routing-seed", "3",
          "--record-routing", str(tmp_path / "t")]
     )  # fmt: skip
-    cfg = engine_config_from_args(args).routing
+    cfg = args.create_engine_config().routing
     assert (cfg.kind, cfg.seed, cfg.record_path) == ("model", 3, str(tmp_path / "t"))
+    assert _engine_args(["--m", ckpt]).create_engine_config().routing.is_default
     with pytest.raises(UserError, match="routing source"):
-        engine_config_from_args(build_parser().parse_args(["--routing-source", "model:1,2"]))
+        _engine_args(["--routing-source", "model:1,2"])

@@ -136,13 +136,15 @@ def enable_offload(
         stats.num_experts.append(shapes[i].num_experts)
         if slots == shapes[i].num_experts:  # every expert fits: no host copy, no lookup
             tensors = {k: t.to(device) for k, t in layer.expert_tensors.items()}
-            layer.attach_executor(ResidentExecutor(tensors))
+            layer.attach_executor(ResidentExecutor(tensors, layer.expert_weights))
             stats.layer_bytes.append(0)  # never staged
             stats.is_resident.append(True)
             continue
         host = store.add_layer(layer.expert_tensors)
         cache = SlotCache(host, slots, device, stats.counters[i])
-        executor = OffloadExecutor(cache, host, staging, layer.top_k, profile, store)
+        executor = OffloadExecutor(
+            cache, host, staging, layer.top_k, profile, store, layer.expert_weights
+        )
         layer.attach_executor(executor)
         executors.append(executor)
         stats.layer_bytes.append(store.layer_bytes(len(executors) - 1))
