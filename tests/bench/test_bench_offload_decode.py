@@ -103,6 +103,7 @@ def test_engine_plan():
         bench.plan_jobs(bench.build_parser().parse_args(["--batches", "1,8", "--steps", "1,2,3"]))
 
 
+@pytest.mark.slow
 def test_end_to_end_on_cpu(tmp_path):
     from tiny_models import make_hf_model, write_checkpoint
 
