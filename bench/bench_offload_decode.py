@@ -18,6 +18,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import signal
 import subprocess
 import sys
 import time
@@ -37,6 +38,8 @@ def int_list(text: str) -> list[int]:
 
 
 def per_batch(text: str, batches: list[int], name: str) -> list[int]:
+    if not batches:
+        return []
     values = int_list(text)
     if len(values) == 1:
         return values * len(batches)
@@ -53,8 +56,8 @@ def build_parser() -> argparse.ArgumentParser:
     a("--dtype", default="bfloat16")
     a("--rates", default="0.1,0.2,0.35,0.5,auto", help="decode rates (0 = resident, always run)")
     a("--batches", default="1,8,32")
-    a("--warmup-steps", default="64,8,4", help="per batch size (or one value)")
-    a("--steps", default="128,24,8", help="timed steps per batch size (or one value)")
+    a("--warmup-steps", default="64,4,2", help="per batch size (or one value)")
+    a("--steps", default="128,16,6", help="timed steps per batch size (or one value)")
     a("--prompt-tokens", type=int, default=64, help="prompt length of the decode rows")
     a("--ttft-tokens", default="2048,8192,32768", help="prompt lengths of the TTFT table")
     a("--ttft-rates", default="0,0.1,0.2,auto")
@@ -100,7 +103,9 @@ def plan_jobs(args: argparse.Namespace) -> list[dict]:
                 gpu_memory_limit_gb=args.gpu_memory_limit_gb, trace_dir=args.trace_dir)  # fmt: skip
     jobs = []
     for rate in rates + (["0"] if args.resident_again else []):
-        decoding = rate == "0" or rate in args.rates.split(",")
+        decoding = bool(batches) and (rate == "0" or rate in args.rates.split(","))
+        if not decoding and not (short and rate in ttft_rates):
+            continue  # nothing for this engine to do
         jobs.append({
             **base, "rate": rate, "max_model_len": args.max_model_len,
             "batches": batches if decoding else [], "warmup": warmup, "steps": steps,
@@ -121,10 +126,22 @@ def plan_jobs(args: argparse.Namespace) -> list[dict]:
     return jobs
 
 
+_RUNNING: list[subprocess.Popen] = []
+
+
+def _stop_worker(signum, frame) -> None:
+    """SIGTERM (a `timeout` around the benchmark): take the running worker down too, so
+    it does not hold the GPU after we are gone; results so far are already written."""
+    for proc in _RUNNING:
+        proc.kill()
+    sys.exit(128 + signum)
+
+
 def run_job(job: dict) -> dict:
     """The worker's RESULT, or {"rate", "error"} when it failed; its output is streamed."""
     cmd = [sys.executable, str(HERE / "offload_bench" / "engine_worker.py"), json.dumps(job)]
     proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+    _RUNNING[:] = [proc]
     result, tail = None, []
     for line in proc.stdout:
         if line.startswith("RESULT "):
@@ -204,6 +221,7 @@ def write(out: Path, meta: dict, results: list[dict]) -> str:
 
 def main(argv: list[str] | None = None) -> int:
     args = build_parser().parse_args(argv)
+    signal.signal(signal.SIGTERM, _stop_worker)
     jobs = plan_jobs(args)
     bw = measure_bandwidth(args.device)
     used = bw.get("copy_engine_block_gbps")

@@ -30,12 +30,14 @@ for phase in "$@"; do
     attnbench) timeout 90 python3 bench/bench_attention_kernel.py 2>&1 | tail -30 | tee "$OUT/attn_kernel.txt" ;;
     fillbench) timeout 150 python3 bench/bench_offload_fill.py 2>&1 | tee "$OUT/fill.txt" | tail -80 ;;
     decode) timeout 300 python3 bench/bench_decode.py --out "$OUT/decode" 2>&1 | grep -v "it/s]" | tail -60 ;;
-    offloadbench) timeout ${OFFLOAD_TIMEOUT:-420} python3 bench/bench_offload_decode.py --rates ${OFFLOAD_RATES:-0.1,0.2,0.35,0.5,auto} --steps ${OFFLOAD_STEPS:-48} --warmup-steps ${OFFLOAD_WARMUP:-8} ${OFFLOAD_EXTRA:-} --out "$OUT/offload" 2>&1 | grep -v "it/s]" | tail -40 ;;
+    offloadbench) timeout ${OFFLOAD_TIMEOUT:-570} python3 bench/bench_offload_decode.py --rates ${OFFLOAD_RATES:-0.1,0.2,0.35,0.5,auto} --batches ${OFFLOAD_BATCHES:-1,8,32} --steps ${OFFLOAD_STEPS:-128,16,6} --warmup-steps ${OFFLOAD_WARMUP:-64,4,2} --ttft-tokens ${OFFLOAD_TTFT:-2048,8192} --routing ${OFFLOAD_ROUTING:-qwen3-30b-a3b} ${OFFLOAD_EXTRA:-} --out "$OUT/offload" 2>&1 | grep -v "it/s]" | tail -60 ;;
+    offloadttft) timeout ${TTFT_TIMEOUT:-400} python3 bench/bench_offload_decode.py --batches "" --ttft-tokens ${TTFT_TOKENS:-32768} --ttft-rates ${TTFT_RATES:-0,0.1,0.2,auto} --routing ${OFFLOAD_ROUTING:-qwen3-30b-a3b} --out "$OUT/offload_ttft" 2>&1 | grep -v "it/s]" | tail -30 ;;
+    routingtests) timeout 300 python3 -m pytest -q -p no:cacheprovider -m gpu tests/routing tests/unit/test_sampling_no_sync.py tests/offload/test_offload_resident.py 2>&1 | tee "$OUT/routing_tests.txt" | tail -30 ;;
     decode-nohf) timeout 170 python3 bench/bench_decode.py --no-hf --trace "$OUT/trace.json" --out "$OUT/decode" 2>&1 | grep -v "it/s]" | tail -60; gzip -f "$OUT/trace.json" ;;
     moesweep) timeout 200 python3 bench/bench_moe_kernel.py --sweep --decode 1 --prefill "" 2>&1 | tee "$OUT/moe_sweep.txt" | tail -20 ;;
     gemvbench) timeout 240 python3 bench/bench_gemv.py 2>&1 | tee "$OUT/gemv.txt" | tail -40 ;;
     attnsweep) timeout 240 python3 bench/bench_attention_kernel.py --sweep 2>&1 | tee "$OUT/attn_sweep.txt" | tail -40 ;;
-    offloadtrace) timeout ${TRACE_TIMEOUT:-200} python3 bench/bench_offload_decode.py --rates ${TRACE_RATES:-0.35} --steps 32 --trace-dir "$OUT" --out "$OUT/offload_trace" 2>&1 | grep -v "it/s]" | tail -12; gzip -f "$OUT"/offload_*.json ;;
+    offloadtrace) timeout ${TRACE_TIMEOUT:-200} python3 bench/bench_offload_decode.py --rates ${TRACE_RATES:-0.35} --batches 1 --steps 32 --warmup-steps 16 --ttft-tokens "" --routing ${OFFLOAD_ROUTING:-qwen3-30b-a3b} --trace-dir "$OUT" --out "$OUT/offload_trace" 2>&1 | grep -v "it/s]" | tail -12; gzip -f "$OUT"/offload_*.json ;;
     layerbench) timeout 120 python3 bench/bench_offload_layer.py 2>&1 | tail -12 | tee "$OUT/layer.txt" ;;
     *) echo "unknown phase $phase" ;;
   esac

@@ -99,6 +99,9 @@ def test_engine_plan():
     kv_gb = bench.model_kv_bytes_per_token(args.model) * 32832 / 2**30  # ~3.0 GB for Qwen3
     assert 2.9 < kv_gb < 3.2 and long_auto["reserve_gb"] > kv_gb + 1.0
     assert jobs[-2]["reserve_gb"] is None and jobs[-2]["num_kv_blocks"] >= 32832 // 16
+    only_long = bench.plan_jobs(bench.build_parser().parse_args(
+        ["--batches", "", "--ttft-tokens", "32768", "--ttft-rates", "0,0.1"]))  # fmt: skip
+    assert [(j["rate"], j["max_model_len"]) for j in only_long] == [("0", 32832), ("0.1", 32832)]
     with pytest.raises(SystemExit):
         bench.plan_jobs(bench.build_parser().parse_args(["--batches", "1,8", "--steps", "1,2,3"]))
 
