@@ -23,7 +23,7 @@ def context(lengths: list[int], starts: list[int], rows: list[int], keys: list[i
         query_start_loc=torch.tensor(qsl, **i32),
         max_query_len=max(lengths),
         max_seq_len=max(s + n for s, n in zip(starts, lengths)),
-        state_rows=torch.tensor(rows, dtype=torch.int64),
+        request_rows=torch.tensor(rows, dtype=torch.int64),
         request_keys=torch.tensor(keys, dtype=torch.int64),
     )
 

@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import pytest
 
-from xinfer.runner.request_slots import RequestSlots, request_rows
+from xinfer.runner.request_slots import RequestSlots, request_row_capacity
 
 
 def test_rows_and_keys():
@@ -21,6 +21,6 @@ def test_rows_and_keys():
 
 
 def test_capacity():
-    assert request_rows(64) >= 2 * 64
+    assert request_row_capacity(64) >= 2 * 64
     with pytest.raises(ValueError):
         RequestSlots(0)

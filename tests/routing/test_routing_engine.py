@@ -56,7 +56,7 @@ def test_record_then_replay_reproduces_the_router(ckpt, tmp_path):
     assert recorded == plain  # recording changes nothing
     header, steps = read_trace(path)
     assert (header.num_layers, header.top_k, header.num_experts) == (2, 2, NUM_EXPERTS)
-    streams = dict(request_streams(steps))
+    streams = {rid: ids for rid, first, ids in request_streams(steps) if first == 0}
     lengths = [len(p) + GREEDY.max_tokens - 1 for p in PROMPTS]  # the last token is not fed
     assert [streams[f"req-{i}"].shape for i in range(4)] == [(2, n, 2) for n in lengths]
     assert all(0 <= s.ids.min() and s.ids.max() < NUM_EXPERTS for s in steps)

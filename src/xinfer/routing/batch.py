@@ -8,11 +8,11 @@ from xinfer.runner.forward_context import ForwardContext
 
 
 def sequence_batch(ctx: ForwardContext) -> SequenceBatch:
-    if ctx.state_rows is None or ctx.request_keys is None:
+    if ctx.request_rows is None or ctx.request_keys is None:
         raise RuntimeError(
             "this routing source needs per-request state rows in the forward context; "
             "run the model through the ModelRunner"
         )
     return SequenceBatch(
-        ctx.query_start_loc, ctx.seq_lens, ctx.state_rows, ctx.request_keys, ctx.is_decode
+        ctx.query_start_loc, ctx.seq_lens, ctx.request_rows, ctx.request_keys, ctx.is_decode
     )

@@ -1,7 +1,8 @@
 """Replay of a recorded routing trace as a routing source. Each recorded request becomes a
 stream of routed ids by position; a live request replays stream `key mod S` (its key is the
-order in which the engine saw it), wrapping around when it runs past the stream's end. The
-streams sit in one device table, so a step is two gathers per layer, inside CUDA graphs."""
+order in which the engine saw it): position p takes the stream's entry (p − first) mod P,
+so a request longer than the stream wraps around. The streams sit in one device table, so
+a step is a few gathers per layer, inside CUDA graphs."""
 
 from __future__ import annotations
 
@@ -29,15 +30,16 @@ class ReplayRouting:
         streams = request_streams(steps)
         if not streams:
             raise UserError(f"routing trace {path!r} holds no complete request to replay")
-        table = np.concatenate([ids for _, ids in streams], axis=1)  # (L, N, k)
+        table = np.concatenate([ids for _, _, ids in streams], axis=1)  # (L, N, k)
         if table.min() < 0 or table.max() >= min(num_experts):
             raise UserError(
                 f"routing trace {path!r} routes to expert {int(table.max())}; this model has "
                 f"{min(num_experts)} experts per layer"
             )
-        lengths = [ids.shape[1] for _, ids in streams]
+        lengths = [ids.shape[1] for _, _, ids in streams]
         self.num_streams = len(streams)
-        self.stream_ids = [rid for rid, _ in streams]
+        self.stream_ids = [rid for rid, _, _ in streams]
+        self.firsts = torch.tensor([first for _, first, _ in streams], dtype=torch.int64).to(device)
         self.table = torch.from_numpy(table.astype(np.int32)).to(device)  # (L, N, k)
         self.lengths = torch.tensor(lengths, dtype=torch.int64, device=device)
         self.offsets = torch.tensor(np.cumsum([0] + lengths[:-1]), dtype=torch.int64).to(device)
@@ -50,7 +52,8 @@ class ReplayRouting:
         batch = sequence_batch(ctx)
         seq, positions = token_layout(batch, num_tokens)
         stream = batch.keys[seq].clamp_min(0) % self.num_streams
-        rows = self.offsets[stream] + positions.clamp_min(0) % self.lengths[stream]
+        into = torch.remainder(positions - self.firsts[stream], self.lengths[stream])
+        rows = self.offsets[stream] + into
         self._rows_for = (ctx, rows)
         return rows
 

@@ -13,7 +13,8 @@ Layout (all little-endian):
             the router's order.
 L counts MoE layers only (in model order). A prompt appears over one or more steps (its
 chunks), then one token per step while it decodes; a preempted request is recomputed, so
-its positions can appear again (the later record wins on replay)."""
+its positions can appear again (the later record wins on replay); a prompt prefix found in
+the prefix cache is not computed, so its positions do not appear."""
 
 from __future__ import annotations
 
@@ -121,9 +122,10 @@ def read_trace(path: str | Path) -> tuple[TraceHeader, list[TraceStep]]:
     return header, steps
 
 
-def request_streams(steps: list[TraceStep]) -> list[tuple[str, np.ndarray]]:
-    """Per request, in order of first appearance: its routed ids by position, (L, P, k) for
-    positions 0..P-1 (the longest run from position 0 that the trace covers)."""
+def request_streams(steps: list[TraceStep]) -> list[tuple[str, int, np.ndarray]]:
+    """Per request, in order of first appearance: (id, first position, ids (L, P, k)) for
+    the longest run of consecutive positions from the first one the trace holds (0, unless
+    a cached prompt prefix was not computed)."""
     seen: dict[str, dict[int, np.ndarray]] = {}
     for st in steps:
         offset = 0
@@ -134,9 +136,8 @@ def request_streams(steps: list[TraceStep]) -> list[tuple[str, np.ndarray]]:
             offset += count
     streams = []
     for rid, rows in seen.items():
-        length = 0
-        while length in rows:
-            length += 1
-        if length:
-            streams.append((rid, np.stack([rows[p] for p in range(length)], axis=1)))
+        start = end = min(rows)
+        while end in rows:
+            end += 1
+        streams.append((rid, start, np.stack([rows[p] for p in range(start, end)], axis=1)))
     return streams

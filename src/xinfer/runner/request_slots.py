@@ -12,7 +12,7 @@ from collections import OrderedDict
 _KEY_LIMIT = 1 << 31  # keys stay non-negative int32-sized; -1 marks padding
 
 
-def request_rows(max_num_seqs: int) -> int:
+def request_row_capacity(max_num_seqs: int) -> int:
     """How many requests hold a row at once (the state tensors have one more: scratch)."""
     return 4 * max_num_seqs
 
