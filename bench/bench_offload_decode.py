@@ -201,8 +201,9 @@ def write(out: Path, meta: dict, results: list[dict]) -> str:
         "",
         decode_report.decode_table(decode),
         "",
-        "limit = t_resident(batch) + bytes moved per step ÷ bandwidth; GB/token = bytes per "
-        "step ÷ batch; whole-layer copies = staging copies during the timed steps.",
+        "limit = t_resident(batch) + missed bytes per step (slot fills) ÷ bandwidth; GB/token "
+        "= all bytes moved per step ÷ batch; whole-layer copies = staging copies during the "
+        "timed steps (each moves a whole layer and counts no misses: step / limit ≫ 1).",
         "",
     ]
     if ttft:

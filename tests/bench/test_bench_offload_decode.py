@@ -47,6 +47,12 @@ def test_limits_and_ratio_per_batch():
         8000 / 45
     )
     assert "limit_ms" not in rows[0] and rows[1]["tok_s"] == pytest.approx(1600)
+    # a whole-layer copy: 50 GB moved, nothing missed through the slots
+    cliff = [_row("0", 8, 5.0), _row("0.1", 8, 1000.0, bytes_moved=500e9, bytes_copied=0,
+                                       staging_copies=480)]  # fmt: skip
+    rep.add_limits(cliff, 55.0)
+    assert cliff[1]["limit_ms"] == pytest.approx(5.0) and cliff[1]["ratio"] == pytest.approx(200)
+    assert cliff[1]["gb_per_token"] == pytest.approx(50 / 8)
     no_bw = [_row("0", 1, 3.0), _row("0.2", 1, 4.0, bytes_moved=1e9)]
     rep.add_limits(no_bw, None)
     assert "ratio" not in no_bw[1] and no_bw[1]["gb_per_token"] == pytest.approx(0.1)
