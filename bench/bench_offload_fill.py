@@ -45,9 +45,9 @@ def fill_sweep(host, dev, reps: int) -> list[tuple[str, float]]:
     """GB/s of the fill kernel by misses a call and launch config (eager)."""
     rows = []
     for misses in (1, 2, 8):
-        cache = SlotCache(host, 8, dev, torch.zeros(4, dtype=torch.int64, device=dev))
-        cache.miss_ids.copy_(torch.arange(8, 16, dtype=torch.int32))
-        cache.miss_slots.copy_(torch.arange(8, dtype=torch.int32))
+        cache = SlotCache(host, 8, dev)
+        cache.miss_ids[:8].copy_(torch.arange(8, 16, dtype=torch.int32))
+        cache.miss_slots[:8].copy_(torch.arange(8, dtype=torch.int32))
         cache.miss_count.fill_(misses)
         moved = misses * cache.expert_bytes
         offload_kernels.fill(cache, host)
@@ -73,7 +73,7 @@ def fill_sweep(host, dev, reps: int) -> list[tuple[str, float]]:
 
 def all_miss_graph(host, dev, misses: int, reps: int) -> float:
     """GB/s of lookup + fill in a CUDA graph, alternating two disjoint expert sets."""
-    cache = SlotCache(host, misses, dev, torch.zeros(4, dtype=torch.int64, device=dev))
+    cache = SlotCache(host, misses, dev)
     sets = [torch.arange(misses, dtype=torch.int32), torch.arange(misses, 2 * misses)]
     static_ids = sets[0].view(1, misses).to(torch.int32).to(dev)
     replay = graphed(
@@ -94,10 +94,7 @@ def all_miss_graph(host, dev, misses: int, reps: int) -> float:
 def machinery(host, dev, reps: int, warps: int, layers=48, slots=45, top_k=8):
     """Microseconds per layer of lookup + fill, `layers` slot caches in one CUDA graph:
     (every id a hit, one miss a layer). The second includes copying one expert."""
-    caches = [
-        SlotCache(host, slots, dev, torch.zeros(4, dtype=torch.int64, device=dev))
-        for _ in range(layers)
-    ]
+    caches = [SlotCache(host, slots, dev, num_overflow=0) for _ in range(layers)]
     ids = torch.arange(top_k, dtype=torch.int32, device=dev).view(1, top_k)
     for cache in caches:  # make the hot set resident
         offload_kernels.lookup(cache, ids)
@@ -148,7 +145,7 @@ def main() -> None:
     rows.append(("lookup + fill in a CUDA graph, all 8 miss", all_miss_graph(host, dev, 8, 20)))
     rows.append(("lookup + fill in a CUDA graph, all 1 miss", all_miss_graph(host, dev, 1, 20)))
 
-    cache = SlotCache(host, 8, dev, torch.zeros(4, dtype=torch.int64, device=dev))
+    cache = SlotCache(host, 8, dev)
     for misses in (1, 8):
 
         def copy_engine(n=misses) -> None:

@@ -90,6 +90,7 @@ class Engine:
             look_ahead=self.device.type == "cuda"
             if config.decode_look_ahead is None
             else config.decode_look_ahead,
+            layer_hooks=self.offload_manager.layer_streamer if self.offload_manager else None,
         )
         self.allocator = BlockAllocator(num_blocks, config.cache.block_size)
         self.scheduler = Scheduler(config.scheduler, self.allocator)

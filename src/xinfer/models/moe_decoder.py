@@ -14,6 +14,7 @@ from xinfer.layers.mlp import GatedMLP
 from xinfer.layers.moe import FusedMoE
 from xinfer.layers.norm import RMSNorm
 from xinfer.layers.rotary import RotaryEmbedding
+from xinfer.models.layer_stack import LayerStack
 
 
 class DecoderAttention(nn.Module):
@@ -138,6 +139,11 @@ class MoeForCausalLM(nn.Module):
     def compute_logits(self, hidden: torch.Tensor) -> torch.Tensor:
         weight = self.model.embed_tokens.weight if self.lm_head is None else self.lm_head.weight
         return kernels.linear(hidden, weight).float()
+
+    def layer_stack(self) -> LayerStack:
+        """The decoder for a layer-by-layer driver (the long-prompt pass)."""
+        m = self.model
+        return LayerStack(m.embed_tokens, list(m.layers), m.norm)
 
     def moe_layers(self) -> list[FusedMoE]:
         return [m for m in self.modules() if isinstance(m, FusedMoE)]

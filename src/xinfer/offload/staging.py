@@ -30,14 +30,15 @@ def executors_of(module: nn.Module) -> list[OffloadExecutor]:
     return found
 
 
-def _runs(experts: list[int]) -> list[tuple[int, int, int]]:
-    """Sorted expert ids → (first expert, first region row, count) of consecutive runs."""
+def _runs(pairs: list[tuple[int, int]]) -> list[tuple[int, int, int]]:
+    """(expert, row) pairs → (first expert, first row, count) of runs where both step by 1:
+    one copy each."""
     runs: list[tuple[int, int, int]] = []
-    for j, e in enumerate(experts):
-        if runs and runs[-1][0] + runs[-1][2] == e:
+    for e, r in pairs:
+        if runs and runs[-1][0] + runs[-1][2] == e and runs[-1][1] + runs[-1][2] == r:
             runs[-1] = (runs[-1][0], runs[-1][1], runs[-1][2] + 1)
         else:
-            runs.append((e, j, 1))
+            runs.append((e, r, 1))
     return runs
 
 
@@ -55,7 +56,7 @@ class LayerStreamer:
         self.plan: list[range] = []  # per decoder layer of the slice: its executor indices
         self.executors: list[OffloadExecutor] = []
         self.regions: list[tuple[int, int]] = []  # per executor: (pool, region)
-        self.missing: list[list[int]] = []  # per executor: experts to copy, ascending
+        self.missing: list[list[tuple[int, int]]] = []  # per executor: (expert, row) to copy
         self.rows: list[torch.Tensor] = []  # per executor: (E,) int32 row of every expert
         self.copied: dict[int, torch.cuda.Event | None] = {}  # started copies
         self.last_user: dict[tuple[int, int], int] = {}  # region → executor copied into it
@@ -75,17 +76,23 @@ class LayerStreamer:
         offset, uses, rows = 0, {}, []
         for x in self.executors:
             cache = x.cache
-            slot_of = {e: s for s, e in enumerate(held[offset : offset + cache.num_slots])}
+            table = held[offset : offset + cache.num_slots]
+            slot_of = {e: s for s, e in enumerate(table) if e >= 0}
             offset += cache.num_slots
             pool = next(iter(cache.slots.values())).untyped_storage().data_ptr()
             region = uses.get(pool, 0) % len(cache.stream_bases)  # alternate per pool
             uses[pool] = uses.get(pool, 0) + 1
             self.regions.append((pool, region))
+            # Rows for the experts not in slots: the region's E - S rows, then the layer's
+            # empty slots (still empty after the pass: the tables are not touched).
             base = cache.stream_bases[region]
+            free = [base + j for j in range(cache.num_experts - cache.num_slots)]
+            free += [s for s, e in enumerate(table) if e < 0]
             missing = [e for e in range(cache.num_experts) if e not in slot_of]
-            to_row = {e: base + j for j, e in enumerate(missing)} | slot_of
+            pairs = list(zip(missing, free))
+            to_row = dict(pairs) | slot_of
             rows.append([to_row[e] for e in range(cache.num_experts)])
-            self.missing.append(missing)
+            self.missing.append(pairs)
         width = max(len(r) for r in rows)
         table = torch.tensor([r + [0] * (width - len(r)) for r in rows], dtype=torch.int32)
         table = table.to(self.device)
@@ -103,15 +110,14 @@ class LayerStreamer:
         if key in self.last_user and key not in self.free:
             return False  # retried when that user exits
         x = self.executors[index]
-        base = x.cache.stream_bases[key[1]]
         with torch.cuda.stream(self.side) if self.is_cuda else nullcontext():
             done = self.free.pop(key, None)
             if done is not None:
                 self.side.wait_event(done)
             for name, host in x.host_tensors.items():
                 dst = x.cache.slots[name]
-                for e, j, n in _runs(self.missing[index]):
-                    dst[base + j : base + j + n].copy_(host[e : e + n], non_blocking=True)
+                for e, r, n in _runs(self.missing[index]):
+                    dst[r : r + n].copy_(host[e : e + n], non_blocking=True)
             event = torch.cuda.Event() if self.is_cuda else None
             if event is not None:
                 event.record(self.side)
