@@ -117,7 +117,9 @@ class Engine:
             layer_hooks=self.offload_manager.layer_streamer if self.offload_manager else None,
         )
         self.allocator = BlockAllocator(num_blocks, config.cache.block_size)
-        self.scheduler = Scheduler(config.scheduler, self.allocator)
+        # Long prompts run as layer-by-layer passes where the model offers a layer stack.
+        layered = self.runner.prompt_pass.stack is not None
+        self.scheduler = Scheduler(config.scheduler, self.allocator, layered_prompts=layered)
         self.eos_ids = set(self.tokenizer.eos_token_ids) if self.tokenizer else set()
         self.eos_ids |= set(cfg.eos_token_ids)
         self.outputs = OutputProcessor(self.tokenizer, self.eos_ids)

@@ -109,6 +109,10 @@ class MoeModel(nn.Module):
         )
         self.norm = RMSNorm(cfg.hidden_size, cfg.rms_norm_eps)
 
+    def layer_stack(self) -> LayerStack:
+        """What `forward` chains, for a layer-by-layer driver (models/layer_stack.py)."""
+        return LayerStack(self.embed_tokens, list(self.layers), self.norm)
+
     def forward(self, input_ids: torch.Tensor, positions: torch.Tensor) -> torch.Tensor:
         x, residual = self.embed_tokens(input_ids), None
         for layer in self.layers:
@@ -144,10 +148,11 @@ class MoeForCausalLM(nn.Module):
         weight = self.model.embed_tokens.weight if self.lm_head is None else self.lm_head.weight
         return kernels.linear(hidden, weight).float()
 
-    def layer_stack(self) -> LayerStack:
-        """The decoder for a layer-by-layer driver (the long-prompt pass)."""
-        m = self.model
-        return LayerStack(m.embed_tokens, list(m.layers), m.norm)
+    def layer_stack(self) -> LayerStack | None:
+        """The decoder for a layer-by-layer driver (the long-prompt pass); None where the
+        decoder (a subclass's own) does not offer one."""
+        make = getattr(self.model, "layer_stack", None)
+        return make() if make is not None else None
 
     def moe_layers(self) -> list[FusedMoE]:
         return [m for m in self.modules() if isinstance(m, FusedMoE)]

@@ -122,9 +122,7 @@ def enable_offload(
     )  # allocated now, so that the KV cache sized next leaves room for them
     executors = []
     for layer, host, cache, shape in zip(layers, hosts, caches, shapes):
-        executor = OffloadExecutor(
-            cache, host, layer.top_k, profile, store, layer.expert_weights
-        )
+        executor = OffloadExecutor(cache, host, layer.top_k, profile, store, layer.expert_weights)
         layer.attach_executor(executor)
         executors.append(executor)
         stats.expert_bytes.append(shape.expert_bytes)

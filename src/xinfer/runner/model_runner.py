@@ -114,7 +114,7 @@ class ModelRunner:
         self.look_ahead: LookAhead | None = None
         self.look_ahead_counts = {"used": 0, "dropped": 0}
         # `layer_hooks`: the offload layer streamer of long prompts (None when resident)
-        self.prompt_pass = PromptPassRunner(model, self.chunk_inputs, self.forward, layer_hooks)
+        self.prompt_pass = PromptPassRunner(model, self.chunk_inputs, layer_hooks)
 
     def host_batch(self, out: SchedulerOutput) -> HostBatch:
         """The step's metadata as host lists (no device work yet)."""

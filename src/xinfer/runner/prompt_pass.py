@@ -29,6 +29,22 @@ class LayerHooks(Protocol):
     def end(self) -> None: ...
 
 
+class NoHooks:
+    """Resident experts: nothing to stream."""
+
+    def begin(self, layers: list[torch.nn.Module]) -> None:
+        pass
+
+    def enter(self, layer: int) -> None:
+        pass
+
+    def exit(self, layer: int) -> None:
+        pass
+
+    def end(self) -> None:
+        pass
+
+
 @dataclass
 class PassState:
     request_id: str
@@ -44,58 +60,47 @@ class PromptPassRunner:
         self,
         model: torch.nn.Module,
         chunk_inputs: Callable[[ScheduledRequest, int, int], object],
-        forward: Callable[[object], torch.Tensor],
         hooks: LayerHooks | None = None,
     ) -> None:
         """`chunk_inputs(s, start, n)`: StepInputs of a one-request step computing tokens
-        [start, start + n) of `s.request`; `forward(inputs)`: the whole model on them (for
-        models without a layer stack)."""
+        [start, start + n) of `s.request`. Passes need the model's layer stack (`stack`;
+        the engine schedules none without it)."""
         self.stack = model.layer_stack() if hasattr(model, "layer_stack") else None
-        self.chunk_inputs, self.forward, self.hooks = chunk_inputs, forward, hooks
+        self.chunk_inputs, self.hooks = chunk_inputs, hooks or NoHooks()
         self.state: PassState | None = None
 
     def run(self, s: ScheduledRequest) -> torch.Tensor | None:
         """Run slice `s.prompt_pass`; after the last one, the final hidden state (1, H) of
         the pass's last token (None before)."""
+        if self.stack is None:
+            raise RuntimeError("this model offers no layer stack: it cannot run prompt passes")
         cut = s.prompt_pass
         if cut.index == 0:
             self.state = self._start(s)
         elif self.state is None or self.state.request_id != s.request.request_id:
             raise RuntimeError("a prompt pass slice arrived without the slices before it")
-        state = self.state
-        if self.stack is None:  # no layer stack: the chunks run whole, in the last slice
-            out = None
-            if cut.is_last:
-                for inp in state.chunks:
-                    hidden = self.forward(inp)
-                out = hidden[state.chunks[-1].logits_indices]
-            return self._finish(cut, out)
-        layers = self.stack.layers
+        state, hooks, layers = self.state, self.hooks, self.stack.layers
         lo = len(layers) * cut.index // cut.num_slices
         hi = len(layers) * (cut.index + 1) // cut.num_slices
-        if self.hooks is not None:
-            self.hooks.begin(list(layers[lo:hi]))
+        hooks.begin(list(layers[lo:hi]))
         try:
             for i, layer in enumerate(layers[lo:hi]):
-                if self.hooks is not None:
-                    self.hooks.enter(i)
-                for c, inp in enumerate(state.chunks):
+                hooks.enter(i)
+                for c, inp in enumerate(state.chunks):  # in order: each sees the KV before it
                     with forward_context(inp.ctx):
                         state.hidden[c], state.residual[c] = layer(
                             inp.positions, state.hidden[c], state.residual[c]
                         )
-                if self.hooks is not None:
-                    self.hooks.exit(i)
+                hooks.exit(i)
         finally:
-            if self.hooks is not None:
-                self.hooks.end()
-        out = None
-        if cut.is_last:
-            inp = state.chunks[-1]
-            with forward_context(inp.ctx):
-                hidden, _ = self.stack.final_norm(state.hidden[-1], state.residual[-1])
-            out = hidden[inp.logits_indices]
-        return self._finish(cut, out)
+            hooks.end()
+        if not cut.is_last:
+            return None
+        self.state = None
+        inp = state.chunks[-1]
+        with forward_context(inp.ctx):
+            hidden, _ = self.stack.final_norm(state.hidden[-1], state.residual[-1])
+        return hidden[inp.logits_indices]
 
     def _start(self, s: ScheduledRequest) -> PassState:
         cut, chunk = s.prompt_pass, s.prompt_pass.chunk_tokens
@@ -103,12 +108,6 @@ class PromptPassRunner:
         end = s.start + cut.num_tokens
         chunks = [self.chunk_inputs(s, a, min(chunk, end - a)) for a in starts]
         state = PassState(s.request.request_id, chunks)
-        if self.stack is not None:
-            state.hidden = [self.stack.embed(inp.input_ids) for inp in chunks]
-            state.residual = [None] * len(chunks)
+        state.hidden = [self.stack.embed(inp.input_ids) for inp in chunks]
+        state.residual = [None] * len(chunks)
         return state
-
-    def _finish(self, cut, out: torch.Tensor | None) -> torch.Tensor | None:
-        if cut.is_last:
-            self.state = None
-        return out
