@@ -102,8 +102,26 @@ def check_pool(num_layers: int = 3, num_experts: int = 12, num_slots: int = 3) -
                     assert torch.equal(got_row, hosts[other]["w13"][e]), (step, other, s)
 
 
+def check_routing_ids_in_range() -> None:
+    """The routing kernel, the source of device-side ids, only produces ids in [0, E), one
+    expert once per row, even for NaN / inf logits (the lookup's device contract)."""
+    from xinfer.kernels import moe_launch
+
+    g = torch.Generator().manual_seed(0)
+    for num_experts, top_k in ((8, 2), (60, 4), (128, 8)):
+        logits = torch.randn(6, num_experts, generator=g)
+        logits[1, 3] = float("nan")
+        logits[2, :] = float("nan")
+        logits[3, 5] = float("inf")
+        logits[4, :] = float("-inf")
+        _, ids = moe_launch.route_topk(logits, top_k, renormalize=True)
+        assert int(ids.min()) >= 0 and int(ids.max()) < num_experts, (num_experts, ids)
+        assert all(len(set(row)) == top_k for row in ids.tolist()), ids
+
+
 if __name__ == "__main__":
     for case in CASES:
         check(*case)
     check_pool()
+    check_routing_ids_in_range()
     print("interpreted kernels match the reference twins")
