@@ -201,6 +201,12 @@ class ModelRunner:
         decode again (nothing waits to be scheduled), so the next step may be queued now."""
         if any(s.prompt_pass is not None for s in out.scheduled):
             return self._execute_with_pass(out, eos_ids)
+        self.prompt_pass.state = None  # a pass shows in every step until done: this one ended
+        return self._execute_rows(out, eos_ids, look_ahead)
+
+    def _execute_rows(
+        self, out: SchedulerOutput, eos_ids: set[int], look_ahead: bool = False
+    ) -> tuple[list[int], list[TokenLogprob | None]]:
         sampling = [s for s in out.scheduled if s.samples]
         queued, self.look_ahead = self.look_ahead, None
         if queued is not None and queued.key == _step_key(out):
@@ -240,7 +246,7 @@ class ModelRunner:
         """A step with a prompt pass slice: the other rows run as a step of their own, then
         the slice; the pass samples after its last slice. Results in `out.scheduled` order."""
         rows = [s for s in out.scheduled if s.prompt_pass is None]
-        tokens, logprobs = self.execute(SchedulerOutput(rows), eos_ids) if rows else ([], [])
+        tokens, logprobs = self._execute_rows(SchedulerOutput(rows), eos_ids) if rows else ([], [])
         (cut,) = [s for s in out.scheduled if s.prompt_pass is not None]
         hidden = self.prompt_pass.run(cut)
         if hidden is None:

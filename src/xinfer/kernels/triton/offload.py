@@ -83,7 +83,7 @@ def lookup_kernel(
     #    an exclusive running count over the positions that first route to a miss.
     rank = tl.zeros((BLOCK_E,), dtype=tl.int32)
     if num_todo > num_lru:
-        carry = tl.full((), 0, tl.int32)
+        carry = num_todo * 0  # int32 scalar
         for start in range(0, num_ids, BLOCK_N):
             offs = start + n_offs
             ids = _load_ids(ids_ptr, offs, num_ids, num_experts)
