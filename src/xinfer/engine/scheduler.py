@@ -1,6 +1,8 @@
 """Continuous batching with chunked prefill: every step takes the running requests' decode
 tokens first, then prompt chunks up to the token budget; new requests join at step
 boundaries; when KV blocks run out the newest running request is preempted (recomputed).
+With prefix caching, a request joining the batch first takes the cached blocks of its
+longest computed prefix, and every block a step completes is offered to the cache.
 
 A prompt longer than the budget runs as a *prompt pass* (runner/prompt_pass.py): all its
 blocks at once, its budget-sized chunks run layer by layer (each layer's experts cross PCIe
@@ -15,7 +17,9 @@ from dataclasses import dataclass
 
 from xinfer.config import SchedulerConfig
 from xinfer.engine.kv_cache import BlockAllocator
+from xinfer.engine.prefix_cache import chain_hashes
 from xinfer.engine.request import Request, RequestStatus
+from xinfer.engine.state_cache import StateSlotAllocator
 
 
 @dataclass(frozen=True)
@@ -63,12 +67,19 @@ class SchedulerOutput:
 
 class Scheduler:
     def __init__(
-        self, config: SchedulerConfig, allocator: BlockAllocator, layered_prompts: bool = True
+        self,
+        config: SchedulerConfig,
+        allocator: BlockAllocator,
+        state_slots: StateSlotAllocator | None = None,
+        layered_prompts: bool = True,
     ) -> None:
-        self.config, self.allocator = config, allocator
+        """`state_slots`: hybrid models' recurrent-state slots, one per running request;
+        `layered_prompts`: False runs long prompts chunk by chunk (no prompt passes)."""
+        self.config, self.allocator, self.state_slots = config, allocator, state_slots
         self.waiting: deque[Request] = deque()
         self.running: list[Request] = []
-        self.layered_prompts = layered_prompts  # False: long prompts run chunk by chunk
+        self.num_preemptions = 0  # since start
+        self.layered_prompts = layered_prompts
         self.prompt_pass: Request | None = None
         self.pass_slices = self.pass_next = self.pass_tokens = 0
 
@@ -82,18 +93,74 @@ class Scheduler:
     def _grow(self, req: Request, num_new: int) -> bool:
         """Give `req` the blocks that `num_new` more tokens need; False if there are too few."""
         need = self.allocator.blocks_for(req.num_computed_tokens + num_new) - len(req.block_ids)
+        needs_slot = self.state_slots is not None and req.state_slot < 0
+        if needs_slot and self.state_slots.num_free == 0:
+            return False
         if need <= 0:
-            return True
-        if need > self.allocator.num_free:
+            need = 0
+        elif need > self.allocator.num_free:
             return False
         req.block_ids.extend(self.allocator.allocate(need))
+        if needs_slot:
+            req.state_slot = self.state_slots.allocate()
         return True
+
+    def _take_cached_prefix(self, req: Request) -> int:
+        """Give a request joining with nothing computed the cached blocks of its longest
+        computed prefix; returns the tokens they hold. The block of its last known token
+        is never taken: that token must be computed to sample the next one."""
+        cache = self.allocator.prefix_cache
+        if cache is None or req.num_computed_tokens or req.block_ids:
+            return 0
+        bs = self.allocator.block_size
+        num_blocks = (req.num_tokens - 1) // bs
+        chain_hashes(req.all_token_ids, bs, req.block_hashes, num_blocks)
+        blocks = cache.lookup(req.block_hashes[:num_blocks])
+        self.allocator.share(blocks)
+        req.block_ids, req.num_cached_blocks = blocks, len(blocks)
+        req.num_computed_tokens = len(blocks) * bs
+        return req.num_computed_tokens
+
+    def _count_prefix_query(self, req: Request, num_hit: int) -> None:
+        cache = self.allocator.prefix_cache
+        if cache is None:
+            return
+        if not req.output_token_ids:  # a first admission, not a preempted one's return
+            req.num_cached_tokens = num_hit
+        cache.stats.queries += req.num_tokens
+        cache.stats.hits += num_hit
+
+    def cache_computed_blocks(self, req: Request) -> None:
+        """Offer the blocks that `req`'s computed tokens now fill to the prefix cache."""
+        cache = self.allocator.prefix_cache
+        bs = self.allocator.block_size
+        num_full = req.num_computed_tokens // bs
+        if cache is None or num_full <= req.num_cached_blocks:
+            return
+        chain_hashes(req.all_token_ids, bs, req.block_hashes, num_full)
+        for i in range(req.num_cached_blocks, num_full):
+            cache.insert(req.block_ids[i], req.block_hashes[i])
+        req.num_cached_blocks = num_full
+
+    def _release(self, req: Request) -> None:
+        """Give back the request's KV blocks (cached ones stay in the prefix cache) and its
+        recurrent-state slot."""
+        self.allocator.free(req.block_ids)
+        req.block_ids, req.num_cached_blocks = [], 0
+        if req.state_slot >= 0 and self.state_slots is not None:
+            self.state_slots.free(req.state_slot)
+        req.state_slot = -1
+
+    def _drop_blocks(self, req: Request) -> None:
+        self._release(req)
+        req.num_computed_tokens = 0
 
     def _preempt(self, req: Request) -> None:
         if req is self.prompt_pass:
             self.prompt_pass = None  # restarts from scratch when it is scheduled again
-        self.allocator.free(req.block_ids)
-        req.block_ids, req.num_computed_tokens = [], 0
+        self._drop_blocks(req)
+        req.num_preemptions += 1
+        self.num_preemptions += 1
         req.status = RequestStatus.WAITING
         self.running.remove(req)
         self.waiting.appendleft(req)
@@ -128,29 +195,39 @@ class Scheduler:
             if preempted:  # memory is short this step; let preempted work resume later
                 break
             req = self.waiting[0]
-            is_long = req.num_pending_tokens > self.config.max_num_batched_tokens
-            if is_long and self.layered_prompts:
-                if not self._grow(req, req.num_pending_tokens):
+            num_hit = self._take_cached_prefix(req)
+            if self.layered_prompts and req.num_pending_tokens > self.config.max_num_batched_tokens:
+                if not self._start_pass(req, num_hit, alone=not self.running and not scheduled):
                     break  # a pass needs all its blocks: wait for some to free up
-                self.waiting.popleft()
-                req.status = RequestStatus.RUNNING
-                alone = not self.running and not scheduled
-                self.running.append(req)
-                self.prompt_pass, self.pass_next = req, 0
-                self.pass_tokens = req.num_pending_tokens
-                budget_steps = -(-self.pass_tokens // self.config.max_num_batched_tokens)
-                self.pass_slices = 1 if alone else budget_steps
                 scheduled.append(self._pass_slice())
                 break
             num_new = min(req.num_pending_tokens, budget)
             if not self._grow(req, num_new):
+                self._drop_blocks(req)
                 break
+            self._count_prefix_query(req, num_hit)
             self.waiting.popleft()
             req.status = RequestStatus.RUNNING
             self.running.append(req)
             scheduled.append(ScheduledRequest(req, num_new))
             budget -= num_new
         return SchedulerOutput(scheduled, preempted)
+
+    def _start_pass(self, req: Request, num_hit: int, alone: bool) -> bool:
+        """Admit `req` as a prompt pass with every block its pending tokens need: one slice
+        when nothing else runs, else one per budget's worth of tokens."""
+        if not self._grow(req, req.num_pending_tokens):
+            self._drop_blocks(req)
+            return False
+        self._count_prefix_query(req, num_hit)
+        self.waiting.popleft()
+        req.status = RequestStatus.RUNNING
+        self.running.append(req)
+        self.prompt_pass, self.pass_next = req, 0
+        self.pass_tokens = req.num_pending_tokens
+        budget = self.config.max_num_batched_tokens
+        self.pass_slices = 1 if alone else -(-self.pass_tokens // budget)
+        return True
 
     def _pass_slice(self) -> ScheduledRequest:
         """The prompt pass's next slice; the last one computes (and samples) its tokens."""
@@ -169,8 +246,7 @@ class Scheduler:
         req.status, req.finish_reason = RequestStatus.FINISHED, reason
         if req is self.prompt_pass:
             self.prompt_pass = None
-        self.allocator.free(req.block_ids)
-        req.block_ids = []
+        self._release(req)
         if req in self.running:
             self.running.remove(req)
         elif req in self.waiting:
