@@ -42,6 +42,8 @@ for phase in "$@"; do
     gemvbench) timeout 240 python3 bench/bench_gemv.py 2>&1 | tee "$OUT/gemv.txt" | tail -40 ;;
     attnsweep) timeout 240 python3 bench/bench_attention_kernel.py --sweep 2>&1 | tee "$OUT/attn_sweep.txt" | tail -40 ;;
     offloadtrace) timeout ${TRACE_TIMEOUT:-200} python3 bench/bench_offload_decode.py --rates ${TRACE_RATES:-0.35} --batches 1 --steps 32 --warmup-steps 16 --ttft-tokens "" --routing ${OFFLOAD_ROUTING:-qwen3-30b-a3b} --trace-dir "$OUT" --out "$OUT/offload_trace" 2>&1 | grep -v "it/s]" | tail -12; gzip -f "$OUT"/offload_*.json ;;
+    fillvariants) timeout 200 python3 bench/bench_offload_fill.py --variants --json "$OUT/fill_variants.json" 2>&1 | tee "$OUT/fill_variants.txt" | tail -60 ;;
+    promptpass) timeout ${PASS_TIMEOUT:-540} python3 bench/bench_prompt_pass.py --rates ${PASS_RATES:-0,0.1} --lengths ${PASS_LENGTHS:-2048,8192,32768} --out "$OUT/prompt_pass" 2>&1 | grep -v "it/s]" | tail -40 ;;
     layerbench) timeout 120 python3 bench/bench_offload_layer.py 2>&1 | tail -12 | tee "$OUT/layer.txt" ;;
     structured) timeout 240 python3 -m pytest -q -p no:cacheprovider tests/structured 2>&1 | tail -20 | tee "$OUT/structured_tests.txt"; timeout 180 python3 bench/bench_structured.py --batch 8 --tokens 256 2>&1 | grep -v "it/s]" | tail -12 | tee "$OUT/structured_bench.txt" ;;
     *) echo "unknown phase $phase" ;;

@@ -133,12 +133,15 @@ class Engine:
             observer=self.routing if self.routing and self.routing.recorder else None,
             num_state_slots=self.num_state_slots,
             state_dtype=self.dtype,
+            layer_hooks=self.offload_manager.layer_streamer if self.offload_manager else None,
         )
         self.allocator = BlockAllocator(
             num_blocks, config.cache.block_size, self._use_prefix_caching()
         )
         slots = StateSlotAllocator(self.num_state_slots) if self.num_state_slots else None
-        self.scheduler = Scheduler(config.scheduler, self.allocator, slots)
+        # Long prompts run as layer-by-layer passes where the model offers a layer stack.
+        layered = self.runner.prompt_pass.stack is not None
+        self.scheduler = Scheduler(config.scheduler, self.allocator, slots, layered)
         self.eos_ids = set(self.tokenizer.eos_token_ids) if self.tokenizer else set()
         self.eos_ids |= set(cfg.eos_token_ids)
         self.outputs = OutputProcessor(self.tokenizer, self.eos_ids)

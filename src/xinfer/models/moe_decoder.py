@@ -17,6 +17,7 @@ from xinfer.layers.mlp import GatedMLP
 from xinfer.layers.moe import FusedMoE
 from xinfer.layers.norm import RMSNorm
 from xinfer.layers.rotary import RotaryEmbedding
+from xinfer.models.layer_stack import LayerStack
 
 
 class DecoderAttention(nn.Module):
@@ -111,6 +112,10 @@ class MoeModel(nn.Module):
         )
         self.norm = RMSNorm(cfg.hidden_size, cfg.rms_norm_eps)
 
+    def layer_stack(self) -> LayerStack:
+        """What `forward` chains, for a layer-by-layer driver (models/layer_stack.py)."""
+        return LayerStack(self.embed_tokens, list(self.layers), self.norm)
+
     def forward(self, input_ids: torch.Tensor, positions: torch.Tensor) -> torch.Tensor:
         x, residual = self.embed_tokens(input_ids), None
         for layer in self.layers:
@@ -163,6 +168,12 @@ class MoeForCausalLM(nn.Module):
     def compute_logits(self, hidden: torch.Tensor) -> torch.Tensor:
         weight = self.model.embed_tokens.weight if self.lm_head is None else self.lm_head.weight
         return kernels.linear(hidden, weight).float()
+
+    def layer_stack(self) -> LayerStack | None:
+        """The decoder for a layer-by-layer driver (the long-prompt pass); None where the
+        decoder (a subclass's own) does not offer one."""
+        make = getattr(self.model, "layer_stack", None)
+        return make() if make is not None else None
 
     def moe_layers(self) -> list[FusedMoE]:
         return [m for m in self.modules() if isinstance(m, FusedMoE)]

@@ -20,10 +20,11 @@ import torch
 
 from xinfer.config import ModelConfig
 from xinfer.engine.request import TokenLogprob
-from xinfer.engine.scheduler import SchedulerOutput
+from xinfer.engine.scheduler import ScheduledRequest, SchedulerOutput
 from xinfer.engine.state_cache import bind_state_caches
 from xinfer.models.moe_decoder import MoeForCausalLM
 from xinfer.runner.forward_context import ForwardContext, forward_context
+from xinfer.runner.prompt_pass import LayerHooks, PromptPassRunner
 from xinfer.runner.request_slots import RequestSlots, request_row_capacity
 from xinfer.sampling import (
     PendingSample,
@@ -104,6 +105,7 @@ class ModelRunner:
         observer=None,
         num_state_slots: int = 0,
         state_dtype: torch.dtype | None = None,
+        layer_hooks: LayerHooks | None = None,
     ) -> None:
         """`graph_runner_factory(runner)` builds the CUDA-graph runner (None: eager only);
         `is_graph_safe(batch_size)` says whether every layer can run that decode batch
@@ -134,26 +136,31 @@ class ModelRunner:
         self.look_ahead_enabled = look_ahead
         self.look_ahead: LookAhead | None = None
         self.look_ahead_counts = {"used": 0, "dropped": 0}
+        # `layer_hooks`: the offload layer streamer of long prompts (None when resident)
+        self.prompt_pass = PromptPassRunner(model, self.chunk_inputs, layer_hooks)
 
     def host_batch(self, out: SchedulerOutput) -> HostBatch:
         """The step's metadata as host lists (no device work yet)."""
-        bs = self.block_size
         hb = HostBatch([], [], [], [], [0], [], [], 0)
         for s in out.scheduled:
-            req, start, n = s.request, s.start, s.num_new_tokens
-            hb.input_ids.extend(_token_slice(req, start, n))
-            positions = range(start, start + n)
-            hb.positions.extend(positions)
-            hb.slots.extend(req.block_ids[p // bs] * bs + p % bs for p in positions)
-            hb.seq_lens.append(start + n)
-            hb.query_start_loc.append(hb.query_start_loc[-1] + n)
-            hb.block_tables.append(req.block_ids)
-            hb.state_ids.append(req.state_slot)
-            hb.max_query_len = max(hb.max_query_len, n)
-            self._add_request(hb, req.request_id)
-            if s.samples:
-                hb.logits_indices.append(hb.query_start_loc[-1] - 1)
+            self._add_rows(hb, s.request, s.start, s.num_new_tokens, s.samples)
         return hb
+
+    def _add_rows(self, hb: HostBatch, req, start: int, n: int, samples: bool) -> None:
+        """Append tokens [start, start + n) of `req` to the batch."""
+        bs = self.block_size
+        hb.input_ids.extend(_token_slice(req, start, n))
+        positions = range(start, start + n)
+        hb.positions.extend(positions)
+        hb.slots.extend(req.block_ids[p // bs] * bs + p % bs for p in positions)
+        hb.seq_lens.append(start + n)
+        hb.query_start_loc.append(hb.query_start_loc[-1] + n)
+        hb.block_tables.append(req.block_ids)
+        hb.state_ids.append(req.state_slot)
+        hb.max_query_len = max(hb.max_query_len, n)
+        self._add_request(hb, req.request_id)
+        if samples:
+            hb.logits_indices.append(hb.query_start_loc[-1] - 1)
 
     def _add_request(self, hb: HostBatch, request_id: str) -> None:
         row, key = self.request_slots.assign(request_id)
@@ -161,8 +168,18 @@ class ModelRunner:
         hb.request_rows.append(row)
         hb.request_keys.append(key)
 
+    def chunk_inputs(self, s: ScheduledRequest, start: int, n: int) -> StepInputs:
+        """A prompt pass chunk: the inputs of a step that computes only tokens
+        [start, start + n) of `s.request` (it samples when they end its known tokens)."""
+        hb = HostBatch([], [], [], [], [0], [], [], 0)
+        self._add_rows(hb, s.request, start, n, start + n == s.request.num_tokens)
+        return self.to_device(hb)
+
     def to_device(self, hb: HostBatch) -> StepInputs:
-        width = max(len(t) for t in hb.block_tables)
+        # Block tables padded to a multiple of 16 columns: Triton specialises integer
+        # arguments (the table's row stride) on divisibility by 16, and a width that is
+        # not would compile the attention kernels again in the middle of a long prompt.
+        width = -(-max(len(t) for t in hb.block_tables) // 16) * 16
         table = [t + [0] * (width - len(t)) for t in hb.block_tables]
 
         def dev(x: list, dtype: torch.dtype) -> torch.Tensor:
@@ -223,6 +240,14 @@ class ModelRunner:
         """Run the step; returns the sampled token (and logprobs) of each sampling request,
         in the order of `out.scheduled`. `look_ahead`: the caller expects the same batch to
         decode again (nothing waits to be scheduled), so the next step may be queued now."""
+        if any(s.prompt_pass is not None for s in out.scheduled):
+            return self._execute_with_pass(out, eos_ids)
+        self.prompt_pass.state = None  # a pass shows in every step until done: this one ended
+        return self._execute_rows(out, eos_ids, look_ahead)
+
+    def _execute_rows(
+        self, out: SchedulerOutput, eos_ids: set[int], look_ahead: bool = False
+    ) -> tuple[list[int], list[TokenLogprob | None]]:
         sampling = [s for s in out.scheduled if s.samples]
         queued, self.look_ahead = self.look_ahead, None
         if queued is not None and queued.key == _step_key(out):
@@ -262,6 +287,27 @@ class ModelRunner:
             allowed=grammar_bitmask([r.grammar for r in reqs], self.device),
         )
         return sample_async(logits, meta)
+
+    def _execute_with_pass(
+        self, out: SchedulerOutput, eos_ids: set[int]
+    ) -> tuple[list[int], list[TokenLogprob | None]]:
+        """A step with a prompt pass slice: the other rows run as a step of their own, then
+        the slice; the pass samples after its last slice. Results in `out.scheduled` order."""
+        rows = [s for s in out.scheduled if s.prompt_pass is None]
+        tokens, logprobs = self._execute_rows(SchedulerOutput(rows), eos_ids) if rows else ([], [])
+        (cut,) = [s for s in out.scheduled if s.prompt_pass is not None]
+        hidden = self.prompt_pass.run(cut)
+        if hidden is None:
+            return tokens, logprobs
+        logits = self.model.compute_logits(hidden)
+        result = self._sample([cut.request], logits, eos_ids).result()
+        others = iter(zip(tokens, logprobs))
+        merged = [
+            (result.token_ids[0], result.logprobs[0]) if s is cut else next(others)
+            for s in out.scheduled
+            if s.samples
+        ]
+        return [t for t, _ in merged], [lp for _, lp in merged]
 
     def _queue_next_step(self, out: SchedulerOutput, pending: PendingSample) -> LookAhead:
         """Queue the decode step that follows `out`, its input ids the sampled tokens."""
