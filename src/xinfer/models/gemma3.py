@@ -193,7 +193,11 @@ class Gemma3ForCausalLM(MoeForCausalLM):
         if cfg.num_layers != len(self.extras.layer_types):
             raise UserError("Gemma 3 config: layer_types must name every layer")
         self.model = Gemma3Model(cfg, self.extras, max_pos)
-        self.lm_head = None if cfg.tie_word_embeddings else Linear(cfg.hidden_size, cfg.vocab_size)
+        self.lm_head = (
+            None
+            if cfg.tie_word_embeddings
+            else Linear(cfg.hidden_size, cfg.vocab_size, quantizable=False)
+        )
 
     def compute_logits(self, hidden: torch.Tensor) -> torch.Tensor:
         logits = super().compute_logits(hidden)
