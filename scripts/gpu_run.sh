@@ -37,6 +37,9 @@ for phase in "$@"; do
     attnsweep) timeout 240 python3 bench/bench_attention_kernel.py --sweep 2>&1 | tee "$OUT/attn_sweep.txt" | tail -40 ;;
     offloadtrace) timeout ${TRACE_TIMEOUT:-200} python3 bench/bench_offload_decode.py --rates ${TRACE_RATES:-0.35} --steps 32 --trace-dir "$OUT" --out "$OUT/offload_trace" 2>&1 | grep -v "it/s]" | tail -12; gzip -f "$OUT"/offload_*.json ;;
     layerbench) timeout 120 python3 bench/bench_offload_layer.py 2>&1 | tail -12 | tee "$OUT/layer.txt" ;;
+    hybridtests) timeout 420 python3 -m pytest -q -p no:cacheprovider tests/kernels/test_linear_attn_gpu.py tests/kernels/test_qkv_prep.py "tests/models/test_gpu_parity.py" -k "linear_attn or partial_rotary or qwen3_next or qwen3_5" 2>&1 | tee "$OUT/hybrid_tests.txt" | tail -30 ;;
+    hybridbench) timeout 540 python3 bench/bench_hybrid.py --model bench/configs/qwen3_5_35b_a3b --out "$OUT/hybrid" 2>&1 | grep -v "it/s]" | tail -50 ;;
+    hybridoffload) timeout ${OFFLOAD_TIMEOUT:-540} python3 bench/bench_offload_decode.py --model bench/configs/qwen3_5_35b_a3b --rates ${OFFLOAD_RATES:-0.1,0.2,auto} --gpu-memory-limit-gb 24 --steps ${OFFLOAD_STEPS:-48} ${OFFLOAD_EXTRA:-} --out "$OUT/hybrid_offload" 2>&1 | grep -v "it/s]" | tail -30 ;;
     *) echo "unknown phase $phase" ;;
   esac
 done
