@@ -26,6 +26,10 @@ for phase in "$@"; do
     offload) timeout 120 python3 -m pytest -q -p no:cacheprovider tests/offload -m gpu 2>&1 | tail -30 | tee "$OUT/offload_tests.txt" ;;
     newtests) timeout 300 python3 -m pytest -q -p no:cacheprovider tests/kernels/test_attention_kernels.py tests/kernels/test_qkv_prep.py tests/kernels/test_gemv.py tests/models/test_gpu_parity.py tests/offload/test_offload_gpu.py 2>&1 | tee "$OUT/new_tests.txt" | tail -30 ;;
     kernels) timeout 200 python3 -m pytest -q -p no:cacheprovider tests/kernels 2>&1 | tail -30 | tee "$OUT/kernel_tests.txt" ;;
+    quant) timeout 400 python3 -m pytest -q -p no:cacheprovider tests/kernels/test_quant_kernels.py tests/quant/test_quant_gpu.py 2>&1 | tee "$OUT/quant_tests.txt" | tail -30 ;;
+    quantkernel) timeout 580 python3 bench/bench_quant_kernel.py --formats ${QUANT_FORMATS:-bf16,fp8,nvfp4,gptq} ${QUANT_SWEEP:+--sweep} 2>&1 | tee "$OUT/quant_kernel.txt" | tail -60 ;;
+    quantres) timeout 580 python3 bench/bench_quant.py --parts resident --formats ${QUANT_FORMATS:-bf16,fp8,nvfp4,gptq} --out "$OUT/quant_resident" 2>&1 | tail -30 | tee "$OUT/quant_resident.txt" ;;
+    quantoff) timeout 580 python3 bench/bench_quant.py --parts offload --formats ${QUANT_FORMATS:-bf16,fp8,nvfp4,gptq} --out "$OUT/quant_offload" 2>&1 | tail -30 | tee "$OUT/quant_offload.txt" ;;
     moebench) timeout 90 python3 bench/bench_moe_kernel.py 2>&1 | tail -30 | tee "$OUT/moe_kernel.txt" ;;
     attnbench) timeout 90 python3 bench/bench_attention_kernel.py 2>&1 | tail -30 | tee "$OUT/attn_kernel.txt" ;;
     fillbench) timeout 150 python3 bench/bench_offload_fill.py 2>&1 | tee "$OUT/fill.txt" | tail -80 ;;
@@ -40,6 +44,7 @@ for phase in "$@"; do
     hybridtests) timeout 420 python3 -m pytest -q -p no:cacheprovider tests/kernels/test_linear_attn_gpu.py tests/kernels/test_qkv_prep.py "tests/models/test_gpu_parity.py" -k "linear_attn or partial_rotary or qwen3_next or qwen3_5" 2>&1 | tee "$OUT/hybrid_tests.txt" | tail -30 ;;
     hybridbench) timeout 540 python3 bench/bench_hybrid.py --model bench/configs/qwen3_5_35b_a3b --out "$OUT/hybrid" 2>&1 | grep -v "it/s]" | tail -50 ;;
     hybridoffload) timeout ${OFFLOAD_TIMEOUT:-540} python3 bench/bench_offload_decode.py --model bench/configs/qwen3_5_35b_a3b --rates ${OFFLOAD_RATES:-0.1,0.2,auto} --gpu-memory-limit-gb 24 --steps ${OFFLOAD_STEPS:-48} ${OFFLOAD_EXTRA:-} --out "$OUT/hybrid_offload" 2>&1 | grep -v "it/s]" | tail -30 ;;
+    structured) timeout 240 python3 -m pytest -q -p no:cacheprovider tests/structured 2>&1 | tail -20 | tee "$OUT/structured_tests.txt"; timeout 180 python3 bench/bench_structured.py --batch 8 --tokens 256 2>&1 | grep -v "it/s]" | tail -12 | tee "$OUT/structured_bench.txt" ;;
     *) echo "unknown phase $phase" ;;
   esac
 done

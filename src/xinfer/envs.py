@@ -65,3 +65,8 @@ def XINFER_LOG_LEVEL() -> str | None:
     if raw is not None and raw.lower() not in LOG_LEVELS:
         raise UserError(f"XINFER_LOG_LEVEL must be one of {', '.join(LOG_LEVELS)}, got {raw!r}")
     return None if raw is None else raw.lower()
+
+
+def HF_HUB_OFFLINE() -> bool:
+    """huggingface_hub's own switch: use only the local hub cache, never the network."""
+    return _bool("HF_HUB_OFFLINE")

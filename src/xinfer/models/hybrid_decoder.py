@@ -177,6 +177,8 @@ class HybridForCausalLM(MoeForCausalLM):
     (`split_projections`, see `GatedDeltaNet`) and may rewrite the checkpoint stream."""
 
     split_projections = False
+    # the recurrent state of a linear-attention layer cannot be rebuilt from cached KV blocks
+    supports_prefix_caching = False
 
     def build_model(
         self, cfg: ModelConfig, max_pos: int, expert_device: torch.device | None

@@ -130,6 +130,9 @@ class MoeForCausalLM(nn.Module):
     checkpoint_renames: tuple[tuple[str, str], ...] = ()
     # checkpoint projection name → (merged parameter, part), beside the q/k/v and gate/up ones
     merged_projections: dict[str, tuple[str, str]] = {}
+    # False for models with per-request state that cached KV blocks cannot restore (linear
+    # attention's recurrent state): the engine then turns prefix caching off.
+    supports_prefix_caching: bool = True
 
     def __init__(
         self, cfg: ModelConfig, max_pos: int, expert_device: torch.device | None = None

@@ -9,7 +9,8 @@ schedules exactly that next step, its queued result is used; otherwise (a reques
 finished, a new one arrived) it is dropped: it only wrote KV slots of its own requests at
 positions that are rewritten before anything reads them, and the random streams its
 sampling drew from are put back, so nothing observable changes (seeded rows draw the same
-numbers, in the same order, as without look-ahead)."""
+numbers, in the same order, as without look-ahead). Rows with a grammar keep look-ahead: their
+step is queued and only its sampling waits until their masks are known."""
 
 from __future__ import annotations
 
@@ -30,6 +31,7 @@ from xinfer.sampling import (
     sample_async,
     uses_penalties,
 )
+from xinfer.structured import grammar_bitmask
 
 
 def _token_slice(req, start: int, n: int) -> list[int]:
@@ -43,11 +45,14 @@ def _token_slice(req, start: int, n: int) -> list[int]:
 @dataclass
 class LookAhead:
     """A queued decode step: which (request, position) rows it computed, its tokens, and
-    the random streams as they were before it sampled (restored if it is dropped)."""
+    the random streams as they were before it sampled (restored if it is dropped). A step
+    with grammar rows is queued without sampling (`pending` None): their masks need this
+    step's tokens, so it samples its `logits` when it is claimed."""
 
     key: tuple[tuple[str, int], ...]
-    pending: PendingSample
-    rng: RngSnapshot
+    pending: PendingSample | None
+    rng: RngSnapshot | None
+    logits: torch.Tensor | None = None
 
 
 @dataclass
@@ -197,29 +202,37 @@ class ModelRunner:
         queued, self.look_ahead = self.look_ahead, None
         if queued is not None and queued.key == _step_key(out):
             pending = queued.pending
+            if pending is None:
+                pending = self._sample([s.request for s in sampling], queued.logits, eos_ids)
             self.look_ahead_counts["used"] += 1
         else:
             if queued is not None:
-                queued.rng.restore()
+                if queued.rng is not None:
+                    queued.rng.restore()
                 self.look_ahead_counts["dropped"] += 1
             logits = self.logits(self.host_batch(out))
             if not sampling:
                 return [], []
-            reqs = [s.request for s in sampling]
-            meta = SamplingMetadata.build(
-                [r.params for r in reqs],
-                [r.prompt_token_ids for r in reqs],
-                [r.output_token_ids for r in reqs],
-                [r.generator for r in reqs],
-                logits.shape[-1],
-                self.device,
-                eos_token_ids=eos_ids,
-            )
-            pending = sample_async(logits, meta)
+            pending = self._sample([s.request for s in sampling], logits, eos_ids)
         if look_ahead and self.look_ahead_enabled and self._can_look_ahead(out):
             self.look_ahead = self._queue_next_step(out, pending)
         result = pending.result()
         return result.token_ids, list(result.logprobs)
+
+    def _sample(self, reqs: list, logits: torch.Tensor, eos_ids: set[int]) -> PendingSample:
+        """Queue the sampling of one token per request from `logits` (rows in `reqs` order);
+        rows with a grammar take only what their grammar allows after their known tokens."""
+        meta = SamplingMetadata.build(
+            [r.params for r in reqs],
+            [r.prompt_token_ids for r in reqs],
+            [r.output_token_ids for r in reqs],
+            [r.generator for r in reqs],
+            logits.shape[-1],
+            self.device,
+            eos_token_ids=eos_ids,
+            allowed=grammar_bitmask([r.grammar for r in reqs], self.device),
+        )
+        return sample_async(logits, meta)
 
     def _queue_next_step(self, out: SchedulerOutput, pending: PendingSample) -> LookAhead:
         """Queue the decode step that follows `out`, its input ids the sampled tokens."""
@@ -243,10 +256,12 @@ class ModelRunner:
             inp.input_ids = tokens
             logits = self.model.compute_logits(self.forward(inp))
         reqs = [s.request for s in out.scheduled]
+        key = tuple((s.request.request_id, s.start + 1) for s in out.scheduled)
+        if any(r.grammar is not None for r in reqs):
+            return LookAhead(key, None, None, logits)  # sampled once the masks are known
         meta = SamplingMetadata.for_params(
             [r.params for r in reqs], [r.generator for r in reqs], logits.shape[-1], self.device
         )
-        key = tuple((s.request.request_id, s.start + 1) for s in out.scheduled)
         rng = RngSnapshot(meta, self.device)
         return LookAhead(key, sample_async(logits, meta), rng)
 
