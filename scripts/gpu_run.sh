@@ -45,6 +45,9 @@ for phase in "$@"; do
     fillvariants) timeout 200 python3 bench/bench_offload_fill.py --variants --json "$OUT/fill_variants.json" 2>&1 | tee "$OUT/fill_variants.txt" | tail -60 ;;
     promptpass) timeout ${PASS_TIMEOUT:-540} python3 bench/bench_prompt_pass.py --rates ${PASS_RATES:-0,0.1} --lengths ${PASS_LENGTHS:-2048,8192,32768} --out "$OUT/prompt_pass" 2>&1 | grep -v "it/s]" | tail -40 ;;
     layerbench) timeout 120 python3 bench/bench_offload_layer.py 2>&1 | tail -12 | tee "$OUT/layer.txt" ;;
+    hybridtests) timeout 420 python3 -m pytest -q -p no:cacheprovider tests/kernels/test_linear_attn_gpu.py tests/kernels/test_qkv_prep.py "tests/models/test_gpu_parity.py" -k "linear_attn or partial_rotary or qwen3_next or qwen3_5" 2>&1 | tee "$OUT/hybrid_tests.txt" | tail -30 ;;
+    hybridbench) timeout 540 python3 bench/bench_hybrid.py --model bench/configs/qwen3_5_35b_a3b --out "$OUT/hybrid" 2>&1 | grep -v "it/s]" | tail -50 ;;
+    hybridoffload) timeout ${OFFLOAD_TIMEOUT:-540} python3 bench/bench_offload_decode.py --model bench/configs/qwen3_5_35b_a3b --rates ${OFFLOAD_RATES:-0.1,0.2,auto} --gpu-memory-limit-gb 24 --steps ${OFFLOAD_STEPS:-48} ${OFFLOAD_EXTRA:-} --out "$OUT/hybrid_offload" 2>&1 | grep -v "it/s]" | tail -30 ;;
     structured) timeout 240 python3 -m pytest -q -p no:cacheprovider tests/structured 2>&1 | tail -20 | tee "$OUT/structured_tests.txt"; timeout 180 python3 bench/bench_structured.py --batch 8 --tokens 256 2>&1 | grep -v "it/s]" | tail -12 | tee "$OUT/structured_bench.txt" ;;
     *) echo "unknown phase $phase" ;;
   esac
