@@ -286,6 +286,9 @@ class ServerArgs(OptionSet):
     served_model_name: str | None = option(
         None, "model name in the API (default: the model directory's name)"
     )
+    shutdown_grace_s: float = option(
+        5.0, "on SIGTERM, seconds open requests get before they are aborted", check=at_least(0)
+    )
 
 
 @dataclass

@@ -97,6 +97,10 @@ class AsyncEngine:
     def kv_tokens(self) -> int:
         return self.engine.kv_tokens
 
+    @property
+    def num_state_slots(self) -> int:
+        return self.engine.num_state_slots
+
     # ---- the caller side (asyncio) ---------------------------------------------------------
     def _submit(self, kind: str, payload: Any) -> None:
         with self._cv:

@@ -12,16 +12,18 @@ import torch
 
 from xinfer.config import EngineConfig, ModelConfig
 from xinfer.engine.kv_cache import BlockAllocator
-from xinfer.engine.memory import check_weights_fit, plan_num_blocks
+from xinfer.engine.memory import plan_num_blocks
 from xinfer.engine.output import OutputProcessor
 from xinfer.engine.prefix_cache import PrefixCacheStats
 from xinfer.engine.request import Request, RequestOutput
 from xinfer.engine.scheduler import Scheduler
+from xinfer.engine.state_cache import StateSlotAllocator, plan_state_slots
 from xinfer.engine.stats import StatsLogger, startup_summary
 from xinfer.errors import UserError
-from xinfer.runner.model_loader import build_model, resident_weight_bytes, resolve_dtype
+from xinfer.runner.model_loader import build_model, plan_weights, resolve_dtype
 from xinfer.runner.model_runner import ModelRunner
 from xinfer.sampling import SamplingParams, make_generator
+from xinfer.structured import GrammarCompiler
 from xinfer.tokenizer import Tokenizer
 
 logger = logging.getLogger("xinfer")
@@ -66,17 +68,12 @@ class Engine:
             offload = replace(offload, fraction=None, is_auto=False)
         self.offload_manager = None
         expert_device = torch.device("cpu") if offload.is_enabled else self.device
-        if offload.is_enabled:  # before any expert is read: fail early if RAM is too small
-            from xinfer.offload.host_store import check_host_ram_for_experts
-
-            check_host_ram_for_experts(cfg, self.dtype)
-        weight_bytes, dense_bytes = (
-            resident_weight_bytes(cfg, self.dtype, self.max_model_len, experts, config.model)
-            for experts in (True, False)
+        # before any weight is read: host RAM for offloaded experts, the GPU for the rest,
+        # in the checkpoint's formats (quantized sizes)
+        self.weight_plan = plan_weights(
+            cfg, self.dtype, self.max_model_len, offload.is_enabled, config.model
         )
-        if self.device.type == "cuda":  # ...and if the GPU cannot hold what stays on it
-            on_device = dense_bytes if offload.is_enabled else weight_bytes
-            check_weights_fit(on_device, self.device, config.gpu_memory_limit_gb, cfg.is_moe)
+        self.weight_plan.check(self.device, config.gpu_memory_limit_gb, cfg.is_moe)
         self.model = build_model(
             config.model,
             cfg,
@@ -93,7 +90,17 @@ class Engine:
 
             self.offload_manager = enable_offload(self.model, config, offload, self.device)
         kv_dtype = config.cache.kv_dtype or self.dtype
-        num_blocks = plan_num_blocks(cfg, config, self.device, kv_dtype, self.max_model_len)
+        # hybrid models: one recurrent-state slot per running request, from the same budget
+        self.num_state_slots = plan_state_slots(
+            cfg, config, self.device, self.dtype, kv_dtype, self.max_model_len
+        )
+        if self.num_state_slots:
+            scheduler_config = replace(config.scheduler, max_num_seqs=self.num_state_slots)
+            config = self.config = replace(config, scheduler=scheduler_config)
+        state_bytes = self.num_state_slots * cfg.state_bytes_per_seq(self.dtype)
+        num_blocks = plan_num_blocks(
+            cfg, config, self.device, kv_dtype, self.max_model_len, reserved_bytes=state_bytes
+        )
         blocks_per_seq = -(-self.max_model_len // config.cache.block_size)
         if num_blocks < blocks_per_seq:
             raise UserError(
@@ -120,15 +127,19 @@ class Engine:
             look_ahead=self.device.type == "cuda"
             if config.decode_look_ahead is None
             else config.decode_look_ahead,
+            num_state_slots=self.num_state_slots,
+            state_dtype=self.dtype,
         )
         self.allocator = BlockAllocator(
             num_blocks, config.cache.block_size, self._use_prefix_caching()
         )
-        self.scheduler = Scheduler(config.scheduler, self.allocator)
+        slots = StateSlotAllocator(self.num_state_slots) if self.num_state_slots else None
+        self.scheduler = Scheduler(config.scheduler, self.allocator, slots)
         self.eos_ids = set(self.tokenizer.eos_token_ids) if self.tokenizer else set()
         self.eos_ids |= set(cfg.eos_token_ids)
         self.outputs = OutputProcessor(self.tokenizer, self.eos_ids)
         self.requests: dict[str, Request] = {}
+        self._grammar_compiler: GrammarCompiler | None = None
         self._ids = itertools.count()
         if self.device.type == "cuda":
             self.warm_up_prefill()
@@ -138,8 +149,17 @@ class Engine:
         self.stats_logger = StatsLogger(config.log_stats_interval_s)
         self.stats_logger.reset(self)
         load_s = time.monotonic() - t_start
-        expert_bytes = weight_bytes - dense_bytes
+        plan = self.weight_plan
+        expert_bytes = plan.host_expert_bytes
+        weight_bytes = plan.device_bytes + (expert_bytes if plan.is_offloaded else 0)
         logger.info("%s", startup_summary(self, load_s, weight_bytes, expert_bytes))
+        if self.num_state_slots:
+            logger.info(
+                "recurrent state: %d sequences (%.1f MB each, %.2f GB)",
+                self.num_state_slots,
+                cfg.state_bytes_per_seq(self.dtype) / 2**20,
+                state_bytes / 2**30,
+            )
 
     def _use_prefix_caching(self) -> bool:
         """On unless switched off, or the model keeps per-request state (a recurrent
@@ -197,6 +217,8 @@ class Engine:
             raise UserError(f"request id {request_id!r} is already in use")
         gen = make_generator(params.seed, self.device) if params.seed is not None else None
         req = Request(request_id, ids, params, generator=gen, max_len=self.max_model_len)
+        if params.grammar is not None:
+            req.grammar = self.grammar_compiler.matcher(params.grammar)
         self.outputs.register(req)
         self.requests[request_id] = req
         self.scheduler.add(req)
@@ -247,6 +269,20 @@ class Engine:
         self.stats_logger.record_step(num_prompt, len(results))
         self.stats_logger.maybe_log(self)
         return results
+
+    @property
+    def grammar_compiler(self) -> GrammarCompiler:
+        """Structured output's grammar compiler for this model (built on first use)."""
+        if self._grammar_compiler is None:
+            if self.tokenizer is None:
+                raise UserError("structured output needs the model's tokenizer files")
+            vocab = self.model_config.vocab_size
+            try:
+                self._grammar_compiler = GrammarCompiler(self.tokenizer, vocab, self.eos_ids)
+            except Exception as e:  # noqa: BLE001 - a tokenizer llguidance cannot read
+                message = f"structured output is not available for this tokenizer: {e}"
+                raise UserError(message) from None
+        return self._grammar_compiler
 
     def offload_stats(self) -> dict | None:
         return None if self.offload_manager is None else self.offload_manager.stats()

@@ -27,6 +27,7 @@ class Request:
     arrival_time: float = field(default_factory=time.monotonic)
     output_token_ids: list[int] = field(default_factory=list)
     block_ids: list[int] = field(default_factory=list)
+    state_slot: int = -1  # recurrent-state slot (hybrid models) while running; -1 = none
     num_computed_tokens: int = 0  # tokens whose K/V are in the cache
     # Prefix caching: chained hashes of the request's full blocks (as far as computed or
     # looked up), how many of its blocks are in the prefix cache, and how many prompt
@@ -40,6 +41,7 @@ class Request:
     generator: torch.Generator | None = None
     max_len: int = 0  # prompt + output may not exceed this (max_model_len)
     text_state: Any = None  # detokenizer + stop matcher, owned by the engine's OutputProcessor
+    grammar: Any = None  # structured.GrammarMatcher when params.grammar is set
     # time.monotonic() stamps: first scheduled, first token sampled, finished.
     scheduled_time: float | None = None
     first_token_time: float | None = None

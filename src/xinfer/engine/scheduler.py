@@ -13,6 +13,7 @@ from xinfer.config import SchedulerConfig
 from xinfer.engine.kv_cache import BlockAllocator
 from xinfer.engine.prefix_cache import chain_hashes
 from xinfer.engine.request import Request, RequestStatus
+from xinfer.engine.state_cache import StateSlotAllocator
 
 
 @dataclass
@@ -42,8 +43,14 @@ class SchedulerOutput:
 
 
 class Scheduler:
-    def __init__(self, config: SchedulerConfig, allocator: BlockAllocator) -> None:
-        self.config, self.allocator = config, allocator
+    def __init__(
+        self,
+        config: SchedulerConfig,
+        allocator: BlockAllocator,
+        state_slots: StateSlotAllocator | None = None,
+    ) -> None:
+        """`state_slots`: hybrid models' recurrent-state slots, one per running request."""
+        self.config, self.allocator, self.state_slots = config, allocator, state_slots
         self.waiting: deque[Request] = deque()
         self.running: list[Request] = []
         self.num_preemptions = 0  # since start
@@ -58,11 +65,16 @@ class Scheduler:
     def _grow(self, req: Request, num_new: int) -> bool:
         """Give `req` the blocks that `num_new` more tokens need; False if there are too few."""
         need = self.allocator.blocks_for(req.num_computed_tokens + num_new) - len(req.block_ids)
+        needs_slot = self.state_slots is not None and req.state_slot < 0
+        if needs_slot and self.state_slots.num_free == 0:
+            return False
         if need <= 0:
-            return True
-        if need > self.allocator.num_free:
+            need = 0
+        elif need > self.allocator.num_free:
             return False
         req.block_ids.extend(self.allocator.allocate(need))
+        if needs_slot:
+            req.state_slot = self.state_slots.allocate()
         return True
 
     def _take_cached_prefix(self, req: Request) -> int:
@@ -102,9 +114,18 @@ class Scheduler:
             cache.insert(req.block_ids[i], req.block_hashes[i])
         req.num_cached_blocks = num_full
 
-    def _drop_blocks(self, req: Request) -> None:
+    def _release(self, req: Request) -> None:
+        """Give back the request's KV blocks (cached ones stay in the prefix cache) and its
+        recurrent-state slot."""
         self.allocator.free(req.block_ids)
-        req.block_ids, req.num_computed_tokens, req.num_cached_blocks = [], 0, 0
+        req.block_ids, req.num_cached_blocks = [], 0
+        if req.state_slot >= 0 and self.state_slots is not None:
+            self.state_slots.free(req.state_slot)
+        req.state_slot = -1
+
+    def _drop_blocks(self, req: Request) -> None:
+        self._release(req)
+        req.num_computed_tokens = 0
 
     def _preempt(self, req: Request) -> None:
         self._drop_blocks(req)
@@ -159,8 +180,7 @@ class Scheduler:
         if req.is_finished:
             return
         req.status, req.finish_reason = RequestStatus.FINISHED, reason
-        self.allocator.free(req.block_ids)
-        req.block_ids, req.num_cached_blocks = [], 0
+        self._release(req)
         if req in self.running:
             self.running.remove(req)
         elif req in self.waiting:

@@ -108,8 +108,18 @@ def _copy(views: dict[str, torch.Tensor], engine: dict[str, torch.Tensor], ckpt_
             dst.copy_(src)
 
 
+def _convert(fmt: WeightFormat, kind: str, tensor, n: int, k: int, ckpt_name: str) -> dict:
+    try:
+        return fmt.convert(kind, tensor, n, k)
+    except UserError as e:  # name the checkpoint tensor in full
+        raise UserError(str(e).replace(f"tensor {kind!r}", f"tensor {ckpt_name!r}", 1)) from None
+
+
 def load_weights(
-    model: nn.Module, tensors: Iterable[tuple[str, torch.Tensor]], renames: tuple = ()
+    model: nn.Module,
+    tensors: Iterable[tuple[str, torch.Tensor]],
+    renames: tuple = (),
+    merged: dict[str, tuple[str, str]] | None = None,
 ) -> LoadReport:
     targets = named_targets(model)
     modules = dict(model.named_modules())
@@ -118,7 +128,7 @@ def load_weights(
     for ckpt_name, tensor in tensors:
         if ckpt_name.endswith(_IGNORED_SUFFIXES) or (tie and ckpt_name == "lm_head.weight"):
             continue
-        t = map_name(ckpt_name, renames)
+        t = map_name(ckpt_name, renames, merged)
         module = modules.get(t.module)
         if module is not None and (_is_linear(module) or _is_expert_layer(module)):
             if t.proj is None and _is_expert_layer(module):
@@ -136,7 +146,7 @@ def load_weights(
                     report.loaded.setdefault(target, set()).add(key)
                     continue
                 src = tensor if t.proj is None or t.expert is not None else tensor[key]
-                _copy(views, fmt.convert(t.kind, src, n, k), ckpt_name)
+                _copy(views, _convert(fmt, t.kind, src, n, k, ckpt_name), ckpt_name)
                 got = report.loaded.setdefault(f"{target}.{t.kind}", set())
                 if t.proj is None:
                     got.add(key)
