@@ -160,7 +160,7 @@ def run_chat(engine, params: SamplingParams, read_line: Callable[[str], str] = i
                 continue
             messages.append({"role": "user", "content": line})
             ctrl_c.mode, ctrl_c.stop = "answering", False  # from Enter on, Ctrl-C stops it
-            prompt = tok.encode(tok.apply_chat_template(messages), add_special_tokens=False)
+            prompt = tok.encode_chat(messages)  # typed control tokens stay text
             answer = stream_answer(engine, prompt, params, ctrl_c)
             print(f"\n{answer.summary()}", flush=True)
             messages.append({"role": "assistant", "content": answer.text})
