@@ -42,7 +42,7 @@ for phase in "$@"; do
     offloadtrace) timeout ${TRACE_TIMEOUT:-200} python3 bench/bench_offload_decode.py --rates ${TRACE_RATES:-0.35} --steps 32 --trace-dir "$OUT" --out "$OUT/offload_trace" 2>&1 | grep -v "it/s]" | tail -12; gzip -f "$OUT"/offload_*.json ;;
     layerbench) timeout 120 python3 bench/bench_offload_layer.py 2>&1 | tail -12 | tee "$OUT/layer.txt" ;;
     structured) timeout 240 python3 -m pytest -q -p no:cacheprovider tests/structured 2>&1 | tail -20 | tee "$OUT/structured_tests.txt"; timeout 180 python3 bench/bench_structured.py --batch 8 --tokens 256 2>&1 | grep -v "it/s]" | tail -12 | tee "$OUT/structured_bench.txt" ;;
-    engineux) timeout 240 python3 -m pytest -q -p no:cacheprovider tests/e2e/test_prefix_caching_gpu.py tests/e2e/test_prefix_caching.py tests/e2e/test_observability.py 2>&1 | tail -20 | tee "$OUT/engineux_tests.txt" ;;
+    engineux) timeout 240 python3 -m pytest -q -p no:cacheprovider tests/e2e/test_prefix_caching_gpu.py 2>&1 | tail -20 | tee "$OUT/engineux_tests.txt" ;;
     prefixbench) timeout 400 python3 bench/bench_prefix_cache.py --model ${PREFIX_MODEL:-bench/configs/qwen3_30b_a3b} --rates ${PREFIX_RATES:-0,0.2} --out "$OUT/prefix_cache" 2>&1 | grep -v "it/s]" | tail -20 ;;
     *) echo "unknown phase $phase" ;;
   esac
