@@ -49,6 +49,8 @@ for phase in "$@"; do
     hybridbench) timeout 540 python3 bench/bench_hybrid.py --model bench/configs/qwen3_5_35b_a3b --out "$OUT/hybrid" 2>&1 | grep -v "it/s]" | tail -50 ;;
     hybridoffload) timeout ${OFFLOAD_TIMEOUT:-540} python3 bench/bench_offload_decode.py --model bench/configs/qwen3_5_35b_a3b --rates ${OFFLOAD_RATES:-0.1,0.2,auto} --gpu-memory-limit-gb 24 --steps ${OFFLOAD_STEPS:-48} ${OFFLOAD_EXTRA:-} --out "$OUT/hybrid_offload" 2>&1 | grep -v "it/s]" | tail -30 ;;
     structured) timeout 240 python3 -m pytest -q -p no:cacheprovider tests/structured 2>&1 | tail -20 | tee "$OUT/structured_tests.txt"; timeout 180 python3 bench/bench_structured.py --batch 8 --tokens 256 2>&1 | grep -v "it/s]" | tail -12 | tee "$OUT/structured_bench.txt" ;;
+    engineux) timeout 240 python3 -m pytest -q -p no:cacheprovider tests/e2e/test_prefix_caching_gpu.py 2>&1 | tail -20 | tee "$OUT/engineux_tests.txt" ;;
+    prefixbench) timeout 400 python3 bench/bench_prefix_cache.py --model ${PREFIX_MODEL:-bench/configs/qwen3_30b_a3b} --rates ${PREFIX_RATES:-0,0.2} --out "$OUT/prefix_cache" 2>&1 | grep -v "it/s]" | tail -20 ;;
     *) echo "unknown phase $phase" ;;
   esac
 done
