@@ -18,7 +18,8 @@ from xinfer.config import (
     parse_kv_dtype,
 )
 from xinfer.errors import UserError
-from xinfer.llm import offload_from_env, parse_device, resolve_model_path
+from xinfer.llm import offload_from_env, resolve_model_path
+from xinfer.parallel.devices import resolve_parallel
 from xinfer.sampling import SamplingParams
 
 logger = logging.getLogger("xinfer")
@@ -33,7 +34,13 @@ def build_parser() -> argparse.ArgumentParser:
     p = _Parser(prog="xinfer", description="MoE inference with GPU expert caches.")
     a = p.add_argument
     a("--m", "--model", dest="model", default=None, help="HF model dir, or 'demo' (default)")
-    a("--d", "--device", dest="device", default=None, help="cpu, a GPU index, or '0,1' (TP)")
+    a(
+        "--d",
+        "--device",
+        dest="device",
+        default=None,
+        help="cpu, a GPU index, or several ('0,1'; 'cpu,cpu' on CPUs) for tensor parallelism",
+    )
     a("--prompt", default=None, help="generate one completion, stream it and exit")
     a("--chat", action="store_true", help="interactive chat in the terminal")
     a("--max-tokens", type=int, default=256)
@@ -77,11 +84,11 @@ def engine_config_from_args(args: argparse.Namespace) -> EngineConfig:
         raise UserError("--isq is not supported yet; run the checkpoint's own dtype")
     if args.num_speculative_tokens:
         raise UserError("--num-speculative-tokens is not supported yet")
-    if args.device is not None and "," in args.device:
-        raise UserError("tensor parallelism (--d with several GPUs) is not available yet; give one")
+    device, parallel = resolve_parallel(args.device)  # several devices: tensor parallel
     return EngineConfig(
         model=resolve_model_path(args.model),
-        device=parse_device(args.device),
+        device=device,
+        parallel=parallel,
         dtype=parse_dtype(args.dtype),
         max_model_len=args.max_model_len,
         load_format=args.load_format,

@@ -13,6 +13,7 @@ from typing import Any
 import torch
 
 from xinfer.errors import UserError
+from xinfer.parallel.devices import ParallelConfig
 
 _DTYPES = {
     "float32": torch.float32,
@@ -311,6 +312,7 @@ class EngineConfig:
     cache: CacheConfig = field(default_factory=CacheConfig)
     offload: OffloadConfig = field(default_factory=OffloadConfig)
     scheduler: SchedulerConfig = field(default_factory=SchedulerConfig)
+    parallel: ParallelConfig = field(default_factory=ParallelConfig)  # tensor parallelism
 
     def __post_init__(self) -> None:
         if self.load_format not in ("auto", "dummy"):

@@ -23,6 +23,7 @@ from xinfer.config import (
 from xinfer.engine.engine import Engine
 from xinfer.engine.request import TokenLogprob
 from xinfer.errors import UserError
+from xinfer.parallel.devices import resolve_parallel
 from xinfer.sampling import SamplingParams
 
 logger = logging.getLogger("xinfer")
@@ -108,9 +109,11 @@ class LLM:
         seed: int = 0,
         show_progress: bool = False,
     ) -> None:
+        device, parallel = resolve_parallel(device)  # "0,1" / "cpu,cpu": tensor parallel
         config = EngineConfig(
             model=resolve_model_path(model),
-            device=parse_device(device),
+            device=device,
+            parallel=parallel,
             dtype=parse_dtype(dtype),
             max_model_len=max_model_len,
             load_format=load_format,
@@ -182,3 +185,7 @@ class LLM:
     def offload_stats(self) -> dict | None:
         """Per-layer and total expert-cache statistics, or None when offload is off."""
         return self.engine.offload_stats()
+
+    def close(self) -> None:
+        """Stop the other tensor-parallel ranks now (else at exit); one device: a no-op."""
+        self.engine.close()

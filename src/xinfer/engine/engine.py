@@ -16,6 +16,7 @@ from xinfer.engine.output import OutputProcessor
 from xinfer.engine.request import Request, RequestOutput
 from xinfer.engine.scheduler import Scheduler
 from xinfer.errors import UserError
+from xinfer.parallel.run import start_tensor_parallel
 from xinfer.runner.model_loader import build_model, resident_weight_bytes, resolve_dtype
 from xinfer.runner.model_runner import ModelRunner
 from xinfer.sampling import SamplingParams, make_generator
@@ -28,7 +29,10 @@ class Engine:
     def __init__(self, config: EngineConfig, show_progress: bool = True) -> None:
         self.config = config
         self.device = torch.device(config.device)
+        self.tp = start_tensor_parallel(config, self)  # None with one device
         self.model_config = cfg = ModelConfig.from_dir(config.model)
+        if self.tp is not None:  # this rank's heads and intermediate sizes
+            self.model_config = cfg = self.tp.shard_config(cfg)
         self.tokenizer = Tokenizer.from_dir(config.model)
         self.max_model_len = config.max_model_len or cfg.max_position_embeddings
         self.dtype = resolve_dtype(cfg, config.dtype, self.device)
@@ -64,6 +68,8 @@ class Engine:
             self.offload_manager = enable_offload(self.model, config, offload, self.device)
         kv_dtype = config.cache.kv_dtype or self.dtype
         num_blocks = plan_num_blocks(cfg, config, self.device, kv_dtype, self.max_model_len)
+        if self.tp is not None:
+            num_blocks = self.tp.agree_num_blocks(num_blocks)
         blocks_per_seq = -(-self.max_model_len // config.cache.block_size)
         if num_blocks < blocks_per_seq:
             raise UserError(
@@ -76,7 +82,13 @@ class Engine:
             from xinfer.runner.cuda_graph import CudaGraphRunner
 
             graphs = CudaGraphRunner
-        self.runner = ModelRunner(
+        make_runner, is_graph_safe = ModelRunner, None
+        if self.offload_manager is not None:
+            is_graph_safe = self.offload_manager.is_graph_safe
+        if self.tp is not None:
+            make_runner = self.tp.runner_class()
+            is_graph_safe = self.tp.agree_graph_sizes(is_graph_safe, config.scheduler.max_num_seqs)
+        self.runner = make_runner(
             self.model,
             cfg,
             self.device,
@@ -86,7 +98,7 @@ class Engine:
             self.max_model_len,
             config.scheduler.max_num_seqs,
             graphs,
-            self.offload_manager.is_graph_safe if self.offload_manager else None,
+            is_graph_safe,
             look_ahead=self.device.type == "cuda"
             if config.decode_look_ahead is None
             else config.decode_look_ahead,
@@ -98,6 +110,9 @@ class Engine:
         self.outputs = OutputProcessor(self.tokenizer, self.eos_ids)
         self.requests: dict[str, Request] = {}
         self._ids = itertools.count()
+        if self.tp is not None:  # a follower runs rank 0's steps from here on, then exits
+            self.tp.start_following(self)
+            self.offload_manager = self.tp.offload_view(self.offload_manager)
         if self.device.type == "cuda":
             self.warm_up_prefill()
         if self.offload_manager is not None:
@@ -186,3 +201,8 @@ class Engine:
 
     def offload_stats(self) -> dict | None:
         return None if self.offload_manager is None else self.offload_manager.stats()
+
+    def close(self) -> None:
+        """Stop the other tensor-parallel ranks (nothing to do with one device)."""
+        if self.tp is not None:
+            self.tp.close()

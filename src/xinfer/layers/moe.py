@@ -14,6 +14,10 @@ from xinfer.offload.executor import ExpertExecutor, ResidentExecutor
 class FusedMoE(nn.Module):
     """Expert tensors: `w13` (E, 2I, H) = [gate | up] rows, `w2` (E, H, I)."""
 
+    # Tensor parallel: every rank holds a slice of every expert's intermediate dim.
+    tp_plan = {"w13": "expert_gate_up", "w2": "expert_down"}
+    tp_output = "partial"
+
     def __init__(
         self,
         num_experts: int,

@@ -17,6 +17,15 @@ from xinfer.layers.rotary import RotaryEmbedding
 
 
 class DecoderAttention(nn.Module):
+    tp_output = "partial"  # tensor parallel: heads split, o_proj's output summed over ranks
+
+    @property
+    def tp_plan(self) -> dict[str, str]:
+        plan = {"qkv_proj": "column", "o_proj": "row"}
+        if self.qk_norm == "full":  # normalised over all heads: statistics over the ranks
+            plan.update(q_norm="norm_over_heads", k_norm="norm_over_kv_heads")
+        return plan
+
     def __init__(self, cfg: ModelConfig, max_pos: int) -> None:
         super().__init__()
         hd, nh, nkv = cfg.head_dim, cfg.num_heads, cfg.num_kv_heads
@@ -50,6 +59,10 @@ class DecoderAttention(nn.Module):
 
 class SparseMoeBlock(nn.Module):
     """Routed experts, plus Qwen2-MoE's shared expert behind a sigmoid gate when configured."""
+
+    # Tensor parallel: the router and shared-expert gate are replicated; the experts and the
+    # shared expert give partial sums, added up once for the whole block.
+    tp_output = "partial"
 
     def __init__(self, cfg: ModelConfig, expert_device: torch.device | str | None) -> None:
         super().__init__()
@@ -123,6 +136,7 @@ class MoeForCausalLM(nn.Module):
 
     # (old, new) substrings applied to checkpoint names before mapping; "{e}" = expert index.
     checkpoint_renames: tuple[tuple[str, str], ...] = ()
+    tp_plan = {"lm_head": "vocab"}  # tensor parallel: the embedding stays replicated
 
     def __init__(
         self, cfg: ModelConfig, max_pos: int, expert_device: torch.device | None = None

@@ -12,6 +12,9 @@ import torch
 from xinfer.config import ModelConfig, parse_dtype
 from xinfer.models.moe_decoder import MoeForCausalLM
 from xinfer.models.registry import get_model_class
+from xinfer.parallel.group import current_group
+from xinfer.parallel.model import rank_model_class
+from xinfer.parallel.weights import init_dummy_shard, rank_narrowing
 from xinfer.weights.dummy import init_dummy_weights
 from xinfer.weights.loader import load_weights
 from xinfer.weights.safetensors import iter_safetensors
@@ -49,7 +52,7 @@ def resident_weight_bytes(
 ) -> int:
     """Bytes the model will hold on its device (parameters and buffers; the routed experts
     only when `include_experts`), from a copy built on the meta device (no memory)."""
-    cls = get_model_class(cfg.architecture)
+    cls = rank_model_class(get_model_class(cfg.architecture))
     with _default_dtype(dtype), torch.device("meta"):
         model = cls(cfg, max_pos, torch.device("meta"))
     tensors = list(model.parameters()) + list(model.buffers())
@@ -69,12 +72,23 @@ def build_model(
     seed: int = 0,
     show_progress: bool = True,
 ) -> MoeForCausalLM:
-    cls = get_model_class(cfg.architecture)
+    cls = rank_model_class(get_model_class(cfg.architecture))
     with _default_dtype(dtype), torch.device(device):
         model = cls(cfg, max_pos, expert_device)
     model.eval().requires_grad_(False)
-    if load_format == "dummy":
+    shard = rank_narrowing(model)  # None without tensor parallelism
+    if load_format == "dummy" and shard is not None:
+        init_dummy_shard(model, _full_model(cfg, dtype, max_pos), seed, device, show_progress)
+    elif load_format == "dummy":
         init_dummy_weights(model, seed=seed, gen_device=device, show_progress=show_progress)
     else:
-        load_weights(model, iter_safetensors(model_dir, show_progress), cls.checkpoint_renames)
+        stream = iter_safetensors(model_dir, show_progress)
+        load_weights(model, stream, cls.checkpoint_renames, shard=shard)
     return model
+
+
+def _full_model(cfg: ModelConfig, dtype: torch.dtype, max_pos: int) -> MoeForCausalLM:
+    """The unsharded model on the meta device (shapes and order only, no memory)."""
+    full_cfg = current_group().full_config
+    with _default_dtype(dtype), torch.device("meta"):
+        return get_model_class(full_cfg.architecture)(full_cfg, max_pos, torch.device("meta"))

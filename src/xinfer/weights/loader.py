@@ -4,7 +4,7 @@ tensors are reported in one clear error."""
 
 from __future__ import annotations
 
-from collections.abc import Iterable
+from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field
 
 import torch
@@ -59,8 +59,12 @@ def _slice(model: nn.Module, dst: torch.Tensor, name: str, t: Target) -> torch.T
 
 
 def load_weights(
-    model: nn.Module, tensors: Iterable[tuple[str, torch.Tensor]], renames: tuple = ()
+    model: nn.Module,
+    tensors: Iterable[tuple[str, torch.Tensor]],
+    renames: tuple = (),
+    shard: Callable[[str, Target, torch.Tensor, torch.Tensor], torch.Tensor] | None = None,
 ) -> LoadReport:
+    """`shard(name, target, tensor, dst)`: a tensor-parallel rank's share of `tensor`."""
     targets = named_targets(model)
     tie = getattr(model, "lm_head", 0) is None
     report = LoadReport()
@@ -73,6 +77,8 @@ def load_weights(
             report.unexpected.append(ckpt_name)
             continue
         dst = _slice(model, targets[t.name], t.name, t)
+        if shard is not None:
+            tensor = shard(ckpt_name, t, tensor, dst)
         if tuple(dst.shape) != tuple(tensor.shape):
             raise UserError(
                 f"checkpoint tensor {ckpt_name!r} has shape {tuple(tensor.shape)} but the model "
