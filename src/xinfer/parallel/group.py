@@ -6,6 +6,7 @@ fails (a peer died) ends the run through `on_failure`, with a message, instead o
 from __future__ import annotations
 
 import datetime
+import os
 from collections.abc import Callable
 from contextlib import contextmanager
 
@@ -112,6 +113,11 @@ def init_group(
         dist.init_process_group("nccl", device_id=device, **kw)
         cpu_group = dist.new_group(backend="gloo", timeout=_IDLE_TIMEOUT)
     else:
+        # CPU ranks share the host's cores: each takes its share, or their OpenMP threads
+        # spin against each other and every collective waits for a descheduled peer.
+        global _THREADS_BEFORE
+        _THREADS_BEFORE = torch.get_num_threads()
+        torch.set_num_threads(max(1, (os.cpu_count() or 1) // size))
         dist.init_process_group("gloo", timeout=_IDLE_TIMEOUT, **kw)
         cpu_group = dist.group.WORLD
     group = TensorParallelGroup(rank, size, device, cpu_group, launcher, on_failure)
@@ -121,6 +127,7 @@ def init_group(
 
 
 _CURRENT: TensorParallelGroup | None = None
+_THREADS_BEFORE: int | None = None  # torch's CPU threads before a CPU group took its share
 
 
 def current_group() -> TensorParallelGroup | None:
@@ -135,6 +142,10 @@ def set_current_group(group: TensorParallelGroup | None) -> None:
 
 def destroy_group() -> None:
     """Leave the process group (after the last collective of the run)."""
+    global _THREADS_BEFORE
     set_current_group(None)
     if dist.is_initialized():
         dist.destroy_process_group()
+    if _THREADS_BEFORE is not None:
+        torch.set_num_threads(_THREADS_BEFORE)
+        _THREADS_BEFORE = None

@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import datetime
 import logging
+import os
 import pickle
 import signal
 import struct
@@ -41,9 +42,13 @@ def main() -> int:
         set_current_group(group)
         from xinfer.engine.engine import Engine
 
-        Engine(config, show_progress=False)  # follows rank 0; exits the process at the end
+        Engine(config, show_progress=False)  # follows rank 0 until it says stop
     except UserError as e:
         fail(f"tensor-parallel rank {par.rank} ({config.device}): {e}", code=2)
+    except SystemExit as e:  # the follower's normal end: skip the slow interpreter teardown
+        sys.stdout.flush()
+        sys.stderr.flush()
+        os._exit(e.code or 0)
     return 1  # the engine of a follower never returns
 
 
