@@ -52,7 +52,8 @@ class TensorParallelGroup:
         try:
             yield
         except RuntimeError as e:  # gloo: "Connection closed by peer"; NCCL: errors, aborts
-            self.on_failure(f"tensor-parallel rank {self.rank}: {what} failed ({e})")
+            cause = str(e).splitlines()[0][:160] if str(e) else type(e).__name__
+            self.on_failure(f"tensor-parallel rank {self.rank}: {what} failed ({cause})")
             raise
 
     def all_reduce(self, t: torch.Tensor) -> torch.Tensor:

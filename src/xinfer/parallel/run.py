@@ -150,6 +150,8 @@ def start_tensor_parallel(config: EngineConfig, engine) -> TensorParallelRun | N
     device = torch.device(config.device)
     followers = None
     if par.launcher == "torchrun":
+        if par.rank:  # rank 0 reports for every rank (a spawned follower does the same)
+            logging.getLogger("xinfer").setLevel(logging.WARNING)
         on_failure = fail if par.rank else _rank0_failure
         group = init_group(par.rank, par.size, device, "torchrun", on_failure)
     else:

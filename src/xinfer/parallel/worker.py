@@ -12,6 +12,7 @@ import signal
 import struct
 import sys
 import threading
+import time
 
 import torch
 import torch.distributed as dist
@@ -21,6 +22,13 @@ from xinfer.parallel.group import init_group, set_current_group
 from xinfer.parallel.launch import WorkerArgs, fail, watch_parent
 
 _RENDEZVOUS_TIMEOUT = datetime.timedelta(seconds=120)
+
+
+def _on_failure(message: str) -> None:
+    """A collective failed: most likely rank 0 died, which the stdin watchdog reports
+    in a moment with a plainer message; otherwise report this one."""
+    time.sleep(0.5)
+    fail(message)
 
 
 def main() -> int:
@@ -38,7 +46,7 @@ def main() -> int:
             "127.0.0.1", args.store_port, par.size, False, timeout=_RENDEZVOUS_TIMEOUT
         )
         device = torch.device(config.device)
-        group = init_group(par.rank, par.size, device, "spawn", fail, store=store)
+        group = init_group(par.rank, par.size, device, "spawn", _on_failure, store=store)
         set_current_group(group)
         from xinfer.engine.engine import Engine
 
