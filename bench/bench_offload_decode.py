@@ -82,7 +82,7 @@ def run_rate(args, rate: str, prompt: list[int]) -> dict:
         max_model_len=4096,
         num_kv_blocks=1024,
         max_num_seqs=1,
-        seed=0,
+        dummy_weights_seed=0,
     )
     if rate != "0":
         kw["moe_offload"] = rate

@@ -108,7 +108,10 @@ class RopeConfig:
 
 @dataclass(frozen=True)
 class ModelConfig:
-    """The shape of a MoE decoder, independent of which HF config style described it."""
+    """The shape of a decoder as the engine's shared code reads it, whichever HF (or GGUF)
+    config described it. Each model file builds it (`config_from_hf` in `xinfer.models.*`),
+    so architecture quirks live there; a family that needs fields of its own subclasses this
+    (see `models/hybrid_decoder.py`) and overrides the cache-sizing methods below."""
 
     architecture: str
     model_type: str
@@ -118,14 +121,14 @@ class ModelConfig:
     num_heads: int
     num_kv_heads: int
     head_dim: int
-    intermediate_size: int  # dense MLP layers
-    num_experts: int
-    num_experts_per_tok: int
-    moe_intermediate_size: int
-    norm_topk_prob: bool
     rms_norm_eps: float
     rope: RopeConfig
     max_position_embeddings: int
+    intermediate_size: int = 0  # dense MLP layers
+    num_experts: int = 0  # routed experts; 0 = a dense model
+    num_experts_per_tok: int = 0
+    moe_intermediate_size: int = 0
+    norm_topk_prob: bool = False
     tie_word_embeddings: bool = False
     qkv_bias: bool = False
     qk_norm: str | None = None  # None | "head" (per head, Qwen3) | "full" (whole projection, OLMoE)
@@ -160,6 +163,11 @@ class ModelConfig:
     def moe_layer_ids(self) -> list[int]:
         return [i for i in range(self.num_layers) if self.is_moe_layer(i)]
 
+    @property
+    def kv_layer_ids(self) -> list[int]:
+        """Layers that keep a paged KV cache (all of them, unless a subclass says otherwise)."""
+        return list(range(self.num_layers))
+
     def expert_bytes(self, dtype: torch.dtype) -> int:
         """Bytes of one routed expert (gate, up and down projections)."""
         elem = torch.empty((), dtype=dtype).element_size()
@@ -167,51 +175,20 @@ class ModelConfig:
 
     def kv_bytes_per_token(self, dtype: torch.dtype) -> int:
         elem = torch.empty((), dtype=dtype).element_size()
-        return 2 * self.num_layers * self.num_kv_heads * self.head_dim * elem
+        return 2 * len(self.kv_layer_ids) * self.num_kv_heads * self.head_dim * elem
+
+    def state_bytes_per_seq(self, dtype: torch.dtype) -> int:
+        """Bytes of per-request recurrent state (linear-attention layers); 0 for a model
+        whose only cache is the paged KV cache."""
+        return 0
 
     @classmethod
     def from_hf(cls, hf: dict[str, Any]) -> ModelConfig:
-        from xinfer.models.registry import resolve_architecture
+        """Normalise an HF `config.json` dict through the model file that owns its
+        architecture (`xinfer.models.registry`)."""
+        from xinfer.models.registry import config_from_hf
 
-        arch = resolve_architecture(hf)
-        mt = hf.get("model_type", "")
-        num_heads = hf["num_attention_heads"]
-        head_dim = hf.get("head_dim") or hf["hidden_size"] // num_heads
-        num_experts = hf.get("num_experts") or hf.get("num_local_experts") or 0
-        qk_norm = {"qwen3_moe": "head", "olmoe": "full"}.get(mt)
-        eos = hf.get("eos_token_id")
-        eos_ids = tuple(eos) if isinstance(eos, list) else (() if eos is None else (eos,))
-        return cls(
-            architecture=arch,
-            model_type=mt,
-            vocab_size=hf["vocab_size"],
-            hidden_size=hf["hidden_size"],
-            num_layers=hf["num_hidden_layers"],
-            num_heads=num_heads,
-            num_kv_heads=hf.get("num_key_value_heads") or num_heads,
-            head_dim=head_dim,
-            intermediate_size=hf.get("intermediate_size", 0),
-            num_experts=num_experts,
-            num_experts_per_tok=hf.get("num_experts_per_tok", 0),
-            # Mixtral has no separate expert width: its experts use intermediate_size.
-            moe_intermediate_size=hf.get("moe_intermediate_size") or hf.get("intermediate_size", 0),
-            norm_topk_prob=bool(hf.get("norm_topk_prob", mt == "mixtral")),
-            rms_norm_eps=hf.get("rms_norm_eps", 1e-6),
-            rope=RopeConfig.from_hf(hf),
-            max_position_embeddings=hf.get("max_position_embeddings", 4096),
-            tie_word_embeddings=bool(hf.get("tie_word_embeddings", False)),
-            qkv_bias=bool(hf.get("qkv_bias", hf.get("attention_bias", mt == "qwen2_moe"))),
-            qk_norm=qk_norm,
-            clip_qkv=hf.get("clip_qkv"),
-            shared_expert_intermediate_size=hf.get("shared_expert_intermediate_size", 0) or 0,
-            mlp_only_layers=tuple(hf.get("mlp_only_layers") or ()),
-            decoder_sparse_step=hf.get("decoder_sparse_step", 1) or 1,
-            hidden_act=hf.get("hidden_act", "silu"),
-            torch_dtype=str(hf.get("dtype") or hf.get("torch_dtype") or "float32"),
-            bos_token_id=hf.get("bos_token_id"),
-            eos_token_ids=eos_ids,
-            hf_config=hf,
-        )
+        return config_from_hf(hf)
 
     @classmethod
     def from_dir(cls, path: str | os.PathLike) -> ModelConfig:
@@ -227,9 +204,6 @@ class ModelConfig:
             hf = json.loads(cfg.read_text())
         except json.JSONDecodeError as e:
             raise UserError(f"{cfg} is not valid JSON ({e})") from None
-        for key in ("hidden_size", "num_hidden_layers", "num_attention_heads", "vocab_size"):
-            if key not in hf:
-                raise UserError(f"{cfg} lacks {key!r}; is this a causal LM config?")
         return cls.from_hf(hf)
 
 
@@ -303,6 +277,7 @@ class EngineConfig:
     device: str = "cpu"
     dtype: torch.dtype | None = None
     max_model_len: int | None = None
+    allow_long_max_model_len: bool = False  # accept max_model_len above the model's maximum
     load_format: str = "auto"  # auto | dummy
     seed: int = 0
     enforce_eager: bool = False

@@ -57,8 +57,15 @@ def XINFER_DISABLE_TRITON() -> bool:
     return _bool("XINFER_DISABLE_TRITON")
 
 
-def XINFER_LOG_LEVEL() -> str:
-    return (_get("XINFER_LOG_LEVEL") or "INFO").upper()
+LOG_LEVELS = ("debug", "info", "warning", "error", "critical")
+
+
+def XINFER_LOG_LEVEL() -> str | None:
+    """One of LOG_LEVELS (any case), or None when unset (`--log-level` wins over it)."""
+    raw = _get("XINFER_LOG_LEVEL")
+    if raw is not None and raw.lower() not in LOG_LEVELS:
+        raise UserError(f"XINFER_LOG_LEVEL must be one of {', '.join(LOG_LEVELS)}, got {raw!r}")
+    return None if raw is None else raw.lower()
 
 
 @dataclass(frozen=True)

@@ -25,6 +25,30 @@ from xinfer.tokenizer import Tokenizer
 logger = logging.getLogger("xinfer")
 
 
+def model_max_len(cfg: ModelConfig) -> int:
+    """The longest context the model was made for: `max_position_embeddings`, or, with
+    linear / YaRN RoPE scaling, the original length times the scaling factor."""
+    rope = cfg.rope
+    if rope.rope_type in ("linear", "yarn") and rope.factor > 1:
+        base = rope.original_max_position_embeddings or cfg.max_position_embeddings
+        return max(cfg.max_position_embeddings, int(base * rope.factor))
+    return cfg.max_position_embeddings
+
+
+def resolve_max_model_len(cfg: ModelConfig, config: EngineConfig) -> int:
+    """`--max-model-len`, or the model's own maximum; above that maximum only on request."""
+    limit = model_max_len(cfg)
+    if config.max_model_len is None:
+        return limit
+    if config.max_model_len > limit and not config.allow_long_max_model_len:
+        raise UserError(
+            f"--max-model-len {config.max_model_len} is above this model's maximum of {limit} "
+            "tokens; lower it, or pass --allow-long-max-model-len if you know the model "
+            "handles longer contexts"
+        )
+    return config.max_model_len
+
+
 class Engine:
     def __init__(self, config: EngineConfig, show_progress: bool = True) -> None:
         self.config = config
@@ -34,7 +58,7 @@ class Engine:
         if self.tp is not None:  # this rank's heads and intermediate sizes
             self.model_config = cfg = self.tp.shard_config(cfg)
         self.tokenizer = Tokenizer.from_dir(config.model)
-        self.max_model_len = config.max_model_len or cfg.max_position_embeddings
+        self.max_model_len = resolve_max_model_len(cfg, config)
         self.dtype = resolve_dtype(cfg, config.dtype, self.device)
         offload = config.offload
         if offload.is_enabled and not cfg.is_moe:

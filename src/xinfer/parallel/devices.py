@@ -71,8 +71,10 @@ def _check_devices(devices: list[str]) -> None:
 
 def parse_devices(value: str | None) -> list[str]:
     """A comma list of devices; `None` → GPU 0 if present, else the CPU."""
-    if value is None or not str(value).strip():
-        return ["cuda:0" if torch.cuda.is_available() else "cpu"]
+    if value is None or "," not in str(value):  # one device: the single-device rules
+        from xinfer.args import parse_device
+
+        return [parse_device(value)]
     devices = [_one_device(e) for e in str(value).split(",") if e.strip()]
     if not devices:
         raise UserError(f"--d {value!r} names no device")

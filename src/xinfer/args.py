@@ -1,0 +1,321 @@
+"""Every user option, declared once (like vLLM's `EngineArgs`): `EngineArgs` builds the
+`EngineConfig` for both the command line and `LLM(...)`; `SamplingArgs`, `ServerArgs` and
+`RunArgs` are the command line's other groups. Adding an option is one `option(...)` line
+here plus the code that reads it; the parser, `--help` and `LLM`'s keywords follow."""
+
+from __future__ import annotations
+
+import argparse
+import difflib
+import logging
+from dataclasses import dataclass, fields
+from typing import Any
+
+import torch
+
+from xinfer import envs
+from xinfer.config import (
+    CacheConfig,
+    EngineConfig,
+    OffloadConfig,
+    SchedulerConfig,
+    parse_dtype,
+    parse_kv_dtype,
+)
+from xinfer.errors import UserError
+from xinfer.model_source import resolve_model
+from xinfer.options import OptionSet, above, at_least, option, within
+from xinfer.parallel.devices import resolve_parallel
+from xinfer.sampling import SamplingParams
+
+LOG_LEVELS = envs.LOG_LEVELS
+
+
+def parse_device(device: str | None) -> str:
+    """`None` → GPU 0 if present else CPU; "0" / "cuda:0" / "cpu" accepted."""
+    if device is None:
+        return "cuda:0" if torch.cuda.is_available() else "cpu"
+    d = str(device).strip()
+    if "," in d:  # several devices go through xinfer.parallel.devices.resolve_parallel
+        raise UserError(f"give one device here, not {device!r}")
+    if d.isdigit():
+        d = f"cuda:{d}"
+    if d.startswith("cuda"):
+        if not torch.cuda.is_available():
+            raise UserError(f"device {device!r} asked for, but this machine has no CUDA GPU")
+        idx = d.split(":")[1] if ":" in d else "0"
+        if not idx.isdigit():
+            raise UserError(f"unknown device {device!r}; use cpu, a GPU index or cuda:N")
+        if int(idx) >= torch.cuda.device_count():
+            raise UserError(f"GPU {idx} does not exist ({torch.cuda.device_count()} visible)")
+        return f"cuda:{int(idx)}"
+    if d != "cpu":
+        raise UserError(f"unknown device {device!r}; use cpu, a GPU index or cuda:N")
+    return d
+
+
+def _parses(fn) -> Any:
+    """A check that runs a parser for its UserError and accepts whatever it returns."""
+    return lambda value: (fn(value), None)[1]
+
+
+def _power_of_two(value: int) -> str | None:
+    return None if value > 0 and not value & (value - 1) else "must be a positive power of two"
+
+
+def _refuse_isq(value: str) -> None:
+    raise UserError(
+        f"--isq {value} is not implemented yet; run the checkpoint's own weights (leave --isq out)"
+    )
+
+
+def _refuse_speculation(value: int) -> str | None:
+    if value == 0:
+        return None
+    raise UserError(
+        "speculative decoding (--num-speculative-tokens) is not implemented in xinfer; "
+        "leave it at 0"
+    )
+
+
+@dataclass
+class EngineArgs(OptionSet):
+    """The engine's options; the command line and `LLM(model, **options)` both build one."""
+
+    GROUP = "engine"
+
+    model: str | None = option(
+        "demo",
+        "a HF model directory, a Hugging Face repo id (org/name), or 'demo' (bundled)",
+        flags=("--m", "--model"),
+        metavar="MODEL",
+    )
+    device: str | None = option(
+        None,
+        "cpu, a GPU index or cuda:N (default: GPU 0 when there is one, else cpu); several, "
+        "comma-separated, for tensor parallelism: 0,1 (or cpu,cpu)",
+        flags=("--d", "--device"),
+        check=_parses(resolve_parallel),
+        metavar="DEV",
+    )
+    dtype: str | torch.dtype | None = option(
+        "auto", "weights dtype: auto (the checkpoint's), float32, bfloat16, float16",
+        check=_parses(parse_dtype), metavar="DTYPE",
+    )  # fmt: skip
+    max_model_len: int | None = option(
+        None, "context length in tokens (default: the model's)", check=at_least(1)
+    )
+    allow_long_max_model_len: bool = option(
+        False, "accept a --max-model-len above the model's own maximum (it may degrade output)"
+    )
+    load_format: str = option(
+        "auto", "auto: the checkpoint's weights; dummy: random weights (benchmarks)",
+        choices=("auto", "dummy"),
+    )  # fmt: skip
+    dummy_weights_seed: int = option(0, "seed of the random weights of --load-format dummy")
+    enforce_eager: bool = option(
+        False,
+        "run every step eagerly (no CUDA graphs)",
+        flags=("--disable-cuda-graph", "--enforce-eager"),
+    )
+    decode_look_ahead: bool | None = option(
+        None, "queue the next decode step before reading this one's tokens (auto: on CUDA)"
+    )
+    kv_cache_dtype: str | None = option(
+        "auto",
+        "KV cache dtype: auto (the model's), bf16, fp16, fp8 (e4m3); turbo4/turbo3 not yet",
+        flags=("--kvcache-dtype", "--kv-cache-dtype"),
+        check=_parses(parse_kv_dtype),
+        metavar="DTYPE",
+    )
+    block_size: int = option(16, "tokens per KV cache block", check=_power_of_two)
+    num_kv_blocks: int | None = option(
+        None, "KV cache blocks (default: sized from free memory)", check=at_least(1)
+    )
+    gpu_memory_utilization: float = option(
+        0.9, "share of free GPU memory the KV cache may take", check=within(0.05, 1.0)
+    )
+    gpu_memory_limit_gb: float | None = option(
+        None, "size everything as if the GPU had this many GB", check=above(0)
+    )
+    max_num_seqs: int = option(64, "most requests in one batch", check=at_least(1))
+    max_num_batched_tokens: int = option(
+        2048, "token budget of one step (prompt chunks plus decodes)", check=at_least(16)
+    )
+    max_waiting: int = option(
+        256, "bounded request queue of the server (beyond it: HTTP 503)", check=at_least(1)
+    )
+    moe_offload: str | float | None = option(
+        None,
+        "share of each MoE layer's experts kept on the GPU: a fraction in (0, 1] or auto",
+        env=envs.XINFER_MOE_OFFLOAD,
+        check=_parses(OffloadConfig.parse),
+        metavar="F|auto",
+    )
+    moe_offload_reserve_gb: float | None = option(
+        None,
+        "GPU memory (GB) that --moe-offload auto leaves free (default 2.5)",
+        env=envs.XINFER_MOE_OFFLOAD_RESERVE_GB,
+        check=at_least(0),
+    )
+    moe_offload_profile: bool | None = option(
+        None,
+        "time each MoE call's parts (slower: no CUDA graphs)",
+        env=envs.XINFER_MOE_OFFLOAD_PROFILE,
+    )
+    isq: str | None = option(
+        None, "in-situ quantization of the experts (not implemented yet)", check=_refuse_isq
+    )
+    num_speculative_tokens: int = option(
+        0, "speculative decoding (not implemented: only 0)", check=_refuse_speculation
+    )
+
+    def offload_config(self) -> OffloadConfig:
+        """Offload settings: each option given wins over its `XINFER_MOE_OFFLOAD*` variable."""
+        return OffloadConfig.parse(
+            self.value("moe_offload"),
+            reserve_gb=self.value("moe_offload_reserve_gb"),
+            is_profile=self.value("moe_offload_profile"),
+        )
+
+    def create_engine_config(self) -> EngineConfig:
+        device, parallel = resolve_parallel(self.device)  # several devices: tensor parallel
+        return EngineConfig(
+            model=resolve_model(self.model),
+            device=device,
+            parallel=parallel,
+            dtype=parse_dtype(self.dtype),
+            max_model_len=self.max_model_len,
+            allow_long_max_model_len=self.allow_long_max_model_len,
+            load_format=self.load_format,
+            seed=self.dummy_weights_seed,
+            enforce_eager=self.enforce_eager,
+            decode_look_ahead=self.decode_look_ahead,
+            gpu_memory_limit_gb=self.gpu_memory_limit_gb,
+            cache=CacheConfig(
+                block_size=self.block_size,
+                num_blocks=self.num_kv_blocks,
+                kv_dtype=parse_kv_dtype(self.kv_cache_dtype),
+                gpu_memory_utilization=self.gpu_memory_utilization,
+            ),
+            offload=self.offload_config(),
+            scheduler=SchedulerConfig(
+                max_num_seqs=self.max_num_seqs,
+                max_num_batched_tokens=self.max_num_batched_tokens,
+                max_waiting=self.max_waiting,
+            ),
+        )
+
+    @classmethod
+    def from_kwargs(cls, **kwargs: Any) -> EngineArgs:
+        """`LLM(...)`'s keywords; an unknown one is a UserError naming the closest option."""
+        known = {f.name for f in fields(cls)}
+        for name in kwargs:
+            if name not in known:
+                close = difflib.get_close_matches(name, sorted(known), n=1)
+                hint = f"; did you mean {close[0]!r}?" if close else ""
+                raise UserError(f"unknown option {name!r}{hint}")
+        return cls(**kwargs)
+
+
+def offload_from_env(
+    moe_offload: str | float | None = None,
+    reserve_gb: float | None = None,
+    profile: bool | None = None,
+) -> OffloadConfig:
+    """The offload settings from these values, each falling back to its variable."""
+    return EngineArgs(
+        moe_offload=moe_offload, moe_offload_reserve_gb=reserve_gb, moe_offload_profile=profile
+    ).offload_config()
+
+
+@dataclass
+class SamplingArgs(OptionSet):
+    """Sampling for `--prompt` and `--chat` (the server takes it per request)."""
+
+    GROUP = "sampling (--prompt and --chat)"
+
+    max_tokens: int = option(256, "most tokens to generate per answer")
+    temperature: float = option(0.0, "0 = greedy")
+    top_p: float = option(1.0, "nucleus sampling: keep the smallest set with this probability")
+    top_k: int = option(0, "keep the k most likely tokens (0 = off)")
+    min_p: float = option(0.0, "drop tokens below min_p times the top probability")
+    repetition_penalty: float = option(1.0, "HF repetition penalty (1 = off)")
+    presence_penalty: float = option(0.0, "OpenAI presence penalty")
+    frequency_penalty: float = option(0.0, "OpenAI frequency penalty")
+    seed: int | None = option(None, "sampling seed (reproducible sampling)")
+    stop: list[str] | None = option(None, "stop string (repeatable)")
+    ignore_eos: bool = option(False, "keep generating after the end-of-sequence token")
+
+    def __post_init__(self) -> None:
+        super().__post_init__()
+        self.to_params()  # SamplingParams' own checks, before any model is loaded
+
+    def to_params(self) -> SamplingParams:
+        names = [f.name for f, _ in self.options()]
+        return SamplingParams(**{name: getattr(self, name) for name in names})
+
+
+def _log_level(value: str) -> str | None:
+    if value.lower() in LOG_LEVELS:
+        return None
+    return f"must be one of {', '.join(LOG_LEVELS)}"
+
+
+@dataclass
+class ServerArgs(OptionSet):
+    """The OpenAI-compatible server (the default mode)."""
+
+    GROUP = "server"
+
+    host: str = option("0.0.0.0", "address to listen on")
+    port: int = option(8000, "port of the OpenAI API", check=within(1, 65534))
+    ui_server: bool = option(False, "also serve the chat page on port + 1")
+    api_key: str | None = option(
+        None, "require this bearer key on /v1 requests", env=envs.XINFER_API_KEY
+    )
+    served_model_name: str | None = option(
+        None, "model name in the API (default: the model directory's name)"
+    )
+
+
+@dataclass
+class RunArgs(OptionSet):
+    """What the command does: serve (default), one completion, or a terminal chat."""
+
+    GROUP = "mode"
+
+    prompt: str | None = option(None, "generate one completion, stream it and exit")
+    chat: bool = option(False, "interactive chat in the terminal")
+    log_level: str | None = option(
+        None,
+        f"logging: {', '.join(LOG_LEVELS)}",
+        env=envs.XINFER_LOG_LEVEL,
+        check=_log_level,
+        metavar="LEVEL",
+    )
+
+    @property
+    def logging_level(self) -> int:
+        return getattr(logging, (self.value("log_level") or "info").upper())
+
+
+OPTION_SETS: tuple[type[OptionSet], ...] = (RunArgs, EngineArgs, SamplingArgs, ServerArgs)
+
+
+class ArgumentParser(argparse.ArgumentParser):
+    """argparse whose mistakes are UserErrors: one line on stderr, exit code 2."""
+
+    def error(self, message: str) -> None:
+        raise UserError(message)
+
+
+def build_parser(version: str) -> ArgumentParser:
+    parser = ArgumentParser(
+        prog="xinfer", description="Inference for Mixture-of-Experts models that do not fit "
+        "in GPU memory: an OpenAI-compatible server (default), --prompt, or --chat.",
+    )  # fmt: skip
+    parser.add_argument("--version", action="version", version=f"xinfer {version}")
+    for option_set in OPTION_SETS:
+        option_set.add_arguments(parser)
+    return parser
