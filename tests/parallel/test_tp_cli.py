@@ -69,7 +69,7 @@ class _Run:
     """A long `--d cpu,cpu` generation; knows the follower's pid and when tokens flow."""
 
     def __init__(self, chat_dir) -> None:
-        args = ["--prompt", "hello", "--max-tokens", "100000", "--max-model-len", "4096"]
+        args = ["--prompt", "hello", "--max-tokens", "100000"]  # ~500 tokens: to the end
         cmd = _cli("--m", str(chat_dir), "--d", "cpu,cpu", "--ignore-eos", *args)
         self.proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.PIPE)
         self.stderr: list[str] = []
@@ -86,12 +86,12 @@ class _Run:
                 self.follower_pid = int(line.rsplit("pid ", 1)[1].rstrip(")\n"))
 
     def _read_out(self) -> None:
-        if self.proc.stdout.read(1):
-            self.streaming.set()
+        self.has_output = bool(self.proc.stdout.read(1))
+        self.streaming.set()  # the first token, or the end of a run that failed
         self.proc.stdout.read()
 
     def wait_streaming(self) -> None:
-        assert self.streaming.wait(180), "".join(self.stderr)
+        assert self.streaming.wait(180) and self.has_output, "".join(self.stderr)
         assert self.follower_pid is not None, "".join(self.stderr)
 
 

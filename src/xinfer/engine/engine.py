@@ -53,13 +53,13 @@ class Engine:
     def __init__(self, config: EngineConfig, show_progress: bool = True) -> None:
         self.config = config
         self.device = torch.device(config.device)
-        self.tp = start_tensor_parallel(config, self)  # None with one device
         self.model_config = cfg = ModelConfig.from_dir(config.model)
-        if self.tp is not None:  # this rank's heads and intermediate sizes
-            self.model_config = cfg = self.tp.shard_config(cfg)
         self.tokenizer = Tokenizer.from_dir(config.model)
         self.max_model_len = resolve_max_model_len(cfg, config)
         self.dtype = resolve_dtype(cfg, config.dtype, self.device)
+        self.tp = start_tensor_parallel(config, self)  # None with one device
+        if self.tp is not None:  # this rank's heads and intermediate sizes
+            self.model_config = cfg = self.tp.shard_config(cfg)
         offload = config.offload
         if offload.is_enabled and not cfg.is_moe:
             logger.info("model has no routed experts; MoE offload is ignored")

@@ -136,6 +136,18 @@ def _close_stale_run() -> None:
     _RUN.close()
 
 
+def _check_before_start(config: EngineConfig, cfg: ModelConfig, dtype: torch.dtype) -> None:
+    """Refuse what would fail on every rank, before any rank starts: sizes that do not
+    divide, and (ranks on this host) host RAM too small for all the ranks' expert shards."""
+    rank_config(cfg, config.parallel.size)
+    if config.offload.is_enabled and cfg.is_moe:
+        from xinfer.offload.host_store import check_host_ram, expert_host_bytes
+
+        local_ranks = len(config.parallel.devices) or 1
+        shard = expert_host_bytes(cfg, dtype) // config.parallel.size
+        check_host_ram(shard * local_ranks, "the offloaded experts of this host's ranks")
+
+
 def start_tensor_parallel(config: EngineConfig, engine) -> TensorParallelRun | None:
     """Start (rank 0, spawn), join (torchrun) or resume (a spawned follower) the ranks."""
     global _RUN
@@ -146,7 +158,7 @@ def start_tensor_parallel(config: EngineConfig, engine) -> TensorParallelRun | N
     if group is not None and not group.is_first:  # a spawned follower: joined already
         return TensorParallelRun(group, None, engine)
     _close_stale_run()
-    rank_config(ModelConfig.from_dir(config.model), par.size)  # refuse before starting
+    _check_before_start(config, engine.model_config, engine.dtype)
     device = torch.device(config.device)
     followers = None
     if par.launcher == "torchrun":
