@@ -68,3 +68,20 @@ def test_dummy_weights_same_model_at_every_tp_size(tp_llm, tmp_path_factory):
     path = checkpoint(tmp_path_factory, "qwen2_moe")
     one = LLM(str(path), device="cpu", dtype="float32", load_format="dummy", seed=3)
     assert _run(tp_llm(path, load_format="dummy", seed=3))[0] == _run(one)[0]
+
+
+def test_look_ahead_and_seeded_sampling(tmp_path_factory, tp_llm):
+    """Decode look-ahead under TP (the queued step's ids reach the followers by a device
+    broadcast) gives the same greedy tokens; rank 0 alone samples, with the requests' own
+    generators, so seeded sampling draws what one rank draws."""
+    path = checkpoint(tmp_path_factory, "mixtral")
+    params = [
+        SamplingParams(temperature=0, max_tokens=20, ignore_eos=True),
+        SamplingParams(temperature=0.8, top_p=0.9, seed=7, max_tokens=20, ignore_eos=True),
+        SamplingParams(temperature=1.0, seed=8, max_tokens=20, ignore_eos=True),
+    ]
+    one = LLM(str(path), device="cpu", dtype="float32", decode_look_ahead=True)
+    llm = tp_llm(path, decode_look_ahead=True)
+    expected = [r.token_ids for r in one.generate(PROMPTS, params)]
+    assert [r.token_ids for r in llm.generate(PROMPTS, params)] == expected
+    assert llm.engine.runner.look_ahead_counts["used"] > 10

@@ -144,8 +144,12 @@ def set_current_group(group: TensorParallelGroup | None) -> None:
 def destroy_group() -> None:
     """Leave the process group (after the last collective of the run)."""
     global _THREADS_BEFORE
+    group = current_group()
     set_current_group(None)
-    if dist.is_initialized():
+    abort = getattr(dist.distributed_c10d, "_abort_process_group", None)
+    if dist.is_initialized() and group is not None and group.device.type == "cuda" and abort:
+        abort()  # ncclCommDestroy can hang once graphs captured collectives (pytorch#115388)
+    elif dist.is_initialized():
         dist.destroy_process_group()
     if _THREADS_BEFORE is not None:
         torch.set_num_threads(_THREADS_BEFORE)
