@@ -143,8 +143,10 @@ class ModelConfig:
     hf_config: dict[str, Any] = field(default_factory=dict, compare=False, repr=False)
 
     def __post_init__(self) -> None:
-        if self.hidden_act not in ("silu", "swiglu"):
-            raise UserError(f"activation {self.hidden_act!r} is not supported (only silu)")
+        if self.hidden_act not in ("silu", "swiglu", "gelu_pytorch_tanh"):
+            raise UserError(
+                f"activation {self.hidden_act!r} is not supported (silu, gelu_pytorch_tanh)"
+            )
         if self.num_heads % self.num_kv_heads:
             raise UserError("num_attention_heads must be a multiple of num_key_value_heads")
 
@@ -195,6 +197,11 @@ class ModelConfig:
         p = Path(path)
         if not p.exists():
             raise UserError(f"model path {str(p)!r} does not exist")
+        if p.is_file() and p.suffix.lower() == ".gguf":
+            from xinfer.weights.gguf_config import hf_config_from_gguf
+            from xinfer.weights.gguf_loader import cached_gguf
+
+            return cls.from_hf(hf_config_from_gguf(cached_gguf(str(p))))
         if not p.is_dir():
             raise UserError(f"model path {str(p)!r} is not a directory with a config.json")
         cfg = p / "config.json"

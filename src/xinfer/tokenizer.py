@@ -77,8 +77,14 @@ class Tokenizer:
 
     @classmethod
     def from_dir(cls, path: str | Path) -> Tokenizer | None:
-        """Load from a HF model directory; None when it has no tokenizer.json."""
+        """Load from a HF model directory (or a GGUF file's metadata); None when it has no
+        tokenizer."""
         path = Path(path)
+        if path.is_file() and path.suffix.lower() == ".gguf":
+            from xinfer.gguf_tokenizer import tokenizer_from_gguf
+            from xinfer.weights.gguf_loader import cached_gguf
+
+            return tokenizer_from_gguf(cached_gguf(str(path)).metadata)
         if not (path / "tokenizer.json").is_file():
             return None
         config = _read_json(path / "tokenizer_config.json")

@@ -16,7 +16,7 @@ from xinfer.errors import UserError
 from xinfer.models.registry import get_model_class
 from xinfer.parallel import devices
 from xinfer.parallel.channel import pack_batch, unpack_batch
-from xinfer.parallel.plan import KINDS, Split, rank_config, reduction_points, tensor_splits
+from xinfer.parallel.plan import Split, module_splits, rank_config, reduction_points
 from xinfer.parallel.stats import combine_stats
 from xinfer.parallel.weights import narrow_tensor
 from xinfer.runner.model_runner import HostBatch
@@ -54,41 +54,41 @@ def test_batch_round_trip(query_lens, extra_blocks, has_ids):
     assert out == hb and out_has_ids == has_ids
 
 
+COLUMN, ROW = Split(0), Split(-1)
+
+
 def test_column_and_row_narrowing():
     t = torch.arange(24.0).view(4, 6)
-    col = [narrow_tensor(t, (2, 6), KINDS["column"]["weight"], 1, FakeGroup(r, 2)) for r in (0, 1)]
+    col = [narrow_tensor(t, (2, 6), COLUMN, FakeGroup(r, 2)) for r in (0, 1)]
     assert torch.equal(torch.cat(col, 0), t)
-    row = [narrow_tensor(t, (4, 3), KINDS["row"]["weight"], 1, FakeGroup(r, 2)) for r in (0, 1)]
+    row = [narrow_tensor(t, (4, 3), ROW, FakeGroup(r, 2)) for r in (0, 1)]
     assert torch.equal(torch.cat(row, 1), t)
-    bias = torch.ones(4)
-    first = KINDS["row"]["bias"]
-    assert torch.equal(narrow_tensor(bias, (4,), first, 1, FakeGroup(0, 2)), bias)
-    assert not narrow_tensor(bias, (4,), first, 1, FakeGroup(1, 2)).any()  # added once
+    bias, first = torch.ones(4), Split(0, is_first_rank_only=True)
+    assert torch.equal(narrow_tensor(bias, (4,), first, FakeGroup(0, 2)), bias)
+    assert not narrow_tensor(bias, (4,), first, FakeGroup(1, 2)).any()  # added once
 
 
 def test_fused_gate_up_splits_each_half():
-    """[E, 2I, H] with I = 4 over 2 ranks: rank r gets gate rows and up rows of its slice."""
-    w13 = torch.arange(2 * 8 * 3.0).view(2, 8, 3)
-    split = KINDS["expert_gate_up"][""]
-    r1 = narrow_tensor(w13, (2, 4, 3), split, split.parts, FakeGroup(1, 2))
-    assert torch.equal(r1, torch.cat([w13[:, 2:4], w13[:, 6:8]], 1))
+    """[2I, H] with I = 4 over 2 ranks: rank r gets gate rows and up rows of its slice."""
+    w13 = torch.arange(8 * 3.0).view(8, 3)
+    r1 = narrow_tensor(w13, (4, 3), Split(0, parts=2), FakeGroup(1, 2))
+    assert torch.equal(r1, torch.cat([w13[2:4], w13[6:8]], 0))
 
 
 def test_kv_heads_replicated_when_fewer_than_ranks():
     k = torch.arange(2 * 3.0).view(2, 3)  # 2 KV heads of dim 1 (rows)
-    got = [narrow_tensor(k, (1, 3), Split(0), 1, FakeGroup(r, 4)) for r in range(4)]
+    got = [narrow_tensor(k, (1, 3), COLUMN, FakeGroup(r, 4)) for r in range(4)]
     assert [g[0, 0].item() for g in got] == [0.0, 0.0, 3.0, 3.0]  # heads 0, 0, 1, 1
 
 
 def test_padded_vocab_rows():
     w = torch.arange(5.0).view(5, 1)
-    split = KINDS["vocab"]["weight"]
-    a, b = (narrow_tensor(w, (3, 1), split, 1, FakeGroup(r, 2)) for r in (0, 1))
+    a, b = (narrow_tensor(w, (3, 1), Split(0, is_padded=True), FakeGroup(r, 2)) for r in (0, 1))
     assert a.flatten().tolist() == [0, 1, 2] and b.flatten().tolist() == [3, 4, 0]
 
 
 def test_indivisible_split_is_refused():
-    assert narrow_tensor(torch.ones(5, 2), (2, 2), Split(0), 1, FakeGroup(0, 2)) is None
+    assert narrow_tensor(torch.ones(5, 2), (2, 2), COLUMN, FakeGroup(0, 2)) is None
 
 
 def test_rank_config_divides_heads_and_intermediates():
@@ -121,15 +121,15 @@ def test_declared_splits_and_reduction_points():
     cfg = _config("qwen2_moe")  # dense layers 0 and 2, shared expert in layer 1
     with torch.device("meta"):
         model = get_model_class(cfg.architecture)(cfg, 64, torch.device("meta"))
-    splits = tensor_splits(model)
+    splits = module_splits(model)
     layer = "model.layers.1"
-    assert splits[f"{layer}.self_attn.qkv_proj.weight"] == KINDS["column"]["weight"]
-    assert splits[f"{layer}.self_attn.qkv_proj.bias"] == KINDS["column"]["bias"]
-    assert splits[f"{layer}.self_attn.o_proj.weight"] == KINDS["row"]["weight"]
-    assert splits[f"{layer}.mlp.experts.w13"].parts == 2
-    assert splits[f"{layer}.mlp.shared_expert.down_proj.weight"] == KINDS["row"]["weight"]
-    assert f"{layer}.mlp.gate.weight" not in splits  # router replicated
-    assert "model.embed_tokens.weight" not in splits and "lm_head.weight" in splits
+    assert splits[f"{layer}.self_attn.qkv_proj"] == "column"
+    assert splits[f"{layer}.self_attn.o_proj"] == "row"
+    assert splits[f"{layer}.mlp.experts.w13"] == "column"
+    assert splits[f"{layer}.mlp.experts.w2"] == "row"
+    assert splits[f"{layer}.mlp.shared_expert.down_proj"] == "row"
+    assert f"{layer}.mlp.gate" not in splits  # router replicated
+    assert "model.embed_tokens" not in splits and splits["lm_head"] == "vocab"
     points = reduction_points(model)
     # one all-reduce after attention and one after the MLP / MoE block of each layer
     assert len(points) == 2 * cfg.num_layers

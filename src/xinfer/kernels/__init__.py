@@ -5,11 +5,15 @@ Every caller in the engine goes through these functions, never through Triton di
 from __future__ import annotations
 
 import functools
+from typing import TYPE_CHECKING
 
 import torch
 
 from xinfer import envs
 from xinfer.kernels import reference
+
+if TYPE_CHECKING:
+    from xinfer.quant.base import WeightFormat
 
 
 @functools.cache
@@ -35,6 +39,41 @@ def linear(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None = No
         if gemv_launch.wants(x, weight, bias):
             return gemv_launch.linear(x, weight, bias)
     return reference.linear(x, weight, bias)
+
+
+def format_linear(
+    x: torch.Tensor,
+    fmt: WeightFormat,
+    tensors: dict[str, torch.Tensor],
+    bias: torch.Tensor | None,
+    n: int,
+    k: int,
+) -> torch.Tensor:
+    """x (..., K) @ W^T (+ bias) for a weight (N, K) stored in `fmt` (its tensor set): the
+    format's kernels on CUDA, its twin elsewhere."""
+    if x.shape[-1] != k:
+        raise ValueError(f"linear: x has {x.shape[-1]} features, the {fmt.name} weight {k}")
+    if use_triton(x):
+        return fmt.triton_linear(x, tensors, bias, n, k)
+    return fmt.reference_linear(x, tensors, bias, n, k)
+
+
+def format_moe(
+    hidden: torch.Tensor,
+    topk_ids: torch.Tensor,
+    topk_weights: torch.Tensor,
+    fmt: WeightFormat,
+    w13: dict[str, torch.Tensor],
+    w2: dict[str, torch.Tensor],
+    inter: int,
+) -> torch.Tensor:
+    """Routed experts whose w13 (2I, H) and w2 (H, I) tensor sets are stored in `fmt`, with a
+    leading dim of experts or slots that `topk_ids` (T, k) index."""
+    if topk_ids.shape != topk_weights.shape or topk_ids.shape[0] != hidden.shape[0]:
+        raise ValueError("fused_moe: topk_ids, topk_weights and hidden disagree on tokens")
+    if use_triton(hidden):
+        return fmt.triton_moe(hidden, topk_ids, topk_weights, w13, w2, inter)
+    return fmt.reference_moe(hidden, topk_ids, topk_weights, w13, w2, inter)
 
 
 def rms_norm(
@@ -151,9 +190,20 @@ def paged_attention(
     scale: float,
     max_query_len: int | None = None,
     max_seq_len: int | None = None,
+    sliding_window: int | None = None,
 ) -> torch.Tensor:
     """`max_query_len`/`max_seq_len` are host-side bounds that let the GPU path pick its
-    decode or prefill kernel and grid without reading device memory."""
+    decode or prefill kernel and grid without reading device memory. `sliding_window` W:
+    a query at position p sees keys in (p - W, p] only (Gemma 3's local layers)."""
+    if sliding_window is not None and (max_seq_len is None or max_seq_len > sliding_window):
+        if use_triton(q):
+            raise NotImplementedError(
+                "sliding-window attention past the window is not implemented in the Triton "
+                f"kernels yet; use --max-model-len {sliding_window} on the GPU"
+            )
+        return reference.paged_attention(
+            q, k_cache, v_cache, block_tables, seq_lens, query_start_loc, scale, sliding_window
+        )
     if use_triton(q):
         from xinfer.kernels import attn_launch
 

@@ -150,12 +150,14 @@ def paged_attention(
     seq_lens: torch.Tensor,
     query_start_loc: torch.Tensor,
     scale: float,
+    sliding_window: int | None = None,
 ) -> torch.Tensor:
     """Causal attention of packed queries against the paged cache (GQA).
 
     q (T, Hq, D) holds each sequence's new tokens back to back (`query_start_loc` (B+1,));
     sequence i attends to its first `seq_lens[i]` cached tokens (its new tokens are the last
-    ones). Returns (T, Hq, D) in q's dtype; float32 softmax."""
+    ones); with `sliding_window` W a query at position p sees keys in (p - W, p].
+    Returns (T, Hq, D) in q's dtype; float32 softmax."""
     out = torch.empty_like(q)
     num_heads, num_kv = q.shape[1], k_cache.shape[2]
     bs = k_cache.shape[1]
@@ -174,7 +176,10 @@ def paged_attention(
         qi = q[qs:qe].float()
         scores = torch.einsum("qhd,khd->hqk", qi, k) * scale
         q_pos = torch.arange(seq_len - (qe - qs), seq_len, device=q.device).unsqueeze(1)
-        mask = torch.arange(seq_len, device=q.device).unsqueeze(0) > q_pos  # (q, k) future keys
+        k_pos = torch.arange(seq_len, device=q.device).unsqueeze(0)
+        mask = k_pos > q_pos  # (q, k) future keys
+        if sliding_window is not None:
+            mask |= k_pos <= q_pos - sliding_window
         scores.masked_fill_(mask.unsqueeze(0), float("-inf"))
         probs = torch.softmax(scores, dim=-1)
         out[qs:qe] = torch.einsum("hqk,khd->qhd", probs, v).to(q.dtype)

@@ -13,10 +13,18 @@ from xinfer.runner.forward_context import get_forward_context
 
 
 class PagedAttention(nn.Module):
-    def __init__(self, num_heads: int, num_kv_heads: int, head_dim: int, scale: float) -> None:
+    def __init__(
+        self,
+        num_heads: int,
+        num_kv_heads: int,
+        head_dim: int,
+        scale: float,
+        sliding_window: int | None = None,
+    ) -> None:
         super().__init__()
         self.num_heads, self.num_kv_heads, self.head_dim = num_heads, num_kv_heads, head_dim
         self.scale = scale
+        self.sliding_window = sliding_window  # keys within the last W positions only
         self.k_cache: torch.Tensor | None = None  # (num_blocks, block_size, Hk, D)
         self.v_cache: torch.Tensor | None = None
 
@@ -64,5 +72,6 @@ class PagedAttention(nn.Module):
             self.scale,
             max_query_len=ctx.max_query_len,
             max_seq_len=ctx.max_seq_len,
+            sliding_window=self.sliding_window,
         )
         return out.reshape(q.shape[0], -1)

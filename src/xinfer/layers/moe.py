@@ -1,6 +1,7 @@
-"""The routed-expert layer: router logits → top-k → an ExpertExecutor. The layer owns the `[E, ...]`
-expert tensors only until the engine hands them to an executor (resident or offloaded);
-it never knows where the experts live."""
+"""The routed-expert layer: router logits → top-k → an ExpertExecutor. The layer creates the
+`[E, ...]` expert tensor set of its weight format (plain `w13`/`w2`, or packed weights with
+their scales) and owns it only until the engine hands it to an executor (resident or
+offloaded); it never knows where the experts live."""
 
 from __future__ import annotations
 
@@ -9,13 +10,22 @@ from torch import nn
 
 from xinfer import kernels
 from xinfer.offload.executor import ExpertExecutor, ResidentExecutor
+from xinfer.quant.assign import is_deferred
+from xinfer.quant.base import WeightFormat
+from xinfer.quant.experts import ExpertWeights
+from xinfer.quant.unquantized import Unquantized
+from xinfer.weights.mapping import expert_module_names
 
 
 class FusedMoE(nn.Module):
-    """Expert tensors: `w13` (E, 2I, H) = [gate | up] rows, `w2` (E, H, I)."""
+    """Expert tensors (plain format): `w13` (E, 2I, H) = [gate | up] rows, `w2` (E, H, I);
+    a quantized format adds its tensors per projection (`w13_<name>`, `w2_<name>`)."""
 
-    # Tensor parallel: every rank holds a slice of every expert's intermediate dim.
-    tp_plan = {"w13": "expert_gate_up", "w2": "expert_down"}
+    is_quantizable = True
+
+    # Tensor parallel: every rank holds a slice of every expert's intermediate dim (w13's
+    # rows, each of its gate and up halves; w2's columns).
+    tp_plan = {"w13": "column", "w2": "row"}
     tp_output = "partial"
 
     def __init__(
@@ -30,13 +40,29 @@ class FusedMoE(nn.Module):
         super().__init__()
         self.num_experts, self.top_k, self.renormalize = num_experts, top_k, renormalize
         self.hidden_size, self.intermediate_size = hidden_size, intermediate_size
+        self.expert_device = torch.device(expert_device or torch.get_default_device())
         # Plain tensors, not parameters: they may live on the host while the model is on GPU.
-        kw = {"device": expert_device} if expert_device is not None else {}
-        self.expert_tensors: dict[str, torch.Tensor] = {
-            "w13": torch.empty(num_experts, 2 * intermediate_size, hidden_size, **kw),
-            "w2": torch.empty(num_experts, hidden_size, intermediate_size, **kw),
-        }
+        self.expert_tensors: dict[str, torch.Tensor] = {}
+        self.expert_weights: ExpertWeights | None = None
         self.executor: ExpertExecutor | None = None
+        if not is_deferred():
+            self.create_weights(Unquantized(torch.get_default_dtype()))
+
+    def create_weights(self, fmt: WeightFormat) -> None:
+        """Create the `[E, ...]` tensor set of `fmt` on the expert device (uninitialised)."""
+        self.expert_weights = ExpertWeights(fmt, self.hidden_size, self.intermediate_size)
+        self.expert_tensors = {
+            key: torch.empty(spec.shape, dtype=spec.dtype, device=self.expert_device)
+            for key, spec in self.expert_weights.specs(self.num_experts).items()
+        }
+
+    @property
+    def weight_format(self) -> WeightFormat:
+        return self.expert_weights.fmt
+
+    def checkpoint_modules(self, name: str) -> list[str]:
+        """Checkpoint module names of every expert projection of this layer."""
+        return expert_module_names(name, self.num_experts)
 
     def attach_executor(self, executor: ExpertExecutor) -> None:
         """Hand the experts over. A resident executor shares the layer's tensors (so weights
@@ -48,6 +74,6 @@ class FusedMoE(nn.Module):
     def forward(self, x: torch.Tensor, router_logits: torch.Tensor) -> torch.Tensor:
         """x (T, H), router_logits (T, E) → (T, H)."""
         if self.executor is None:
-            self.attach_executor(ResidentExecutor(self.expert_tensors))
+            self.attach_executor(ResidentExecutor(self.expert_tensors, self.expert_weights))
         topk_weights, topk_ids = kernels.route_topk(router_logits, self.top_k, self.renormalize)
         return self.executor(x, topk_ids, topk_weights)

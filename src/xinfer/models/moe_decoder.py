@@ -66,7 +66,7 @@ class SparseMoeBlock(nn.Module):
 
     def __init__(self, cfg: ModelConfig, expert_device: torch.device | str | None) -> None:
         super().__init__()
-        self.gate = Linear(cfg.hidden_size, cfg.num_experts)  # router
+        self.gate = Linear(cfg.hidden_size, cfg.num_experts, quantizable=False)  # router
         self.experts = FusedMoE(
             cfg.num_experts,
             cfg.num_experts_per_tok,
@@ -78,7 +78,7 @@ class SparseMoeBlock(nn.Module):
         self.shared_expert = None
         if cfg.shared_expert_intermediate_size:
             self.shared_expert = GatedMLP(cfg.hidden_size, cfg.shared_expert_intermediate_size)
-            self.shared_expert_gate = Linear(cfg.hidden_size, 1)
+            self.shared_expert_gate = Linear(cfg.hidden_size, 1, quantizable=False)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         out = self.experts(x, self.gate(x))
@@ -144,7 +144,11 @@ class MoeForCausalLM(nn.Module):
         super().__init__()
         self.config = cfg
         self.model = MoeModel(cfg, max_pos, expert_device)
-        self.lm_head = None if cfg.tie_word_embeddings else Linear(cfg.hidden_size, cfg.vocab_size)
+        self.lm_head = (
+            None
+            if cfg.tie_word_embeddings
+            else Linear(cfg.hidden_size, cfg.vocab_size, quantizable=False)
+        )
 
     def forward(self, input_ids: torch.Tensor, positions: torch.Tensor) -> torch.Tensor:
         return self.model(input_ids, positions)

@@ -16,6 +16,7 @@ from xinfer.offload.lookup import count_distinct
 from xinfer.offload.slot_cache import STAGING_COPIES, SlotCache
 from xinfer.offload.staging import StagingBuffer
 from xinfer.offload.stats import CallProfile
+from xinfer.quant.experts import ExpertWeights
 
 
 class ExpertExecutor(ABC):
@@ -31,19 +32,25 @@ def run_experts(
     ids: torch.Tensor,
     topk_weights: torch.Tensor,
     tensors: dict[str, torch.Tensor],
+    weights: ExpertWeights | None = None,
 ) -> torch.Tensor:
-    """The unchanged MoE kernel on an expert set (`[E, ...]` or `[S, ...]` with slot ids)."""
+    """The unchanged MoE kernel on an expert set (`[E, ...]` or `[S, ...]` with slot ids), in
+    the layer's weight format (`weights`; None: the plain {w13, w2} set)."""
+    if weights is not None:
+        return weights(hidden, ids, topk_weights, tensors)
     return kernels.fused_moe(hidden, ids, topk_weights, tensors["w13"], tensors["w2"])
 
 
 class ResidentExecutor(ExpertExecutor):
-    def __init__(self, tensors: dict[str, torch.Tensor]) -> None:
-        self.tensors = tensors
+    def __init__(
+        self, tensors: dict[str, torch.Tensor], weights: ExpertWeights | None = None
+    ) -> None:
+        self.tensors, self.weights = tensors, weights
 
     def __call__(
         self, hidden: torch.Tensor, topk_ids: torch.Tensor, topk_weights: torch.Tensor
     ) -> torch.Tensor:
-        return run_experts(hidden, topk_ids, topk_weights, self.tensors)
+        return run_experts(hidden, topk_ids, topk_weights, self.tensors, self.weights)
 
 
 class OffloadExecutor(ExpertExecutor):
@@ -57,8 +64,10 @@ class OffloadExecutor(ExpertExecutor):
         top_k: int,
         profile: CallProfile | None = None,
         store: object | None = None,
+        weights: ExpertWeights | None = None,
     ) -> None:
         self.cache, self.host_tensors, self.top_k = cache, host_tensors, top_k
+        self.weights = weights  # the layer's format (None: plain {w13, w2})
         self.store = store  # the HostExpertStore: its pinning lives as long as we do
         self.staging, self.profile = staging, profile
 
@@ -89,7 +98,7 @@ class OffloadExecutor(ExpertExecutor):
         if self.profile is not None:
             return self._profiled(hidden, topk_ids, topk_weights)
         ids, tensors = self.load_experts(topk_ids)
-        return run_experts(hidden, ids, topk_weights, tensors)
+        return run_experts(hidden, ids, topk_weights, tensors, self.weights)
 
     def _profiled(
         self, hidden: torch.Tensor, topk_ids: torch.Tensor, topk_weights: torch.Tensor
@@ -102,7 +111,7 @@ class OffloadExecutor(ExpertExecutor):
         ids, tensors = self.load_experts(topk_ids)
         p.sync()
         t_gemm = clock()
-        out = run_experts(hidden, ids, topk_weights, tensors)
+        out = run_experts(hidden, ids, topk_weights, tensors, self.weights)
         t_launched = clock()
         p.sync()
         t_done = clock()

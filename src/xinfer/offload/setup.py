@@ -110,7 +110,9 @@ def enable_offload(
         host = store.add_layer(layer.expert_tensors)
         slots = min(num_slots, shapes[i].num_experts)
         cache = SlotCache(host, slots, device, stats.counters[i])
-        executor = OffloadExecutor(cache, host, staging, layer.top_k, profile, store)
+        executor = OffloadExecutor(
+            cache, host, staging, layer.top_k, profile, store, layer.expert_weights
+        )
         layer.attach_executor(executor)
         executors.append(executor)
         stats.expert_bytes.append(shapes[i].expert_bytes)

@@ -64,7 +64,7 @@ class TensorParallelMixin:
     def _shard_vocab(self, module: nn.Module, child: str, vocab_size: int) -> None:
         old = getattr(module, child)
         rows = -(-vocab_size // self.tp_group.size)
-        setattr(module, child, Linear(old.weight.shape[1], rows))
+        setattr(module, child, Linear(old.in_features, rows))
         self.vocab_size, self.vocab_rows = vocab_size, rows
         self._vocab_heads.append(child)
 

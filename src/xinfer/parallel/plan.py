@@ -1,7 +1,7 @@
-"""What each rank holds. Layers declare how their tensors split (`tp_plan`: child or tensor
-name → kind, and `tp_output = "partial"` when their output is a per-rank partial sum); this
-module turns those declarations into per-tensor `Split`s, and the model's config into the
-rank's config (heads and intermediate sizes divided), refusing sizes that do not divide."""
+"""What each rank holds. Layers declare how their children split (`tp_plan`: child name, or
+an expert layer's projection → kind) and `tp_output = "partial"` when their output is a
+per-rank partial sum; this module collects those declarations and turns the model's config
+into the rank's config (heads and intermediate sizes divided), refusing what does not divide."""
 
 from __future__ import annotations
 
@@ -26,22 +26,14 @@ class Split:
     is_padded: bool = False
 
 
-# Declared kind → split of each tensor of the declared module ("weight", "bias") or of the
-# declared tensor itself ("" key).
-KINDS: dict[str, dict[str, Split]] = {
-    # output features split: weight rows (and bias) — q/k/v heads, gate/up
-    "column": {"weight": Split(0), "bias": Split(0)},
-    # input features split: weight columns; the output is a partial sum, the bias added once
-    "row": {"weight": Split(-1), "bias": Split(0, is_first_rank_only=True)},
-    # routed experts along their intermediate dim: w13 [E, 2I, H] (gate and up each), w2 [E, H, I]
-    "expert_gate_up": {"": Split(-2, parts=2)},
-    "expert_down": {"": Split(-1)},
-    # LM head rows (vocabulary), the last rank padded
-    "vocab": {"weight": Split(0, is_padded=True)},
-    # an RMSNorm over a head-split projection (OLMoE's q/k norm): statistics all-reduced
-    "norm_over_heads": {"weight": Split(0)},
-    "norm_over_kv_heads": {"weight": Split(0)},
-}
+# What a layer may declare for a child module (or, for an expert layer, a projection):
+#   column  output features (N) split: weight rows, bias rows — q/k/v heads, gate/up, w13
+#   row     input features (K) split: weight columns; the output is a partial sum and the
+#           bias is added once (rank 0) — o_proj, down, w2
+#   vocab   the LM head's rows, the last rank padded with zero rows
+#   norm_over_heads / norm_over_kv_heads   an RMSNorm over a head-split projection (OLMoE's
+#           q/k norm): weight split like the heads, statistics all-reduced
+KINDS = ("column", "row", "vocab", "norm_over_heads", "norm_over_kv_heads")
 
 
 def declared_plan(module: nn.Module) -> dict[str, str]:
@@ -57,14 +49,13 @@ def is_partial(module: nn.Module) -> bool:
     return getattr(module, "tp_output", None) == "partial"
 
 
-def tensor_splits(model: nn.Module) -> dict[str, Split]:
-    """Target name (as the loader names it) → its split; names absent are replicated."""
-    splits: dict[str, Split] = {}
+def module_splits(model: nn.Module) -> dict[str, str]:
+    """Module name (an expert layer's projections: `<name>.w13`, `<name>.w2`) → declared
+    kind; a module absent is replicated."""
+    splits: dict[str, str] = {}
     for prefix, module in model.named_modules():
         for child, kind in declared_plan(module).items():
-            name = f"{prefix}.{child}" if prefix else child
-            for suffix, split in KINDS[kind].items():
-                splits[f"{name}.{suffix}" if suffix else name] = split
+            splits[f"{prefix}.{child}" if prefix else child] = kind
     return splits
 
 

@@ -1,11 +1,14 @@
 """Builds the model for a device and dtype and fills its weights (checkpoint or dummy).
-Expert tensors are created on `expert_device` (the host, when offloading), the rest on the
-target device, so that offloaded experts never touch GPU memory."""
+Layers are built without tensors, then each linear and expert layer creates them in the
+weight format the checkpoint declares (`quant/`). Expert tensors are created on
+`expert_device` (the host, when offloading), the rest on the target device, so that
+offloaded experts never touch GPU memory."""
 
 from __future__ import annotations
 
 import logging
 from contextlib import contextmanager
+from pathlib import Path
 
 import torch
 
@@ -14,10 +17,12 @@ from xinfer.models.moe_decoder import MoeForCausalLM
 from xinfer.models.registry import get_model_class
 from xinfer.parallel.group import current_group
 from xinfer.parallel.model import rank_model_class
-from xinfer.parallel.weights import init_dummy_shard, rank_narrowing
+from xinfer.parallel.weights import init_dummy_shard, rank_shard
+from xinfer.quant.assign import assign_formats, deferred_weights
+from xinfer.quant.config import QuantConfig, resolve_quant_config
+from xinfer.weights.checkpoint import iter_checkpoint
 from xinfer.weights.dummy import init_dummy_weights
 from xinfer.weights.loader import load_weights
-from xinfer.weights.safetensors import iter_safetensors
 
 logger = logging.getLogger(__name__)
 
@@ -47,14 +52,50 @@ def _default_dtype(dtype: torch.dtype):
         torch.set_default_dtype(prev)
 
 
+def quant_config(
+    model_dir: str | Path | None, cfg: ModelConfig, dtype: torch.dtype
+) -> QuantConfig | None:
+    """The checkpoint's declared weight format (None: unquantized), ignore list in our module
+    names; refuses unknown methods before anything is allocated."""
+    quant = resolve_quant_config(model_dir, cfg.hf_config, dtype)
+    if quant is None:
+        return None
+    return quant.renamed(get_model_class(cfg.architecture).checkpoint_renames)
+
+
+def _construct(
+    cfg: ModelConfig,
+    device: torch.device,
+    dtype: torch.dtype,
+    max_pos: int,
+    expert_device: torch.device,
+    quant: QuantConfig | None,
+) -> MoeForCausalLM:
+    cls = rank_model_class(get_model_class(cfg.architecture))  # the TP wrapper, if any
+    with _default_dtype(dtype), torch.device(device):
+        with deferred_weights():
+            model = cls(cfg, max_pos, expert_device)
+        formats = assign_formats(model, quant, dtype)
+    if quant is not None:
+        counts: dict[str, int] = {}
+        for name in formats.values():
+            counts[name] = counts.get(name, 0) + 1
+        logger.info("weight formats: %s", ", ".join(f"{n} x{c}" for n, c in counts.items()))
+    return model
+
+
 def resident_weight_bytes(
-    cfg: ModelConfig, dtype: torch.dtype, max_pos: int, include_experts: bool
+    cfg: ModelConfig,
+    dtype: torch.dtype,
+    max_pos: int,
+    include_experts: bool,
+    model_dir: str | Path | None = None,
 ) -> int:
     """Bytes the model will hold on its device (parameters and buffers; the routed experts
-    only when `include_experts`), from a copy built on the meta device (no memory)."""
-    cls = rank_model_class(get_model_class(cfg.architecture))
-    with _default_dtype(dtype), torch.device("meta"):
-        model = cls(cfg, max_pos, torch.device("meta"))
+    only when `include_experts`), in the checkpoint's formats, from a copy built on the meta
+    device (no memory)."""
+    meta = torch.device("meta")
+    model = _construct(cfg, meta, dtype, max_pos, meta, quant_config(model_dir, cfg, dtype))
     tensors = list(model.parameters()) + list(model.buffers())
     if include_experts:
         tensors += [t for moe in model.moe_layers() for t in moe.expert_tensors.values()]
@@ -72,23 +113,25 @@ def build_model(
     seed: int = 0,
     show_progress: bool = True,
 ) -> MoeForCausalLM:
-    cls = rank_model_class(get_model_class(cfg.architecture))
-    with _default_dtype(dtype), torch.device(device):
-        model = cls(cfg, max_pos, expert_device)
+    quant = quant_config(model_dir, cfg, dtype)
+    model = _construct(cfg, device, dtype, max_pos, expert_device, quant)
     model.eval().requires_grad_(False)
-    shard = rank_narrowing(model)  # None without tensor parallelism
+    shard = rank_shard(model, lambda: _full_model(dtype, max_pos))  # None without TP
     if load_format == "dummy" and shard is not None:
-        init_dummy_shard(model, _full_model(cfg, dtype, max_pos), seed, device, show_progress)
+        full = _full_model(dtype, max_pos)
+        init_dummy_shard(model, shard, full, seed, device, show_progress)
     elif load_format == "dummy":
         init_dummy_weights(model, seed=seed, gen_device=device, show_progress=show_progress)
     else:
-        stream = iter_safetensors(model_dir, show_progress)
-        load_weights(model, stream, cls.checkpoint_renames, shard=shard)
+        cls = get_model_class(cfg.architecture)
+        tensors = iter_checkpoint(model_dir, cfg.hf_config, show_progress, device)
+        load_weights(model, tensors, cls.checkpoint_renames, shard=shard)
     return model
 
 
-def _full_model(cfg: ModelConfig, dtype: torch.dtype, max_pos: int) -> MoeForCausalLM:
-    """The unsharded model on the meta device (shapes and order only, no memory)."""
+def _full_model(dtype: torch.dtype, max_pos: int) -> MoeForCausalLM:
+    """The unsharded model of this tensor-parallel run on the meta device (its layers' full
+    sizes and its parameters' order, no memory)."""
     full_cfg = current_group().full_config
     with _default_dtype(dtype), torch.device("meta"):
         return get_model_class(full_cfg.architecture)(full_cfg, max_pos, torch.device("meta"))

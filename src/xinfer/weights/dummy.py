@@ -1,5 +1,7 @@
 """Random weights from `config.json` alone, made directly where each tensor lives (for
-benchmarking shapes whose checkpoint does not fit on disk). Norm weights are ones."""
+benchmarking shapes whose checkpoint does not fit on disk). Linear and expert layers get
+valid tensors of their weight format (N(0, 0.02) weights, quantized by the format's own
+quantizer); norm weights are ones, other parameters N(0, 0.02)."""
 
 from __future__ import annotations
 
@@ -7,9 +9,14 @@ import torch
 from torch import nn
 from tqdm import tqdm
 
-from xinfer.weights.loader import named_targets
+from xinfer.quant.base import expert_key
 
 _STD = 0.02
+
+
+def _copy_into(dst: dict[str, torch.Tensor], src: dict[str, torch.Tensor]) -> None:
+    for name, t in src.items():
+        dst[name].copy_(t)
 
 
 @torch.no_grad()
@@ -19,22 +26,32 @@ def init_dummy_weights(
     gen_device: torch.device | None = None,
     show_progress: bool = True,
 ) -> None:
-    """Fill every target with N(0, 0.02) (norms: 1). Host-resident tensors are generated on
-    `gen_device` (the GPU, when there is one) in chunks and copied, which is far faster than
-    the CPU generator for tens of GB."""
-    targets = named_targets(model)
-    gen_device = torch.device(gen_device or next(iter(targets.values())).device)
+    """Fill every tensor. Host-resident tensors are generated on `gen_device` (the GPU, when
+    there is one) and copied, which is far faster than the CPU generator for tens of GB.
+    Experts are drawn one at a time, so that resident and offloaded engines get exactly the
+    same weights from the same seed."""
+    gen_device = torch.device(gen_device or next(model.parameters()).device)
     gen = torch.Generator(device=gen_device).manual_seed(seed)
-    for name, t in tqdm(targets.items(), desc="Dummy weights", disable=not show_progress):
+    formatted: set[str] = set()
+    modules = list(model.named_modules())
+    for prefix, module in tqdm(modules, desc="Dummy weights", disable=not show_progress):
+        if hasattr(module, "expert_tensors") and hasattr(module, "create_weights"):
+            ew = module.expert_weights
+            for e in range(module.num_experts):
+                for proj in ("w13", "w2"):
+                    tensors = ew.fmt.dummy(*ew.proj_nk(proj), gen, _STD)
+                    dst = {n: module.expert_tensors[expert_key(proj, n)][e] for n in tensors}
+                    _copy_into(dst, tensors)
+        elif hasattr(module, "weight_names") and hasattr(module, "create_weights"):
+            fmt = module.weight_format
+            tensors = fmt.dummy(module.out_features, module.in_features, gen, _STD)
+            _copy_into(module.weight_tensors(), tensors)
+            formatted |= {f"{prefix}.{n}" for n in module.weight_names}
+    for name, t in model.named_parameters():
+        if name in formatted:
+            continue
         if name.endswith("norm.weight"):
             t.fill_(1.0)
             continue
-        if t.dim() < 3:
-            src = torch.empty(t.shape, dtype=t.dtype, device=gen_device)
-            t.copy_(src.normal_(0, _STD, generator=gen))
-            continue
-        # (E, ...) expert stacks: one expert at a time, wherever they live, so that resident
-        # and offloaded engines draw exactly the same weights from the same seed.
-        for i in range(t.shape[0]):
-            src = torch.empty(t.shape[1:], dtype=t.dtype, device=gen_device)
-            t[i].copy_(src.normal_(0, _STD, generator=gen))
+        src = torch.empty(t.shape, dtype=t.dtype, device=gen_device)
+        t.copy_(src.normal_(0, _STD, generator=gen))

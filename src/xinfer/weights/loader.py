@@ -1,20 +1,23 @@
-"""Fills a model's parameters and expert tensors from a stream of (checkpoint name, tensor),
-tracking which parts of each target arrived so that missing, unexpected and mis-shaped
-tensors are reported in one clear error."""
+"""Fills a model's parameters and expert tensors from a stream of (checkpoint name, tensor).
+Tensors of linear and expert layers go through the layer's weight format (`convert` turns
+each checkpoint tensor into the format's engine tensors, into the rows of its part); the
+rest are copied as they are. Missing, unexpected and mis-shaped tensors are reported in one
+clear error that names the checkpoint's format."""
 
 from __future__ import annotations
 
-from collections.abc import Callable, Iterable
+import logging
+from collections.abc import Iterable
 from dataclasses import dataclass, field
 
 import torch
 from torch import nn
 
 from xinfer.errors import UserError
-from xinfer.layers.linear import MergedLinear
-from xinfer.layers.moe import FusedMoE
+from xinfer.quant.base import WeightFormat, expert_key
 from xinfer.weights.mapping import Target, map_name
 
+logger = logging.getLogger("xinfer")
 _IGNORED_SUFFIXES = ("rotary_emb.inv_freq",)
 
 
@@ -22,97 +25,203 @@ def named_targets(model: nn.Module) -> dict[str, torch.Tensor]:
     """Every tensor a checkpoint fills: parameters plus the MoE layers' expert tensors."""
     targets = dict(model.named_parameters())
     for prefix, module in model.named_modules():
-        if isinstance(module, FusedMoE):
+        if _is_expert_layer(module):
             for key, t in module.expert_tensors.items():
                 targets[f"{prefix}.{key}"] = t
     return targets
 
 
-def _expected_parts(model: nn.Module, targets: dict[str, torch.Tensor]) -> dict[str, set]:
-    """Parts each target needs before it counts as loaded."""
-    parts: dict[str, set] = {name: {None} for name in targets}
-    for prefix, module in model.named_modules():
-        if isinstance(module, MergedLinear):
-            for kind in ("weight", "bias"):
-                if f"{prefix}.{kind}" in parts:
-                    parts[f"{prefix}.{kind}"] = set(module.shard_offsets)
-    return parts
+def _is_expert_layer(module: nn.Module) -> bool:
+    return hasattr(module, "expert_tensors") and hasattr(module, "create_weights")
+
+
+def _is_linear(module: nn.Module) -> bool:
+    return hasattr(module, "weight_names") and hasattr(module, "create_weights")
 
 
 @dataclass
 class LoadReport:
+    # target name → the parts loaded: None (whole), a merged part, or (expert, half)
     loaded: dict[str, set] = field(default_factory=dict)
     unexpected: list[str] = field(default_factory=list)
+    formats: set[str] = field(default_factory=set)
 
 
-def _slice(model: nn.Module, dst: torch.Tensor, name: str, t: Target) -> torch.Tensor:
-    if t.part is not None:
-        merged = model.get_submodule(name.rsplit(".", 1)[0])
-        start, size = merged.shard_offsets[t.part]
-        return dst[start : start + size]
-    if t.expert is not None:
-        dst = dst[t.expert]
-        if t.half is not None:
-            rows = dst.shape[0] // 2
-            dst = dst[t.half * rows : (t.half + 1) * rows]
-    return dst
+def _row_slice(dst: torch.Tensor, n_block: int | None, start: int, rows: int, what: str):
+    """Rows [start, start + rows) of N in a tensor whose dim 0 counts `n_block` rows each."""
+    if n_block is None:  # no N dim: a per-weight value, the same for every part
+        return dst
+    if start % n_block or rows % n_block:
+        raise UserError(
+            f"{what} covers rows {start}..{start + rows} of a weight whose format stores "
+            f"{n_block} rows per block; such checkpoints cannot be merged (not supported)"
+        )
+    return dst[start // n_block : (start + rows) // n_block]
+
+
+def _linear_destinations(module, t: Target, name: str) -> list[tuple]:
+    """[(target name, part key, format, engine tensor name → destination view, n, k)] of a
+    checkpoint tensor of a linear layer (format None: the plain bias)."""
+    start, rows = module.row_range(t.part)
+    if t.kind == "bias":
+        if module.bias is None:
+            return []
+        dst = module.bias[start : start + rows]
+        return [(f"{name}.bias", t.part, None, {"bias": dst}, rows, module.in_features)]
+    fmt: WeightFormat = module.weight_format
+    specs = fmt.tensor_specs(module.out_features, module.in_features)
+    views = {
+        n: _row_slice(getattr(module, n), s.n_block, start, rows, f"{name} part {t.part}")
+        for n, s in specs.items()
+    }
+    return [(name, t.part, fmt, views, rows, module.in_features)]
+
+
+def _expert_destinations(module, t: Target, name: str) -> list[tuple]:
+    fmt: WeightFormat = module.weight_format
+    n, k = module.expert_weights.proj_nk(t.proj)
+    specs = fmt.tensor_specs(n, k)
+    start, rows = (0, n) if t.half is None else (t.half * n // 2, n // 2)
+    experts = range(module.num_experts) if t.expert is None else (t.expert,)
+    out = []
+    for e in experts:
+        views = {
+            s: _row_slice(module.expert_tensors[expert_key(t.proj, s)][e], spec.n_block,
+                          start, rows, f"{name} expert {e} {t.proj}")
+            for s, spec in specs.items()
+        }  # fmt: skip
+        out.append((f"{name}.{t.proj}", e, fmt, views, rows, k))
+    return out
+
+
+def _copy(views: dict[str, torch.Tensor], engine: dict[str, torch.Tensor], ckpt_name: str):
+    for ename, src in engine.items():
+        dst = views.get(ename)
+        if dst is None:
+            raise ValueError(f"format produced an unknown tensor {ename!r} for {ckpt_name}")
+        if tuple(dst.shape) != tuple(src.shape):
+            raise UserError(
+                f"checkpoint tensor {ckpt_name!r} has shape {tuple(src.shape)} but the model "
+                f"expects {tuple(dst.shape)}; does config.json match the weights?"
+            )
+        with torch.no_grad():
+            dst.copy_(src)
 
 
 def load_weights(
     model: nn.Module,
     tensors: Iterable[tuple[str, torch.Tensor]],
     renames: tuple = (),
-    shard: Callable[[str, Target, torch.Tensor, torch.Tensor], torch.Tensor] | None = None,
+    shard=None,
 ) -> LoadReport:
-    """`shard(name, target, tensor, dst)`: a tensor-parallel rank's share of `tensor`."""
+    """`shard` (a tensor-parallel rank's `parallel.weights.RankShard`) gives each tensor's
+    share for this rank; None loads every tensor whole."""
     targets = named_targets(model)
+    modules = dict(model.named_modules())
     tie = getattr(model, "lm_head", 0) is None
     report = LoadReport()
-    num_experts: dict[str, int] = {}
     for ckpt_name, tensor in tensors:
         if ckpt_name.endswith(_IGNORED_SUFFIXES) or (tie and ckpt_name == "lm_head.weight"):
             continue
         t = map_name(ckpt_name, renames)
+        module = modules.get(t.module)
+        if module is not None and (_is_linear(module) or _is_expert_layer(module)):
+            if t.proj is None and _is_expert_layer(module):
+                report.unexpected.append(ckpt_name)
+                continue
+            dests = (_expert_destinations if t.proj else _linear_destinations)(module, t, t.module)
+            fmt = dests[0][2] if dests else None
+            if fmt is not None and t.kind not in fmt.checkpoint_names():
+                report.unexpected.append(ckpt_name)
+                report.formats.add(fmt.name)
+                continue
+            for target, key, fmt, views, n, k in dests:
+                if fmt is None:  # bias: a plain tensor
+                    if shard is not None:
+                        tensor = shard.plain(t, tensor, tuple(views["bias"].shape), ckpt_name)
+                    _copy(views, {"bias": tensor}, ckpt_name)
+                    report.loaded.setdefault(target, set()).add(key)
+                    continue
+                src = tensor if t.proj is None or t.expert is not None else tensor[key]
+                if shard is None:
+                    engine = fmt.convert(t.kind, src, n, k)
+                else:
+                    engine = shard.convert(t, fmt, src, n, k, ckpt_name)
+                _copy(views, engine, ckpt_name)
+                got = report.loaded.setdefault(f"{target}.{t.kind}", set())
+                if t.proj is None:
+                    got.add(key)
+                elif t.proj == "w13" and t.half is None:  # a fused gate|up tensor
+                    got.update({(key, 0), (key, 1)})
+                else:
+                    got.add((key, t.half))
+                report.formats.add(fmt.name)
+            if not dests:
+                report.unexpected.append(ckpt_name)
+            continue
         if t.name not in targets:
             report.unexpected.append(ckpt_name)
             continue
-        dst = _slice(model, targets[t.name], t.name, t)
         if shard is not None:
-            tensor = shard(ckpt_name, t, tensor, dst)
-        if tuple(dst.shape) != tuple(tensor.shape):
-            raise UserError(
-                f"checkpoint tensor {ckpt_name!r} has shape {tuple(tensor.shape)} but the model "
-                f"expects {tuple(dst.shape)}; does config.json match the weights?"
-            )
-        with torch.no_grad():
-            dst.copy_(tensor)
-        key = t.part if t.expert is None else (t.expert, t.half)
-        report.loaded.setdefault(t.name, set()).add(key)
-        if t.expert is not None:
-            num_experts[t.name] = targets[t.name].shape[0]
-    _check_complete(model, targets, report, num_experts)
+            tensor = shard.plain(t, tensor, tuple(targets[t.name].shape), ckpt_name)
+        _copy({"w": targets[t.name]}, {"w": tensor}, ckpt_name)
+        report.loaded.setdefault(t.name, set()).add(None)
+    _check_complete(model, targets, report)
     return report
 
 
-def _check_complete(
-    model: nn.Module, targets: dict, report: LoadReport, num_experts: dict[str, int]
-) -> None:
-    expected = _expected_parts(model, targets)
-    missing = []
+def _required(
+    model: nn.Module, targets: dict[str, torch.Tensor], labels: dict[str, str]
+) -> dict[str, set]:
+    """What must arrive: name → the parts it needs. Formatted layers need every checkpoint
+    tensor their format reads that produces an engine tensor, for every part (or expert
+    half); `_check_complete` asks the format which checkpoint names those are."""
+    need: dict[str, set] = {}
+    covered: set[str] = set()
+    for prefix, module in model.named_modules():
+        if _is_linear(module):
+            parts = set(getattr(module, "shard_offsets", None) or {None})
+            for kind in module.weight_format.required_checkpoint_names():
+                need[f"{prefix}.{kind}"] = parts
+            if module.bias is not None:
+                need[f"{prefix}.bias"] = parts
+            covered |= {f"{prefix}.{n}" for n in (*module.weight_names, "bias")}
+        elif _is_expert_layer(module):
+            fmt = module.weight_format
+            for proj, halves in (("w13", (0, 1)), ("w2", (None,))):
+                every = {(e, h) for e in range(module.num_experts) for h in halves}
+                for kind in fmt.required_checkpoint_names():
+                    need[f"{prefix}.{proj}.{kind}"] = every
+                    labels[f"{prefix}.{proj}.{kind}"] = f"{prefix}.{proj}" + (
+                        "" if kind == "weight" else f".{kind}"
+                    )
+            covered |= {f"{prefix}.{key}" for key in module.expert_tensors}
     for name in targets:
+        if name not in covered:
+            need[name] = {None}
+    return need
+
+
+def _check_complete(model: nn.Module, targets: dict, report: LoadReport) -> None:
+    missing, labels = [], {}
+    for name, parts in _required(model, targets, labels).items():
         got = report.loaded.get(name, set())
-        if name in num_experts:  # stacked per expert: every (expert, half) must be there
-            halves = (0, 1) if name.endswith("w13") else (None,)
-            need = {(e, h) for e in range(num_experts[name]) for h in halves}
-            if not need <= got:
-                missing.append(f"{name} ({len(need - got)} expert parts)")
-        elif not expected[name] <= got:
-            missing.append(name)
+        if not parts <= got:
+            lacking = len(parts - got)
+            what = "expert parts" if name in labels else "parts"
+            label = labels.get(name, name)
+            missing.append(label if parts == {None} else f"{label} ({lacking} {what})")
+    quantized = sorted(f for f in report.formats if f not in ("float32", "bfloat16", "float16"))
+    of_format = f" (of the {' and '.join(quantized)} format)" if quantized else ""
+    odd = any(not n.endswith((".weight", ".bias")) for n in report.unexpected)
+    hint = "; does config.json's quantization_config match the weights?" if quantized or odd else ""
     if report.unexpected:
         shown = ", ".join(report.unexpected[:5])
         more = f" and {len(report.unexpected) - 5} more" if len(report.unexpected) > 5 else ""
-        raise UserError(f"checkpoint has tensors this model does not use: {shown}{more}")
+        raise UserError(
+            f"checkpoint has tensors this model does not use{of_format}: {shown}{more}{hint}"
+        )
     if missing:
         shown = ", ".join(missing[:5])
         more = f" and {len(missing) - 5} more" if len(missing) > 5 else ""
-        raise UserError(f"checkpoint is missing tensors: {shown}{more}")
+        raise UserError(f"checkpoint is missing tensors{of_format}: {shown}{more}{hint}")

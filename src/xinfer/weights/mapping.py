@@ -1,13 +1,15 @@
-"""Checkpoint name → (target tensor, where in it). One declarative table covers the merged
-projections (q|k|v, gate|up), per-expert tensors stacked into `[E, ...]`, and transformers 5's
-fused expert tensors; model classes add their renames (`checkpoint_renames`)."""
+"""Checkpoint name → (module, tensor name, where in it). One declarative table covers the
+merged projections (q|k|v, gate|up), per-expert tensors stacked into `[E, ...]` sets, and
+transformers 5's fused expert tensors; model classes add their renames (`checkpoint_renames`).
+The tensor name after the module (`weight`, `bias`, `weight_scale_inv`, `qweight`, ...) is
+kept as is: which names a module reads is declared by its weight format."""
 
 from __future__ import annotations
 
 import re
 from dataclasses import dataclass
 
-# checkpoint projection suffix → (merged parameter, part name)
+# checkpoint projection suffix → (merged module, part name)
 _MERGED = {
     "q_proj": ("qkv_proj", "q"),
     "k_proj": ("qkv_proj", "k"),
@@ -15,21 +17,31 @@ _MERGED = {
     "gate_proj": ("gate_up_proj", "gate"),
     "up_proj": ("gate_up_proj", "up"),
 }
-_PER_EXPERT = re.compile(r"^(?P<prefix>.*\.experts)\.(?P<e>\d+)\.(?P<proj>\w+)\.weight$")
+_PART_NAME = {(merged, part): proj for proj, (merged, part) in _MERGED.items()}
+# expert projection → (expert-set projection, half of w13: 0 gate, 1 up, None for w2)
+_EXPERT_PROJ = {"gate_proj": ("w13", 0), "up_proj": ("w13", 1), "down_proj": ("w2", None)}
+_PER_EXPERT = re.compile(r"^(?P<prefix>.*\.experts)\.(?P<e>\d+)\.(?P<proj>\w+)\.(?P<kind>\w+)$")
 _FUSED_EXPERT = re.compile(r"^(?P<prefix>.*\.experts)\.(?P<proj>gate_up_proj|down_proj)$")
-_PROJ = re.compile(r"^(?P<prefix>.*)\.(?P<proj>[a-z_]+_proj)\.(?P<kind>weight|bias)$")
+_PROJ = re.compile(r"^(?P<prefix>.*)\.(?P<proj>[a-z_]+_proj)\.(?P<kind>\w+)$")
 
 
 @dataclass(frozen=True)
 class Target:
-    """Where one checkpoint tensor goes: `name` is a parameter or expert tensor of the model;
-    `part` a merged-projection part; `expert` an index into the first dim of `[E, ...]`;
-    `half` 0/1 selects the gate/up rows of w13."""
+    """Where one checkpoint tensor goes: tensor `kind` of module `module` (for modules without
+    a weight format, the parameter `module.kind`); `part` a merged-projection part; for
+    expert layers `proj` (w13/w2), `expert` (None: every expert, a fused tensor) and `half`
+    (0/1: the gate/up rows of w13)."""
 
-    name: str
+    module: str
+    kind: str
     part: str | None = None
+    proj: str | None = None
     expert: int | None = None
     half: int | None = None
+
+    @property
+    def name(self) -> str:
+        return f"{self.module}.{self.kind}" if self.module else self.kind
 
 
 def apply_renames(name: str, renames: tuple[tuple[str, str], ...]) -> str:
@@ -45,14 +57,24 @@ def apply_renames(name: str, renames: tuple[tuple[str, str], ...]) -> str:
 def map_name(name: str, renames: tuple[tuple[str, str], ...] = ()) -> Target:
     name = apply_renames(name, renames)
     if m := _PER_EXPERT.match(name):
-        prefix, e, proj = m["prefix"], int(m["e"]), m["proj"]
-        if proj == "down_proj":
-            return Target(f"{prefix}.w2", expert=e)
-        if proj in ("gate_proj", "up_proj"):
-            return Target(f"{prefix}.w13", expert=e, half=0 if proj == "gate_proj" else 1)
+        if m["proj"] in _EXPERT_PROJ:
+            proj, half = _EXPERT_PROJ[m["proj"]]
+            return Target(m["prefix"], m["kind"], proj=proj, expert=int(m["e"]), half=half)
     if m := _FUSED_EXPERT.match(name):
-        return Target(f"{m['prefix']}.{'w13' if m['proj'] == 'gate_up_proj' else 'w2'}")
+        return Target(m["prefix"], "weight", proj="w13" if m["proj"] == "gate_up_proj" else "w2")
     if (m := _PROJ.match(name)) and m["proj"] in _MERGED:
         merged, part = _MERGED[m["proj"]]
-        return Target(f"{m['prefix']}.{merged}.{m['kind']}", part=part)
-    return Target(name)
+        return Target(f"{m['prefix']}.{merged}", m["kind"], part=part)
+    module, _, kind = name.rpartition(".")
+    return Target(module, kind)
+
+
+def checkpoint_part_name(module: str, part: str) -> str:
+    """Our merged module + part → the checkpoint module (`...qkv_proj`, q → `...q_proj`)."""
+    prefix, _, merged = module.rpartition(".")
+    return f"{prefix}.{_PART_NAME[(merged, part)]}"
+
+
+def expert_module_names(module: str, num_experts: int) -> list[str]:
+    """Checkpoint modules of an expert layer: `<module>.<e>.gate_proj|up_proj|down_proj`."""
+    return [f"{module}.{e}.{p}" for e in range(num_experts) for p in _EXPERT_PROJ]

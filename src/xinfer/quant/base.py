@@ -1,0 +1,180 @@
+"""The weight-format interface. A `WeightFormat` describes how one logical (N, K) weight
+(N outputs, K inputs) is stored in the engine and in a checkpoint, and how to compute with it:
+its tensor set, the conversion of each checkpoint tensor into that set, the pure-torch
+dequantize twin and the launchers of its kernels. Unquantized bf16/fp16/fp32 is a format too.
+
+Expert layers hold the same tensor set with a leading E dim (`expert_specs`), as a plain dict
+of `[E, ...]` tensors: offload, slots, fill and stats never look inside it."""
+
+from __future__ import annotations
+
+import math
+from abc import ABC, abstractmethod
+from dataclasses import dataclass
+
+import torch
+
+from xinfer.kernels import reference
+
+# The two projections of a routed expert: gate|up rows (N = 2I, K = H) and down (N = H, K = I).
+EXPERT_PROJS = ("w13", "w2")
+
+
+@dataclass(frozen=True)
+class TensorSpec:
+    """One engine tensor of a (N, K) weight. Dim 0 indexes N in units of `n_block` rows (None:
+    the tensor has no N dim and is replicated); the last dim indexes K in units of `k_block`
+    columns (None: no K dim). Merged projections, expert halves and tensor-parallel shards
+    are row (or column) ranges of these tensors, which is why a split must align to them."""
+
+    shape: tuple[int, ...]
+    dtype: torch.dtype
+    n_block: int | None = 1
+    k_block: int | None = None
+
+    @property
+    def nbytes(self) -> int:
+        return math.prod(self.shape) * torch.empty((), dtype=self.dtype).element_size()
+
+
+def expert_key(proj: str, name: str) -> str:
+    """Key of an engine tensor in an expert set: `w13`, `w2` for the weight itself (so an
+    unquantized set is {w13, w2}), `w13_<name>` / `w2_<name>` for the others."""
+    return proj if name == "weight" else f"{proj}_{name}"
+
+
+def split_expert_set(
+    tensors: dict[str, torch.Tensor], names: tuple[str, ...]
+) -> tuple[dict[str, torch.Tensor], dict[str, torch.Tensor]]:
+    """An expert set (or slot set) → the (w13, w2) tensor sets keyed by format names."""
+    w13 = {n: tensors[expert_key("w13", n)] for n in names}
+    w2 = {n: tensors[expert_key("w2", n)] for n in names}
+    return w13, w2
+
+
+class WeightFormat(ABC):
+    """How one (N, K) weight is stored and multiplied. Subclasses are immutable values: two
+    layers with equal formats share kernels and tile tables."""
+
+    #: short name used in messages, stats and benchmark tables (e.g. "fp8-block-128x128")
+    name: str = "?"
+    #: whether weights are quantized (False only for the plain float formats)
+    is_quantized: bool = True
+
+    # --- layout -------------------------------------------------------------------------
+    @abstractmethod
+    def tensor_specs(self, n: int, k: int) -> dict[str, TensorSpec]:
+        """Engine tensors of one (N, K) weight, by name."""
+
+    @abstractmethod
+    def checkpoint_names(self) -> tuple[str, ...]:
+        """Checkpoint tensor names (after the module prefix) this format reads, e.g.
+        ("weight", "weight_scale_inv"); anything else under a quantized module is refused."""
+
+    def required_checkpoint_names(self) -> tuple[str, ...]:
+        """The checkpoint names that must be present (the rest are optional or only checked)."""
+        return self.checkpoint_names()
+
+    @abstractmethod
+    def convert(self, name: str, tensor: torch.Tensor, n: int, k: int) -> dict[str, torch.Tensor]:
+        """One checkpoint tensor of a (n, k) weight (or merged part) → the engine tensors it
+        fills, shaped as `tensor_specs(n, k)`. Raises UserError when it does not match the
+        declared format (dtype, shape). May return {} for tensors that are only checked."""
+
+    def expert_specs(self, num_experts: int, n: int, k: int) -> dict[str, TensorSpec]:
+        return {
+            name: TensorSpec((num_experts, *s.shape), s.dtype, s.n_block, s.k_block)
+            for name, s in self.tensor_specs(n, k).items()
+        }
+
+    def weight_bytes(self, n: int, k: int) -> int:
+        """Bytes of one (N, K) weight as stored (and moved by offload)."""
+        return sum(s.nbytes for s in self.tensor_specs(n, k).values())
+
+    def split_alignment(self, n: int, k: int) -> tuple[int, int]:
+        """(N, K) multiples at which this weight can be cut (merged parts, TP shards)."""
+        specs = self.tensor_specs(n, k).values()
+        n_align = math.lcm(1, *(s.n_block for s in specs if s.n_block))
+        k_align = math.lcm(1, *(s.k_block for s in specs if s.k_block))
+        return n_align, k_align
+
+    def dummy(self, n: int, k: int, generator: torch.Generator, std: float) -> dict:
+        """Valid random engine tensors for benchmarks: N(0, std) weights, quantized, made on
+        the generator's device."""
+        w = torch.empty(n, k, dtype=torch.float32, device=generator.device)
+        return self.engine_tensors(w.normal_(0, std, generator=generator))
+
+    # --- numerics -----------------------------------------------------------------------
+    @abstractmethod
+    def dequantize(self, tensors: dict[str, torch.Tensor], n: int, k: int) -> torch.Tensor:
+        """The twin: (N, K) float32 weight from the engine tensors of one weight."""
+
+    @abstractmethod
+    def quantize(self, weight: torch.Tensor) -> dict[str, torch.Tensor]:
+        """Our quantizer: a float (N, K) weight → checkpoint tensors in the producer's exact
+        on-disk layout (what `convert` reads). Used by tests, dummy weights and ISQ."""
+
+    def engine_tensors(self, weight: torch.Tensor) -> dict[str, torch.Tensor]:
+        """A float (N, K) weight → engine tensors (quantize, then convert)."""
+        n, k = weight.shape
+        out: dict[str, torch.Tensor] = {}
+        for name, t in self.quantize(weight).items():
+            out.update(self.convert(name, t, n, k))
+        return out
+
+    def reference_linear(
+        self,
+        x: torch.Tensor,
+        tensors: dict[str, torch.Tensor],
+        bias: torch.Tensor | None,
+        n: int,
+        k: int,
+    ) -> torch.Tensor:
+        """The twin of `triton_linear`: x (..., K) @ W^T in x's dtype, with W dequantized to
+        x's dtype first."""
+        return reference.linear(x, self.dequantize(tensors, n, k).to(x.dtype), bias)
+
+    def triton_linear(
+        self,
+        x: torch.Tensor,
+        tensors: dict[str, torch.Tensor],
+        bias: torch.Tensor | None,
+        n: int,
+        k: int,
+    ) -> torch.Tensor:
+        """The GPU path (x on CUDA); a format without kernels runs its twin."""
+        return self.reference_linear(x, tensors, bias, n, k)
+
+    def reference_moe(
+        self,
+        hidden: torch.Tensor,
+        topk_ids: torch.Tensor,
+        topk_weights: torch.Tensor,
+        w13: dict[str, torch.Tensor],
+        w2: dict[str, torch.Tensor],
+        inter: int,
+    ) -> torch.Tensor:
+        """The twin of `triton_moe`: `reference.fused_moe` with the experts this call uses
+        dequantized to the hidden dtype (an expert's bits do not depend on the others)."""
+        num_ids, hidden_dim = next(iter(w13.values())).shape[0], hidden.shape[-1]
+        d13 = hidden.new_zeros(num_ids, 2 * inter, hidden_dim)
+        d2 = hidden.new_zeros(num_ids, hidden_dim, inter)
+        for e in torch.unique(topk_ids.reshape(-1).long()).tolist():
+            d13[e] = self.dequantize({n: t[e] for n, t in w13.items()}, 2 * inter, hidden_dim)
+            d2[e] = self.dequantize({n: t[e] for n, t in w2.items()}, hidden_dim, inter)
+        return reference.fused_moe(hidden, topk_ids, topk_weights, d13, d2)
+
+    def triton_moe(
+        self,
+        hidden: torch.Tensor,
+        topk_ids: torch.Tensor,
+        topk_weights: torch.Tensor,
+        w13: dict[str, torch.Tensor],
+        w2: dict[str, torch.Tensor],
+        inter: int,
+    ) -> torch.Tensor:
+        """The GPU path: routed experts on `[N, ...]` tensor sets (experts or slots)."""
+        return self.reference_moe(hidden, topk_ids, topk_weights, w13, w2, inter)
+
+    def __repr__(self) -> str:
+        return f"{type(self).__name__}({self.name})"

@@ -1,0 +1,26 @@
+"""`quant_method` → the module that parses its config (imported lazily). Adding a format is
+adding a module and one line here; nothing else in the engine names formats."""
+
+from __future__ import annotations
+
+import importlib
+
+from xinfer.errors import UserError
+
+# quant_method (lower case) → (module under xinfer.quant, what we call it in messages)
+_METHODS: dict[str, tuple[str, str]] = {}
+
+
+def supported_methods() -> list[str]:
+    return sorted({label for _, label in _METHODS.values()})
+
+
+def parser_for(method: str):
+    if method not in _METHODS:
+        known = ", ".join(supported_methods()) or "none yet"
+        raise UserError(
+            f"quantization method {method!r} is not supported; xinfer reads unquantized "
+            f"bf16/fp16/fp32 checkpoints and these quantized formats: {known}"
+        )
+    module_name, _ = _METHODS[method]
+    return importlib.import_module(f"xinfer.quant.{module_name}").parse_config

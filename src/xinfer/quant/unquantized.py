@@ -1,0 +1,62 @@
+"""Plain float weights (bf16/fp16/fp32): one `weight` (N, K) in the model dtype, run by the
+existing kernels (`kernels.linear`, `kernels.fused_moe`). A checkpoint in another float dtype
+is cast on load, as before quantized formats existed."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import torch
+
+from xinfer import kernels
+from xinfer.errors import UserError
+from xinfer.kernels import reference
+from xinfer.quant.base import TensorSpec, WeightFormat
+
+_FLOATS = (torch.float32, torch.bfloat16, torch.float16)
+
+
+@dataclass(frozen=True, repr=False)
+class Unquantized(WeightFormat):
+    dtype: torch.dtype = torch.float32
+    is_quantized = False
+
+    @property
+    def name(self) -> str:  # type: ignore[override]
+        return str(self.dtype).removeprefix("torch.")
+
+    def tensor_specs(self, n: int, k: int) -> dict[str, TensorSpec]:
+        return {"weight": TensorSpec((n, k), self.dtype, n_block=1, k_block=1)}
+
+    def checkpoint_names(self) -> tuple[str, ...]:
+        return ("weight",)
+
+    def convert(self, name: str, tensor: torch.Tensor, n: int, k: int) -> dict[str, torch.Tensor]:
+        if tensor.dtype not in _FLOATS:
+            raise UserError(
+                f"checkpoint tensor {name!r} is {tensor.dtype}, but config.json declares no "
+                "quantization; a quantized checkpoint needs its quantization_config"
+            )
+        return {"weight": tensor}
+
+    def quantize(self, weight: torch.Tensor) -> dict[str, torch.Tensor]:
+        return {"weight": weight.to(self.dtype)}
+
+    def dummy(self, n: int, k: int, generator: torch.Generator, std: float) -> dict:
+        w = torch.empty(n, k, dtype=self.dtype, device=generator.device)
+        return {"weight": w.normal_(0, std, generator=generator)}
+
+    def dequantize(self, tensors: dict[str, torch.Tensor], n: int, k: int) -> torch.Tensor:
+        return tensors["weight"].float()
+
+    def reference_linear(self, x, tensors, bias, n, k):
+        return reference.linear(x, tensors["weight"], bias)
+
+    def triton_linear(self, x, tensors, bias, n, k):
+        return kernels.linear(x, tensors["weight"], bias)
+
+    def reference_moe(self, hidden, topk_ids, topk_weights, w13, w2, inter):
+        return reference.fused_moe(hidden, topk_ids, topk_weights, w13["weight"], w2["weight"])
+
+    def triton_moe(self, hidden, topk_ids, topk_weights, w13, w2, inter):
+        return kernels.fused_moe(hidden, topk_ids, topk_weights, w13["weight"], w2["weight"])
