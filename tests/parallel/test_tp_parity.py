@@ -66,8 +66,8 @@ def test_dummy_weights_same_model_at_every_tp_size(tp_llm, tmp_path_factory):
     """Dummy weights are drawn at full size in the one-rank order and narrowed: TP=2 runs
     the same model as TP=1 from the same seed (what the GPU benchmarks compare)."""
     path = checkpoint(tmp_path_factory, "qwen2_moe")
-    one = LLM(str(path), device="cpu", dtype="float32", load_format="dummy", seed=3)
-    assert _run(tp_llm(path, load_format="dummy", seed=3))[0] == _run(one)[0]
+    one = LLM(str(path), device="cpu", dtype="float32", load_format="dummy", dummy_weights_seed=3)
+    assert _run(tp_llm(path, load_format="dummy", dummy_weights_seed=3))[0] == _run(one)[0]
 
 
 def test_look_ahead_and_seeded_sampling(tmp_path_factory, tp_llm):

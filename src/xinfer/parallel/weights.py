@@ -198,7 +198,21 @@ def init_dummy_shard(
             continue
         src = torch.empty(t.shape, dtype=t.dtype, device=gen_device)
         src.normal_(0, dummy._STD, generator=gen)
-        dst.copy_(shard.plain(Target(owner, kind), src, tuple(dst.shape), name))
+        full_owner = full_model.get_submodule(owner) if owner else full_model
+        if kind == "bias" and getattr(full_owner, "shard_offsets", None):
+            for part, (start, rows) in full_owner.shard_offsets.items():  # q|k|v: each alone
+                lstart, lrows = local[owner].row_range(part)
+                piece, part_dst = src[start : start + rows], dst[lstart : lstart + lrows]
+                target = Target(owner, kind, part=part)
+                part_dst.copy_(shard.plain(target, piece, tuple(part_dst.shape), name))
+        else:
+            dst.copy_(shard.plain(Target(owner, kind), src, tuple(dst.shape), name))
+
+
+def _parts(linear) -> list[tuple[str | None, tuple[int, int]]]:
+    """A linear's (part, (first row, rows)) of its N dim: each merged part, or the whole."""
+    offsets = getattr(linear, "shard_offsets", None)
+    return list(offsets.items()) if offsets else [(None, (0, linear.out_features))]
 
 
 def _dummy_linear(shard: RankShard, mod, full, fmt: WeightFormat, tensors: dict, prefix: str):
@@ -209,8 +223,7 @@ def _dummy_linear(shard: RankShard, mod, full, fmt: WeightFormat, tensors: dict,
         return
     full_specs = fmt.tensor_specs(full.out_features, full.in_features)
     local_specs = fmt.tensor_specs(mod.out_features, mod.in_features)
-    parts = getattr(full, "shard_offsets", None) or {None: (0, full.out_features)}
-    for part, (start, rows) in parts.items():
+    for part, (start, rows) in _parts(full):
         lstart, lrows = mod.row_range(part)
         piece, dst = {}, {}
         for name, t in tensors.items():
