@@ -37,6 +37,8 @@ for phase in "$@"; do
     attnsweep) timeout 240 python3 bench/bench_attention_kernel.py --sweep 2>&1 | tee "$OUT/attn_sweep.txt" | tail -40 ;;
     offloadtrace) timeout ${TRACE_TIMEOUT:-200} python3 bench/bench_offload_decode.py --rates ${TRACE_RATES:-0.35} --steps 32 --trace-dir "$OUT" --out "$OUT/offload_trace" 2>&1 | grep -v "it/s]" | tail -12; gzip -f "$OUT"/offload_*.json ;;
     layerbench) timeout 120 python3 bench/bench_offload_layer.py 2>&1 | tail -12 | tee "$OUT/layer.txt" ;;
+    tptests) timeout ${TP_TIMEOUT:-400} python3 -m pytest -q -p no:cacheprovider tests/parallel -m multi_gpu 2>&1 | tee "$OUT/tp_tests.txt" | tail -30 ;;
+    tpbench) timeout ${TP_BENCH_TIMEOUT:-590} python3 bench/bench_tp.py --tp ${TP_SIZES:-1,2} --rates ${TP_RATES:-0,0.1,0.2,auto} --batches ${TP_BATCHES:-1,8,32} --gpu-memory-limit-gb 24 ${TP_EXTRA:-} --out "$OUT/tp" 2>&1 | grep -v "it/s]" | tail -40 ;;
     *) echo "unknown phase $phase" ;;
   esac
 done

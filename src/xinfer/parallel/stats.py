@@ -23,18 +23,18 @@ def combine_stats(ranks: list[dict]) -> dict:
     copies); `slots_per_layer` the smallest of any rank; the rest from rank 0."""
     first = ranks[0]
     out = {k: v for k, v in first.items() if k not in ("layers", "ranks")}
-    for k in _SUMMED:
-        out[k] = sum(r[k] for r in ranks)
+    for k in (*_SUMMED, "pinned_gb", "slot_gb", "staging_gb"):
+        if k in first:
+            out[k] = sum(r[k] for r in ranks)
     seen = out["hits"] + out["misses"]
     out["hit_rate"] = out["hits"] / seen if seen else 0.0
-    for k in ("pinned_gb", "slot_gb", "staging_gb"):
-        out[k] = sum(r[k] for r in ranks)
     out["slots_per_layer"] = [min(s) for s in zip(*(r["slots_per_layer"] for r in ranks))]
     layers = []
     for i, layer in enumerate(first["layers"]):
         row = {**layer, "slots": out["slots_per_layer"][i]}
         for k in _SUMMED:
-            row[k] = sum(r["layers"][i][k] for r in ranks)
+            if k in layer:
+                row[k] = sum(r["layers"][i][k] for r in ranks)
         seen = row["hits"] + row["misses"]
         row["hit_rate"] = row["hits"] / seen if seen else 0.0
         layers.append(row)
