@@ -26,6 +26,10 @@ for phase in "$@"; do
     offload) timeout 120 python3 -m pytest -q -p no:cacheprovider tests/offload -m gpu 2>&1 | tail -30 | tee "$OUT/offload_tests.txt" ;;
     newtests) timeout 300 python3 -m pytest -q -p no:cacheprovider tests/kernels/test_attention_kernels.py tests/kernels/test_qkv_prep.py tests/kernels/test_gemv.py tests/models/test_gpu_parity.py tests/offload/test_offload_gpu.py 2>&1 | tee "$OUT/new_tests.txt" | tail -30 ;;
     kernels) timeout 200 python3 -m pytest -q -p no:cacheprovider tests/kernels 2>&1 | tail -30 | tee "$OUT/kernel_tests.txt" ;;
+    quant) timeout 400 python3 -m pytest -q -p no:cacheprovider tests/kernels/test_quant_kernels.py tests/quant/test_quant_gpu.py 2>&1 | tee "$OUT/quant_tests.txt" | tail -30 ;;
+    quantkernel) timeout 580 python3 bench/bench_quant_kernel.py --formats ${QUANT_FORMATS:-bf16,fp8,nvfp4,gptq} ${QUANT_SWEEP:+--sweep} 2>&1 | tee "$OUT/quant_kernel.txt" | tail -60 ;;
+    quantres) timeout 580 python3 bench/bench_quant.py --parts resident --formats ${QUANT_FORMATS:-bf16,fp8,nvfp4,gptq} --out "$OUT/quant_resident" 2>&1 | tail -30 | tee "$OUT/quant_resident.txt" ;;
+    quantoff) timeout 580 python3 bench/bench_quant.py --parts offload --formats ${QUANT_FORMATS:-bf16,fp8,nvfp4,gptq} --out "$OUT/quant_offload" 2>&1 | tail -30 | tee "$OUT/quant_offload.txt" ;;
     moebench) timeout 90 python3 bench/bench_moe_kernel.py 2>&1 | tail -30 | tee "$OUT/moe_kernel.txt" ;;
     attnbench) timeout 90 python3 bench/bench_attention_kernel.py 2>&1 | tail -30 | tee "$OUT/attn_kernel.txt" ;;
     fillbench) timeout 150 python3 bench/bench_offload_fill.py 2>&1 | tee "$OUT/fill.txt" | tail -80 ;;
@@ -37,6 +41,7 @@ for phase in "$@"; do
     attnsweep) timeout 240 python3 bench/bench_attention_kernel.py --sweep 2>&1 | tee "$OUT/attn_sweep.txt" | tail -40 ;;
     offloadtrace) timeout ${TRACE_TIMEOUT:-200} python3 bench/bench_offload_decode.py --rates ${TRACE_RATES:-0.35} --steps 32 --trace-dir "$OUT" --out "$OUT/offload_trace" 2>&1 | grep -v "it/s]" | tail -12; gzip -f "$OUT"/offload_*.json ;;
     layerbench) timeout 120 python3 bench/bench_offload_layer.py 2>&1 | tail -12 | tee "$OUT/layer.txt" ;;
+    structured) timeout 240 python3 -m pytest -q -p no:cacheprovider tests/structured 2>&1 | tail -20 | tee "$OUT/structured_tests.txt"; timeout 180 python3 bench/bench_structured.py --batch 8 --tokens 256 2>&1 | grep -v "it/s]" | tail -12 | tee "$OUT/structured_bench.txt" ;;
     tptests) timeout ${TP_TIMEOUT:-400} python3 -m pytest -q -p no:cacheprovider tests/parallel -m multi_gpu 2>&1 | tee "$OUT/tp_tests.txt" | tail -30 ;;
     tpbench) timeout ${TP_BENCH_TIMEOUT:-590} python3 bench/bench_tp.py --tp ${TP_SIZES:-1,2} --rates ${TP_RATES:-0,0.1,0.2,auto} --batches ${TP_BATCHES:-1,8,32} --gpu-memory-limit-gb 24 ${TP_EXTRA:-} --out "$OUT/tp" 2>&1 | grep -v "it/s]" | tail -40 ;;
     *) echo "unknown phase $phase" ;;

@@ -121,6 +121,9 @@ class EngineArgs(OptionSet):
     decode_look_ahead: bool | None = option(
         None, "queue the next decode step before reading this one's tokens (auto: on CUDA)"
     )
+    enable_prefix_caching: bool = option(
+        True, "reuse the computed KV blocks of prompts that start alike (prefix caching)"
+    )
     kv_cache_dtype: str | None = option(
         "auto",
         "KV cache dtype: auto (the model's), bf16, fp16, fp8 (e4m3); turbo4/turbo3 not yet",
@@ -163,6 +166,12 @@ class EngineArgs(OptionSet):
         "time each MoE call's parts (slower: no CUDA graphs)",
         env=envs.XINFER_MOE_OFFLOAD_PROFILE,
     )
+    log_stats_interval: float | None = option(
+        None,
+        "seconds between engine stats lines while busy, 0 = none "
+        "(default: 10 when serving, none for --prompt, --chat and LLM)",
+        check=at_least(0),
+    )
     isq: str | None = option(
         None, "in-situ quantization of the experts (not implemented yet)", check=_refuse_isq
     )
@@ -191,6 +200,8 @@ class EngineArgs(OptionSet):
             seed=self.dummy_weights_seed,
             enforce_eager=self.enforce_eager,
             decode_look_ahead=self.decode_look_ahead,
+            enable_prefix_caching=self.enable_prefix_caching,
+            log_stats_interval_s=self.log_stats_interval or 0.0,
             gpu_memory_limit_gb=self.gpu_memory_limit_gb,
             cache=CacheConfig(
                 block_size=self.block_size,
@@ -276,6 +287,9 @@ class ServerArgs(OptionSet):
     )
     served_model_name: str | None = option(
         None, "model name in the API (default: the model directory's name)"
+    )
+    shutdown_grace_s: float = option(
+        5.0, "on SIGTERM, seconds open requests get before they are aborted", check=at_least(0)
     )
 
 

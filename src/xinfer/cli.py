@@ -4,6 +4,7 @@ User mistakes end with one line on stderr and exit code 2, never a traceback."""
 
 from __future__ import annotations
 
+import dataclasses
 import logging
 import sys
 import time
@@ -11,6 +12,7 @@ import time
 from xinfer import __version__
 from xinfer.args import EngineArgs, RunArgs, SamplingArgs, ServerArgs, build_parser
 from xinfer.errors import UserError
+from xinfer.model_source import model_display_name
 from xinfer.sampling import SamplingParams
 
 logger = logging.getLogger("xinfer")
@@ -87,9 +89,14 @@ def main(argv: list[str] | None = None) -> int:
         run = RunArgs.from_namespace(ns)
         logging.getLogger().setLevel(run.logging_level)
         engine_args = EngineArgs.from_namespace(ns)
+        if engine_args.log_stats_interval is None and run.prompt is None and not run.chat:
+            engine_args.log_stats_interval = 10.0  # a server logs its stats; a terminal not
         sampling = SamplingArgs.from_namespace(ns).to_params()
-        server = ServerArgs.from_namespace(ns)
         config = engine_args.create_engine_config()
+        server = ServerArgs.from_namespace(ns)
+        if server.served_model_name is None:  # a hub model is served under its repo id
+            name = model_display_name(engine_args.model, config.model)
+            server = dataclasses.replace(server, served_model_name=name)
         if run.prompt is None and not run.chat:
             from xinfer.server.launch import serve
 

@@ -290,6 +290,8 @@ class EngineConfig:
     enforce_eager: bool = False
     # Queue the next greedy decode step before reading this one's tokens (None: on CUDA).
     decode_look_ahead: bool | None = None
+    enable_prefix_caching: bool = True  # reuse computed KV blocks of shared prompt prefixes
+    log_stats_interval_s: float = 0.0  # seconds between stats lines while busy; 0: never
     gpu_memory_limit_gb: float | None = None
     cache: CacheConfig = field(default_factory=CacheConfig)
     offload: OffloadConfig = field(default_factory=OffloadConfig)

@@ -68,6 +68,11 @@ def XINFER_LOG_LEVEL() -> str | None:
     return None if raw is None else raw.lower()
 
 
+def HF_HUB_OFFLINE() -> bool:
+    """huggingface_hub's own switch: use only the local hub cache, never the network."""
+    return _bool("HF_HUB_OFFLINE")
+
+
 @dataclass(frozen=True)
 class TorchrunRanks:
     rank: int

@@ -18,14 +18,16 @@ from xinfer import LLM, SamplingParams
 GREEDY = SamplingParams(temperature=0, max_tokens=24, ignore_eos=True, logprobs=0)
 PROMPTS = tm.prompts(3, seed=11)
 
-CASES = {
-    "qwen3_moe": ("qwen3_moe", "per_expert", {}),  # tied embeddings: logits on every rank
-    "qwen3_moe-fused": ("qwen3_moe", "fused", {}),  # [E, 2I, H] gate|up split per half
-    "qwen2_moe": ("qwen2_moe", "per_expert", {}),  # shared expert, qkv bias, dense layers
-    "mixtral": ("mixtral", "per_expert", {}),
-    "olmoe": ("olmoe", "per_expert", {}),  # q/k norm over all heads: all-reduced statistics
+# every architecture's tiny checkpoint, plus layouts and shapes that split differently
+CASES = {arch: (arch, "per_expert", {}) for arch in tm.ARCHS} | {
+    "qwen3_moe-fused": ("qwen3_moe", "fused", {}),  # [E, 2I, H]: gate and up split per half
     "olmoe-kv1": ("olmoe", "fused", {"num_key_value_heads": 1}),  # one KV head on both ranks
+    "llama": ("llama", "per_expert", {}),  # dense, untied: vocabulary-parallel LM head
+    "gemma3_text": ("gemma3_text", "per_expert", {}),  # its own attention, softcapped logits
 }
+# qwen3_moe: tied embeddings (logits on every rank); qwen2_moe: shared expert, qkv bias,
+# dense layers; olmoe: q/k norm over all heads (all-reduced statistics); qwen3_next and
+# qwen3_5_moe: gated attention split, Gated DeltaNet layers whole on every rank.
 
 
 def _run(llm: LLM) -> tuple[list[list[int]], list[list[float]]]:

@@ -50,6 +50,8 @@ def test_batch_round_trip(query_lens, extra_blocks, has_ids):
         hb.query_start_loc.append(hb.query_start_loc[-1] + n)
         hb.logits_indices.append(hb.query_start_loc[-1] - 1)
         hb.block_tables.append(rng.integers(0, 99, 1 + extra_blocks + n % 3).tolist())
+        if has_ids:  # a hybrid model's recurrent-state slot per request
+            hb.state_ids.append(int(rng.integers(0, 64)))
     out, out_has_ids = unpack_batch(pack_batch(hb, has_ids))
     assert out == hb and out_has_ids == has_ids
 
@@ -185,3 +187,20 @@ def test_combine_stats_adds_ranks_up():
     assert out["hit_rate"] == 0.5 and out["layers"][0]["hit_rate"] == 0.5
     assert out["slots_per_layer"] == [2] and out["pinned_gb"] == 2.0
     assert out["tp_size"] == 2 and out["device"] == "cuda:0,cuda:1" and len(out["ranks"]) == 2
+
+
+def test_undeclared_resized_layer_is_refused(monkeypatch):
+    """A layer that the rank config resizes but that declares no split (a model whose
+    attention block lacks `tp_plan`) is refused instead of loaded by a guess."""
+    from xinfer.models.moe_decoder import DecoderAttention
+    from xinfer.parallel.weights import RankShard
+
+    cfg = _config("qwen3_moe")
+    cls = get_model_class(cfg.architecture)
+    with torch.device("meta"):
+        full = cls(cfg, 64, torch.device("meta"))
+        rank = cls(rank_config(cfg, 2), 64, torch.device("meta"))
+    RankShard(rank, full, FakeGroup(0, 2))  # declared: accepted
+    monkeypatch.setattr(DecoderAttention, "tp_plan", {})
+    with pytest.raises(UserError, match="does not support Qwen3MoeForCausalLM yet.*qkv_proj"):
+        RankShard(rank, full, FakeGroup(0, 2))

@@ -21,7 +21,7 @@ class FakeEngine:
 
     def __init__(self) -> None:
         self.requests: dict[str, list] = {}
-        self.scheduler = SimpleNamespace(waiting=deque(), running=[])
+        self.scheduler = SimpleNamespace(waiting=deque(), running=[], num_preemptions=0)
         self.allocator = SimpleNamespace(usage=0.0)
         self.fail_next_step = False
         self.aborted: list[str] = []
@@ -41,6 +41,9 @@ class FakeEngine:
         return bool(self.requests)
 
     def offload_stats(self):
+        return None
+
+    def prefix_cache_stats(self):
         return None
 
     def step(self):

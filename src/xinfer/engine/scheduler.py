@@ -1,6 +1,8 @@
 """Continuous batching with chunked prefill: every step takes the running requests' decode
 tokens first, then prompt chunks up to the token budget; new requests join at step
-boundaries; when KV blocks run out the newest running request is preempted (recomputed)."""
+boundaries; when KV blocks run out the newest running request is preempted (recomputed).
+With prefix caching, a request joining the batch first takes the cached blocks of its
+longest computed prefix, and every block a step completes is offered to the cache."""
 
 from __future__ import annotations
 
@@ -9,7 +11,9 @@ from dataclasses import dataclass
 
 from xinfer.config import SchedulerConfig
 from xinfer.engine.kv_cache import BlockAllocator
+from xinfer.engine.prefix_cache import chain_hashes
 from xinfer.engine.request import Request, RequestStatus
+from xinfer.engine.state_cache import StateSlotAllocator
 
 
 @dataclass
@@ -39,10 +43,17 @@ class SchedulerOutput:
 
 
 class Scheduler:
-    def __init__(self, config: SchedulerConfig, allocator: BlockAllocator) -> None:
-        self.config, self.allocator = config, allocator
+    def __init__(
+        self,
+        config: SchedulerConfig,
+        allocator: BlockAllocator,
+        state_slots: StateSlotAllocator | None = None,
+    ) -> None:
+        """`state_slots`: hybrid models' recurrent-state slots, one per running request."""
+        self.config, self.allocator, self.state_slots = config, allocator, state_slots
         self.waiting: deque[Request] = deque()
         self.running: list[Request] = []
+        self.num_preemptions = 0  # since start
 
     def add(self, request: Request) -> None:
         self.waiting.append(request)
@@ -54,16 +65,72 @@ class Scheduler:
     def _grow(self, req: Request, num_new: int) -> bool:
         """Give `req` the blocks that `num_new` more tokens need; False if there are too few."""
         need = self.allocator.blocks_for(req.num_computed_tokens + num_new) - len(req.block_ids)
+        needs_slot = self.state_slots is not None and req.state_slot < 0
+        if needs_slot and self.state_slots.num_free == 0:
+            return False
         if need <= 0:
-            return True
-        if need > self.allocator.num_free:
+            need = 0
+        elif need > self.allocator.num_free:
             return False
         req.block_ids.extend(self.allocator.allocate(need))
+        if needs_slot:
+            req.state_slot = self.state_slots.allocate()
         return True
 
-    def _preempt(self, req: Request) -> None:
+    def _take_cached_prefix(self, req: Request) -> int:
+        """Give a request joining with nothing computed the cached blocks of its longest
+        computed prefix; returns the tokens they hold. The block of its last known token
+        is never taken: that token must be computed to sample the next one."""
+        cache = self.allocator.prefix_cache
+        if cache is None or req.num_computed_tokens or req.block_ids:
+            return 0
+        bs = self.allocator.block_size
+        num_blocks = (req.num_tokens - 1) // bs
+        chain_hashes(req.all_token_ids, bs, req.block_hashes, num_blocks)
+        blocks = cache.lookup(req.block_hashes[:num_blocks])
+        self.allocator.share(blocks)
+        req.block_ids, req.num_cached_blocks = blocks, len(blocks)
+        req.num_computed_tokens = len(blocks) * bs
+        return req.num_computed_tokens
+
+    def _count_prefix_query(self, req: Request, num_hit: int) -> None:
+        cache = self.allocator.prefix_cache
+        if cache is None:
+            return
+        if not req.output_token_ids:  # a first admission, not a preempted one's return
+            req.num_cached_tokens = num_hit
+        cache.stats.queries += req.num_tokens
+        cache.stats.hits += num_hit
+
+    def cache_computed_blocks(self, req: Request) -> None:
+        """Offer the blocks that `req`'s computed tokens now fill to the prefix cache."""
+        cache = self.allocator.prefix_cache
+        bs = self.allocator.block_size
+        num_full = req.num_computed_tokens // bs
+        if cache is None or num_full <= req.num_cached_blocks:
+            return
+        chain_hashes(req.all_token_ids, bs, req.block_hashes, num_full)
+        for i in range(req.num_cached_blocks, num_full):
+            cache.insert(req.block_ids[i], req.block_hashes[i])
+        req.num_cached_blocks = num_full
+
+    def _release(self, req: Request) -> None:
+        """Give back the request's KV blocks (cached ones stay in the prefix cache) and its
+        recurrent-state slot."""
         self.allocator.free(req.block_ids)
-        req.block_ids, req.num_computed_tokens = [], 0
+        req.block_ids, req.num_cached_blocks = [], 0
+        if req.state_slot >= 0 and self.state_slots is not None:
+            self.state_slots.free(req.state_slot)
+        req.state_slot = -1
+
+    def _drop_blocks(self, req: Request) -> None:
+        self._release(req)
+        req.num_computed_tokens = 0
+
+    def _preempt(self, req: Request) -> None:
+        self._drop_blocks(req)
+        req.num_preemptions += 1
+        self.num_preemptions += 1
         req.status = RequestStatus.WAITING
         self.running.remove(req)
         self.waiting.appendleft(req)
@@ -95,9 +162,12 @@ class Scheduler:
             if preempted:  # memory is short this step; let preempted work resume later
                 break
             req = self.waiting[0]
+            num_hit = self._take_cached_prefix(req)
             num_new = min(req.num_pending_tokens, budget)
             if not self._grow(req, num_new):
+                self._drop_blocks(req)
                 break
+            self._count_prefix_query(req, num_hit)
             self.waiting.popleft()
             req.status = RequestStatus.RUNNING
             self.running.append(req)
@@ -110,8 +180,7 @@ class Scheduler:
         if req.is_finished:
             return
         req.status, req.finish_reason = RequestStatus.FINISHED, reason
-        self.allocator.free(req.block_ids)
-        req.block_ids = []
+        self._release(req)
         if req in self.running:
             self.running.remove(req)
         elif req in self.waiting:

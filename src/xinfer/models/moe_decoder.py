@@ -1,7 +1,10 @@
 """The decoder shared by our MoE architectures (pre-norm attention + MoE/dense MLP). Model
-files subclass `MoeForCausalLM` and only state how their HF config and checkpoint differ."""
+files subclass `MoeForCausalLM`, build their `ModelConfig` (`config_from_hf`) and state how
+their checkpoint differs."""
 
 from __future__ import annotations
+
+from collections.abc import Iterable
 
 import torch
 from torch import nn
@@ -132,10 +135,17 @@ class MoeModel(nn.Module):
 class MoeForCausalLM(nn.Module):
     """`forward(input_ids (T,), positions (T,)) → hidden (T, H)`; `compute_logits` → float32.
 
-    Batch metadata (KV slots, block tables) comes from the forward context."""
+    Batch metadata (KV slots, block tables) comes from the forward context. Subclasses state
+    how their checkpoint differs: `checkpoint_renames`, `merged_projections` and
+    `adapt_checkpoint` (tensors to skip or reshape), and may build another decoder stack."""
 
     # (old, new) substrings applied to checkpoint names before mapping; "{e}" = expert index.
     checkpoint_renames: tuple[tuple[str, str], ...] = ()
+    # checkpoint projection name → (merged parameter, part), beside the q/k/v and gate/up ones
+    merged_projections: dict[str, tuple[str, str]] = {}
+    # False for models with per-request state that cached KV blocks cannot restore (linear
+    # attention's recurrent state): the engine then turns prefix caching off.
+    supports_prefix_caching: bool = True
     tp_plan = {"lm_head": "vocab"}  # tensor parallel: the embedding stays replicated
 
     def __init__(
@@ -143,12 +153,23 @@ class MoeForCausalLM(nn.Module):
     ) -> None:
         super().__init__()
         self.config = cfg
-        self.model = MoeModel(cfg, max_pos, expert_device)
+        self.model = self.build_model(cfg, max_pos, expert_device)
         self.lm_head = (
             None
             if cfg.tie_word_embeddings
             else Linear(cfg.hidden_size, cfg.vocab_size, quantizable=False)
         )
+
+    def build_model(
+        self, cfg: ModelConfig, max_pos: int, expert_device: torch.device | None
+    ) -> nn.Module:
+        return MoeModel(cfg, max_pos, expert_device)
+
+    def adapt_checkpoint(
+        self, tensors: Iterable[tuple[str, torch.Tensor]]
+    ) -> Iterable[tuple[str, torch.Tensor]]:
+        """The checkpoint's (name, tensor) stream as this model loads it: unchanged here."""
+        return tensors
 
     def forward(self, input_ids: torch.Tensor, positions: torch.Tensor) -> torch.Tensor:
         return self.model(input_ids, positions)
@@ -162,3 +183,7 @@ class MoeForCausalLM(nn.Module):
 
     def attention_layers(self) -> list[PagedAttention]:
         return [m for m in self.modules() if isinstance(m, PagedAttention)]
+
+    def state_layers(self) -> list[nn.Module]:
+        """Layers with per-request recurrent state (`state_shapes`, `bind_state`): none."""
+        return []

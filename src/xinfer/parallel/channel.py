@@ -16,19 +16,23 @@ _CAPACITY = 4096  # int64 words of the first broadcast (header included)
 _HEADER = 2
 
 
+_HEAD = 6  # T, B, S, max_query_len, has_device_ids, number of state ids
+
+
 def pack_batch(hb: HostBatch, has_device_ids: bool) -> np.ndarray:
-    """[T, B, S, max_query_len, has_device_ids] + the lists back to back (tables ragged)."""
+    """The header, then the lists back to back (block tables ragged: their lengths first)."""
     num_tokens, num_seqs = len(hb.input_ids), len(hb.seq_lens)
     head = [num_tokens, num_seqs, len(hb.logits_indices), hb.max_query_len, int(has_device_ids)]
+    head.append(len(hb.state_ids))
     table_lens = [len(t) for t in hb.block_tables]
     parts = [head, hb.input_ids, hb.positions, hb.slots, hb.seq_lens, hb.query_start_loc]
-    parts += [hb.logits_indices, table_lens, *hb.block_tables]
+    parts += [hb.logits_indices, hb.state_ids, table_lens, *hb.block_tables]
     return np.fromiter((x for p in parts for x in p), dtype=np.int64)
 
 
 def unpack_batch(words: np.ndarray) -> tuple[HostBatch, bool]:
-    num_tokens, num_seqs, num_sample, max_query_len, has_ids = words[:5].tolist()
-    pos = 5
+    num_tokens, num_seqs, num_sample, max_query_len, has_ids, num_states = words[:_HEAD].tolist()
+    pos = _HEAD
 
     def take(n: int) -> list[int]:
         nonlocal pos
@@ -38,11 +42,11 @@ def unpack_batch(words: np.ndarray) -> tuple[HostBatch, bool]:
 
     input_ids, positions, slots = take(num_tokens), take(num_tokens), take(num_tokens)
     seq_lens, query_start_loc = take(num_seqs), take(num_seqs + 1)
-    logits_indices, table_lens = take(num_sample), take(num_seqs)
+    logits_indices, state_ids, table_lens = take(num_sample), take(num_states), take(num_seqs)
     tables = [take(n) for n in table_lens]
     hb = HostBatch(
         input_ids, positions, slots, seq_lens, query_start_loc, logits_indices, tables,
-        max_query_len,
+        max_query_len, state_ids,
     )  # fmt: skip
     return hb, bool(has_ids)
 

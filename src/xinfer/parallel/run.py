@@ -59,9 +59,10 @@ class TensorParallelRun:
     def shard_config(self, cfg: ModelConfig) -> ModelConfig:
         return self.group.shard_config(cfg)
 
-    def agree_num_blocks(self, num_blocks: int) -> int:
-        """Rank 0's block tables index every rank's cache: the smallest cache wins."""
-        return self.group.agree_min([num_blocks])[0]
+    def agree_min(self, count: int) -> int:
+        """The smallest of every rank's `count` (KV blocks, state slots: rank 0's ids index
+        every rank's cache, so the smallest one wins)."""
+        return self.group.agree_min([count])[0]
 
     def agree_graph_sizes(
         self, is_graph_safe: Callable[[int], bool] | None, max_num_seqs: int

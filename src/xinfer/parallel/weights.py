@@ -7,6 +7,8 @@ same model from the same seed."""
 
 from __future__ import annotations
 
+from collections.abc import Callable
+
 import torch
 from torch import nn
 from tqdm import tqdm
@@ -72,6 +74,36 @@ class RankShard:
     def __init__(self, model: nn.Module, full_model: nn.Module, group: TensorParallelGroup):
         self.kinds, self.group = module_splits(model), group
         self.full = dict(full_model.named_modules())
+        self._check_declared(model)
+
+    def _check_declared(self, model: nn.Module) -> None:
+        """A layer that the rank's config resized must declare how it splits; otherwise
+        this model is refused (a guess could compute garbage)."""
+        for name, mod in model.named_modules():
+            full = self.full.get(name)
+            if full is None:
+                continue
+            if _is_linear(mod):
+                resized = (mod.out_features, mod.in_features) != (
+                    full.out_features,
+                    full.in_features,
+                )
+                declared = name in self.kinds
+            elif _is_expert_layer(mod):
+                resized = mod.intermediate_size != full.intermediate_size
+                declared = f"{name}.w13" in self.kinds and f"{name}.w2" in self.kinds
+            else:
+                shapes = [
+                    {n: tuple(p.shape) for n, p in m.named_parameters(recurse=False)}
+                    for m in (mod, full)
+                ]
+                resized, declared = shapes[0] != shapes[1], name in self.kinds
+            if resized and not declared:
+                arch = getattr(getattr(model, "config", None), "architecture", type(model).__name__)
+                raise UserError(
+                    f"tensor parallelism does not support {arch} yet: its layer {name} "
+                    f"({type(mod).__name__}) declares no split; run it on one device"
+                )
 
     def kind(self, t: Target) -> str | None:
         return self.kinds.get(f"{t.module}.{t.proj}" if t.proj else t.module)
@@ -84,15 +116,23 @@ class RankShard:
         return full.row_range(t.part)[1], full.in_features
 
     def convert(
-        self, t: Target, fmt: WeightFormat, tensor: torch.Tensor, n: int, k: int, name: str
+        self,
+        t: Target,
+        fmt: WeightFormat,
+        tensor: torch.Tensor,
+        n: int,
+        k: int,
+        name: str,
+        convert: Callable,
     ) -> dict[str, torch.Tensor]:
-        """`fmt.convert` for this rank's (n, k) share of a checkpoint tensor."""
+        """The loader's `convert(fmt, kind, tensor, n, k, name)` for this rank's (n, k)
+        share of a checkpoint tensor: converted at full size, then narrowed."""
         kind = self.kind(t)
         if kind is None:
-            return fmt.convert(t.kind, tensor, n, k)
+            return convert(fmt, t.kind, tensor, n, k, name)
         n_full, k_full = self.full_nk(t)
         parts = 2 if t.proj == "w13" and t.half is None else 1  # fused [gate | up]
-        engine = fmt.convert(t.kind, tensor, n_full, k_full)
+        engine = convert(fmt, t.kind, tensor, n_full, k_full, name)
         return self.narrow_engine(fmt, engine, kind, n, k, parts, name)
 
     def narrow_engine(

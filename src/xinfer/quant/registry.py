@@ -8,7 +8,13 @@ import importlib
 from xinfer.errors import UserError
 
 # quant_method (lower case) → (module under xinfer.quant, what we call it in messages)
-_METHODS: dict[str, tuple[str, str]] = {}
+_METHODS: dict[str, tuple[str, str]] = {
+    "fp8": ("fp8", "fp8 (block scales)"),
+    "modelopt": ("nvfp4", "modelopt nvfp4"),
+    "gptq": ("gptq", "gptq (4-bit)"),
+    "awq": ("awq", "awq (4-bit gemm)"),
+    "compressed-tensors": ("compressed_tensors", "compressed-tensors pack-quantized (w4a16)"),
+}
 
 
 def supported_methods() -> list[str]:

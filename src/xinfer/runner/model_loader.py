@@ -13,6 +13,7 @@ from pathlib import Path
 import torch
 
 from xinfer.config import ModelConfig, parse_dtype
+from xinfer.engine.memory import WeightPlan
 from xinfer.models.moe_decoder import MoeForCausalLM
 from xinfer.models.registry import get_model_class
 from xinfer.parallel.group import current_group
@@ -84,22 +85,29 @@ def _construct(
     return model
 
 
-def resident_weight_bytes(
+def plan_weights(
     cfg: ModelConfig,
     dtype: torch.dtype,
     max_pos: int,
-    include_experts: bool,
+    offload: bool,
     model_dir: str | Path | None = None,
-) -> int:
-    """Bytes the model will hold on its device (parameters and buffers; the routed experts
-    only when `include_experts`), in the checkpoint's formats, from a copy built on the meta
-    device (no memory)."""
+) -> WeightPlan:
+    """The weights' bytes as stored in the checkpoint's formats, from a copy of the model
+    built on the meta device (no memory): what stays on the device and what the host store
+    will hold when the experts are offloaded."""
     meta = torch.device("meta")
     model = _construct(cfg, meta, dtype, max_pos, meta, quant_config(model_dir, cfg, dtype))
-    tensors = list(model.parameters()) + list(model.buffers())
-    if include_experts:
-        tensors += [t for moe in model.moe_layers() for t in moe.expert_tensors.values()]
-    return sum(t.numel() * t.element_size() for t in tensors)
+    nbytes = lambda ts: sum(t.numel() * t.element_size() for t in ts)  # noqa: E731
+    rest = nbytes(list(model.parameters()) + list(model.buffers()))
+    moe = model.moe_layers()
+    experts = sum(nbytes(layer.expert_tensors.values()) for layer in moe)
+    return WeightPlan(
+        device_bytes=rest if offload else rest + experts,
+        expert_bytes=max((layer.expert_weights.expert_bytes for layer in moe), default=0),
+        host_expert_bytes=experts,
+        num_moe_layers=len(moe),
+        is_offloaded=offload,
+    )
 
 
 def build_model(
@@ -125,7 +133,8 @@ def build_model(
     else:
         cls = get_model_class(cfg.architecture)
         tensors = iter_checkpoint(model_dir, cfg.hf_config, show_progress, device)
-        load_weights(model, tensors, cls.checkpoint_renames, shard=shard)
+        tensors = model.adapt_checkpoint(tensors)  # the model's own skips and reshapes
+        load_weights(model, tensors, cls.checkpoint_renames, cls.merged_projections, shard)
     return model
 
 

@@ -9,17 +9,19 @@ schedules exactly that next step, its queued result is used; otherwise (a reques
 finished, a new one arrived) it is dropped: it only wrote KV slots of its own requests at
 positions that are rewritten before anything reads them, and the random streams its
 sampling drew from are put back, so nothing observable changes (seeded rows draw the same
-numbers, in the same order, as without look-ahead)."""
+numbers, in the same order, as without look-ahead). Rows with a grammar keep look-ahead: their
+step is queued and only its sampling waits until their masks are known."""
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 import torch
 
 from xinfer.config import ModelConfig
 from xinfer.engine.request import TokenLogprob
 from xinfer.engine.scheduler import SchedulerOutput
+from xinfer.engine.state_cache import bind_state_caches
 from xinfer.models.moe_decoder import MoeForCausalLM
 from xinfer.runner.forward_context import ForwardContext, forward_context
 from xinfer.sampling import (
@@ -29,6 +31,7 @@ from xinfer.sampling import (
     sample_async,
     uses_penalties,
 )
+from xinfer.structured import grammar_bitmask
 
 
 def _token_slice(req, start: int, n: int) -> list[int]:
@@ -42,11 +45,14 @@ def _token_slice(req, start: int, n: int) -> list[int]:
 @dataclass
 class LookAhead:
     """A queued decode step: which (request, position) rows it computed, its tokens, and
-    the random streams as they were before it sampled (restored if it is dropped)."""
+    the random streams as they were before it sampled (restored if it is dropped). A step
+    with grammar rows is queued without sampling (`pending` None): their masks need this
+    step's tokens, so it samples its `logits` when it is claimed."""
 
     key: tuple[tuple[str, int], ...]
-    pending: PendingSample
-    rng: RngSnapshot
+    pending: PendingSample | None
+    rng: RngSnapshot | None
+    logits: torch.Tensor | None = None
 
 
 @dataclass
@@ -61,6 +67,7 @@ class HostBatch:
     logits_indices: list[int]  # rows that sample
     block_tables: list[list[int]]
     max_query_len: int
+    state_ids: list[int] = field(default_factory=list)  # recurrent-state slot per request
 
     @property
     def is_decode(self) -> bool:
@@ -90,11 +97,15 @@ class ModelRunner:
         graph_runner_factory=None,
         is_graph_safe=None,
         look_ahead: bool = False,
+        num_state_slots: int = 0,
+        state_dtype: torch.dtype | None = None,
     ) -> None:
         """`graph_runner_factory(runner)` builds the CUDA-graph runner (None: eager only);
         `is_graph_safe(batch_size)` says whether every layer can run that decode batch
         without a host decision (offload: the routed ids fit in the slots); `look_ahead`
-        allows queuing the next greedy decode step before reading this one's tokens."""
+        allows queuing the next greedy decode step before reading this one's tokens;
+        `num_state_slots` requests' recurrent state is allocated for hybrid models' state
+        layers (conv state in `state_dtype`)."""
         self.model, self.cfg, self.device = model, cfg, device
         self.block_size, self.max_model_len = block_size, max_model_len
         self.max_num_seqs = max_num_seqs
@@ -107,6 +118,9 @@ class ModelRunner:
             v = torch.zeros(shape, dtype=kv_dtype, device=device)
             attn.bind_kv_cache(k, v)
             self.kv_caches.append((k, v))
+        self.state_caches = bind_state_caches(
+            model, num_state_slots, state_dtype or kv_dtype, device
+        )
         self.graph_runner = graph_runner_factory(self) if graph_runner_factory else None
         self.look_ahead_enabled = look_ahead
         self.look_ahead: LookAhead | None = None
@@ -125,6 +139,7 @@ class ModelRunner:
             hb.seq_lens.append(start + n)
             hb.query_start_loc.append(hb.query_start_loc[-1] + n)
             hb.block_tables.append(req.block_ids)
+            hb.state_ids.append(req.state_slot)
             hb.max_query_len = max(hb.max_query_len, n)
             if s.samples:
                 hb.logits_indices.append(hb.query_start_loc[-1] - 1)
@@ -146,6 +161,7 @@ class ModelRunner:
             # Decode attention sizes its split grid from this bound; the model length (the
             # bound CUDA graphs are captured with) keeps eager and graphed bits identical.
             max_seq_len=self.max_model_len if hb.is_decode else max(hb.seq_lens),
+            state_ids=dev(hb.state_ids, torch.int32) if self.state_caches else None,
         )
         return StepInputs(
             dev(hb.input_ids, torch.int64),
@@ -191,29 +207,37 @@ class ModelRunner:
         queued, self.look_ahead = self.look_ahead, None
         if queued is not None and queued.key == _step_key(out):
             pending = queued.pending
+            if pending is None:
+                pending = self._sample([s.request for s in sampling], queued.logits, eos_ids)
             self.look_ahead_counts["used"] += 1
         else:
             if queued is not None:
-                queued.rng.restore()
+                if queued.rng is not None:
+                    queued.rng.restore()
                 self.look_ahead_counts["dropped"] += 1
             logits = self.logits(self.host_batch(out))
             if not sampling:
                 return [], []
-            reqs = [s.request for s in sampling]
-            meta = SamplingMetadata.build(
-                [r.params for r in reqs],
-                [r.prompt_token_ids for r in reqs],
-                [r.output_token_ids for r in reqs],
-                [r.generator for r in reqs],
-                logits.shape[-1],
-                self.device,
-                eos_token_ids=eos_ids,
-            )
-            pending = sample_async(logits, meta)
+            pending = self._sample([s.request for s in sampling], logits, eos_ids)
         if look_ahead and self.look_ahead_enabled and self._can_look_ahead(out):
             self.look_ahead = self._queue_next_step(out, pending)
         result = pending.result()
         return result.token_ids, list(result.logprobs)
+
+    def _sample(self, reqs: list, logits: torch.Tensor, eos_ids: set[int]) -> PendingSample:
+        """Queue the sampling of one token per request from `logits` (rows in `reqs` order);
+        rows with a grammar take only what their grammar allows after their known tokens."""
+        meta = SamplingMetadata.build(
+            [r.params for r in reqs],
+            [r.prompt_token_ids for r in reqs],
+            [r.output_token_ids for r in reqs],
+            [r.generator for r in reqs],
+            logits.shape[-1],
+            self.device,
+            eos_token_ids=eos_ids,
+            allowed=grammar_bitmask([r.grammar for r in reqs], self.device),
+        )
+        return sample_async(logits, meta)
 
     def _queue_next_step(self, out: SchedulerOutput, pending: PendingSample) -> LookAhead:
         """Queue the decode step that follows `out`, its input ids the sampled tokens."""
@@ -228,12 +252,15 @@ class ModelRunner:
             hb.query_start_loc.append(row + 1)
             hb.logits_indices.append(row)
             hb.block_tables.append(req.block_ids)
+            hb.state_ids.append(req.state_slot)
         logits = self.logits(hb, input_ids=pending.token_ids_device)
         reqs = [s.request for s in out.scheduled]
+        key = tuple((s.request.request_id, s.start + 1) for s in out.scheduled)
+        if any(r.grammar is not None for r in reqs):
+            return LookAhead(key, None, None, logits)  # sampled once the masks are known
         meta = SamplingMetadata.for_params(
             [r.params for r in reqs], [r.generator for r in reqs], logits.shape[-1], self.device
         )
-        key = tuple((s.request.request_id, s.start + 1) for s in out.scheduled)
         rng = RngSnapshot(meta, self.device)
         return LookAhead(key, sample_async(logits, meta), rng)
 
@@ -241,7 +268,10 @@ class ModelRunner:
         """Every row decodes with nothing that needs the host between the steps: no penalty
         (it needs this step's token), no banned token, the next position in an allocated KV
         block, and no row that must stop at this step's token (the queued step would surely
-        be dropped)."""
+        be dropped). Not for recurrent state: a queued step advances it in place, so a
+        dropped one could not be undone."""
+        if self.state_caches:
+            return False
         if uses_penalties([s.request.params for s in out.scheduled]):
             return False
         for s in out.scheduled:

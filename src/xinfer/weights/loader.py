@@ -108,10 +108,18 @@ def _copy(views: dict[str, torch.Tensor], engine: dict[str, torch.Tensor], ckpt_
             dst.copy_(src)
 
 
+def _convert(fmt: WeightFormat, kind: str, tensor, n: int, k: int, ckpt_name: str) -> dict:
+    try:
+        return fmt.convert(kind, tensor, n, k)
+    except UserError as e:  # name the checkpoint tensor in full
+        raise UserError(str(e).replace(f"tensor {kind!r}", f"tensor {ckpt_name!r}", 1)) from None
+
+
 def load_weights(
     model: nn.Module,
     tensors: Iterable[tuple[str, torch.Tensor]],
     renames: tuple = (),
+    merged: dict[str, tuple[str, str]] | None = None,
     shard=None,
 ) -> LoadReport:
     """`shard` (a tensor-parallel rank's `parallel.weights.RankShard`) gives each tensor's
@@ -123,7 +131,7 @@ def load_weights(
     for ckpt_name, tensor in tensors:
         if ckpt_name.endswith(_IGNORED_SUFFIXES) or (tie and ckpt_name == "lm_head.weight"):
             continue
-        t = map_name(ckpt_name, renames)
+        t = map_name(ckpt_name, renames, merged)
         module = modules.get(t.module)
         if module is not None and (_is_linear(module) or _is_expert_layer(module)):
             if t.proj is None and _is_expert_layer(module):
@@ -144,9 +152,9 @@ def load_weights(
                     continue
                 src = tensor if t.proj is None or t.expert is not None else tensor[key]
                 if shard is None:
-                    engine = fmt.convert(t.kind, src, n, k)
+                    engine = _convert(fmt, t.kind, src, n, k, ckpt_name)
                 else:
-                    engine = shard.convert(t, fmt, src, n, k, ckpt_name)
+                    engine = shard.convert(t, fmt, src, n, k, ckpt_name, _convert)
                 _copy(views, engine, ckpt_name)
                 got = report.loaded.setdefault(f"{target}.{t.kind}", set())
                 if t.proj is None:
