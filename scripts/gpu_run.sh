@@ -51,6 +51,8 @@ for phase in "$@"; do
     structured) timeout 240 python3 -m pytest -q -p no:cacheprovider tests/structured 2>&1 | tail -20 | tee "$OUT/structured_tests.txt"; timeout 180 python3 bench/bench_structured.py --batch 8 --tokens 256 2>&1 | grep -v "it/s]" | tail -12 | tee "$OUT/structured_bench.txt" ;;
     engineux) timeout 240 python3 -m pytest -q -p no:cacheprovider tests/e2e/test_prefix_caching_gpu.py 2>&1 | tail -20 | tee "$OUT/engineux_tests.txt" ;;
     prefixbench) timeout 400 python3 bench/bench_prefix_cache.py --model ${PREFIX_MODEL:-bench/configs/qwen3_30b_a3b} --rates ${PREFIX_RATES:-0,0.2} --out "$OUT/prefix_cache" 2>&1 | grep -v "it/s]" | tail -20 ;;
+    tptests) timeout ${TP_TIMEOUT:-400} python3 -m pytest -q -p no:cacheprovider tests/parallel -m multi_gpu 2>&1 | tee "$OUT/tp_tests.txt" | tail -30 ;;
+    tpbench) timeout ${TP_BENCH_TIMEOUT:-590} python3 bench/bench_tp.py --tp ${TP_SIZES:-1,2} --rates ${TP_RATES:-0,0.1,0.2,auto} --batches ${TP_BATCHES:-1,8,32} --gpu-memory-limit-gb 24 ${TP_EXTRA:-} --out "$OUT/tp" 2>&1 | grep -v "it/s]" | tail -40 ;;
     *) echo "unknown phase $phase" ;;
   esac
 done

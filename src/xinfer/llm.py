@@ -132,3 +132,7 @@ class LLM:
     def offload_stats(self) -> dict | None:
         """Per-layer and total expert-cache statistics, or None when offload is off."""
         return self.engine.offload_stats()
+
+    def close(self) -> None:
+        """Stop the other tensor-parallel ranks now (else at exit); one device: a no-op."""
+        self.engine.close()

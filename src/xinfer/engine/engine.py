@@ -20,6 +20,7 @@ from xinfer.engine.scheduler import Scheduler
 from xinfer.engine.state_cache import StateSlotAllocator, plan_state_slots
 from xinfer.engine.stats import StatsLogger, startup_summary
 from xinfer.errors import UserError
+from xinfer.parallel.run import start_tensor_parallel
 from xinfer.runner.model_loader import build_model, plan_weights, resolve_dtype
 from xinfer.runner.model_runner import ModelRunner
 from xinfer.sampling import SamplingParams, make_generator
@@ -62,6 +63,9 @@ class Engine:
         self.tokenizer = Tokenizer.from_dir(config.model)
         self.max_model_len = resolve_max_model_len(cfg, config)
         self.dtype = resolve_dtype(cfg, config.dtype, self.device)
+        self.tp = start_tensor_parallel(config, self)  # None with one device
+        if self.tp is not None:  # this rank's heads and intermediate sizes
+            self.model_config = cfg = self.tp.shard_config(cfg)
         offload = config.offload
         if offload.is_enabled and not cfg.is_moe:
             logger.info("model has no routed experts; MoE offload is ignored")
@@ -98,6 +102,8 @@ class Engine:
         self.num_state_slots = plan_state_slots(
             cfg, config, self.device, self.dtype, kv_dtype, self.max_model_len
         )
+        if self.tp is not None:  # rank 0's slot ids index every rank's state
+            self.num_state_slots = self.tp.agree_min(self.num_state_slots)
         if self.num_state_slots:
             scheduler_config = replace(config.scheduler, max_num_seqs=self.num_state_slots)
             config = self.config = replace(config, scheduler=scheduler_config)
@@ -106,6 +112,8 @@ class Engine:
         num_blocks = plan_num_blocks(
             cfg, config, self.device, kv_dtype, self.max_model_len, reserved_bytes=state_bytes
         )
+        if self.tp is not None:
+            num_blocks = self.tp.agree_min(num_blocks)  # rank 0's tables index every cache
         blocks_per_seq = -(-self.max_model_len // config.cache.block_size)
         if num_blocks < blocks_per_seq:
             raise UserError(
@@ -118,7 +126,13 @@ class Engine:
             from xinfer.runner.cuda_graph import CudaGraphRunner
 
             graphs = CudaGraphRunner
-        self.runner = ModelRunner(
+        make_runner, is_graph_safe = ModelRunner, None
+        if self.offload_manager is not None:
+            is_graph_safe = self.offload_manager.is_graph_safe
+        if self.tp is not None:
+            make_runner = self.tp.runner_class()
+            is_graph_safe = self.tp.agree_graph_sizes(is_graph_safe, config.scheduler.max_num_seqs)
+        self.runner = make_runner(
             self.model,
             cfg,
             self.device,
@@ -128,7 +142,7 @@ class Engine:
             self.max_model_len,
             config.scheduler.max_num_seqs,
             graphs,
-            self.offload_manager.is_graph_safe if self.offload_manager else None,
+            is_graph_safe,
             look_ahead=self._look_ahead(config),
             observer=self.routing if self.routing and self.routing.recorder else None,
             num_state_slots=self.num_state_slots,
@@ -148,6 +162,9 @@ class Engine:
         self.requests: dict[str, Request] = {}
         self._grammar_compiler: GrammarCompiler | None = None
         self._ids = itertools.count()
+        if self.tp is not None:  # a follower runs rank 0's steps from here on, then exits
+            self.tp.start_following(self)
+            self.offload_manager = self.tp.offload_view(self.offload_manager)
         if self.device.type == "cuda":
             self.warm_up_prefill()
         self.allocator.reset_prefix_cache()  # warm-ups are not the user's traffic
@@ -329,3 +346,8 @@ class Engine:
 
     def offload_stats(self) -> dict | None:
         return None if self.offload_manager is None else self.offload_manager.stats()
+
+    def close(self) -> None:
+        """Stop the other tensor-parallel ranks (nothing to do with one device)."""
+        if self.tp is not None:
+            self.tp.close()

@@ -23,6 +23,11 @@ class FusedMoE(nn.Module):
 
     is_quantizable = True
 
+    # Tensor parallel: every rank holds a slice of every expert's intermediate dim (w13's
+    # rows, each of its gate and up halves; w2's columns).
+    tp_plan = {"w13": "column", "w2": "row"}
+    tp_output = "partial"
+
     def __init__(
         self,
         num_experts: int,

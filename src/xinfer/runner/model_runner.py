@@ -215,19 +215,24 @@ class ModelRunner:
             return self.model(inp.input_ids, inp.positions)
 
     @torch.inference_mode()
-    def logits(self, hb: HostBatch) -> torch.Tensor | None:
+    def logits(self, hb: HostBatch, input_ids: torch.Tensor | None = None) -> torch.Tensor | None:
         """(S, V) float32 logits of the rows that sample (None when none does); a decode step
-        that a captured graph covers runs the model and the LM head in one replay."""
+        that a captured graph covers runs the model and the LM head in one replay.
+        `input_ids` (on the device) replaces the batch's host-side ids (look-ahead)."""
         if self.graph_runner is not None and self.graph_runner.can_run(hb):
-            logits = self.graph_runner.run(hb)
+            logits = self.graph_runner.run(hb, input_ids=input_ids)
             self._observe(hb)
             return logits
         inp = self.to_device(hb)
+        if input_ids is not None:
+            inp.input_ids = input_ids
         hidden = self.forward(inp)
         self._observe(hb)
         if not hb.logits_indices:
             return None
-        return self.model.compute_logits(hidden[inp.logits_indices])
+        if len(hb.logits_indices) < hidden.shape[0]:
+            hidden = hidden[inp.logits_indices]
+        return self.model.compute_logits(hidden)
 
     def _observe(self, hb: HostBatch) -> None:
         if self.observer is not None:
@@ -324,13 +329,7 @@ class ModelRunner:
             hb.block_tables.append(req.block_ids)
             hb.state_ids.append(req.state_slot)
             self._add_request(hb, req.request_id)
-        tokens = pending.token_ids_device
-        if self.graph_runner is not None and self.graph_runner.can_run(hb):
-            logits = self.graph_runner.run(hb, input_ids=tokens)
-        else:
-            inp = self.to_device(hb)
-            inp.input_ids = tokens
-            logits = self.model.compute_logits(self.forward(inp))
+        logits = self.logits(hb, input_ids=pending.token_ids_device)
         reqs = [s.request for s in out.scheduled]
         key = tuple((s.request.request_id, s.start + 1) for s in out.scheduled)
         if any(r.grammar is not None for r in reqs):
