@@ -125,14 +125,11 @@ class LLM:
         prompts = [self.tokenizer.encode_chat(c, add_generation_prompt=True) for c in convs]
         return self.generate(prompts, params)
 
-    def close(self) -> None:
-        """Flush and close files the engine writes (a routing trace)."""
-        self.engine.close()
-
     def offload_stats(self) -> dict | None:
         """Per-layer and total expert-cache statistics, or None when offload is off."""
         return self.engine.offload_stats()
 
     def close(self) -> None:
-        """Stop the other tensor-parallel ranks now (else at exit); one device: a no-op."""
+        """Flush the files the engine writes (a routing trace) and stop the other
+        tensor-parallel ranks now (else at exit)."""
         self.engine.close()

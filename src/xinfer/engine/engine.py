@@ -233,11 +233,6 @@ class Engine:
             else bool(config.decode_look_ahead)
         )
 
-    def close(self) -> None:
-        """Flush and close what the engine writes (the routing trace); idempotent."""
-        if self.routing is not None:
-            self.routing.close()
-
     def warm_up_prefill(self) -> None:
         """Run two throw-away prompts, one step's token budget long and one token shorter
         (Triton specialises sizes divisible by 16), so that the prefill kernels are compiled
@@ -348,6 +343,9 @@ class Engine:
         return None if self.offload_manager is None else self.offload_manager.stats()
 
     def close(self) -> None:
-        """Stop the other tensor-parallel ranks (nothing to do with one device)."""
+        """Flush and close what the engine writes (the routing trace) and stop the other
+        tensor-parallel ranks (nothing to do with one device); idempotent."""
+        if self.routing is not None:
+            self.routing.close()
         if self.tp is not None:
             self.tp.close()
