@@ -165,6 +165,7 @@ class Engine:
         if self.tp is not None:  # a follower runs rank 0's steps from here on, then exits
             self.tp.start_following(self)
             self.offload_manager = self.tp.offload_view(self.offload_manager)
+        self.stats_logger = StatsLogger(config.log_stats_interval_s)  # steps report to it
         if self.device.type == "cuda":
             self.warm_up_prefill()
         self.allocator.reset_prefix_cache()  # warm-ups are not the user's traffic
@@ -173,7 +174,6 @@ class Engine:
         self.runner.request_slots.reset()  # request keys (routing streams) start at 0
         if self.routing is not None:
             self.routing.start()
-        self.stats_logger = StatsLogger(config.log_stats_interval_s)
         self.stats_logger.reset(self)
         load_s = time.monotonic() - t_start
         plan = self.weight_plan

@@ -7,9 +7,9 @@ from __future__ import annotations
 import triton
 import triton.language as tl
 
-MIX: tl.constexpr = 0x45D9F3B
-SECOND: tl.constexpr = 0x5BD1E995
-TWO_PI: tl.constexpr = 6.283185307179586
+MIX = tl.constexpr(0x45D9F3B)  # a plain annotation is not a constexpr for Triton 3.6
+SECOND = tl.constexpr(0x5BD1E995)
+TWO_PI = tl.constexpr(6.283185307179586)
 
 
 @triton.jit
