@@ -128,12 +128,15 @@ def write_quantized(
     seed: int = 0,
     skip: re.Pattern | None = None,
     reference: bool = True,
+    quantized: re.Pattern = _QUANTIZED,
+    qc_extra: dict | None = None,
     **overrides,
 ):
     """Write the checkpoint; returns (transformers model with the dequantized weights, path).
-    Modules matching `skip` stay unquantized (and the config's ignore list must say so).
+    Modules matching `quantized` are quantized unless they match `skip` (and the config's
+    ignore list must say so; `qc_extra` adds keys to the quantization config).
     `reference=False` skips the dequantized reference (the model keeps its float weights)."""
-    qc = json.loads(json.dumps(FORMATS[kind]))
+    qc = {**json.loads(json.dumps(FORMATS[kind])), **(qc_extra or {})}
     extra = {"shared_expert_intermediate_size": 128} if arch == "qwen2_moe" else {}
     hf = tm.make_hf_model(arch, seed=seed, **{**SHAPE, **extra, **overrides})
     path.mkdir(parents=True, exist_ok=True)
@@ -157,7 +160,7 @@ def write_quantized(
         module = name.removesuffix(".weight")
         if (
             name.endswith(".weight")
-            and _QUANTIZED.search(module)
+            and quantized.search(module)
             and not (skip and skip.search(module))
         ):
             q = {f"{module}.{k}": v.contiguous() for k, v in fmt.quantize(w).items()}

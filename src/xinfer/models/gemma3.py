@@ -104,6 +104,9 @@ class _HeadNorm:
 
 
 class Gemma3Attention(nn.Module):
+    tp_plan = {"qkv_proj": "column", "o_proj": "row"}  # tensor parallel: heads split
+    tp_output = "partial"
+
     def __init__(self, cfg: ModelConfig, extras: Gemma3Extras, rotary: RotaryEmbedding,
                  is_sliding: bool) -> None:  # fmt: skip
         super().__init__()
