@@ -33,7 +33,7 @@ SRC = HERE.parent / "src"
 sys.path.insert(0, str(HERE))
 
 from offload_bench import client, needle, report, server  # noqa: E402
-from offload_bench.concurrent import run_concurrent  # noqa: E402
+from offload_bench.parallel_streams import run_concurrent  # noqa: E402
 from offload_bench.timing import stream_stats  # noqa: E402
 
 PROMPT = (

@@ -76,6 +76,9 @@ def test_offload_fractions_are_byte_identical(kind, tmp_path):
         got = [r.token_ids for r in llm.generate(prompts, greedy)]
         assert got == base, f"{kind}: offload {fraction} changed the output"
         stats = llm.offload_stats()
+        if fraction == 1.0:  # every expert fits: the layers run resident, nothing offloaded
+            assert stats["offloaded_layers"] == 0 and stats["bytes_moved"] == 0
+            continue
         assert stats["calls"] + stats["staging_copies"] > 0  # the experts went through offload
         if fraction == 0.5:  # 8 slots hold a 3-request decode step: lookup/fill ran
             assert stats["hits"] + stats["misses"] > 0

@@ -48,7 +48,10 @@ class RoutingController:
         self.config, self.source, self.recorder = config, source, recorder
 
     def start(self) -> None:
-        """From now on (after the engine's warm-up) steps are the user's: record them."""
+        """From now on (after the engine's warm-up, when request keys restart at 0) steps
+        are the user's: forget the warm-up's state, record what follows."""
+        if self.source is not None:
+            self.source.reset()
         if self.recorder is not None:
             self.recorder.is_active = True
 

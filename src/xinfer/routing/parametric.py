@@ -53,6 +53,12 @@ class ParametricRouting:
             self.constants.append(replace(const, popularity=const.popularity.to(device)))
             self.states.append(RoutingState.empty(num_rows, e, device))
 
+    def reset(self) -> None:
+        """Forget every request's drift (the engine's warm-up requests, before the user's)."""
+        for state in self.states:
+            state.pos.fill_(-1)
+            state.key.fill_(-1)
+
     def route(
         self,
         layer: int,

@@ -45,9 +45,13 @@ class ReplayRouting:
         self.offsets = torch.tensor(np.cumsum([0] + lengths[:-1]), dtype=torch.int64).to(device)
         self._rows_for: tuple[ForwardContext, torch.Tensor] | None = None
 
-    def _rows(self, ctx: ForwardContext, num_tokens: int) -> torch.Tensor:
-        """(T,) table row of every token; computed by the step's first MoE layer only."""
-        if self._rows_for is not None and self._rows_for[0] is ctx:
+    def reset(self) -> None:
+        self._rows_for = None
+
+    def _rows(self, layer: int, ctx: ForwardContext, num_tokens: int) -> torch.Tensor:
+        """(T,) table row of every token, computed by each forward's first MoE layer (layer 0
+        runs first in every forward, a graph capture included) and reused by the others."""
+        if layer != 0 and self._rows_for is not None and self._rows_for[0] is ctx:
             return self._rows_for[1]
         batch = sequence_batch(ctx)
         seq, positions = token_layout(batch, num_tokens)
@@ -65,5 +69,5 @@ class ReplayRouting:
         top_k: int,
         renormalize: bool,
     ) -> tuple[torch.Tensor, torch.Tensor]:
-        ids = self.table[layer].index_select(0, self._rows(ctx, router_logits.shape[0]))
+        ids = self.table[layer].index_select(0, self._rows(layer, ctx, router_logits.shape[0]))
         return weights_at(router_logits, ids, renormalize), ids
