@@ -30,25 +30,30 @@ from offload_bench.bandwidth import copy_engine_gbps  # noqa: E402
 from xinfer import LLM, SamplingParams  # noqa: E402
 
 
+def _sync() -> None:
+    if torch.cuda.is_available():
+        torch.cuda.synchronize()
+
+
 def ttft(llm: LLM, prompt: list[int]) -> tuple[float, int]:
     """Seconds from add_request to the first token (engine steps, synchronised), and it."""
     engine = llm.engine
     params = SamplingParams(temperature=0.0, max_tokens=1, ignore_eos=True)
-    torch.cuda.synchronize()
+    _sync()
     t = time.perf_counter()
     engine.add_request(prompt, params)
     token = None
     while engine.has_unfinished():
         for out in engine.step():
             token = out.new_token_ids[0]
-    torch.cuda.synchronize()
+    _sync()
     return time.perf_counter() - t, token
 
 
 def run_rate(args, rate: str, prompts: dict[int, list[int]]) -> list[dict]:
     kw = dict(
-        device="cuda:0",
-        dtype="bfloat16",
+        device=args.device,
+        dtype="bfloat16" if args.device.startswith("cuda") else "float32",
         load_format="dummy",
         dummy_weights_seed=0,
         max_model_len=max(prompts) + 64,
@@ -57,7 +62,8 @@ def run_rate(args, rate: str, prompts: dict[int, list[int]]) -> list[dict]:
     )
     if rate != "0":
         kw["moe_offload"] = rate
-        kw["gpu_memory_limit_gb"] = args.gpu_memory_limit_gb
+        if args.device.startswith("cuda"):
+            kw["gpu_memory_limit_gb"] = args.gpu_memory_limit_gb
     t0 = time.perf_counter()
     llm = LLM(args.model, **kw)
     print(f"rate {rate}: loaded in {time.perf_counter() - t0:.1f} s", flush=True)
@@ -91,13 +97,15 @@ def main() -> None:
     ap.add_argument("--budget", type=int, default=2048, help="--max-num-batched-tokens")
     ap.add_argument("--gpu-memory-limit-gb", type=float, default=24.0)
     ap.add_argument("--out", default=None, help="writes OUT.json and OUT.md")
+    ap.add_argument("--device", default="cuda:0", help="cpu: a smoke run (no bandwidth)")
     args = ap.parse_args()
     rng = random.Random(0)
     vocab = json.loads((Path(args.model) / "config.json").read_text())["vocab_size"]
     prompts = {
         int(n): [rng.randrange(vocab) for _ in range(int(n))] for n in args.lengths.split(",")
     }
-    gbps = copy_engine_gbps(torch.device("cuda", 0), 9_437_184, 8, 20)
+    on_gpu = args.device.startswith("cuda")
+    gbps = copy_engine_gbps(torch.device(args.device), 9_437_184, 8, 20) if on_gpu else 55.0
     rows = [r for rate in args.rates.split(",") for r in run_rate(args, rate, prompts)]
     resident = {
         r["tokens"]: r["ttft_s"] for r in rows if r["rate"] == "0" and r["attempt"] == "second"
