@@ -21,6 +21,15 @@ from xinfer.models.layer_stack import LayerStack
 
 
 class DecoderAttention(nn.Module):
+    tp_output = "partial"  # tensor parallel: heads split, o_proj's output summed over ranks
+
+    @property
+    def tp_plan(self) -> dict[str, str]:
+        plan = {"qkv_proj": "column", "o_proj": "row"}
+        if self.qk_norm == "full":  # normalised over all heads: statistics over the ranks
+            plan.update(q_norm="norm_over_heads", k_norm="norm_over_kv_heads")
+        return plan
+
     def __init__(self, cfg: ModelConfig, max_pos: int) -> None:
         super().__init__()
         hd, nh, nkv = cfg.head_dim, cfg.num_heads, cfg.num_kv_heads
@@ -54,6 +63,10 @@ class DecoderAttention(nn.Module):
 
 class SparseMoeBlock(nn.Module):
     """Routed experts, plus Qwen2-MoE's shared expert behind a sigmoid gate when configured."""
+
+    # Tensor parallel: the router and shared-expert gate are replicated; the experts and the
+    # shared expert give partial sums, added up once for the whole block.
+    tp_output = "partial"
 
     def __init__(self, cfg: ModelConfig, expert_device: torch.device | str | None) -> None:
         super().__init__()
@@ -138,6 +151,7 @@ class MoeForCausalLM(nn.Module):
     # False for models with per-request state that cached KV blocks cannot restore (linear
     # attention's recurrent state): the engine then turns prefix caching off.
     supports_prefix_caching: bool = True
+    tp_plan = {"lm_head": "vocab"}  # tensor parallel: the embedding stays replicated
 
     def __init__(
         self, cfg: ModelConfig, max_pos: int, expert_device: torch.device | None = None

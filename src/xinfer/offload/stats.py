@@ -16,9 +16,12 @@ Keys of `OffloadStats.snapshot()` (totals at the top level, the same per layer i
                         are used in place and not counted)
   bytes_moved           bytes_copied + staging_bytes
   calls                 lookup calls
-plus slots_per_layer, num_experts, num_layers, pinned_gb, slot_gb, staging_gb (the shared
-overflow / streaming regions), device and, with XINFER_MOE_OFFLOAD_PROFILE=1, "profile"
-(seconds summed over calls, and call count)."""
+plus slots_per_layer (all E for a resident layer), num_experts, num_layers, resident_layers
+(layers whose every expert fits on the device: they run resident, with no slots, lookups or
+copies, so their counters stay 0), offloaded_layers, pinned_gb, slot_gb (offloaded layers'
+slots), resident_gb, staging_gb (the shared overflow / streaming regions), device and, with
+XINFER_MOE_OFFLOAD_PROFILE=1, "profile" (seconds summed over calls, and call count). Each
+entry of "layers" says `resident`."""
 
 from __future__ import annotations
 
@@ -67,6 +70,7 @@ class OffloadStats:
         self.expert_bytes: list[int] = []  # per layer
         self.slots: list[int] = []
         self.num_experts: list[int] = []
+        self.is_resident: list[bool] = []  # per layer: all experts on the device
         self.pinned_bytes = 0
         self.staging_bytes = 0
         self.profile: CallProfile | None = None
@@ -80,20 +84,31 @@ class OffloadStats:
         rows = self.counters.cpu().tolist()  # the one device read
         layers = []
         for i, row in enumerate(rows):
-            layers.append({"layer": i, "slots": self.slots[i], **_rates(row, self.expert_bytes[i])})
+            layers.append(
+                {
+                    "layer": i,
+                    "slots": self.slots[i],
+                    "resident": self.is_resident[i],
+                    **_rates(row, self.expert_bytes[i]),
+                }
+            )
         summed = ("hits", "misses", "calls", "overflow_misses", "bytes_copied")
         summed += ("staging_copies", "staging_bytes", "bytes_moved")
         total = {k: sum(layer[k] for layer in layers) for k in summed}
         total["max_call_misses"] = max((la["max_call_misses"] for la in layers), default=0)
         seen = total["hits"] + total["misses"]
         total["hit_rate"] = total["hits"] / seen if seen else 0.0
+        per_layer = list(zip(self.slots, self.expert_bytes, self.is_resident))
         out = {
             **total,
             "num_layers": len(layers),
+            "resident_layers": sum(self.is_resident),
+            "offloaded_layers": len(layers) - sum(self.is_resident),
             "slots_per_layer": list(self.slots),
             "num_experts": list(self.num_experts),
             "pinned_gb": self.pinned_bytes / GB,
-            "slot_gb": sum(s * b for s, b in zip(self.slots, self.expert_bytes)) / GB,
+            "slot_gb": sum(s * b for s, b, resident in per_layer if not resident) / GB,
+            "resident_gb": sum(s * b for s, b, resident in per_layer if resident) / GB,
             "staging_gb": self.staging_bytes / GB,
             "device": str(self.device),
             "layers": layers,
@@ -106,6 +121,11 @@ class OffloadStats:
 def format_summary(stats: dict, elapsed_s: float | None = None) -> str:
     """One line for the end of a CLI generation: hit rate, GB moved and (given the elapsed
     time) the host → GPU rate."""
+    if stats["num_layers"] and not stats["offloaded_layers"]:
+        return (
+            f"MoE offload: every expert fits on the device; all {stats['num_layers']} MoE "
+            "layers run resident (no lookups, nothing moved)"
+        )
     moved = stats["bytes_moved"] / GB
     line = (
         f"MoE offload: hit rate {100 * stats['hit_rate']:.1f}% "

@@ -25,6 +25,7 @@ from xinfer.engine.state_cache import bind_state_caches
 from xinfer.models.moe_decoder import MoeForCausalLM
 from xinfer.runner.forward_context import ForwardContext, forward_context
 from xinfer.runner.prompt_pass import LayerHooks, PromptPassRunner
+from xinfer.runner.request_slots import RequestSlots, request_row_capacity
 from xinfer.sampling import (
     PendingSample,
     RngSnapshot,
@@ -69,6 +70,9 @@ class HostBatch:
     block_tables: list[list[int]]
     max_query_len: int
     state_ids: list[int] = field(default_factory=list)  # recurrent-state slot per request
+    request_ids: list[str] = field(default_factory=list)  # per request
+    request_rows: list[int] = field(default_factory=list)  # per request (RequestSlots)
+    request_keys: list[int] = field(default_factory=list)  # per request (RequestSlots)
 
     @property
     def is_decode(self) -> bool:
@@ -98,6 +102,7 @@ class ModelRunner:
         graph_runner_factory=None,
         is_graph_safe=None,
         look_ahead: bool = False,
+        observer=None,
         num_state_slots: int = 0,
         state_dtype: torch.dtype | None = None,
         layer_hooks: LayerHooks | None = None,
@@ -107,12 +112,16 @@ class ModelRunner:
         without a host decision (offload: the routed ids fit in the slots); `look_ahead`
         allows queuing the next greedy decode step before reading this one's tokens;
         `num_state_slots` requests' recurrent state is allocated for hybrid models' state
-        layers (conv state in `state_dtype`)."""
+        layers (conv state in `state_dtype`);
+        `observer` (the routing recorder) hears `after_forward(request_ids, positions,
+        query_start_loc)` after each forward and `after_step()` once its tokens are read."""
         self.model, self.cfg, self.device = model, cfg, device
         self.block_size, self.max_model_len = block_size, max_model_len
         self.max_num_seqs = max_num_seqs
         self.is_graph_safe = is_graph_safe or (lambda batch_size: True)
         self.max_blocks_per_seq = -(-max_model_len // block_size)
+        self.request_slots = RequestSlots(request_row_capacity(max_num_seqs))
+        self.observer = observer
         shape = (num_blocks, block_size, cfg.num_kv_heads, cfg.head_dim)
         self.kv_caches = []
         for attn in model.attention_layers():
@@ -149,8 +158,15 @@ class ModelRunner:
         hb.block_tables.append(req.block_ids)
         hb.state_ids.append(req.state_slot)
         hb.max_query_len = max(hb.max_query_len, n)
+        self._add_request(hb, req.request_id)
         if samples:
             hb.logits_indices.append(hb.query_start_loc[-1] - 1)
+
+    def _add_request(self, hb: HostBatch, request_id: str) -> None:
+        row, key = self.request_slots.assign(request_id)
+        hb.request_ids.append(request_id)
+        hb.request_rows.append(row)
+        hb.request_keys.append(key)
 
     def chunk_inputs(self, s: ScheduledRequest, start: int, n: int) -> StepInputs:
         """A prompt pass chunk: the inputs of a step that computes only tokens
@@ -179,6 +195,8 @@ class ModelRunner:
             # bound CUDA graphs are captured with) keeps eager and graphed bits identical.
             max_seq_len=self.max_model_len if hb.is_decode else max(hb.seq_lens),
             state_ids=dev(hb.state_ids, torch.int32) if self.state_caches else None,
+            request_rows=dev(hb.request_rows, torch.int64),
+            request_keys=dev(hb.request_keys, torch.int64),
         )
         return StepInputs(
             dev(hb.input_ids, torch.int64),
@@ -197,16 +215,28 @@ class ModelRunner:
             return self.model(inp.input_ids, inp.positions)
 
     @torch.inference_mode()
-    def logits(self, hb: HostBatch) -> torch.Tensor | None:
+    def logits(self, hb: HostBatch, input_ids: torch.Tensor | None = None) -> torch.Tensor | None:
         """(S, V) float32 logits of the rows that sample (None when none does); a decode step
-        that a captured graph covers runs the model and the LM head in one replay."""
+        that a captured graph covers runs the model and the LM head in one replay.
+        `input_ids` (on the device) replaces the batch's host-side ids (look-ahead)."""
         if self.graph_runner is not None and self.graph_runner.can_run(hb):
-            return self.graph_runner.run(hb)
+            logits = self.graph_runner.run(hb, input_ids=input_ids)
+            self._observe(hb)
+            return logits
         inp = self.to_device(hb)
+        if input_ids is not None:
+            inp.input_ids = input_ids
         hidden = self.forward(inp)
+        self._observe(hb)
         if not hb.logits_indices:
             return None
-        return self.model.compute_logits(hidden[inp.logits_indices])
+        if len(hb.logits_indices) < hidden.shape[0]:
+            hidden = hidden[inp.logits_indices]
+        return self.model.compute_logits(hidden)
+
+    def _observe(self, hb: HostBatch) -> None:
+        if self.observer is not None:
+            self.observer.after_forward(hb.request_ids, hb.positions, hb.query_start_loc)
 
     @torch.inference_mode()
     def execute(
@@ -237,11 +267,15 @@ class ModelRunner:
                 self.look_ahead_counts["dropped"] += 1
             logits = self.logits(self.host_batch(out))
             if not sampling:
+                if self.observer is not None:
+                    self.observer.after_step()
                 return [], []
             pending = self._sample([s.request for s in sampling], logits, eos_ids)
         if look_ahead and self.look_ahead_enabled and self._can_look_ahead(out):
             self.look_ahead = self._queue_next_step(out, pending)
         result = pending.result()
+        if self.observer is not None:
+            self.observer.after_step()  # the step's work is done: its records are copied
         return result.token_ids, list(result.logprobs)
 
     def _sample(self, reqs: list, logits: torch.Tensor, eos_ids: set[int]) -> PendingSample:
@@ -294,13 +328,8 @@ class ModelRunner:
             hb.logits_indices.append(row)
             hb.block_tables.append(req.block_ids)
             hb.state_ids.append(req.state_slot)
-        tokens = pending.token_ids_device
-        if self.graph_runner is not None and self.graph_runner.can_run(hb):
-            logits = self.graph_runner.run(hb, input_ids=tokens)
-        else:
-            inp = self.to_device(hb)
-            inp.input_ids = tokens
-            logits = self.model.compute_logits(self.forward(inp))
+            self._add_request(hb, req.request_id)
+        logits = self.logits(hb, input_ids=pending.token_ids_device)
         reqs = [s.request for s in out.scheduled]
         key = tuple((s.request.request_id, s.start + 1) for s in out.scheduled)
         if any(r.grammar is not None for r in reqs):
