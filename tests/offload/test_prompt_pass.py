@@ -1,7 +1,8 @@
 """Prompt passes: the scheduler's policy (a prompt longer than the budget gets all its
 blocks and runs in one step alone, or in ceil(T / budget) slices beside other requests'
 decodes, nothing else admitted meanwhile; preemption and abort drop it), the runner's result
-(the same tokens as the chunked path), and the offload layer streamer on CPU (each layer's
+(the same tokens as the chunked path; a hybrid model's pass aborted between slices frees its
+state slot), and the offload layer streamer on CPU (each layer's
 non-resident experts copied once into alternating regions, slots used in place, LRU tables
 untouched, the MoE output equal to the resident one)."""
 
@@ -102,6 +103,38 @@ def test_pass_equals_chunked_path(tmp_path):
         if frac is not None:
             assert llm.offload_stats()["staging_copies"] == llm.offload_stats()["num_layers"]
     assert outs[0] == outs[1] == outs[2]
+
+
+def test_hybrid_pass_abort_between_slices(tmp_path):
+    """Qwen3.5-MoE (linear attention, recurrent state): a 40-token pass sliced beside a
+    decoding request, aborted after its first slice, gives back its blocks and state slot;
+    the other request's tokens are those it gets alone; a second pass then runs exact."""
+    path = write_checkpoint(make_hf_model("qwen3_5_moe", seed=5), tmp_path)
+    params = SamplingParams(max_tokens=8, temperature=0.0, ignore_eos=True)
+    llm = LLM(str(path), device="cpu", max_num_batched_tokens=16, moe_offload=0.25)
+    short, long = prompts(1, seed=7)[0], (prompts(4, seed=8)[3] * 2)[:40]
+    alone = [llm.generate(p, params)[0].token_ids for p in (short, long)]
+    engine = llm.engine
+    first = engine.add_request(short, params)
+    got = []
+    for out in engine.step():  # the short prompt's prefill and first token
+        got += out.new_token_ids
+    doomed = engine.add_request(long, params)
+    for out in engine.step():  # a decode and the pass's first slice of three
+        got += out.new_token_ids
+    assert engine.scheduler.prompt_pass is not None
+    engine.abort_request(doomed)
+    again = engine.add_request(long, params)
+    outputs = {first: got, again: []}
+    while engine.has_unfinished():
+        for out in engine.step():
+            outputs[out.request_id] += out.new_token_ids
+    assert [outputs[first], outputs[again]] == alone
+    slots = engine.scheduler.state_slots
+    assert (
+        slots.num_free == slots.num_slots
+        and engine.allocator.num_free == engine.allocator.num_blocks
+    )
 
 
 class _Layer(torch.nn.Module):
