@@ -90,14 +90,21 @@ class Engine:
 
             self.offload_manager = enable_offload(self.model, config, offload, self.device)
         kv_dtype = config.cache.kv_dtype or self.dtype
-        # hybrid models: one recurrent-state slot per running request, from the same budget
+        look_ahead = (
+            self.device.type == "cuda"
+            if config.decode_look_ahead is None
+            else config.decode_look_ahead
+        )
+        # hybrid models: one recurrent-state slot per running request, from the same budget;
+        # two rows each under decode look-ahead (a dropped queued step must be undoable)
+        self.state_copies = 2 if look_ahead else 1
         self.num_state_slots = plan_state_slots(
-            cfg, config, self.device, self.dtype, kv_dtype, self.max_model_len
+            cfg, config, self.device, self.dtype, kv_dtype, self.max_model_len, self.state_copies
         )
         if self.num_state_slots:
             scheduler_config = replace(config.scheduler, max_num_seqs=self.num_state_slots)
             config = self.config = replace(config, scheduler=scheduler_config)
-        state_bytes = self.num_state_slots * cfg.state_bytes_per_seq(self.dtype)
+        state_bytes = self.num_state_slots * self.state_copies * cfg.state_bytes_per_seq(self.dtype)
         num_blocks = plan_num_blocks(
             cfg, config, self.device, kv_dtype, self.max_model_len, reserved_bytes=state_bytes
         )
@@ -124,11 +131,10 @@ class Engine:
             config.scheduler.max_num_seqs,
             graphs,
             self.offload_manager.is_graph_safe if self.offload_manager else None,
-            look_ahead=self.device.type == "cuda"
-            if config.decode_look_ahead is None
-            else config.decode_look_ahead,
+            look_ahead=look_ahead,
             num_state_slots=self.num_state_slots,
             state_dtype=self.dtype,
+            state_copies=self.state_copies,
         )
         self.allocator = BlockAllocator(
             num_blocks, config.cache.block_size, self._use_prefix_caching()
@@ -155,9 +161,10 @@ class Engine:
         logger.info("%s", startup_summary(self, load_s, weight_bytes, expert_bytes))
         if self.num_state_slots:
             logger.info(
-                "recurrent state: %d sequences (%.1f MB each, %.2f GB)",
+                "recurrent state: %d sequences (%.1f MB each%s, %.2f GB)",
                 self.num_state_slots,
-                cfg.state_bytes_per_seq(self.dtype) / 2**20,
+                cfg.state_bytes_per_seq(self.dtype) * self.state_copies / 2**20,
+                ", double-buffered for decode look-ahead" if self.state_copies == 2 else "",
                 state_bytes / 2**30,
             )
 
