@@ -106,9 +106,9 @@ def gated_delta_rule_prefill(
         k.stride(0), v.stride(0), a.stride(0), num_v_heads, group, head_k_dim, head_v_dim,
         BT=CHUNK, BK=bk, BV=bv, DOT_PRECISION=precision, num_warps=8,
     )  # fmt: skip
-    # one program per (sequence, value head, value block) walks all chunks: narrower value
-    # blocks when a short batch would leave most SMs idle
-    block_v = min(bv, 32 if num_seqs * num_v_heads < 256 else 64)
+    # one program per (sequence, value head, value block) walks all chunks: narrow value
+    # blocks keep SMs busy for one sequence, and a fixed width keeps results batch-invariant
+    block_v = min(bv, 32)
     gdr.chunk_forward_kernel[(num_seqs, num_v_heads, triton.cdiv(head_v_dim, block_v))](
         q, k, w, u, gc, out, ssm_states, query_start_loc, seq_lens, state_ids,
         q.stride(0), k.stride(0), num_v_heads, group, head_k_dim, head_v_dim,
