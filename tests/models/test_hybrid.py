@@ -35,6 +35,13 @@ def ckpt(request, tmp_path_factory):
     return hf, tm.write_checkpoint(hf, tmp_path_factory.mktemp(request.param))
 
 
+@pytest.fixture(scope="module")
+def ckpt35(tmp_path_factory):
+    """Engine mechanics (aborts, look-ahead, budget) are the same for both models."""
+    hf = tm.make_hf_model("qwen3_5_moe", seed=5)
+    return hf, tm.write_checkpoint(hf, tmp_path_factory.mktemp("qwen3_5_moe"))
+
+
 def _slots_all_free(llm: LLM) -> bool:
     engine = llm.engine
     slots = engine.scheduler.state_slots
@@ -78,8 +85,8 @@ def test_preemption_keeps_outputs_exact_and_frees_slots(ckpt):
     assert tight.engine.allocator.num_free == 22 and _slots_all_free(tight)
 
 
-def test_aborts_mid_prefill_and_mid_decode_free_their_slots(ckpt):
-    _, path = ckpt
+def test_aborts_mid_prefill_and_mid_decode_free_their_slots(ckpt35):
+    _, path = ckpt35
     prompts = _long_prompts(4, seed=3)
     params = SamplingParams(temperature=0, max_tokens=12, ignore_eos=True)
     llm = LLM(str(path), device="cpu", max_num_batched_tokens=16, max_num_seqs=3)
@@ -115,11 +122,11 @@ def _run_schedule(llm: LLM, schedule: dict[int, list]) -> dict[str, list[int]]:
     return tokens
 
 
-def test_look_ahead_with_double_buffered_state(ckpt):
+def test_look_ahead_with_double_buffered_state(ckpt35):
     """Decode look-ahead queues the next step, which advances the recurrent state; with two
     rows per slot a queued step that arrivals or finishes drop leaves the state it read, so
     the tokens equal the plain engine's."""
-    _, path = ckpt
+    _, path = ckpt35
     prompts = _long_prompts(4, seed=6)
     g = [SamplingParams(temperature=0, max_tokens=n, ignore_eos=True) for n in (24, 6, 14, 9)]
     # arrivals at 2 and 8 come right after queued steps (which they drop)
@@ -135,8 +142,8 @@ def test_look_ahead_with_double_buffered_state(ckpt):
     assert _slots_all_free(ahead)
 
 
-def test_state_budget_is_reported(ckpt):
-    _, path = ckpt
+def test_state_budget_is_reported(ckpt35):
+    _, path = ckpt35
     llm = LLM(str(path), device="cpu", max_num_seqs=5)
     cfg = llm.engine.model_config
     assert llm.engine.num_state_slots == 5
