@@ -142,9 +142,11 @@ def test_look_ahead_with_double_buffered_state(ckpt35):
     assert _slots_all_free(ahead)
 
 
-def test_state_budget_is_reported(ckpt35):
+def test_state_budget_is_reported(ckpt35, caplog):
     _, path = ckpt35
-    llm = LLM(str(path), device="cpu", max_num_seqs=5)
+    with caplog.at_level(logging.INFO, logger="xinfer"):
+        llm = LLM(str(path), device="cpu", max_num_seqs=5)
+    assert any("recurrent state for 5 sequences" in r.getMessage() for r in caplog.records)
     cfg = llm.engine.model_config
     assert llm.engine.num_state_slots == 5
     assert llm.engine.allocator.prefix_cache is None  # KV blocks cannot restore the state

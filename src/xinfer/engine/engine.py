@@ -104,9 +104,10 @@ class Engine:
         if self.num_state_slots:
             scheduler_config = replace(config.scheduler, max_num_seqs=self.num_state_slots)
             config = self.config = replace(config, scheduler=scheduler_config)
-        state_bytes = self.num_state_slots * self.state_copies * cfg.state_bytes_per_seq(self.dtype)
+        per_seq = cfg.state_bytes_per_seq(self.dtype) * self.state_copies
+        self.state_bytes = self.num_state_slots * per_seq
         num_blocks = plan_num_blocks(
-            cfg, config, self.device, kv_dtype, self.max_model_len, reserved_bytes=state_bytes
+            cfg, config, self.device, kv_dtype, self.max_model_len, reserved_bytes=self.state_bytes
         )
         blocks_per_seq = -(-self.max_model_len // config.cache.block_size)
         if num_blocks < blocks_per_seq:
@@ -159,14 +160,6 @@ class Engine:
         expert_bytes = plan.host_expert_bytes
         weight_bytes = plan.device_bytes + (expert_bytes if plan.is_offloaded else 0)
         logger.info("%s", startup_summary(self, load_s, weight_bytes, expert_bytes))
-        if self.num_state_slots:
-            logger.info(
-                "recurrent state: %d sequences (%.1f MB each%s, %.2f GB)",
-                self.num_state_slots,
-                cfg.state_bytes_per_seq(self.dtype) * self.state_copies / 2**20,
-                ", double-buffered for decode look-ahead" if self.state_copies == 2 else "",
-                state_bytes / 2**30,
-            )
 
     def _use_prefix_caching(self) -> bool:
         """On unless switched off, or the model keeps per-request state (a recurrent
