@@ -3,7 +3,8 @@ recurrent step, gated RMSNorm, sigmoid output gate) run by Triton's CPU interpre
 their twins in `linear_attn_reference`, on packed sequences that span several token blocks
 and chunks, sequences that continue from a state slot, fresh ones, a one-token span, a
 padding row (state id -1, which must write nothing), strided views of a projection output,
-and head / channel sizes that are not block multiples. The twins themselves are checked
+head / channel sizes that are not block multiples, and one or two (double-buffered) state
+rows per slot. The twins themselves are checked
 against transformers and the naive recurrence in `test_linear_attn_twins.py`.
 
 TRITON_INTERPRET must be set before the kernels are decorated, so a normal run re-runs this
@@ -49,9 +50,13 @@ def _tol(dtype: torch.dtype) -> dict[str, float]:
     return dict(atol=1e-4, rtol=1e-4) if dtype == torch.float32 else dict(atol=3e-2, rtol=3e-2)
 
 
+# float32 with one state row per slot, bfloat16 with two (double-buffered) rows
+DTYPE_COPIES = [(torch.float32, 1), (torch.bfloat16, 2)]
+
+
 @child_only
-@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
-def test_conv1d_prefill_and_states(launch, dtype):
+@pytest.mark.parametrize("dtype, copies", DTYPE_COPIES)
+def test_conv1d_prefill_and_states(launch, dtype, copies):
     from xinfer.kernels import linear_attn_reference as ref
 
     g = torch.Generator().manual_seed(0)
@@ -60,18 +65,20 @@ def test_conv1d_prefill_and_states(launch, dtype):
     proj = torch.randn(int(qsl[-1]), channels + 24, generator=g).to(dtype)
     x = proj[:, 8 : 8 + channels]  # a strided view, as the split of a projection
     weight = torch.randn(channels, k, generator=g).to(dtype)
-    states = torch.randn(NUM_SLOTS, k - 1, channels, generator=g).to(dtype)
+    states = torch.randn(NUM_SLOTS * copies, k - 1, channels, generator=g).to(dtype)
     s_ref, s_got = states.clone(), states.clone()
-    want = ref.causal_conv1d_prefill(x, weight, s_ref, ids, qsl, seq_lens)
-    got = launch.causal_conv1d_prefill(x, weight, s_got, ids, qsl, seq_lens, max(LENS))
+    want = ref.causal_conv1d_prefill(x, weight, s_ref, ids, qsl, seq_lens, copies)
+    got = launch.causal_conv1d_prefill(x, weight, s_got, ids, qsl, seq_lens, max(LENS), copies)
     torch.testing.assert_close(got, want, **_tol(dtype))
     torch.testing.assert_close(s_got, s_ref, atol=0, rtol=0)  # states are copies of inputs
-    assert torch.equal(s_got[[2, 5]], states[[2, 5]])  # slots nobody owns stay as they were
+    unowned = [r for s in (2, 5) for r in range(s * copies, (s + 1) * copies)]
+    assert torch.equal(s_got[unowned], states[unowned])  # slots nobody owns stay as they were
+    assert not torch.equal(s_got, states)
 
 
 @child_only
-@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
-def test_conv1d_update(launch, dtype):
+@pytest.mark.parametrize("dtype, copies", DTYPE_COPIES)
+def test_conv1d_update(launch, dtype, copies):
     from xinfer.kernels import linear_attn_reference as ref
 
     g = torch.Generator().manual_seed(1)
@@ -80,15 +87,17 @@ def test_conv1d_update(launch, dtype):
     seq_lens = torch.tensor([7, 1, 1, 40], dtype=torch.int32)  # row 2 starts fresh
     x = torch.randn(4, channels + 8, generator=g).to(dtype)[:, :channels]
     weight = torch.randn(channels, k, generator=g).to(dtype)
-    states = torch.randn(NUM_SLOTS, k - 1, channels, generator=g).to(dtype)
+    states = torch.randn(NUM_SLOTS * copies, k - 1, channels, generator=g).to(dtype)
     s_ref, s_got = states.clone(), states.clone()
-    want = ref.causal_conv1d_update(x, weight, s_ref, ids, seq_lens)
-    got = launch.causal_conv1d_update(x, weight, s_got, ids, seq_lens)
+    want = ref.causal_conv1d_update(x, weight, s_ref, ids, seq_lens, copies)
+    got = launch.causal_conv1d_update(x, weight, s_got, ids, seq_lens, copies)
     torch.testing.assert_close(got, want, **_tol(dtype))
     torch.testing.assert_close(s_got, s_ref, atol=0, rtol=0)
 
 
-def _delta_inputs(num_tokens: int, dtype: torch.dtype, seed: int, hk=2, hv=4, dk=24, dv=80):
+def _delta_inputs(
+    num_tokens: int, dtype: torch.dtype, seed: int, hk=2, hv=4, dk=24, dv=80, copies=1
+):
     """q, k, v, a, b as views of one projection output, as the layer splits it."""
     g = torch.Generator().manual_seed(seed)
     widths = [hk * dk, hk * dk, hv * dv, hv, hv]
@@ -98,39 +107,41 @@ def _delta_inputs(num_tokens: int, dtype: torch.dtype, seed: int, hk=2, hv=4, dk
     v = v.view(num_tokens, hv, dv)
     a_log = torch.empty(hv).uniform_(0.5, 16, generator=g).log()
     dt_bias = torch.rand(hv, generator=g)
-    states = torch.randn(NUM_SLOTS, hv, dk, dv, generator=g)
+    states = torch.randn(NUM_SLOTS * copies, hv, dk, dv, generator=g)
     return [q, k, v, a, b, a_log.to(dtype), dt_bias.to(dtype)], states
 
 
 @child_only
-@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
-def test_chunked_delta_rule(launch, dtype):
+@pytest.mark.parametrize("dtype, copies", DTYPE_COPIES)
+def test_chunked_delta_rule(launch, dtype, copies):
     from xinfer.kernels import linear_attn_reference as ref
 
     qsl, seq_lens, ids = _packed(LENS, PREV, IDS)
-    args, states = _delta_inputs(int(qsl[-1]), dtype, seed=2, hk=1, hv=2)
+    args, states = _delta_inputs(int(qsl[-1]), dtype, seed=2, hk=1, hv=2, copies=copies)
     s_ref, s_got = states.clone(), states.clone()
-    want = ref.gated_delta_rule_prefill(*args, s_ref, ids, qsl, seq_lens)
-    got = launch.gated_delta_rule_prefill(*args, s_got, ids, qsl, seq_lens, max(LENS))
+    want = ref.gated_delta_rule_prefill(*args, s_ref, ids, qsl, seq_lens, copies)
+    got = launch.gated_delta_rule_prefill(*args, s_got, ids, qsl, seq_lens, max(LENS), copies)
     torch.testing.assert_close(got, want, **_tol(dtype))
     torch.testing.assert_close(s_got, s_ref, atol=1e-4, rtol=1e-4)
-    assert torch.equal(s_got[[2, 5]], states[[2, 5]])
+    unowned = [r for s in (2, 5) for r in range(s * copies, (s + 1) * copies)]
+    assert torch.equal(s_got[unowned], states[unowned])
 
 
 @child_only
-@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
-def test_recurrent_step(launch, dtype):
+@pytest.mark.parametrize("dtype, copies", DTYPE_COPIES)
+def test_recurrent_step(launch, dtype, copies):
     from xinfer.kernels import linear_attn_reference as ref
 
     ids = torch.tensor([2, -1, 0, 5, 1], dtype=torch.int32)
     seq_lens = torch.tensor([7, 1, 1, 40, 3], dtype=torch.int32)
-    args, states = _delta_inputs(5, dtype, seed=3)
+    args, states = _delta_inputs(5, dtype, seed=3, copies=copies)
     s_ref, s_got = states.clone(), states.clone()
-    want = ref.gated_delta_rule_decode(*args, s_ref, ids, seq_lens)
-    got = launch.gated_delta_rule_decode(*args, s_got, ids, seq_lens)
+    want = ref.gated_delta_rule_decode(*args, s_ref, ids, seq_lens, copies)
+    got = launch.gated_delta_rule_decode(*args, s_got, ids, seq_lens, copies)
     torch.testing.assert_close(got, want, **_tol(dtype))
     torch.testing.assert_close(s_got, s_ref, atol=1e-5, rtol=1e-5)
-    assert torch.equal(s_got[[3, 4]], states[[3, 4]])
+    unowned = [r for s in (3, 4) for r in range(s * copies, (s + 1) * copies)]
+    assert torch.equal(s_got[unowned], states[unowned])
 
 
 @child_only

@@ -101,3 +101,30 @@ def test_conv_matches_transformers():
     want = hf.causal_conv1d_update(x1[..., None].clone(), hf_state, w, None, "silu")[..., 0]
     got = ref.causal_conv1d_update(x1, w, states, torch.tensor([3]), torch.tensor([71]))
     torch.testing.assert_close(got, want)
+
+
+def test_double_buffered_rows_read_one_parity_and_write_the_other():
+    """Two rows per slot: a step reads row 2·slot + cached % 2 and writes 2·slot + len % 2,
+    with the same results as one row per slot; the row it read is left as it was."""
+    q, k, v, a, b, a_log, dt_bias = _inputs(3)
+    qsl, seq_lens, ids = _packed()
+    single = torch.randn(5, HV, DK, DV)
+    double = single.repeat_interleave(2, dim=0)  # both rows of each slot hold its state
+    args = (q, k, v, a, b, a_log, dt_bias)
+    out1 = ref.gated_delta_rule_prefill(*args, single, ids, qsl, seq_lens)
+    before = double.clone()
+    out2 = ref.gated_delta_rule_prefill(*args, double, ids, qsl, seq_lens, copies=2)
+    assert torch.equal(out1, out2)
+    for sid, prev, n in zip(IDS, PREV, LENS):
+        read, write = ref.state_rows(sid, prev, prev + n, 2)
+        assert torch.equal(double[write], single[sid])
+        if read != write:
+            assert torch.equal(double[read], before[read])
+    conv1 = torch.randn(5, 3, 6)
+    conv2 = conv1.repeat_interleave(2, dim=0)
+    x, w = torch.randn(sum(LENS), 6), torch.randn(6, 4)
+    o1 = ref.causal_conv1d_prefill(x, w, conv1, ids, qsl, seq_lens)
+    o2 = ref.causal_conv1d_prefill(x, w, conv2, ids, qsl, seq_lens, copies=2)
+    assert torch.equal(o1, o2)
+    for sid, prev, n in zip(IDS, PREV, LENS):
+        assert torch.equal(conv2[ref.state_rows(sid, prev, prev + n, 2)[1]], conv1[sid])

@@ -35,6 +35,13 @@ def ckpt(request, tmp_path_factory):
     return hf, tm.write_checkpoint(hf, tmp_path_factory.mktemp(request.param))
 
 
+@pytest.fixture(scope="module")
+def ckpt35(tmp_path_factory):
+    """Engine mechanics (aborts, look-ahead, budget) are the same for both models."""
+    hf = tm.make_hf_model("qwen3_5_moe", seed=5)
+    return hf, tm.write_checkpoint(hf, tmp_path_factory.mktemp("qwen3_5_moe"))
+
+
 def _slots_all_free(llm: LLM) -> bool:
     engine = llm.engine
     slots = engine.scheduler.state_slots
@@ -78,8 +85,8 @@ def test_preemption_keeps_outputs_exact_and_frees_slots(ckpt):
     assert tight.engine.allocator.num_free == 22 and _slots_all_free(tight)
 
 
-def test_aborts_mid_prefill_and_mid_decode_free_their_slots(ckpt):
-    _, path = ckpt
+def test_aborts_mid_prefill_and_mid_decode_free_their_slots(ckpt35):
+    _, path = ckpt35
     prompts = _long_prompts(4, seed=3)
     params = SamplingParams(temperature=0, max_tokens=12, ignore_eos=True)
     llm = LLM(str(path), device="cpu", max_num_batched_tokens=16, max_num_seqs=3)
@@ -104,9 +111,43 @@ def test_aborts_mid_prefill_and_mid_decode_free_their_slots(ckpt):
     assert engine.allocator.num_free == engine.allocator.num_blocks and _slots_all_free(llm)
 
 
-def test_state_budget_is_reported(ckpt):
-    _, path = ckpt
-    llm = LLM(str(path), device="cpu", max_num_seqs=5)
+def _run_schedule(llm: LLM, schedule: dict[int, list]) -> dict[str, list[int]]:
+    """Step the engine, adding `schedule[step]`'s (prompt, params) before that step."""
+    engine, tokens, step = llm.engine, {}, 0
+    while step <= max(schedule) or engine.has_unfinished():
+        for prompt, params in schedule.get(step, []):
+            tokens[engine.add_request(prompt, params)] = []
+        for out in engine.step():
+            tokens[out.request_id].extend(out.new_token_ids)
+        step += 1
+    return tokens
+
+
+def test_look_ahead_with_double_buffered_state(ckpt35):
+    """Decode look-ahead queues the next step, which advances the recurrent state; with two
+    rows per slot a queued step that arrivals or finishes drop leaves the state it read, so
+    the tokens equal the plain engine's."""
+    _, path = ckpt35
+    prompts = _long_prompts(4, seed=6)
+    g = [SamplingParams(temperature=0, max_tokens=n, ignore_eos=True) for n in (24, 6, 14, 9)]
+    # arrivals at 2 and 8 come right after queued steps (which they drop)
+    schedule = {0: [(prompts[0], g[0]), (prompts[2], g[1])], 2: [(prompts[1], g[2])]}
+    schedule.update({8: [(prompts[3], g[3])], 13: [(prompts[2], g[1])]})
+    plain = LLM(str(path), device="cpu", decode_look_ahead=False)
+    ahead = LLM(str(path), device="cpu", decode_look_ahead=True, max_num_seqs=4)
+    assert plain.engine.state_copies == 1 and ahead.engine.state_copies == 2
+    assert ahead.engine.runner.state_caches[0][1].shape[0] == 8  # 4 slots × 2 rows
+    assert _run_schedule(ahead, schedule) == _run_schedule(plain, schedule)
+    counts = ahead.engine.runner.look_ahead_counts
+    assert counts["used"] > 5 and counts["dropped"] >= 2
+    assert _slots_all_free(ahead)
+
+
+def test_state_budget_is_reported(ckpt35, caplog):
+    _, path = ckpt35
+    with caplog.at_level(logging.INFO, logger="xinfer"):
+        llm = LLM(str(path), device="cpu", max_num_seqs=5)
+    assert any("recurrent state for 5 sequences" in r.getMessage() for r in caplog.records)
     cfg = llm.engine.model_config
     assert llm.engine.num_state_slots == 5
     assert llm.engine.allocator.prefix_cache is None  # KV blocks cannot restore the state

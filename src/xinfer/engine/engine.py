@@ -98,9 +98,12 @@ class Engine:
 
             self.offload_manager = enable_offload(self.model, config, offload, self.device)
         kv_dtype = config.cache.kv_dtype or self.dtype
-        # hybrid models: one recurrent-state slot per running request, from the same budget
+        look_ahead = self._look_ahead(config)
+        # hybrid models: one recurrent-state slot per running request, from the same budget;
+        # two rows each under decode look-ahead (a dropped queued step must be undoable)
+        self.state_copies = 2 if look_ahead else 1
         self.num_state_slots = plan_state_slots(
-            cfg, config, self.device, self.dtype, kv_dtype, self.max_model_len
+            cfg, config, self.device, self.dtype, kv_dtype, self.max_model_len, self.state_copies
         )
         if self.tp is not None:  # rank 0's slot ids index every rank's state
             self.num_state_slots = self.tp.agree_min(self.num_state_slots)
@@ -108,9 +111,10 @@ class Engine:
             scheduler_config = replace(config.scheduler, max_num_seqs=self.num_state_slots)
             config = self.config = replace(config, scheduler=scheduler_config)
         self.routing = self._install_routing(config)  # its per-request rows: the runner's
-        state_bytes = self.num_state_slots * cfg.state_bytes_per_seq(self.dtype)
+        per_seq = cfg.state_bytes_per_seq(self.dtype) * self.state_copies
+        self.state_bytes = self.num_state_slots * per_seq
         num_blocks = plan_num_blocks(
-            cfg, config, self.device, kv_dtype, self.max_model_len, reserved_bytes=state_bytes
+            cfg, config, self.device, kv_dtype, self.max_model_len, reserved_bytes=self.state_bytes
         )
         if self.tp is not None:
             num_blocks = self.tp.agree_min(num_blocks)  # rank 0's tables index every cache
@@ -143,10 +147,11 @@ class Engine:
             config.scheduler.max_num_seqs,
             graphs,
             is_graph_safe,
-            look_ahead=self._look_ahead(config),
+            look_ahead=look_ahead,
             observer=self.routing if self.routing and self.routing.recorder else None,
             num_state_slots=self.num_state_slots,
             state_dtype=self.dtype,
+            state_copies=self.state_copies,
             layer_hooks=self.offload_manager.layer_streamer if self.offload_manager else None,
         )
         self.allocator = BlockAllocator(
@@ -180,13 +185,6 @@ class Engine:
         expert_bytes = plan.host_expert_bytes
         weight_bytes = plan.device_bytes + (expert_bytes if plan.is_offloaded else 0)
         logger.info("%s", startup_summary(self, load_s, weight_bytes, expert_bytes))
-        if self.num_state_slots:
-            logger.info(
-                "recurrent state: %d sequences (%.1f MB each, %.2f GB)",
-                self.num_state_slots,
-                cfg.state_bytes_per_seq(self.dtype) / 2**20,
-                state_bytes / 2**30,
-            )
 
     def _use_prefix_caching(self) -> bool:
         """On unless switched off, or the model keeps per-request state (a recurrent
@@ -225,7 +223,7 @@ class Engine:
     def _look_ahead(self, config: EngineConfig) -> bool:
         """Decode look-ahead (on CUDA unless set); off while recording routing, which
         records each step after its forward (a queued step would be missed or doubled)."""
-        if self.routing is not None and self.routing.recorder is not None:
+        if config.routing.record_path is not None:
             return False
         return (
             self.device.type == "cuda"

@@ -50,11 +50,12 @@ def plan_state_slots(
     state_dtype: torch.dtype,
     kv_dtype: torch.dtype,
     max_model_len: int,
+    copies: int = 1,
 ) -> int:
-    """How many requests' states to allocate: one per schedulable sequence
-    (`--max-num-seqs`), fewer when the GPU budget must also keep one full-length sequence's
-    KV blocks; 0 for a model without recurrent state."""
-    per_seq = cfg.state_bytes_per_seq(state_dtype)
+    """How many requests' states (`copies` rows each) to allocate: one per schedulable
+    sequence (`--max-num-seqs`), fewer when the GPU budget must also keep one full-length
+    sequence's KV blocks; 0 for a model without recurrent state."""
+    per_seq = cfg.state_bytes_per_seq(state_dtype) * copies
     if per_seq == 0:
         return 0
     want = engine.scheduler.max_num_seqs
@@ -74,15 +75,20 @@ def plan_state_slots(
 
 
 def bind_state_caches(
-    model: nn.Module, num_slots: int, state_dtype: torch.dtype, device: torch.device
+    model: nn.Module,
+    num_slots: int,
+    state_dtype: torch.dtype,
+    device: torch.device,
+    copies: int = 1,
 ) -> list[tuple[torch.Tensor, torch.Tensor]]:
-    """Allocate each state layer's (conv, delta-rule) tensors for `num_slots` requests and
-    bind them; the conv state is in `state_dtype`, the delta-rule state float32."""
+    """Allocate each state layer's (conv, delta-rule) tensors for `num_slots` requests of
+    `copies` rows each (2: double-buffered, so that decode look-ahead can drop a queued
+    step) and bind them; the conv state is in `state_dtype`, the delta-rule state float32."""
     caches = []
     for layer in model.state_layers():
-        conv_shape, ssm_shape = layer.state_shapes(num_slots)
+        conv_shape, ssm_shape = layer.state_shapes(num_slots * copies)
         conv = torch.zeros(conv_shape, dtype=state_dtype, device=device)
         ssm = torch.zeros(ssm_shape, dtype=torch.float32, device=device)
-        layer.bind_state(conv, ssm)
+        layer.bind_state(conv, ssm, copies)
         caches.append((conv, ssm))
     return caches

@@ -57,6 +57,12 @@ def startup_summary(engine: Engine, load_s: float, weight_bytes: int, expert_byt
     parts.append(
         f"KV cache {engine.kv_tokens:,} tokens ({kv_dtype}), max model len {engine.max_model_len}"
     )
+    if engine.num_state_slots:  # hybrid models: per-request recurrent state
+        copies = " (double-buffered)" if engine.state_copies == 2 else ""
+        parts.append(
+            f"recurrent state for {engine.num_state_slots} sequences{copies}, "
+            f"{_gib(engine.state_bytes)}"
+        )
     parts.append(f"prefix caching {'off' if engine.allocator.prefix_cache is None else 'on'}")
     graphs = engine.runner.graph_runner
     parts.append("CUDA graphs on" if graphs is not None else "eager")

@@ -1,7 +1,8 @@
 """Launchers of the linear-attention kernels (Gated DeltaNet and the gated outputs of
 Qwen3-Next / Qwen3.5): check shapes, then run the Triton kernel on CUDA tensors or the
 pure-torch twin from `linear_attn_reference.py` elsewhere (as `xinfer.kernels` does).
-Packed-sequence arguments are described in `linear_attn_reference`."""
+Packed-sequence arguments and the state `copies` (rows per slot, 1 or 2) are described in
+`linear_attn_reference`."""
 
 from __future__ import annotations
 
@@ -37,16 +38,17 @@ def causal_conv1d_prefill(
     query_start_loc: torch.Tensor,
     seq_lens: torch.Tensor,
     max_query_len: int,
+    copies: int = 1,
 ) -> torch.Tensor:
-    """x (T, C) → SiLU(causal conv) (T, C); conv_states (S, K-1, C) updated per sequence.
-    `max_query_len` is the host-side bound of new tokens per sequence (the grid)."""
+    """x (T, C) → SiLU(causal conv) (T, C); conv_states (S·copies, K-1, C) updated per
+    sequence. `max_query_len` is the host-side bound of new tokens per sequence (the grid)."""
     _check_conv(x, weight, conv_states)
     args = (x, weight, conv_states, state_ids, query_start_loc, seq_lens)
     if use_triton(x):
         from xinfer.kernels import linear_attn_launch
 
-        return linear_attn_launch.causal_conv1d_prefill(*args, max_query_len)
-    return reference.causal_conv1d_prefill(*args)
+        return linear_attn_launch.causal_conv1d_prefill(*args, max_query_len, copies)
+    return reference.causal_conv1d_prefill(*args, copies)
 
 
 def causal_conv1d_update(
@@ -55,12 +57,13 @@ def causal_conv1d_update(
     conv_states: torch.Tensor,
     state_ids: torch.Tensor,
     seq_lens: torch.Tensor,
+    copies: int = 1,
 ) -> torch.Tensor:
     """One new token per sequence: x (B, C) → (B, C), fixed shapes (CUDA-graph safe)."""
     _check_conv(x, weight, conv_states)
     if state_ids.shape != (x.shape[0],) or seq_lens.shape != (x.shape[0],):
         raise ValueError("causal_conv1d_update: one state id and length per row of x")
-    args = (x, weight, conv_states, state_ids, seq_lens)
+    args = (x, weight, conv_states, state_ids, seq_lens, copies)
     if use_triton(x):
         from xinfer.kernels import linear_attn_launch
 
@@ -99,6 +102,7 @@ def gated_delta_rule_prefill(
     query_start_loc: torch.Tensor,
     seq_lens: torch.Tensor,
     max_query_len: int,
+    copies: int = 1,
 ) -> torch.Tensor:
     """Chunked gated delta rule over packed sequences → (T, Hv, Dv) in v's dtype."""
     _check_delta_rule(q, k, v, a, b, ssm_states)
@@ -106,8 +110,8 @@ def gated_delta_rule_prefill(
     if use_triton(q):
         from xinfer.kernels import linear_attn_launch
 
-        return linear_attn_launch.gated_delta_rule_prefill(*args, max_query_len)
-    return reference.gated_delta_rule_prefill(*args)
+        return linear_attn_launch.gated_delta_rule_prefill(*args, max_query_len, copies)
+    return reference.gated_delta_rule_prefill(*args, copies)
 
 
 def gated_delta_rule_decode(
@@ -121,12 +125,13 @@ def gated_delta_rule_decode(
     ssm_states: torch.Tensor,
     state_ids: torch.Tensor,
     seq_lens: torch.Tensor,
+    copies: int = 1,
 ) -> torch.Tensor:
     """One recurrent step per sequence (row b of q/k/v/a/b) → (B, Hv, Dv); fixed shapes."""
     _check_delta_rule(q, k, v, a, b, ssm_states)
     if state_ids.shape != (q.shape[0],) or seq_lens.shape != (q.shape[0],):
         raise ValueError("gated_delta_rule_decode: one state id and length per row")
-    args = (q, k, v, a, b, a_log, dt_bias, ssm_states, state_ids, seq_lens)
+    args = (q, k, v, a, b, a_log, dt_bias, ssm_states, state_ids, seq_lens, copies)
     if use_triton(q):
         from xinfer.kernels import linear_attn_launch
 

@@ -32,6 +32,7 @@ def causal_conv1d_prefill(
     query_start_loc: torch.Tensor,
     seq_lens: torch.Tensor,
     max_query_len: int,
+    copies: int = 1,
 ) -> torch.Tensor:
     num_tokens, channels = x.shape
     k = weight.shape[1]
@@ -40,7 +41,7 @@ def causal_conv1d_prefill(
     if num_tokens == 0 or num_seqs == 0:
         return out
     block_c = min(CONV_BLOCK_C, _pow2(channels))
-    args = (query_start_loc, seq_lens, state_ids, x.stride(0), channels)
+    args = (query_start_loc, seq_lens, state_ids, x.stride(0), channels, copies)
     grid = (num_seqs, triton.cdiv(max_query_len, CONV_BLOCK_T), triton.cdiv(channels, block_c))
     conv.conv1d_prefill_kernel[grid](
         x, weight, conv_states, out, *args, K=k, BLOCK_T=CONV_BLOCK_T, BLOCK_C=block_c
@@ -57,6 +58,7 @@ def causal_conv1d_update(
     conv_states: torch.Tensor,
     state_ids: torch.Tensor,
     seq_lens: torch.Tensor,
+    copies: int = 1,
 ) -> torch.Tensor:
     num_seqs, channels = x.shape
     k = weight.shape[1]
@@ -65,7 +67,7 @@ def causal_conv1d_update(
         return out
     block_c = min(CONV_BLOCK_C, _pow2(channels))
     conv.conv1d_update_kernel[(num_seqs, triton.cdiv(channels, block_c))](
-        x, weight, conv_states, out, seq_lens, state_ids, x.stride(0), channels,
+        x, weight, conv_states, out, seq_lens, state_ids, x.stride(0), channels, copies,
         K=k, BLOCK_R=_pow2(k - 1, 1), BLOCK_C=block_c,
     )  # fmt: skip
     return out
@@ -84,6 +86,7 @@ def gated_delta_rule_prefill(
     query_start_loc: torch.Tensor,
     seq_lens: torch.Tensor,
     max_query_len: int,
+    copies: int = 1,
 ) -> torch.Tensor:
     num_tokens, num_k_heads, head_k_dim = k.shape
     num_v_heads, head_v_dim = v.shape[1:]
@@ -103,11 +106,13 @@ def gated_delta_rule_prefill(
         k.stride(0), v.stride(0), a.stride(0), num_v_heads, group, head_k_dim, head_v_dim,
         BT=CHUNK, BK=bk, BV=bv, DOT_PRECISION=precision, num_warps=8,
     )  # fmt: skip
-    block_v = min(bv, 64)
+    # one program per (sequence, value head, value block) walks all chunks: narrow value
+    # blocks keep SMs busy for one sequence, and a fixed width keeps results batch-invariant
+    block_v = min(bv, 32)
     gdr.chunk_forward_kernel[(num_seqs, num_v_heads, triton.cdiv(head_v_dim, block_v))](
         q, k, w, u, gc, out, ssm_states, query_start_loc, seq_lens, state_ids,
         q.stride(0), k.stride(0), num_v_heads, group, head_k_dim, head_v_dim,
-        head_k_dim**-0.5, BT=CHUNK, BK=bk, BV=block_v, DOT_PRECISION=precision, num_warps=8,
+        head_k_dim**-0.5, copies, BT=CHUNK, BK=bk, BV=block_v, DOT_PRECISION=precision, num_warps=8,
     )  # fmt: skip
     return out
 
@@ -123,6 +128,7 @@ def gated_delta_rule_decode(
     ssm_states: torch.Tensor,
     state_ids: torch.Tensor,
     seq_lens: torch.Tensor,
+    copies: int = 1,
 ) -> torch.Tensor:
     num_seqs, num_k_heads, head_k_dim = k.shape
     num_v_heads, head_v_dim = v.shape[1:]
@@ -134,7 +140,7 @@ def gated_delta_rule_decode(
     gdr.recurrent_step_kernel[(num_seqs, num_v_heads, triton.cdiv(head_v_dim, block_v))](
         q, k, v, a, b, a_log, dt_bias, out, ssm_states, seq_lens, state_ids,
         q.stride(0), k.stride(0), v.stride(0), a.stride(0), num_v_heads,
-        num_v_heads // num_k_heads, head_k_dim, head_v_dim, head_k_dim**-0.5,
+        num_v_heads // num_k_heads, head_k_dim, head_v_dim, head_k_dim**-0.5, copies,
         BK=bk, BV=block_v, num_warps=4,
     )  # fmt: skip
     return out

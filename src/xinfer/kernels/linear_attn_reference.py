@@ -7,7 +7,9 @@ Packed layout: the new tokens of B sequences lie back to back (T rows, `query_st
 (B+1,)); `seq_lens` (B,) counts each sequence's tokens after this step, so a sequence whose
 `seq_len` equals its new-token count starts fresh (zero state). `state_ids` (B,) picks each
 sequence's slot in the state tensors; a negative id (padding) starts from zero and writes
-nothing back."""
+nothing back. With `copies` = 2 a slot owns two rows (2·slot, 2·slot + 1) used in turn: a
+step reads the row of its cached length's parity and writes the row of its new length's
+parity, so a queued step that is dropped can be recomputed from the state it read."""
 
 from __future__ import annotations
 
@@ -18,12 +20,18 @@ CHUNK = 64  # tokens per chunk of the chunked delta rule (the kernels use the sa
 L2NORM_EPS = 1e-6
 
 
-def _spans(query_start_loc: torch.Tensor, seq_lens: torch.Tensor, state_ids: torch.Tensor):
-    """(start, num_new, slot or -1, has_previous_state) per sequence."""
+def state_rows(sid: int, cached: int, seq_len: int, copies: int) -> tuple[int, int]:
+    """(row read, row written) of slot `sid` for a step from `cached` to `seq_len` tokens."""
+    return sid * copies + cached % copies, sid * copies + seq_len % copies
+
+
+def _spans(query_start_loc, seq_lens, state_ids, copies: int):
+    """(start, num_new, row read or -1 for a zero state, row written or -1) per sequence."""
     qsl, lens, ids = query_start_loc.tolist(), seq_lens.tolist(), state_ids.tolist()
     for b, sid in enumerate(ids):
         start, n = qsl[b], qsl[b + 1] - qsl[b]
-        yield start, n, sid, sid >= 0 and lens[b] - n > 0
+        read, write = state_rows(sid, lens[b] - n, lens[b], copies)
+        yield start, n, read if sid >= 0 and lens[b] - n > 0 else -1, write if sid >= 0 else -1
 
 
 def causal_conv1d_prefill(
@@ -33,22 +41,24 @@ def causal_conv1d_prefill(
     state_ids: torch.Tensor,
     query_start_loc: torch.Tensor,
     seq_lens: torch.Tensor,
+    copies: int = 1,
 ) -> torch.Tensor:
-    """Depthwise causal conv + SiLU. x (T, C); weight (C, K); conv_states (S, K-1, C) hold the
-    K-1 inputs before each sequence's new tokens and are replaced by its last K-1 inputs.
+    """Depthwise causal conv + SiLU. x (T, C); weight (C, K); conv_states (S·copies, K-1, C)
+    hold the K-1 inputs before each sequence's new tokens and receive its last K-1 inputs.
     Float32 arithmetic, one rounding to x's dtype: (T, C)."""
     k = weight.shape[1]
     out = torch.empty(x.shape, dtype=x.dtype, device=x.device)
     w = weight.float()
-    for start, n, sid, has_prev in _spans(query_start_loc, seq_lens, state_ids):
+    for start, n, read, write in _spans(query_start_loc, seq_lens, state_ids, copies):
         if n == 0:
             continue
-        prev = conv_states[sid].float() if has_prev else x.new_zeros(k - 1, x.shape[1]).float()
+        zero = x.new_zeros(k - 1, x.shape[1]).float()
+        prev = conv_states[read].float() if read >= 0 else zero
         xx = torch.cat([prev, x[start : start + n].float()])  # (K-1+n, C)
         acc = sum(xx[j : j + n] * w[:, j] for j in range(k))
         out[start : start + n] = F.silu(acc).to(x.dtype)
-        if sid >= 0:
-            conv_states[sid] = xx[-(k - 1) :].to(conv_states.dtype)
+        if write >= 0:
+            conv_states[write] = xx[-(k - 1) :].to(conv_states.dtype)
     return out
 
 
@@ -58,10 +68,11 @@ def causal_conv1d_update(
     conv_states: torch.Tensor,
     state_ids: torch.Tensor,
     seq_lens: torch.Tensor,
+    copies: int = 1,
 ) -> torch.Tensor:
     """One new token per sequence: x (B, C) → (B, C); the prefill twin with B spans of one."""
     qsl = torch.arange(x.shape[0] + 1, dtype=torch.int32, device=x.device)
-    return causal_conv1d_prefill(x, weight, conv_states, state_ids, qsl, seq_lens)
+    return causal_conv1d_prefill(x, weight, conv_states, state_ids, qsl, seq_lens, copies)
 
 
 def gate_and_beta(
@@ -124,25 +135,26 @@ def gated_delta_rule_prefill(
     state_ids: torch.Tensor,
     query_start_loc: torch.Tensor,
     seq_lens: torch.Tensor,
+    copies: int = 1,
 ) -> torch.Tensor:
     """The chunked gated delta rule over packed sequences. q/k (T, Hk, Dk) straight from the
     conv (L2-normalised here), v (T, Hv, Dv), a/b (T, Hv) the decay and beta projections;
-    ssm_states (S, Hv, Dk, Dv) float32, read as each sequence's initial state and replaced by
+    ssm_states (S·copies, Hv, Dk, Dv) float32 hold each sequence's initial state and receive
     its final one. Returns (T, Hv, Dv) in v's dtype."""
     num_v_heads = v.shape[1]
     qh, kh = _heads(q, k, num_v_heads)
     g, beta = gate_and_beta(a, b, a_log, dt_bias)
     out = torch.empty(v.shape, dtype=v.dtype, device=v.device)
     zero = v.new_zeros(num_v_heads, q.shape[-1], v.shape[-1], dtype=torch.float32)
-    for start, n, sid, has_prev in _spans(query_start_loc, seq_lens, state_ids):
+    for start, n, read, write in _spans(query_start_loc, seq_lens, state_ids, copies):
         if n == 0:
             continue
         span = slice(start, start + n)
-        state = ssm_states[sid].float() if has_prev else zero
+        state = ssm_states[read].float() if read >= 0 else zero
         o, state = _chunked_span(qh[span], kh[span], v[span].float(), g[span], beta[span], state)
         out[span] = o.to(v.dtype)
-        if sid >= 0:
-            ssm_states[sid] = state.to(ssm_states.dtype)
+        if write >= 0:
+            ssm_states[write] = state.to(ssm_states.dtype)
     return out
 
 
@@ -157,21 +169,24 @@ def gated_delta_rule_decode(
     ssm_states: torch.Tensor,
     state_ids: torch.Tensor,
     seq_lens: torch.Tensor,
+    copies: int = 1,
 ) -> torch.Tensor:
     """One recurrent step per sequence (row b = sequence b's new token); arguments as the
     prefill twin with T = B. S ← exp(g) S; S ← S + k ⊗ beta (v − kᵀS); out = qᵀS."""
     qh, kh = _heads(q, k, v.shape[1])  # (B, Hv, Dk)
     g, beta = gate_and_beta(a, b, a_log, dt_bias)  # (B, Hv)
-    ids = state_ids.long()
-    has_prev = ((ids >= 0) & (seq_lens > 1)).view(-1, 1, 1, 1)
-    state = torch.where(has_prev, ssm_states[ids.clamp(min=0)].float(), 0.0)  # (B, Hv, Dk, Dv)
+    ids, lens = state_ids.long(), seq_lens.long()
+    read = ids.clamp(min=0) * copies + (lens - 1) % copies
+    write = ids * copies + lens % copies
+    has_prev = ((ids >= 0) & (lens > 1)).view(-1, 1, 1, 1)
+    state = torch.where(has_prev, ssm_states[read].float(), 0.0)  # (B, Hv, Dk, Dv)
     state = state * g.exp()[..., None, None]
     kv = (state * kh.unsqueeze(-1)).sum(-2)  # (B, Hv, Dv)
     delta = (v.float() - kv) * beta.unsqueeze(-1)
     state = state + kh.unsqueeze(-1) * delta.unsqueeze(-2)
     out = (state * qh.unsqueeze(-1)).sum(-2)
     keep = ids >= 0
-    ssm_states[ids[keep]] = state[keep].to(ssm_states.dtype)
+    ssm_states[write[keep]] = state[keep].to(ssm_states.dtype)
     return out.to(v.dtype)
 
 

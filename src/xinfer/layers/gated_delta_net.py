@@ -66,16 +66,19 @@ class GatedDeltaNet(nn.Module):
         self.A_log = nn.Parameter(torch.zeros(num_v_heads, dtype=torch.float32))
         self.norm = _GatedNormWeight(head_v_dim)
         self.out_proj = Linear(self.value_dim, hidden_size)
-        self.conv_states: torch.Tensor | None = None  # (S, K-1, conv_dim), model dtype
-        self.ssm_states: torch.Tensor | None = None  # (S, Hv, Dk, Dv) float32
+        self.conv_states: torch.Tensor | None = None  # (S·copies, K-1, conv_dim), model dtype
+        self.ssm_states: torch.Tensor | None = None  # (S·copies, Hv, Dk, Dv) float32
+        self.state_copies = 1
 
-    def state_shapes(self, num_slots: int) -> tuple[tuple[int, ...], tuple[int, ...]]:
-        """Shapes of the conv and delta-rule state tensors for `num_slots` requests."""
-        conv = (num_slots, self.conv_kernel_size - 1, self.conv_dim)
-        return conv, (num_slots, self.num_v_heads, self.head_k_dim, self.head_v_dim)
+    def state_shapes(self, num_rows: int) -> tuple[tuple[int, ...], tuple[int, ...]]:
+        """Shapes of the conv and delta-rule state tensors with `num_rows` rows."""
+        conv = (num_rows, self.conv_kernel_size - 1, self.conv_dim)
+        return conv, (num_rows, self.num_v_heads, self.head_k_dim, self.head_v_dim)
 
-    def bind_state(self, conv_states: torch.Tensor, ssm_states: torch.Tensor) -> None:
-        self.conv_states, self.ssm_states = conv_states, ssm_states
+    def bind_state(self, conv_states: torch.Tensor, ssm_states: torch.Tensor, copies: int) -> None:
+        """`copies` rows per request slot: 2 lets a queued decode step be dropped (see
+        `linear_attn_reference`)."""
+        self.conv_states, self.ssm_states, self.state_copies = conv_states, ssm_states, copies
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         """x (T, H) → (T, H); the sequences' states advance past this step's tokens."""
@@ -88,23 +91,23 @@ class GatedDeltaNet(nn.Module):
         mixed, z = self.in_proj_qkvz(x).split([self.conv_dim, self.value_dim], dim=-1)
         b, a = self.in_proj_ba(x).split([self.num_v_heads, self.num_v_heads], dim=-1)
         conv_w = self.conv1d.weight.view(self.conv_dim, self.conv_kernel_size)
-        ids, lens = ctx.state_ids, ctx.seq_lens
+        ids, lens, copies = ctx.state_ids, ctx.seq_lens, self.state_copies
+        conv = (conv_w, self.conv_states, ids)
         if ctx.is_decode:  # one token per sequence: fixed shapes, CUDA-graph safe
-            mixed = linear_attn.causal_conv1d_update(mixed, conv_w, self.conv_states, ids, lens)
+            mixed = linear_attn.causal_conv1d_update(mixed, *conv, lens, copies)
         else:
-            mixed = linear_attn.causal_conv1d_prefill(
-                mixed, conv_w, self.conv_states, ids, ctx.query_start_loc, lens, ctx.max_query_len
-            )
+            qsl, max_len = ctx.query_start_loc, ctx.max_query_len
+            mixed = linear_attn.causal_conv1d_prefill(mixed, *conv, qsl, lens, max_len, copies)
         q, k, v = mixed.split([self.key_dim, self.key_dim, self.value_dim], dim=-1)
         q = q.view(num_tokens, self.num_k_heads, self.head_k_dim)
         k = k.view(num_tokens, self.num_k_heads, self.head_k_dim)
         v = v.view(num_tokens, self.num_v_heads, self.head_v_dim)
         rule = (q, k, v, a, b, self.A_log, self.dt_bias, self.ssm_states, ids)
         if ctx.is_decode:
-            core = linear_attn.gated_delta_rule_decode(*rule, lens)
+            core = linear_attn.gated_delta_rule_decode(*rule, lens, copies)
         else:
             core = linear_attn.gated_delta_rule_prefill(
-                *rule, ctx.query_start_loc, lens, ctx.max_query_len
+                *rule, ctx.query_start_loc, lens, ctx.max_query_len, copies
             )
         z = z.view(num_tokens, self.num_v_heads, self.head_v_dim)
         return self.out_proj(linear_attn.gated_rms_norm(core, z, self.norm.weight, self.eps))

@@ -105,6 +105,7 @@ class ModelRunner:
         observer=None,
         num_state_slots: int = 0,
         state_dtype: torch.dtype | None = None,
+        state_copies: int = 1,
         layer_hooks: LayerHooks | None = None,
     ) -> None:
         """`graph_runner_factory(runner)` builds the CUDA-graph runner (None: eager only);
@@ -112,9 +113,10 @@ class ModelRunner:
         without a host decision (offload: the routed ids fit in the slots); `look_ahead`
         allows queuing the next greedy decode step before reading this one's tokens;
         `num_state_slots` requests' recurrent state is allocated for hybrid models' state
-        layers (conv state in `state_dtype`);
-        `observer` (the routing recorder) hears `after_forward(request_ids, positions,
-        query_start_loc)` after each forward and `after_step()` once its tokens are read."""
+        layers (conv state in `state_dtype`; `state_copies` rows per request, 2 to allow
+        look-ahead); `observer` (the routing recorder) hears `after_forward(request_ids,
+        positions, query_start_loc)` after each forward and `after_step()` once its tokens
+        are read."""
         self.model, self.cfg, self.device = model, cfg, device
         self.block_size, self.max_model_len = block_size, max_model_len
         self.max_num_seqs = max_num_seqs
@@ -130,8 +132,9 @@ class ModelRunner:
             attn.bind_kv_cache(k, v)
             self.kv_caches.append((k, v))
         self.state_caches = bind_state_caches(
-            model, num_state_slots, state_dtype or kv_dtype, device
+            model, num_state_slots, state_dtype or kv_dtype, device, state_copies
         )
+        self.state_copies = state_copies
         self.graph_runner = graph_runner_factory(self) if graph_runner_factory else None
         self.look_ahead_enabled = look_ahead
         self.look_ahead: LookAhead | None = None
@@ -344,9 +347,9 @@ class ModelRunner:
         """Every row decodes with nothing that needs the host between the steps: no penalty
         (it needs this step's token), no banned token, the next position in an allocated KV
         block, and no row that must stop at this step's token (the queued step would surely
-        be dropped). Not for recurrent state: a queued step advances it in place, so a
-        dropped one could not be undone."""
-        if self.state_caches:
+        be dropped). Recurrent state must be double-buffered (`state_copies` 2): a queued
+        step writes the other row, so a dropped one leaves the state it read intact."""
+        if self.state_caches and self.state_copies < 2:
             return False
         if uses_penalties([s.request.params for s in out.scheduled]):
             return False

@@ -9,7 +9,9 @@ A_ij = beta_i (k_i·k_j) exp(gc_i − gc_j) for i > j (forward substitution in r
 v_new = u − w S, out = exp(gc) q S + (q kᵀ ∘ decay) v_new, S ← exp(gc_last) S +
 (exp(gc_last − gc) k)ᵀ v_new. Decode is `recurrent_step_kernel`: one token per sequence.
 q and k are L2-normalised (eps 1e-6) in the kernels, q scaled by Dk^-1/2; the decay
-g = −exp(A_log)·softplus(a + dt_bias) and beta = sigmoid(b) are computed in them too."""
+g = −exp(A_log)·softplus(a + dt_bias) and beta = sigmoid(b) are computed in them too.
+A slot owns `copies` state rows (see `linear_attn_reference`): read the cached length's
+parity, write the new length's."""
 
 from __future__ import annotations
 
@@ -114,7 +116,7 @@ def chunk_forward_kernel(
     u_ptr,  # (T, Hv, Dv) float32
     gc_ptr,  # (T, Hv) float32
     out_ptr,  # (T, Hv, Dv) contiguous
-    state_ptr,  # (S, Hv, Dk, Dv) float32 contiguous
+    state_ptr,  # (S·copies, Hv, Dk, Dv) float32 contiguous
     query_start_loc_ptr,
     seq_lens_ptr,
     state_ids_ptr,
@@ -125,6 +127,7 @@ def chunk_forward_kernel(
     head_k_dim,
     head_v_dim,
     scale,  # Dk^-1/2
+    copies,  # state rows per slot
     BT: tl.constexpr,
     BK: tl.constexpr,
     BV: tl.constexpr,
@@ -134,15 +137,17 @@ def chunk_forward_kernel(
     start = tl.load(query_start_loc_ptr + seq)
     n = tl.load(query_start_loc_ptr + seq + 1) - start
     sid = tl.load(state_ids_ptr + seq).to(tl.int64)
+    seq_len = tl.load(seq_lens_ptr + seq).to(tl.int64)
+    read, write = sid * copies + (seq_len - n) % copies, sid * copies + seq_len % copies
     # state rows to read: all for a continuing sequence, none for a fresh one or padding
     # (a count, not a scalar flag ANDed into the mask, which the interpreter mistypes)
-    prev_rows = tl.where((sid >= 0) & (tl.load(seq_lens_ptr + seq) - n > 0), head_k_dim, 0)
+    prev_rows = tl.where((sid >= 0) & (seq_len - n > 0), head_k_dim, 0)
     i, dk = tl.arange(0, BT), tl.arange(0, BK)
     dv = vb * BV + tl.arange(0, BV)
     dk_mask, dv_mask = dk < head_k_dim, dv < head_v_dim
     s_mask = dk_mask[:, None] & dv_mask[None, :]
-    s_ptrs = state_ptr + ((sid * num_v_heads + h) * head_k_dim + dk[:, None]) * head_v_dim
-    state = tl.load(s_ptrs + dv[None, :], mask=s_mask & (dk < prev_rows)[:, None], other=0.0)
+    s_read = state_ptr + ((read * num_v_heads + h) * head_k_dim + dk[:, None]) * head_v_dim
+    state = tl.load(s_read + dv[None, :], mask=s_mask & (dk < prev_rows)[:, None], other=0.0)
     k_off = (h // group) * head_k_dim
     for c0 in range(0, n, BT):
         mask = c0 + i < n
@@ -175,7 +180,8 @@ def chunk_forward_kernel(
             tl.trans(k_tail), v_new, input_precision=DOT_PRECISION
         )
     if sid >= 0:
-        tl.store(s_ptrs + dv[None, :], state, mask=s_mask)
+        s_write = state_ptr + ((write * num_v_heads + h) * head_k_dim + dk[:, None]) * head_v_dim
+        tl.store(s_write + dv[None, :], state, mask=s_mask)
 
 
 @triton.jit
@@ -188,7 +194,7 @@ def recurrent_step_kernel(
     a_log_ptr,
     dt_bias_ptr,
     out_ptr,  # (B, Hv, Dv) contiguous
-    state_ptr,  # (S, Hv, Dk, Dv) float32 contiguous
+    state_ptr,  # (S·copies, Hv, Dk, Dv) float32 contiguous
     seq_lens_ptr,
     state_ids_ptr,
     stride_qt,
@@ -200,12 +206,15 @@ def recurrent_step_kernel(
     head_k_dim,
     head_v_dim,
     scale,
+    copies,
     BK: tl.constexpr,
     BV: tl.constexpr,
 ):
     row, h, vb = tl.program_id(0), tl.program_id(1), tl.program_id(2)
     sid = tl.load(state_ids_ptr + row).to(tl.int64)
-    prev_rows = tl.where((sid >= 0) & (tl.load(seq_lens_ptr + row) > 1), head_k_dim, 0)
+    seq_len = tl.load(seq_lens_ptr + row).to(tl.int64)
+    read, write = sid * copies + (seq_len - 1) % copies, sid * copies + seq_len % copies
+    prev_rows = tl.where((sid >= 0) & (seq_len > 1), head_k_dim, 0)
     dk = tl.arange(0, BK)
     dv = vb * BV + tl.arange(0, BV)
     dk_mask, dv_mask = dk < head_k_dim, dv < head_v_dim
@@ -220,10 +229,10 @@ def recurrent_step_kernel(
     )
     g, beta = _gate_beta(a_ptr, b_ptr, a_log_ptr, dt_bias_ptr, h, r64, True, stride_ab)
     s_mask = dk_mask[:, None] & dv_mask[None, :]
-    s_ptrs = (
-        state_ptr + ((sid * num_v_heads + h) * head_k_dim + dk[:, None]) * head_v_dim + dv[None, :]
-    )
-    state = tl.load(s_ptrs, mask=s_mask & (dk < prev_rows)[:, None], other=0.0) * tl.exp(g)
+    s_off = (h * head_k_dim + dk[:, None]) * head_v_dim + dv[None, :]  # within a state row
+    row_size = num_v_heads * head_k_dim * head_v_dim
+    s_read = state_ptr + read * row_size + s_off
+    state = tl.load(s_read, mask=s_mask & (dk < prev_rows)[:, None], other=0.0) * tl.exp(g)
     kv = tl.sum(state * k[:, None], axis=0)  # (BV,)
     delta = (v - kv) * beta
     state = state + k[:, None] * delta[None, :]
@@ -234,4 +243,4 @@ def recurrent_step_kernel(
         mask=dv_mask,
     )
     if sid >= 0:
-        tl.store(s_ptrs, state, mask=s_mask)
+        tl.store(state_ptr + write * row_size + s_off, state, mask=s_mask)
