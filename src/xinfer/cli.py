@@ -79,12 +79,15 @@ def main(argv: list[str] | None = None) -> int:
         from xinfer.engine.engine import Engine
 
         engine = Engine(config, show_progress=True)
-        if run.prompt is not None:
-            run_prompt(engine, run.prompt, sampling)
-        else:
-            from xinfer.chat import run_chat
+        try:
+            if run.prompt is not None:
+                run_prompt(engine, run.prompt, sampling)
+            else:
+                from xinfer.chat import run_chat
 
-            run_chat(engine, sampling)
+                run_chat(engine, sampling)
+        finally:
+            engine.close()
         return 0
     except UserError as e:
         print(f"xinfer: error: {e}", file=sys.stderr)

@@ -128,3 +128,8 @@ class LLM:
     def offload_stats(self) -> dict | None:
         """Per-layer and total expert-cache statistics, or None when offload is off."""
         return self.engine.offload_stats()
+
+    def close(self) -> None:
+        """Flush the files the engine writes (a routing trace) and stop the other
+        tensor-parallel ranks now (else at exit)."""
+        self.engine.close()

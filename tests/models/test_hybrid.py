@@ -108,6 +108,7 @@ def test_state_budget_is_reported(ckpt):
     llm = LLM(str(path), device="cpu", max_num_seqs=5)
     cfg = llm.engine.model_config
     assert llm.engine.num_state_slots == 5
+    assert llm.engine.allocator.prefix_cache is None  # KV blocks cannot restore the state
     assert cfg.kv_layer_ids == [1, 3] and cfg.linear_layer_ids == [0, 2]
     conv = 3 * (2 * 2 * 16 + 4 * 16) * 4  # (K-1) × conv channels × float32
     assert cfg.state_bytes_per_seq(torch.float32) == 2 * (conv + 4 * 16 * 16 * 4)

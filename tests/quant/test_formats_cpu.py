@@ -67,7 +67,7 @@ def test_loaded_tensors_dequantize_to_the_published_weights(case):
     assert torch.equal(ew.fmt.dequantize(one, *ew.proj_nk("w2")), down)
 
 
-@pytest.mark.parametrize("kind", ["fp8", "nvfp4", "gptq", "ct-asym-g64"])
+@pytest.mark.parametrize("kind", ["fp8", "fp8-ct-channel", "nvfp4", "gptq", "ct-asym-g64"])
 def test_offload_fractions_are_byte_identical(kind, tmp_path):
     _, path = qk.write_quantized("qwen3_moe", kind, tmp_path / kind, seed=2, num_experts=16)
     prompts = tm.prompts(3, seed=4)

@@ -61,7 +61,9 @@ class GatedDeltaNet(nn.Module):
             self.in_proj_ba = Linear(hidden_size, 2 * num_v_heads)
         self.conv1d = _ConvWeight(self.conv_dim, conv_kernel_size)
         self.dt_bias = nn.Parameter(torch.ones(num_v_heads))
-        self.A_log = nn.Parameter(torch.zeros(num_v_heads))
+        # float32 whatever the model dtype (the published checkpoints store it so): the
+        # decay exp(A_log) compounds over every token of a sequence
+        self.A_log = nn.Parameter(torch.zeros(num_v_heads, dtype=torch.float32))
         self.norm = _GatedNormWeight(head_v_dim)
         self.out_proj = Linear(self.value_dim, hidden_size)
         self.conv_states: torch.Tensor | None = None  # (S, K-1, conv_dim), model dtype

@@ -80,6 +80,11 @@ class GatedAttention(nn.Module):
     """Full attention whose q projection also yields a per-head output gate
     ([q_h | gate_h] per head), q/k RMSNorm per head, partial rotary, sigmoid-gated output."""
 
+    # Tensor parallel: heads split (each head's [q | gate] rows stay together), o_proj's
+    # output summed over the ranks; the Gated DeltaNet layers stay whole on every rank.
+    tp_plan = {"qkv_proj": "column", "o_proj": "row"}
+    tp_output = "partial"
+
     def __init__(self, cfg: HybridConfig, max_pos: int) -> None:
         super().__init__()
         hd, nh, nkv = cfg.head_dim, cfg.num_heads, cfg.num_kv_heads
