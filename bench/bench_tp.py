@@ -196,6 +196,7 @@ def main() -> None:
     ap.add_argument("--engine-option", action="append", default=[], metavar="KEY=VALUE")
     ap.add_argument("--cpu", action="store_true", help="CPU ranks (a smoke test of this script)")
     ap.add_argument("--out", default="bench/results/tp")
+    ap.add_argument("--append", action="store_true", help="add to the runs already in --out")
     ap.add_argument("--child", action="store_true", help=argparse.SUPPRESS)
     ap.add_argument("--rate", default="0", help=argparse.SUPPRESS)
     args = ap.parse_args()
@@ -213,6 +214,8 @@ def main() -> None:
         torch.cuda.empty_cache()
     out, runs = Path(args.out), []
     out.parent.mkdir(parents=True, exist_ok=True)
+    if args.append and out.with_suffix(".json").exists():  # a run split over several calls
+        runs = json.loads(out.with_suffix(".json").read_text())["runs"]
     for tp in sizes:
         for rate in args.rates.split(","):
             cmd = [sys.executable, __file__, "--child", "--tp", str(tp), "--rate", rate]

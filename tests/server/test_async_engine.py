@@ -43,6 +43,9 @@ class FakeEngine:
     def offload_stats(self):
         return None
 
+    def close(self):
+        pass
+
     def prefix_cache_stats(self):
         return None
 

@@ -21,6 +21,7 @@ from xinfer.parallel.plan import rank_config
 _IDLE_TIMEOUT = datetime.timedelta(days=3650)
 # `all_gather_single` replaces `all_gather_into_tensor` in newer torch (same arguments).
 _all_gather = getattr(dist, "all_gather_single", None) or dist.all_gather_into_tensor
+_THREADS_BEFORE: int | None = None  # torch's CPU threads before a CPU group took its share
 
 
 class TensorParallelGroup:
@@ -47,19 +48,27 @@ class TensorParallelGroup:
         self.full_config = cfg
         return rank_config(cfg, self.size)
 
+    def failed(self, what: str, e: RuntimeError) -> None:
+        """gloo: "Connection closed by peer"; NCCL: errors, aborts — a peer is gone."""
+        cause = str(e).splitlines()[0][:160] if str(e) else type(e).__name__
+        self.on_failure(f"tensor-parallel rank {self.rank}: {what} failed ({cause})")
+
     @contextmanager
     def _guard(self, what: str):
         try:
             yield
-        except RuntimeError as e:  # gloo: "Connection closed by peer"; NCCL: errors, aborts
-            cause = str(e).splitlines()[0][:160] if str(e) else type(e).__name__
-            self.on_failure(f"tensor-parallel rank {self.rank}: {what} failed ({cause})")
+        except RuntimeError as e:
+            self.failed(what, e)
             raise
 
     def all_reduce(self, t: torch.Tensor) -> torch.Tensor:
-        """Sum `t` over the ranks in place (every rank gets the same bits) and return it."""
-        with self._guard("all-reduce"):
+        """Sum `t` over the ranks in place (every rank gets the same bits) and return it.
+        (Inline try: this one runs twice per layer of every eager step.)"""
+        try:
             dist.all_reduce(t)
+        except RuntimeError as e:
+            self.failed("all-reduce", e)
+            raise
         return t
 
     def all_gather_columns(self, t: torch.Tensor) -> torch.Tensor:
@@ -128,7 +137,6 @@ def init_group(
 
 
 _CURRENT: TensorParallelGroup | None = None
-_THREADS_BEFORE: int | None = None  # torch's CPU threads before a CPU group took its share
 
 
 def current_group() -> TensorParallelGroup | None:
