@@ -62,6 +62,14 @@ class RoutingController:
             ]
             self.recorder.after_forward(requests)
 
+    def pass_chunk(self, ctx, request_id: str, start: int, n: int) -> None:
+        if self.recorder is not None:
+            self.recorder.pass_chunk(ctx, request_id, start, n)
+
+    def end_pass(self) -> None:
+        if self.recorder is not None:
+            self.recorder.end_pass()
+
     def after_step(self) -> None:
         if self.recorder is not None:
             self.recorder.after_step()
