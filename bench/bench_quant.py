@@ -6,11 +6,11 @@ floor recomputed from the bytes as stored, resident and under offload.
         --formats bf16,fp8,nvfp4,gptq,awq,ct --parts resident,offload \
         --gpu-memory-limit-gb 24 --out bench/results/quant
 
-Per format: resident decode at batch 1 and 8 (greedy, CUDA graphs) and a 2k-token prefill;
-offload at 0.2 and `auto` under the GPU memory limit, batch 1 with seeded sampling (random
-weights under greedy repeat one token, so routing would never change; sampled tokens route
-near-uniformly — say so beside the rows), each beside `t_resident + bytes moved / H2D`.
-Writes NAME.json and NAME.md (one table per part)."""
+Per format: resident decode at batch 1 and 8 (greedy, CUDA graphs) and a 2k-token prefill,
+beside the floor of the bytes as stored; offload through bench_offload_decode.py (its own
+engine processes): 0.2 and `auto` under the GPU memory limit, batch 1 and 8 with the routing
+model (`--routing`), each beside `t_resident + bytes moved / H2D`, and the 2k-token TTFT.
+Writes NAME.json and NAME.md."""
 
 from __future__ import annotations
 
@@ -21,16 +21,13 @@ import sys
 import tempfile
 import time
 from pathlib import Path
-from types import SimpleNamespace
 
 import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "src"))
 
 from bench_decode import time_engine_decode, time_engine_prefill  # noqa: E402
-from bench_offload_decode import run_rate  # noqa: E402
 from cuda_timing import device_copy_bandwidth  # noqa: E402
-from offload_bench.bandwidth import copy_engine_gbps  # noqa: E402
 
 from xinfer import LLM  # noqa: E402
 
@@ -105,21 +102,20 @@ def resident(args, fmt: str, path: Path, hbm: float) -> dict:
     return row
 
 
-def offload(args, fmt: str, path: Path, bw: float) -> list[dict]:
-    ns = SimpleNamespace(model=str(path), steps=args.steps, warmup_steps=8,
-                         gpu_memory_limit_gb=args.gpu_memory_limit_gb, trace_dir=None)  # fmt: skip
-    prompt = torch.randint(0, 1000, (64,), generator=torch.Generator().manual_seed(0)).tolist()
-    rows = []
-    base = run_rate(ns, "0", prompt)
-    for rate in ("0.2", "auto"):
-        r = run_rate(ns, rate, prompt)
-        limit = base["step_ms"] / 1e3 + r["gb_per_token"] * 1e9 / bw
-        r.update(format=fmt, limit_tok_s=1 / limit, ratio=r["step_ms"] / 1e3 / limit,
-                 identical=r["tokens"] == base["tokens"], resident_tok_s=base["tok_s"])  # fmt: skip
-        r.pop("tokens")
-        rows.append(r)
-        print({k: v for k, v in r.items() if k != "look_ahead"}, flush=True)
-    return rows
+def offload(args, fmt: str, path: Path) -> str:
+    """bench_offload_decode.py on this format's model dir (each engine in its own process):
+    batch 1 and 8 at 0.2 and `auto`, 2k-token TTFT, with the routing model; its page."""
+    import bench_offload_decode
+
+    out = Path(f"{args.out}_offload_{fmt}")
+    bench_offload_decode.main([
+        "--model", str(path), "--rates", "0.2,auto", "--batches", "1,8",
+        "--warmup-steps", "32,4", "--steps", "64,16",
+        "--ttft-tokens", "2048", "--ttft-rates", "0.2,auto",
+        "--gpu-memory-limit-gb", str(args.gpu_memory_limit_gb), "--routing", args.routing,
+        "--out", str(out),
+    ])  # fmt: skip
+    return f"## {fmt}\n\n" + out.with_suffix(".md").read_text()
 
 
 def main() -> None:
@@ -129,12 +125,13 @@ def main() -> None:
     ap.add_argument("--parts", default="resident,offload")
     ap.add_argument("--gpu-memory-limit-gb", type=float, default=24.0)
     ap.add_argument("--steps", type=int, default=32)
+    ap.add_argument("--routing", default="qwen3-30b-a3b", help="offload rows: see --routing "
+                    "of bench_offload_decode.py")  # fmt: skip
     ap.add_argument("--out", default="bench/results/quant")
     args = ap.parse_args()
     dev = torch.device("cuda:0")
     hbm = device_copy_bandwidth(dev)
-    h2d = copy_engine_gbps(dev, 512 << 20, 1, 5) * 1e9
-    print(f"device copy {hbm / 1e12:.2f} TB/s (r+w), host→GPU {h2d / 1e9:.1f} GB/s", flush=True)
+    print(f"device copy {hbm / 1e12:.2f} TB/s (read + write)", flush=True)
     results: dict = {"resident": [], "offload": []}
     parts = args.parts.split(",")
     with tempfile.TemporaryDirectory() as tmp:
@@ -144,10 +141,9 @@ def main() -> None:
                 results["resident"].append(resident(args, fmt, path, hbm))
                 print(results["resident"][-1], flush=True)
             if "offload" in parts:
-                results["offload"] += offload(args, fmt, path, h2d)
+                results["offload"].append(offload(args, fmt, path))
     meta = {"date": time.strftime("%Y-%m-%d"), "gpu": torch.cuda.get_device_name(dev),
-            "hbm_copy": hbm, "h2d": h2d, "command": " ".join(sys.argv),
-            "routing": "seeded sampling on dummy weights (offload rows)"}  # fmt: skip
+            "hbm_copy": hbm, "command": " ".join(sys.argv), "routing": args.routing}  # fmt: skip
     out = Path(args.out)
     out.parent.mkdir(parents=True, exist_ok=True)
     out.with_suffix(".json").write_text(json.dumps({"meta": meta, **results}, indent=1))
@@ -170,18 +166,8 @@ def render(meta: dict, results: dict) -> str:
             )
         lines.append("")
     if results["offload"]:
-        lines += [
-            f"Offload, batch 1 ({meta['routing']}), GPU limit for auto",
-            "",
-            "| format | GPU experts | slots/layer | tok/s | limit tok/s | step / limit | hit rate | GB/token | identical |",
-            "|---|---|---|---|---|---|---|---|---|",
-        ]
-        for r in results["offload"]:
-            lines.append(
-                f"| {r['format']} | {r['rate']} | {min(r['slots'])} | {r['tok_s']:.1f} "
-                f"| {r['limit_tok_s']:.1f} | {r['ratio']:.2f} | {r['hit_rate']:.1%} "
-                f"| {r['gb_per_token']:.3f} | {r['identical']} |"
-            )
+        lines += [f"Offload (routing `{meta['routing']}`), per format:", ""]
+        lines += results["offload"]
     return "\n".join(lines) + "\n"
 
 

@@ -1,7 +1,7 @@
 """The README's table of supported architectures with the memory a typical checkpoint
 needs, computed from the published `config.json` values below by the engine's own sizing
-(the model built on the meta device, the offload slot rule, the staging buffer, the KV
-cache, the host-RAM check's margin). `python scripts/model_memory.py` prints the table;
+(`plan_weights`: the model built on the meta device in the checkpoint's weight format; the
+offload slot rule, the staging buffer, the KV cache, the host-RAM check's margin). `python scripts/model_memory.py` prints the table;
 tests check that the README holds exactly this output. Add a row: add its config here."""
 
 from __future__ import annotations
@@ -12,7 +12,7 @@ from xinfer.config import ModelConfig
 from xinfer.engine.memory import _GPU_WORKSPACE_BYTES
 from xinfer.offload.host_store import _RAM_MARGIN_BYTES
 from xinfer.offload.sizing import slots_for_fraction
-from xinfer.runner.model_loader import resident_weight_bytes
+from xinfer.runner.model_loader import plan_weights
 
 GIB = 1 << 30
 CONTEXT = 8192  # one sequence of this many tokens in the KV cache
@@ -39,6 +39,15 @@ CHECKPOINTS: list[tuple[str, dict]] = [
         num_attention_heads=32, num_key_value_heads=4, head_dim=128, num_experts=128,
         num_experts_per_tok=8, vocab_size=151936, max_position_embeddings=40960,
         tie_word_embeddings=False,
+    )),
+    ("Qwen/Qwen3-30B-A3B-FP8", dict(
+        architectures=["Qwen3MoeForCausalLM"], model_type="qwen3_moe", hidden_size=2048,
+        intermediate_size=6144, moe_intermediate_size=768, num_hidden_layers=48,
+        num_attention_heads=32, num_key_value_heads=4, head_dim=128, num_experts=128,
+        num_experts_per_tok=8, vocab_size=151936, max_position_embeddings=40960,
+        tie_word_embeddings=False,
+        quantization_config=dict(activation_scheme="dynamic", fmt="e4m3", quant_method="fp8",
+                                 weight_block_size=[128, 128]),
     )),
     ("Qwen/Qwen2-57B-A14B", dict(
         architectures=["Qwen2MoeForCausalLM"], model_type="qwen2_moe", hidden_size=3584,
@@ -67,34 +76,37 @@ def memory_row(hf: dict, dtype: torch.dtype = torch.bfloat16) -> dict[str, float
     """GiB: all weights, routed experts, VRAM with everything resident, VRAM with FRACTION
     of each layer's experts in slots (plus the staging buffer), and host RAM for offload."""
     cfg = ModelConfig.from_hf(hf)
-    total = resident_weight_bytes(cfg, dtype, CONTEXT, include_experts=True)
-    dense = resident_weight_bytes(cfg, dtype, CONTEXT, include_experts=False)
-    experts = total - dense
-    expert = cfg.expert_bytes(dtype)
-    num_moe = len(cfg.moe_layer_ids)
+    plan = plan_weights(cfg, dtype, CONTEXT, offload=True)
+    dense, experts, expert = plan.device_bytes, plan.host_expert_bytes, plan.expert_bytes
     slots = slots_for_fraction(FRACTION, cfg.num_experts, cfg.num_experts_per_tok)
     kv = cfg.kv_bytes_per_token(dtype) * CONTEXT
     staging = cfg.num_experts * expert if slots < cfg.num_experts else 0
+    offloaded = dense + plan.num_moe_layers * slots * expert + staging
     return {
-        "weights": total / GIB,
+        "weights": (dense + experts) / GIB,
         "experts": experts / GIB,
-        "vram_resident": (total + kv + _GPU_WORKSPACE_BYTES) / GIB,
-        "vram_offload": (dense + num_moe * slots * expert + staging + kv + _GPU_WORKSPACE_BYTES)
-        / GIB,
+        "vram_resident": (dense + experts + kv + _GPU_WORKSPACE_BYTES) / GIB,
+        "vram_offload": (offloaded + kv + _GPU_WORKSPACE_BYTES) / GIB,
         "host_ram": (experts + _RAM_MARGIN_BYTES) / GIB,
     }
 
 
+def weight_format(hf: dict) -> str:
+    quant = hf.get("quantization_config")
+    return "bf16" if quant is None else quant["quant_method"]
+
+
 def table() -> str:
     lines = [
-        "| checkpoint (bf16 safetensors) | architecture | weights | routed experts | "
+        "| checkpoint | architecture | format | weights | routed experts | "
         f"VRAM, all on GPU | VRAM, `XINFER_MOE_OFFLOAD={FRACTION}` | host RAM, offload |",
-        "|---|---|---|---|---|---|---|",
+        "|---|---|---|---|---|---|---|---|",
     ]
     for repo_id, hf in CHECKPOINTS:
         r = memory_row(hf)
         lines.append(
-            f"| `{repo_id}` | {hf['architectures'][0]} | {r['weights']:.1f} | "
+            f"| `{repo_id}` | {hf['architectures'][0]} | {weight_format(hf)} | "
+            f"{r['weights']:.1f} | "
             f"{r['experts']:.1f} | {r['vram_resident']:.1f} | {r['vram_offload']:.1f} | "
             f"{r['host_ram']:.1f} |"
         )

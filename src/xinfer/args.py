@@ -25,6 +25,8 @@ from xinfer.config import (
 from xinfer.errors import UserError
 from xinfer.model_source import resolve_model
 from xinfer.options import OptionSet, above, at_least, option, within
+from xinfer.parallel.devices import resolve_parallel
+from xinfer.routing.config import PRESETS, ROUTER, RoutingConfig
 from xinfer.sampling import SamplingParams
 
 LOG_LEVELS = envs.LOG_LEVELS
@@ -35,10 +37,8 @@ def parse_device(device: str | None) -> str:
     if device is None:
         return "cuda:0" if torch.cuda.is_available() else "cpu"
     d = str(device).strip()
-    if "," in d:
-        raise UserError(
-            "tensor parallelism (--d with several GPUs) is not available yet; give one device"
-        )
+    if "," in d:  # several devices go through xinfer.parallel.devices.resolve_parallel
+        raise UserError(f"give one device here, not {device!r}")
     if d.isdigit():
         d = f"cuda:{d}"
     if d.startswith("cuda"):
@@ -93,9 +93,10 @@ class EngineArgs(OptionSet):
     )
     device: str | None = option(
         None,
-        "cpu, a GPU index or cuda:N (default: GPU 0 when there is one, else cpu)",
+        "cpu, a GPU index or cuda:N (default: GPU 0 when there is one, else cpu); several, "
+        "comma-separated, for tensor parallelism: 0,1 (or cpu,cpu)",
         flags=("--d", "--device"),
-        check=_parses(parse_device),
+        check=_parses(resolve_parallel),
         metavar="DEV",
     )
     dtype: str | torch.dtype | None = option(
@@ -166,6 +167,21 @@ class EngineArgs(OptionSet):
         "time each MoE call's parts (slower: no CUDA graphs)",
         env=envs.XINFER_MOE_OFFLOAD_PROFILE,
     )
+    routing_source: str = option(
+        ROUTER,
+        "benchmarks with dummy weights: where MoE layers' experts come from: router (the "
+        "model's own), a routing-model preset (" + ", ".join(PRESETS) + "), "
+        "model:SIGMA,TAU,PHI or replay:PATH (a --record-routing file)",
+        check=_parses(lambda value: RoutingConfig(value)),
+        metavar="SOURCE",
+    )
+    routing_seed: int = option(0, "seed of the routing model (expert popularity, request noise)")
+    record_routing: str | None = option(
+        None,
+        "write the experts every MoE layer routed to, step by step, to this file "
+        "(format: docs/moe_offload.md; turns decode look-ahead off)",
+        metavar="PATH",
+    )
     log_stats_interval: float | None = option(
         None,
         "seconds between engine stats lines while busy, 0 = none "
@@ -188,9 +204,11 @@ class EngineArgs(OptionSet):
         )
 
     def create_engine_config(self) -> EngineConfig:
+        device, parallel = resolve_parallel(self.device)  # several devices: tensor parallel
         return EngineConfig(
             model=resolve_model(self.model),
-            device=parse_device(self.device),
+            device=device,
+            parallel=parallel,
             dtype=parse_dtype(self.dtype),
             max_model_len=self.max_model_len,
             allow_long_max_model_len=self.allow_long_max_model_len,
@@ -213,6 +231,7 @@ class EngineArgs(OptionSet):
                 max_num_batched_tokens=self.max_num_batched_tokens,
                 max_waiting=self.max_waiting,
             ),
+            routing=RoutingConfig(self.routing_source, self.routing_seed, self.record_routing),
         )
 
     @classmethod

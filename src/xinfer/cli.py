@@ -56,32 +56,6 @@ def run_prompt(engine, prompt: str, params: SamplingParams) -> None:
     _report(engine, count, seconds, t0)
 
 
-def run_chat(engine, params: SamplingParams) -> None:
-    tok = engine.tokenizer
-    if tok is None or not tok.has_chat_template:
-        raise UserError("this model has no chat template; use --prompt instead")
-    messages: list[dict[str, str]] = []
-    print("Chat with the model. /reset clears the conversation, /exit (or Ctrl-D) quits.")
-    while True:
-        try:
-            line = input("> ")
-        except EOFError:
-            print()
-            return
-        if line.strip() in ("/exit", "/quit"):
-            return
-        if line.strip() == "/reset":
-            messages.clear()
-            continue
-        if not line.strip():
-            continue
-        messages.append({"role": "user", "content": line})
-        prompt = tok.encode(tok.apply_chat_template(messages), add_special_tokens=False)
-        text, _, _ = _stream(engine, prompt, params)
-        print()
-        messages.append({"role": "assistant", "content": text})
-
-
 def main(argv: list[str] | None = None) -> int:
     logging.basicConfig(level=logging.INFO, format="%(levelname)s %(name)s: %(message)s")
     try:
@@ -105,10 +79,15 @@ def main(argv: list[str] | None = None) -> int:
         from xinfer.engine.engine import Engine
 
         engine = Engine(config, show_progress=True)
-        if run.prompt is not None:
-            run_prompt(engine, run.prompt, sampling)
-        else:
-            run_chat(engine, sampling)
+        try:
+            if run.prompt is not None:
+                run_prompt(engine, run.prompt, sampling)
+            else:
+                from xinfer.chat import run_chat
+
+                run_chat(engine, sampling)
+        finally:
+            engine.close()
         return 0
     except UserError as e:
         print(f"xinfer: error: {e}", file=sys.stderr)

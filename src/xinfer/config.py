@@ -13,6 +13,8 @@ from typing import Any
 import torch
 
 from xinfer.errors import UserError
+from xinfer.parallel.devices import ParallelConfig
+from xinfer.routing.config import RoutingConfig
 
 _DTYPES = {
     "float32": torch.float32,
@@ -295,6 +297,9 @@ class EngineConfig:
     cache: CacheConfig = field(default_factory=CacheConfig)
     offload: OffloadConfig = field(default_factory=OffloadConfig)
     scheduler: SchedulerConfig = field(default_factory=SchedulerConfig)
+    # Where MoE layers' top-k comes from (benchmarks), and recording of the routed ids.
+    routing: RoutingConfig = field(default_factory=RoutingConfig)
+    parallel: ParallelConfig = field(default_factory=ParallelConfig)  # tensor parallelism
 
     def __post_init__(self) -> None:
         if self.load_format not in ("auto", "dummy"):

@@ -126,6 +126,8 @@ class SamplingMetadata:
     num_logprobs: list[int | None]
     # (row_ids (R,), bitmask (R, ceil(V / 32)) int32): the tokens each grammar row may take
     allowed: tuple[torch.Tensor, torch.Tensor] | None = None
+    # Host-side max of `top_k` (the width of the top-k pass), so sampling never reads it back.
+    max_top_k: int = 0
 
     @classmethod
     def build(
@@ -214,6 +216,7 @@ class SamplingMetadata:
             generators=list(generators),
             num_logprobs=[p.logprobs for p in params],
             allowed=allowed,
+            max_top_k=max(top_k, default=0),
         )
 
     @classmethod
@@ -264,9 +267,11 @@ def apply_penalties(
     return logits - frequency[:, None] * output_counts - presence[:, None] * (output_counts > 0)
 
 
-def apply_top_k(logits: torch.Tensor, k: torch.Tensor) -> torch.Tensor:
-    """Keep each row's k largest logits (k: (B,) int64, >= V means off); ties with the k-th stay."""
-    max_k = int(k.max().clamp(1, logits.shape[-1]))
+def apply_top_k(logits: torch.Tensor, k: torch.Tensor, max_k: int) -> torch.Tensor:
+    """Keep each row's k largest logits (k: (B,) int64, >= V means off); ties with the k-th stay.
+    `max_k` is the host-side bound of k (`SamplingMetadata.max_top_k`): reading `k.max()` back
+    from the device would stall the decode loop every step."""
+    max_k = min(max(1, max_k), logits.shape[-1])
     top = logits.topk(max_k, dim=-1).values  # (B, max_k), descending
     kth = top.gather(1, (k.clamp(1, max_k) - 1)[:, None])  # (B, 1)
     return logits.masked_fill(logits < kth, float("-inf"))
@@ -402,7 +407,7 @@ def sample_async(logits: torch.Tensor, meta: SamplingMetadata) -> PendingSample:
         greedy_ids = logits.argmax(dim=-1) if meta.greedy is not None else None
         logits = logits / meta.temperature[:, None]
         if meta.top_k is not None:
-            logits = apply_top_k(logits, meta.top_k)
+            logits = apply_top_k(logits, meta.top_k, meta.max_top_k)
         if meta.top_p is not None:
             logits = apply_top_p(logits, meta.top_p)
         if meta.min_p is not None:

@@ -19,12 +19,13 @@ test_interpreter_child = interpreter_child_test(__file__)
 def _formats():
     from xinfer.quant.awq import AwqInt4
     from xinfer.quant.compressed_tensors import PackQuantizedInt4
-    from xinfer.quant.fp8 import Fp8Block
+    from xinfer.quant.fp8 import Fp8Block, Fp8Scaled
     from xinfer.quant.gptq import GptqInt4
     from xinfer.quant.nvfp4 import Nvfp4
 
     return {
         "fp8-16x32": Fp8Block(16, 32),
+        "fp8-per-channel": Fp8Scaled(),
         "gptq-g32-sym": GptqInt4(group_size=32, has_zero=False),
         "awq-g64-asym": AwqInt4(group_size=64, has_zero=True),
         "ct-g32-asym-bf16": PackQuantizedInt4(32, True, torch.bfloat16),
@@ -32,7 +33,14 @@ def _formats():
     }
 
 
-FORMATS = ["fp8-16x32", "gptq-g32-sym", "awq-g64-asym", "ct-g32-asym-bf16", "nvfp4"]
+FORMATS = [
+    "fp8-16x32",
+    "fp8-per-channel",
+    "gptq-g32-sym",
+    "awq-g64-asym",
+    "ct-g32-asym-bf16",
+    "nvfp4",
+]
 # (N, K): N off every tile; K a multiple of the group (int4, nvfp4), off the fp8 blocks
 # (GPTQ and AWQ pack along N: their checkpoints have N % 8 == 0)
 SHAPES = {"fp8-16x32": (37, 80), "nvfp4": (37, 96), "gptq-g32-sym": (40, 96)}

@@ -92,6 +92,7 @@ def test_aborts_mid_prefill_and_mid_decode_free_their_slots(ckpt35):
     llm = LLM(str(path), device="cpu", max_num_batched_tokens=16, max_num_seqs=3)
     alone = [llm.generate([p], params)[0].token_ids for p in prompts]
     engine = llm.engine
+    engine.scheduler.layered_prompts = False  # chunk by chunk (prompt passes: test_prompt_pass)
     ids = [engine.add_request(p, params) for p in prompts]
     outputs: dict[str, list[int]] = {i: [] for i in ids}
     for _ in range(2):  # 32 of request 0's 45 prompt tokens: still in its prefill

@@ -25,6 +25,13 @@ def fp8_block(t: dict, block: tuple[int, int]) -> torch.Tensor:
     return out
 
 
+def fp8_scaled(t: dict) -> torch.Tensor:
+    """compressed-tensors float-quantized / ModelOpt FP8: weight x weight_scale, one scale per
+    row (N, 1) or per tensor."""
+    s = t["weight_scale"].float()
+    return t["weight"].float() * (s.reshape(-1, 1) if s.numel() > 1 else s.reshape(()))
+
+
 def nvfp4(t: dict) -> torch.Tensor:
     """ModelOpt NVFP4: e2m1 codes two per byte (low nibble first) x e4m3 scale per 16 x the
     per-tensor weight_scale_2."""

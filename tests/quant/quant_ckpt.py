@@ -33,6 +33,15 @@ _QUANTIZED = re.compile(r"\.(q|k|v|o|gate|up|down)_proj$")
 FORMATS: dict[str, dict] = {
     "fp8": {"quant_method": "fp8", "fmt": "e4m3", "activation_scheme": "dynamic",
             "weight_block_size": [64, 64]},
+    "fp8-ct-channel": {"quant_method": "compressed-tensors", "format": "float-quantized",
+                       "config_groups": {"group_0": {"targets": ["Linear"], "weights": {
+                           "num_bits": 8, "type": "float", "symmetric": True,
+                           "strategy": "channel"}, "input_activations": {
+                           "num_bits": 8, "type": "float", "strategy": "token",
+                           "dynamic": True}}},
+                       "ignore": ["lm_head", "re:.*mlp\\.gate$"]},
+    "fp8-modelopt": {"quant_method": "modelopt", "quant_algo": "FP8",
+                     "exclude_modules": ["lm_head", "model.layers.*.mlp.gate"]},
     "nvfp4": {"quant_method": "modelopt", "quant_algo": "NVFP4", "group_size": 16,
               "exclude_modules": ["lm_head", "model.layers.*.mlp.gate"]},
     "gptq": {"quant_method": "gptq", "bits": 4, "group_size": 128, "desc_act": False,
@@ -93,6 +102,8 @@ def fused_weights(sd: dict[str, torch.Tensor], ref: dict[str, torch.Tensor]) -> 
 def reference_dequant(kind: str, qc: dict, t: dict[str, torch.Tensor], n: int, k: int):
     if kind == "fp8":
         return pd.fp8_block(t, tuple(qc["weight_block_size"]))
+    if kind.startswith("fp8-"):
+        return pd.fp8_scaled(t)
     if kind == "nvfp4":
         return pd.nvfp4(t)
     if kind.startswith("gptq"):

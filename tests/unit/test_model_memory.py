@@ -35,3 +35,11 @@ def test_weights_match_published_parameter_counts():
     for repo_id, params in billions.items():
         gib = script.memory_row(configs[repo_id])["weights"]
         assert abs(gib * (1 << 30) / 2 / 1e9 - params) / params < 0.02, repo_id
+
+
+def test_readme_names_every_supported_architecture():
+    from xinfer.models.registry import supported_architectures
+
+    section = (ROOT / "README.md").read_text().split("## Supported models")[1].split("\n## ")[0]
+    for architecture in supported_architectures():
+        assert f"`{architecture}`" in section, architecture

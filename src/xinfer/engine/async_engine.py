@@ -80,6 +80,8 @@ class AsyncEngine:
             self._is_stopped = True
             self._cv.notify()
         self._thread.join(timeout=10)
+        if not self._thread.is_alive():
+            self.engine.close()  # tensor parallel: stop the other ranks (else a no-op)
 
     @property
     def is_alive(self) -> bool:

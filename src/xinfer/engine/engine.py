@@ -20,6 +20,7 @@ from xinfer.engine.scheduler import Scheduler
 from xinfer.engine.state_cache import StateSlotAllocator, plan_state_slots
 from xinfer.engine.stats import StatsLogger, startup_summary
 from xinfer.errors import UserError
+from xinfer.parallel.run import start_tensor_parallel
 from xinfer.runner.model_loader import build_model, plan_weights, resolve_dtype
 from xinfer.runner.model_runner import ModelRunner
 from xinfer.sampling import SamplingParams, make_generator
@@ -62,16 +63,23 @@ class Engine:
         self.tokenizer = Tokenizer.from_dir(config.model)
         self.max_model_len = resolve_max_model_len(cfg, config)
         self.dtype = resolve_dtype(cfg, config.dtype, self.device)
+        self.tp = start_tensor_parallel(config, self)  # None with one device
+        if self.tp is not None:  # this rank's heads and intermediate sizes
+            self.model_config = cfg = self.tp.shard_config(cfg)
         offload = config.offload
         if offload.is_enabled and not cfg.is_moe:
             logger.info("model has no routed experts; MoE offload is ignored")
             offload = replace(offload, fraction=None, is_auto=False)
         self.offload_manager = None
-        expert_device = torch.device("cpu") if offload.is_enabled else self.device
+        # Fraction 1.0 keeps every expert on the device: build them there, never on the host.
+        from xinfer.offload.setup import keeps_every_expert
+
+        experts_on_host = offload.is_enabled and not keeps_every_expert(offload)
+        expert_device = torch.device("cpu") if experts_on_host else self.device
         # before any weight is read: host RAM for offloaded experts, the GPU for the rest,
         # in the checkpoint's formats (quantized sizes)
         self.weight_plan = plan_weights(
-            cfg, self.dtype, self.max_model_len, offload.is_enabled, config.model
+            cfg, self.dtype, self.max_model_len, experts_on_host, config.model
         )
         self.weight_plan.check(self.device, config.gpu_memory_limit_gb, cfg.is_moe)
         self.model = build_model(
@@ -90,25 +98,26 @@ class Engine:
 
             self.offload_manager = enable_offload(self.model, config, offload, self.device)
         kv_dtype = config.cache.kv_dtype or self.dtype
-        look_ahead = (
-            self.device.type == "cuda"
-            if config.decode_look_ahead is None
-            else config.decode_look_ahead
-        )
+        look_ahead = self._look_ahead(config)
         # hybrid models: one recurrent-state slot per running request, from the same budget;
         # two rows each under decode look-ahead (a dropped queued step must be undoable)
         self.state_copies = 2 if look_ahead else 1
         self.num_state_slots = plan_state_slots(
             cfg, config, self.device, self.dtype, kv_dtype, self.max_model_len, self.state_copies
         )
+        if self.tp is not None:  # rank 0's slot ids index every rank's state
+            self.num_state_slots = self.tp.agree_min(self.num_state_slots)
         if self.num_state_slots:
             scheduler_config = replace(config.scheduler, max_num_seqs=self.num_state_slots)
             config = self.config = replace(config, scheduler=scheduler_config)
+        self.routing = self._install_routing(config)  # its per-request rows: the runner's
         per_seq = cfg.state_bytes_per_seq(self.dtype) * self.state_copies
         self.state_bytes = self.num_state_slots * per_seq
         num_blocks = plan_num_blocks(
             cfg, config, self.device, kv_dtype, self.max_model_len, reserved_bytes=self.state_bytes
         )
+        if self.tp is not None:
+            num_blocks = self.tp.agree_min(num_blocks)  # rank 0's tables index every cache
         blocks_per_seq = -(-self.max_model_len // config.cache.block_size)
         if num_blocks < blocks_per_seq:
             raise UserError(
@@ -121,7 +130,13 @@ class Engine:
             from xinfer.runner.cuda_graph import CudaGraphRunner
 
             graphs = CudaGraphRunner
-        self.runner = ModelRunner(
+        make_runner, is_graph_safe = ModelRunner, None
+        if self.offload_manager is not None:
+            is_graph_safe = self.offload_manager.is_graph_safe
+        if self.tp is not None:
+            make_runner = self.tp.runner_class()
+            is_graph_safe = self.tp.agree_graph_sizes(is_graph_safe, config.scheduler.max_num_seqs)
+        self.runner = make_runner(
             self.model,
             cfg,
             self.device,
@@ -131,29 +146,39 @@ class Engine:
             self.max_model_len,
             config.scheduler.max_num_seqs,
             graphs,
-            self.offload_manager.is_graph_safe if self.offload_manager else None,
+            is_graph_safe,
             look_ahead=look_ahead,
+            observer=self.routing if self.routing and self.routing.recorder else None,
             num_state_slots=self.num_state_slots,
             state_dtype=self.dtype,
             state_copies=self.state_copies,
+            layer_hooks=self.offload_manager.layer_streamer if self.offload_manager else None,
         )
         self.allocator = BlockAllocator(
             num_blocks, config.cache.block_size, self._use_prefix_caching()
         )
         slots = StateSlotAllocator(self.num_state_slots) if self.num_state_slots else None
-        self.scheduler = Scheduler(config.scheduler, self.allocator, slots)
+        # Long prompts run as layer-by-layer passes where the model offers a layer stack.
+        layered = self.runner.prompt_pass.stack is not None
+        self.scheduler = Scheduler(config.scheduler, self.allocator, slots, layered)
         self.eos_ids = set(self.tokenizer.eos_token_ids) if self.tokenizer else set()
         self.eos_ids |= set(cfg.eos_token_ids)
         self.outputs = OutputProcessor(self.tokenizer, self.eos_ids)
         self.requests: dict[str, Request] = {}
         self._grammar_compiler: GrammarCompiler | None = None
         self._ids = itertools.count()
+        if self.tp is not None:  # a follower runs rank 0's steps from here on, then exits
+            self.tp.start_following(self)
+            self.offload_manager = self.tp.offload_view(self.offload_manager)
+        self.stats_logger = StatsLogger(config.log_stats_interval_s)  # steps report to it
         if self.device.type == "cuda":
             self.warm_up_prefill()
         self.allocator.reset_prefix_cache()  # warm-ups are not the user's traffic
         if self.offload_manager is not None:
             self.offload_manager.reset_stats()
-        self.stats_logger = StatsLogger(config.log_stats_interval_s)
+        self.runner.request_slots.reset()  # request keys (routing streams) start at 0
+        if self.routing is not None:
+            self.routing.start()
         self.stats_logger.reset(self)
         load_s = time.monotonic() - t_start
         plan = self.weight_plan
@@ -177,6 +202,34 @@ class Engine:
     def prefix_cache_stats(self) -> PrefixCacheStats | None:
         cache = self.allocator.prefix_cache
         return None if cache is None else cache.stats
+
+    def _install_routing(self, config: EngineConfig):
+        """The routing source / recorder of `config.routing` on the MoE layers (None: the
+        router's own choice, nothing recorded, nothing installed)."""
+        from xinfer.routing.install import install_routing
+        from xinfer.runner.request_slots import request_row_capacity
+
+        sched = config.scheduler
+        return install_routing(
+            self.model,
+            config.routing,
+            self.device,
+            num_rows=request_row_capacity(sched.max_num_seqs),
+            max_tokens=max(sched.max_num_batched_tokens, sched.max_num_seqs),
+            model_name=config.model,
+            is_dummy=config.load_format == "dummy",
+        )
+
+    def _look_ahead(self, config: EngineConfig) -> bool:
+        """Decode look-ahead (on CUDA unless set); off while recording routing, which
+        records each step after its forward (a queued step would be missed or doubled)."""
+        if config.routing.record_path is not None:
+            return False
+        return (
+            self.device.type == "cuda"
+            if config.decode_look_ahead is None
+            else bool(config.decode_look_ahead)
+        )
 
     def warm_up_prefill(self) -> None:
         """Run two throw-away prompts, one step's token budget long and one token shorter
@@ -286,3 +339,11 @@ class Engine:
 
     def offload_stats(self) -> dict | None:
         return None if self.offload_manager is None else self.offload_manager.stats()
+
+    def close(self) -> None:
+        """Flush and close what the engine writes (the routing trace) and stop the other
+        tensor-parallel ranks (nothing to do with one device); idempotent."""
+        if self.routing is not None:
+            self.routing.close()
+        if self.tp is not None:
+            self.tp.close()

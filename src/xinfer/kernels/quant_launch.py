@@ -58,6 +58,11 @@ def _fmt_kw(kw: KernelWeights) -> dict:
     return dict(FMT=kw.fmt_code, SCALE_BN=kw.scale_bn, SCALE_BK=kw.scale_bk, HAS_ZERO=kw.has_zero)
 
 
+def _packed(kw: KernelWeights) -> bool:
+    """4-bit codes two per byte (int4, NVFP4): the GEMV reads whole bytes."""
+    return kw.fmt_code in (2, 3)
+
+
 def linear(
     x: torch.Tensor,
     fmt: WeightFormat,
@@ -126,14 +131,14 @@ def fused_moe(
         jit.quant_moe_gate_up_gemv_kernel[grid](
             hidden, topk_ids, *a13, inter_buf, hidden_dim, inter,
             hidden.stride(0), *s13, inter_buf.stride(0),
-            **_fmt_kw(kw13), TOP_K=top_k, BLOCK_N=t.block_n, BLOCK_K=t.block_k,
-            num_warps=t.num_warps,
+            **_fmt_kw(kw13), PACKED=_packed(kw13), TOP_K=top_k, BLOCK_N=t.block_n,
+            BLOCK_K=t.block_k, num_warps=t.num_warps,
         )  # fmt: skip
         grid = (num_pairs, triton.cdiv(hidden_dim, t.block_n))
         jit.quant_moe_down_gemv_kernel[grid](
             inter_buf, topk_ids, *a2, y, hidden_dim, inter,
             inter_buf.stride(0), *s2, y.stride(0),
-            **_fmt_kw(kw2), BLOCK_N=t.block_n,
+            **_fmt_kw(kw2), PACKED=_packed(kw2), BLOCK_N=t.block_n,
             BLOCK_K=min(t.block_k, triton.next_power_of_2(inter)), num_warps=t.num_warps,
         )  # fmt: skip
     else:

@@ -22,6 +22,7 @@ from xinfer.layers.linear import Linear, MergedLinear
 from xinfer.layers.mlp import GatedMLP
 from xinfer.layers.norm import RMSNorm
 from xinfer.layers.rotary import RotaryEmbedding
+from xinfer.models.layer_stack import LayerStack
 from xinfer.models.moe_decoder import MoeForCausalLM, SparseMoeBlock
 
 LINEAR, FULL = "linear_attention", "full_attention"
@@ -79,6 +80,11 @@ class HybridConfig(ModelConfig):
 class GatedAttention(nn.Module):
     """Full attention whose q projection also yields a per-head output gate
     ([q_h | gate_h] per head), q/k RMSNorm per head, partial rotary, sigmoid-gated output."""
+
+    # Tensor parallel: heads split (each head's [q | gate] rows stay together), o_proj's
+    # output summed over the ranks; the Gated DeltaNet layers stay whole on every rank.
+    tp_plan = {"qkv_proj": "column", "o_proj": "row"}
+    tp_output = "partial"
 
     def __init__(self, cfg: HybridConfig, max_pos: int) -> None:
         super().__init__()
@@ -163,6 +169,11 @@ class HybridModel(nn.Module):
             for i in range(cfg.num_layers)
         )
         self.norm = RMSNorm(cfg.hidden_size, cfg.rms_norm_eps)
+
+    def layer_stack(self) -> LayerStack:
+        """What `forward` chains, for a layer-by-layer driver (models/layer_stack.py): each
+        layer runs its chunks in order, so its recurrent state advances as chunk by chunk."""
+        return LayerStack(self.embed_tokens, list(self.layers), self.norm)
 
     def forward(self, input_ids: torch.Tensor, positions: torch.Tensor) -> torch.Tensor:
         x, residual = self.embed_tokens(input_ids), None

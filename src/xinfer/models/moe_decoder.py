@@ -17,9 +17,19 @@ from xinfer.layers.mlp import GatedMLP
 from xinfer.layers.moe import FusedMoE
 from xinfer.layers.norm import RMSNorm
 from xinfer.layers.rotary import RotaryEmbedding
+from xinfer.models.layer_stack import LayerStack
 
 
 class DecoderAttention(nn.Module):
+    tp_output = "partial"  # tensor parallel: heads split, o_proj's output summed over ranks
+
+    @property
+    def tp_plan(self) -> dict[str, str]:
+        plan = {"qkv_proj": "column", "o_proj": "row"}
+        if self.qk_norm == "full":  # normalised over all heads: statistics over the ranks
+            plan.update(q_norm="norm_over_heads", k_norm="norm_over_kv_heads")
+        return plan
+
     def __init__(self, cfg: ModelConfig, max_pos: int) -> None:
         super().__init__()
         hd, nh, nkv = cfg.head_dim, cfg.num_heads, cfg.num_kv_heads
@@ -53,6 +63,10 @@ class DecoderAttention(nn.Module):
 
 class SparseMoeBlock(nn.Module):
     """Routed experts, plus Qwen2-MoE's shared expert behind a sigmoid gate when configured."""
+
+    # Tensor parallel: the router and shared-expert gate are replicated; the experts and the
+    # shared expert give partial sums, added up once for the whole block.
+    tp_output = "partial"
 
     def __init__(self, cfg: ModelConfig, expert_device: torch.device | str | None) -> None:
         super().__init__()
@@ -111,6 +125,10 @@ class MoeModel(nn.Module):
         )
         self.norm = RMSNorm(cfg.hidden_size, cfg.rms_norm_eps)
 
+    def layer_stack(self) -> LayerStack:
+        """What `forward` chains, for a layer-by-layer driver (models/layer_stack.py)."""
+        return LayerStack(self.embed_tokens, list(self.layers), self.norm)
+
     def forward(self, input_ids: torch.Tensor, positions: torch.Tensor) -> torch.Tensor:
         x, residual = self.embed_tokens(input_ids), None
         for layer in self.layers:
@@ -133,6 +151,7 @@ class MoeForCausalLM(nn.Module):
     # False for models with per-request state that cached KV blocks cannot restore (linear
     # attention's recurrent state): the engine then turns prefix caching off.
     supports_prefix_caching: bool = True
+    tp_plan = {"lm_head": "vocab"}  # tensor parallel: the embedding stays replicated
 
     def __init__(
         self, cfg: ModelConfig, max_pos: int, expert_device: torch.device | None = None
@@ -163,6 +182,12 @@ class MoeForCausalLM(nn.Module):
     def compute_logits(self, hidden: torch.Tensor) -> torch.Tensor:
         weight = self.model.embed_tokens.weight if self.lm_head is None else self.lm_head.weight
         return kernels.linear(hidden, weight).float()
+
+    def layer_stack(self) -> LayerStack | None:
+        """The decoder for a layer-by-layer driver (the long-prompt pass); None where the
+        decoder (a subclass's own) does not offer one."""
+        make = getattr(self.model, "layer_stack", None)
+        return make() if make is not None else None
 
     def moe_layers(self) -> list[FusedMoE]:
         return [m for m in self.modules() if isinstance(m, FusedMoE)]

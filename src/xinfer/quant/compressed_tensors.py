@@ -1,4 +1,6 @@
-"""compressed-tensors `pack-quantized` (llm-compressor's W4A16, `quant_method:
+"""compressed-tensors (`quant_method: compressed-tensors`). `float-quantized` FP8 (e4m3 with a
+`weight_scale` per channel, tensor or block; dynamic activations are left unquantized) is
+read by `quant/fp8.py`'s Fp8Scaled. `pack-quantized` (llm-compressor's W4A16, `quant_method:
 compressed-tensors`): `weight_packed` int32 (N, K/8) with 8 codes per word at bits 4i, each
 the signed value + 8; `weight_scale` (N, K/g) in the model dtype; when asymmetric
 `weight_zero_point` int32 (N/8, K/g) packed along N the same way; `weight_shape` = [N, K].
@@ -15,6 +17,7 @@ from xinfer.config import parse_dtype
 from xinfer.errors import UserError
 from xinfer.quant.checks import cdiv, expect, float_scale
 from xinfer.quant.config import ModuleMatcher, QuantConfig
+from xinfer.quant.fp8 import Fp8Scaled
 from xinfer.quant.int4 import Int4Grouped
 from xinfer.quant.packing import codes_to_int32, int32_to_codes
 
@@ -58,14 +61,18 @@ class PackQuantizedInt4(Int4Grouped):
         return out
 
 
-def _weights_scheme(qc: dict[str, Any]) -> dict[str, Any]:
+def _only_scheme(qc: dict[str, Any]) -> dict[str, Any]:
     groups = qc.get("config_groups") or {}
     schemes = [g for g in groups.values() if isinstance(g, dict)]
     if len(schemes) != 1:
         raise UserError(
             "compressed-tensors checkpoints with several config_groups are not supported"
         )
-    scheme = schemes[0]
+    return schemes[0]
+
+
+def _weights_scheme(qc: dict[str, Any]) -> dict[str, Any]:
+    scheme = _only_scheme(qc)
     if scheme.get("input_activations"):
         raise UserError(
             "compressed-tensors checkpoints that quantize activations are not supported; "
@@ -74,13 +81,32 @@ def _weights_scheme(qc: dict[str, Any]) -> dict[str, Any]:
     return scheme.get("weights") or {}
 
 
+def _fp8_format(w: dict[str, Any]) -> Fp8Scaled:
+    """float-quantized: e4m3 weights with `weight_scale` per channel, tensor or block."""
+    if w.get("num_bits") != 8 or w.get("type") != "float":
+        raise UserError("compressed-tensors float-quantized: only 8-bit float weights are read")
+    strategy = w.get("strategy", "channel")
+    if strategy in ("channel", "tensor"):
+        return Fp8Scaled(per_tensor=strategy == "tensor")
+    if strategy == "block":
+        bn, bk = w.get("block_structure") or (128, 128)
+        return Fp8Scaled(int(bn), int(bk))
+    raise UserError(f"compressed-tensors fp8 weight strategy {strategy!r} is not supported")
+
+
 def parse_config(qc: dict[str, Any], hf: dict[str, Any], act_dtype: torch.dtype) -> QuantConfig:
     fmt_name = qc.get("format")
-    if fmt_name != "pack-quantized":
+    if fmt_name not in ("pack-quantized", "float-quantized"):
         raise UserError(
             f"compressed-tensors format {fmt_name!r} is not supported; xinfer reads "
-            "pack-quantized (W4A16)"
+            "pack-quantized (W4A16) and float-quantized (FP8)"
         )
+    ignore = ModuleMatcher(tuple(qc.get("ignore") or ()), "exact")
+    if fmt_name == "float-quantized":
+        scheme = _only_scheme(qc)
+        if (scheme.get("input_activations") or {}).get("dynamic") is False:
+            raise UserError("compressed-tensors FP8 with static activation scales is not supported")
+        return QuantConfig("compressed-tensors", _fp8_format(scheme.get("weights") or {}), ignore)
     w = _weights_scheme(qc)
     if w.get("num_bits") != 4 or w.get("type", "int") != "int":
         raise UserError("compressed-tensors pack-quantized: only 4-bit int weights are supported")
@@ -98,5 +124,4 @@ def parse_config(qc: dict[str, Any], hf: dict[str, Any], act_dtype: torch.dtype)
         has_zero=not w.get("symmetric", True),
         scale_dtype=scale_dtype or torch.bfloat16,
     )
-    ignore = ModuleMatcher(tuple(qc.get("ignore") or ()), "exact")
     return QuantConfig("compressed-tensors", fmt, ignore)

@@ -7,19 +7,15 @@ activation scale of W4A4) is read past."""
 
 from __future__ import annotations
 
-import logging
 from dataclasses import dataclass
-from typing import Any
 
 import torch
 
 from xinfer.errors import UserError
 from xinfer.quant.base import KernelWeights, TensorSpec, WeightFormat
 from xinfer.quant.checks import expect
-from xinfer.quant.config import ModuleMatcher, QuantConfig
 from xinfer.quant.packing import pack_nibbles, unpack_nibbles
 
-logger = logging.getLogger("xinfer")
 FP8 = torch.float8_e4m3fn
 GROUP = 16
 E2M1_VALUES = (0.0, 0.5, 1.0, 1.5, 2.0, 3.0, 4.0, 6.0)
@@ -102,17 +98,3 @@ class Nvfp4(WeightFormat):
         from xinfer.kernels import quant_launch
 
         return quant_launch.fused_moe(hidden, topk_ids, topk_weights, self, w13, w2, inter)
-
-
-def parse_config(qc: dict[str, Any], hf: dict[str, Any], act_dtype: torch.dtype) -> QuantConfig:
-    algo = str(qc.get("quant_algo", "")).upper()
-    if algo != "NVFP4":
-        raise UserError(
-            f"ModelOpt quant_algo {algo or None!r} is not supported; xinfer reads ModelOpt NVFP4"
-        )
-    if int(qc.get("group_size", GROUP)) != GROUP:
-        raise UserError(f"NVFP4 group_size must be {GROUP}, got {qc.get('group_size')}")
-    if qc.get("kv_cache_quant_algo"):
-        logger.info("ModelOpt checkpoint: its KV-cache scales are not used")
-    exclude = qc.get("exclude_modules") or qc.get("ignore") or ()
-    return QuantConfig("modelopt", Nvfp4(), ModuleMatcher(tuple(exclude), "glob"))

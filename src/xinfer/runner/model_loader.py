@@ -16,6 +16,9 @@ from xinfer.config import ModelConfig, parse_dtype
 from xinfer.engine.memory import WeightPlan
 from xinfer.models.moe_decoder import MoeForCausalLM
 from xinfer.models.registry import get_model_class
+from xinfer.parallel.group import current_group
+from xinfer.parallel.model import rank_model_class
+from xinfer.parallel.weights import init_dummy_shard, rank_shard
 from xinfer.quant.assign import assign_formats, deferred_weights
 from xinfer.quant.config import QuantConfig, resolve_quant_config
 from xinfer.weights.checkpoint import iter_checkpoint
@@ -69,7 +72,7 @@ def _construct(
     expert_device: torch.device,
     quant: QuantConfig | None,
 ) -> MoeForCausalLM:
-    cls = get_model_class(cfg.architecture)
+    cls = rank_model_class(get_model_class(cfg.architecture))  # the TP wrapper, if any
     with _default_dtype(dtype), torch.device(device):
         with deferred_weights():
             model = cls(cfg, max_pos, expert_device)
@@ -107,6 +110,18 @@ def plan_weights(
     )
 
 
+def resident_weight_bytes(
+    cfg: ModelConfig,
+    dtype: torch.dtype,
+    max_pos: int,
+    include_experts: bool,
+    model_dir: str | Path | None = None,
+) -> int:
+    """Bytes the model holds on its device (the routed experts only when
+    `include_experts`): `plan_weights(...).device_bytes`."""
+    return plan_weights(cfg, dtype, max_pos, not include_experts, model_dir).device_bytes
+
+
 def build_model(
     model_dir: str,
     cfg: ModelConfig,
@@ -121,11 +136,23 @@ def build_model(
     quant = quant_config(model_dir, cfg, dtype)
     model = _construct(cfg, device, dtype, max_pos, expert_device, quant)
     model.eval().requires_grad_(False)
-    if load_format == "dummy":
+    shard = rank_shard(model, lambda: _full_model(dtype, max_pos))  # None without TP
+    if load_format == "dummy" and shard is not None:
+        full = _full_model(dtype, max_pos)
+        init_dummy_shard(model, shard, full, seed, device, show_progress)
+    elif load_format == "dummy":
         init_dummy_weights(model, seed=seed, gen_device=device, show_progress=show_progress)
     else:
         cls = get_model_class(cfg.architecture)
         tensors = iter_checkpoint(model_dir, cfg.hf_config, show_progress, device)
         tensors = model.adapt_checkpoint(tensors)  # the model's own skips and reshapes
-        load_weights(model, tensors, cls.checkpoint_renames, cls.merged_projections)
+        load_weights(model, tensors, cls.checkpoint_renames, cls.merged_projections, shard)
     return model
+
+
+def _full_model(dtype: torch.dtype, max_pos: int) -> MoeForCausalLM:
+    """The unsharded model of this tensor-parallel run on the meta device (its layers' full
+    sizes and its parameters' order, no memory)."""
+    full_cfg = current_group().full_config
+    with _default_dtype(dtype), torch.device("meta"):
+        return get_model_class(full_cfg.architecture)(full_cfg, max_pos, torch.device("meta"))

@@ -62,8 +62,8 @@ class _SnapshotCollector:
                 ("hits", "Expert-cache lookups that found the expert in a GPU slot"),
                 ("misses", "Expert-cache lookups that had to fill a slot from host memory"),
                 ("bytes", "Bytes copied from host memory into expert slots"),
-                ("staging_copies", "Whole-layer copies for calls wider than the slots"),
-                ("staging_bytes", "Bytes of those whole-layer staging copies"),
+                ("staging_copies", "Whole-layer expert streams of long prompts (one per layer)"),
+                ("staging_bytes", "Bytes those long-prompt layer streams copied"),
             ):
                 yield CounterMetricFamily(f"xinfer_expert_cache_{name}", doc, value=counts[name])
 

@@ -12,7 +12,48 @@ import triton
 import triton.language as tl
 
 from xinfer.kernels.triton.fused_moe import _silu_mul
-from xinfer.kernels.triton.quant_dequant import load_weight_tile
+from xinfer.kernels.triton.quant_dequant import load_weight_pairs, load_weight_tile
+
+
+@triton.jit
+def _row_dot(
+    x_ptr, w_ptr, s_ptr, z_ptr, offs_n, mask_n, row_offset, k_dim,
+    stride_wn, stride_sn, stride_zn,
+    FMT: tl.constexpr, SCALE_BN: tl.constexpr, SCALE_BK: tl.constexpr, HAS_ZERO: tl.constexpr,
+    PACKED: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr,
+):  # fmt: skip
+    """(BLOCK_N,) float32: x (k_dim,) · dequant(W[row_offset + offs_n]), each weight rounded to
+    x's dtype first (as the twin dequantizes to it). 4-bit formats (PACKED) read whole bytes
+    and multiply the even and odd columns of x."""
+    dtype = x_ptr.dtype.element_ty
+    rows = offs_n + row_offset
+    if PACKED:
+        offs_p = tl.arange(0, BLOCK_K // 2)
+        acc = tl.zeros((BLOCK_N, BLOCK_K // 2), dtype=tl.float32)
+        for k0 in range(0, k_dim, BLOCK_K):
+            ke = k0 + 2 * offs_p
+            mask_p = ke < k_dim  # K is even for 4-bit formats: the odd column follows
+            xe = tl.load(x_ptr + ke, mask=mask_p, other=0.0).to(tl.float32)
+            xo = tl.load(x_ptr + ke + 1, mask=mask_p, other=0.0).to(tl.float32)
+            lo, hi = load_weight_pairs(
+                w_ptr, s_ptr, z_ptr, rows, k0 // 2 + offs_p, mask_n, mask_p,
+                stride_wn, stride_sn, stride_zn, FMT, SCALE_BK, HAS_ZERO,
+            )  # fmt: skip
+            acc += lo.to(dtype).to(tl.float32) * xe[None, :]
+            acc += hi.to(dtype).to(tl.float32) * xo[None, :]
+    else:
+        offs_k = tl.arange(0, BLOCK_K)
+        acc = tl.zeros((BLOCK_N, BLOCK_K), dtype=tl.float32)
+        for k0 in range(0, k_dim, BLOCK_K):
+            ks = k0 + offs_k
+            mask_k = ks < k_dim
+            x = tl.load(x_ptr + ks, mask=mask_k, other=0.0).to(tl.float32)
+            w = load_weight_tile(
+                w_ptr, s_ptr, z_ptr, rows, ks, mask_n, mask_k, stride_wn, stride_sn, stride_zn,
+                FMT, SCALE_BN, SCALE_BK, HAS_ZERO,
+            )  # fmt: skip
+            acc += w.to(dtype).to(tl.float32) * x[None, :]
+    return tl.sum(acc, axis=1)
 
 
 @triton.jit(do_not_specialize=["M"])
@@ -57,7 +98,7 @@ def quant_moe_gate_up_gemv_kernel(
     hidden_dim, inter_dim,
     stride_xt, stride_we, stride_wn, stride_se, stride_sn, stride_ze, stride_zn, stride_it,
     FMT: tl.constexpr, SCALE_BN: tl.constexpr, SCALE_BK: tl.constexpr, HAS_ZERO: tl.constexpr,
-    TOP_K: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr,
+    PACKED: tl.constexpr, TOP_K: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr,
 ):  # fmt: skip
     """grid (T*k, cdiv(I, BLOCK_N)): inter[pair, n] = silu(x·W13[e, n]) * (x·W13[e, I + n])."""
     pair = tl.program_id(0)
@@ -65,27 +106,18 @@ def quant_moe_gate_up_gemv_kernel(
     tok = (pair // TOP_K).to(tl.int64)
     e = tl.load(ids_ptr + pair).to(tl.int64)
     offs_n = pid_n * BLOCK_N + tl.arange(0, BLOCK_N)
-    offs_k = tl.arange(0, BLOCK_K)
     mask_n = offs_n < inter_dim
     w_e, s_e, z_e = w_ptr + e * stride_we, s_ptr + e * stride_se, z_ptr + e * stride_ze
-    dtype = x_ptr.dtype.element_ty
-    acc_g = tl.zeros((BLOCK_N, BLOCK_K), dtype=tl.float32)
-    acc_u = tl.zeros((BLOCK_N, BLOCK_K), dtype=tl.float32)
-    for k0 in range(0, hidden_dim, BLOCK_K):
-        ks = k0 + offs_k
-        mask_k = ks < hidden_dim
-        x = tl.load(x_ptr + tok * stride_xt + ks, mask=mask_k, other=0.0).to(tl.float32)
-        wg = load_weight_tile(
-            w_e, s_e, z_e, offs_n, ks, mask_n, mask_k, stride_wn, stride_sn, stride_zn,
-            FMT, SCALE_BN, SCALE_BK, HAS_ZERO,
-        )  # fmt: skip
-        wu = load_weight_tile(
-            w_e, s_e, z_e, offs_n + inter_dim, ks, mask_n, mask_k, stride_wn, stride_sn,
-            stride_zn, FMT, SCALE_BN, SCALE_BK, HAS_ZERO,
-        )  # fmt: skip
-        acc_g += wg.to(dtype).to(tl.float32) * x[None, :]
-        acc_u += wu.to(dtype).to(tl.float32) * x[None, :]
-    h = _silu_mul(tl.sum(acc_g, axis=1), tl.sum(acc_u, axis=1), inter_ptr.dtype.element_ty)
+    x_row = x_ptr + tok * stride_xt
+    g = _row_dot(
+        x_row, w_e, s_e, z_e, offs_n, mask_n, 0, hidden_dim, stride_wn, stride_sn, stride_zn,
+        FMT, SCALE_BN, SCALE_BK, HAS_ZERO, PACKED, BLOCK_N, BLOCK_K,
+    )  # fmt: skip
+    u = _row_dot(
+        x_row, w_e, s_e, z_e, offs_n, mask_n, inter_dim, hidden_dim, stride_wn, stride_sn,
+        stride_zn, FMT, SCALE_BN, SCALE_BK, HAS_ZERO, PACKED, BLOCK_N, BLOCK_K,
+    )  # fmt: skip
+    h = _silu_mul(g, u, inter_ptr.dtype.element_ty)
     tl.store(inter_ptr + pair.to(tl.int64) * stride_it + offs_n, h, mask=mask_n)
 
 
@@ -95,29 +127,21 @@ def quant_moe_down_gemv_kernel(
     hidden_dim, inter_dim,
     stride_it, stride_we, stride_wn, stride_se, stride_sn, stride_ze, stride_zn, stride_yt,
     FMT: tl.constexpr, SCALE_BN: tl.constexpr, SCALE_BK: tl.constexpr, HAS_ZERO: tl.constexpr,
-    BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr,
+    PACKED: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr,
 ):  # fmt: skip
     """grid (T*k, cdiv(H, BLOCK_N)): y[pair, n] = inter[pair]·W2[e, n] in the dtype."""
     pair = tl.program_id(0).to(tl.int64)
     pid_n = tl.program_id(1)
     e = tl.load(ids_ptr + pair).to(tl.int64)
     offs_n = pid_n * BLOCK_N + tl.arange(0, BLOCK_N)
-    offs_k = tl.arange(0, BLOCK_K)
     mask_n = offs_n < hidden_dim
     w_e, s_e, z_e = w_ptr + e * stride_we, s_ptr + e * stride_se, z_ptr + e * stride_ze
-    dtype = inter_ptr.dtype.element_ty
-    acc = tl.zeros((BLOCK_N, BLOCK_K), dtype=tl.float32)
-    for k0 in range(0, inter_dim, BLOCK_K):
-        ks = k0 + offs_k
-        mask_k = ks < inter_dim
-        a = tl.load(inter_ptr + pair * stride_it + ks, mask=mask_k, other=0.0).to(tl.float32)
-        w = load_weight_tile(
-            w_e, s_e, z_e, offs_n, ks, mask_n, mask_k, stride_wn, stride_sn, stride_zn,
-            FMT, SCALE_BN, SCALE_BK, HAS_ZERO,
-        )  # fmt: skip
-        acc += w.to(dtype).to(tl.float32) * a[None, :]
-    y = tl.sum(acc, axis=1).to(y_ptr.dtype.element_ty)
-    tl.store(y_ptr + pair * stride_yt + offs_n, y, mask=mask_n)
+    y = _row_dot(
+        inter_ptr + pair * stride_it, w_e, s_e, z_e, offs_n, mask_n, 0, inter_dim,
+        stride_wn, stride_sn, stride_zn, FMT, SCALE_BN, SCALE_BK, HAS_ZERO, PACKED, BLOCK_N,
+        BLOCK_K,
+    )  # fmt: skip
+    tl.store(y_ptr + pair * stride_yt + offs_n, y.to(y_ptr.dtype.element_ty), mask=mask_n)
 
 
 @triton.jit
