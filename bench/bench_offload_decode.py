@@ -75,10 +75,14 @@ def build_parser() -> argparse.ArgumentParser:
 
 def model_kv_bytes_per_token(model: str, dtype_bytes: int = 2) -> int:
     hf = json.loads((Path(model) / "config.json").read_text())
+    hf = {**hf, **hf.get("text_config", {})}  # multimodal checkpoints: the text model's
     heads = hf["num_attention_heads"]
     head_dim = hf.get("head_dim") or hf["hidden_size"] // heads
     kv_heads = hf.get("num_key_value_heads") or heads
-    return 2 * hf["num_hidden_layers"] * kv_heads * head_dim * dtype_bytes
+    # hybrid models keep KV only in their full-attention layers
+    types = hf.get("layer_types") or ["full_attention"] * hf["num_hidden_layers"]
+    kv_layers = sum(t == "full_attention" for t in types)
+    return 2 * kv_layers * kv_heads * head_dim * dtype_bytes
 
 
 def plan_jobs(args: argparse.Namespace) -> list[dict]:

@@ -18,6 +18,28 @@ GIB = 1 << 30
 CONTEXT = 8192  # one sequence of this many tokens in the KV cache
 FRACTION = 0.2  # XINFER_MOE_OFFLOAD for the offload column
 
+# Qwen3.5's text model (hybrid: 30 Gated DeltaNet + 10 full-attention layers)
+_QWEN3_5_TEXT = dict(
+    hidden_size=2048,
+    num_hidden_layers=40,
+    num_attention_heads=16,
+    num_key_value_heads=2,
+    head_dim=256,
+    linear_num_key_heads=16,
+    linear_num_value_heads=32,
+    linear_key_head_dim=128,
+    linear_value_head_dim=128,
+    linear_conv_kernel_dim=4,
+    full_attention_interval=4,
+    moe_intermediate_size=512,
+    shared_expert_intermediate_size=512,
+    num_experts=256,
+    num_experts_per_tok=8,
+    vocab_size=248320,
+    max_position_embeddings=262144,
+    rope_parameters=dict(rope_theta=10000000, partial_rotary_factor=0.25, rope_type="default"),
+)
+
 # (hub id, the fields of its published config.json that sizing reads)
 CHECKPOINTS: list[tuple[str, dict]] = [
     ("allenai/OLMoE-1B-7B-0924", dict(
@@ -49,6 +71,20 @@ CHECKPOINTS: list[tuple[str, dict]] = [
         quantization_config=dict(activation_scheme="dynamic", fmt="e4m3", quant_method="fp8",
                                  weight_block_size=[128, 128]),
     )),
+    ("Qwen/Qwen3.5-35B-A3B", dict(
+        architectures=["Qwen3_5MoeForConditionalGeneration"], model_type="qwen3_5_moe",
+        text_config=_QWEN3_5_TEXT, tie_word_embeddings=False,
+    )),
+    ("Qwen/Qwen3.5-35B-A3B-FP8", dict(
+        architectures=["Qwen3_5MoeForConditionalGeneration"], model_type="qwen3_5_moe",
+        text_config=_QWEN3_5_TEXT, tie_word_embeddings=False,
+        quantization_config=dict(
+            activation_scheme="dynamic", fmt="e4m3", quant_method="fp8",
+            weight_block_size=[128, 128],
+            modules_to_not_convert=["lm_head", "in_proj_a", "in_proj_b", "mlp.gate",
+                                    "shared_expert_gate"],
+        ),
+    )),
     ("Qwen/Qwen2-57B-A14B", dict(
         architectures=["Qwen2MoeForCausalLM"], model_type="qwen2_moe", hidden_size=3584,
         intermediate_size=18944, moe_intermediate_size=2560,
@@ -79,7 +115,8 @@ def memory_row(hf: dict, dtype: torch.dtype = torch.bfloat16) -> dict[str, float
     plan = plan_weights(cfg, dtype, CONTEXT, offload=True)
     dense, experts, expert = plan.device_bytes, plan.host_expert_bytes, plan.expert_bytes
     slots = slots_for_fraction(FRACTION, cfg.num_experts, cfg.num_experts_per_tok)
-    kv = cfg.kv_bytes_per_token(dtype) * CONTEXT
+    # one sequence: its KV cache (full-attention layers) and any recurrent state
+    kv = cfg.kv_bytes_per_token(dtype) * CONTEXT + cfg.state_bytes_per_seq(dtype)
     staging = cfg.num_experts * expert if slots < cfg.num_experts else 0
     offloaded = dense + plan.num_moe_layers * slots * expert + staging
     return {

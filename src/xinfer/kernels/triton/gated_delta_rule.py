@@ -20,14 +20,13 @@ import triton.language as tl
 
 
 @triton.jit
-def _gate_beta(a_ptr, b_ptr, a_log_ptr, dt_bias_ptr, h, rows, mask, stride_ab):
-    """g (log-decay, ≤ 0) and beta for `rows`; masked rows get g = 0, beta = 0."""
-    a = tl.load(a_ptr + rows * stride_ab + h, mask=mask, other=0.0).to(tl.float32)
-    b = tl.load(b_ptr + rows * stride_ab + h, mask=mask, other=0.0).to(tl.float32)
-    x = a + tl.load(dt_bias_ptr + h).to(tl.float32)
+def _gate_beta(a, b, a_log_ptr, dt_bias_ptr, h):
+    """The log-decay g = −exp(A_log)·softplus(a + dt_bias) (≤ 0) and beta = sigmoid(b) of
+    value head h from the loaded a, b (any shape), float32."""
+    x = a.to(tl.float32) + tl.load(dt_bias_ptr + h).to(tl.float32)
     softplus = tl.where(x > 20.0, x, tl.log(1.0 + tl.exp(tl.minimum(x, 20.0))))
     g = -tl.exp(tl.load(a_log_ptr + h).to(tl.float32)) * softplus
-    return tl.where(mask, g, 0.0), tl.where(mask, tl.sigmoid(b), 0.0)
+    return g, tl.sigmoid(b.to(tl.float32))
 
 
 @triton.jit
@@ -75,7 +74,10 @@ def chunk_prepare_kernel(
     rows = (start + chunk * BT + i).to(tl.int64)
     dk, dv = tl.arange(0, BK), tl.arange(0, BV)
     k = _load_l2norm(k_ptr, rows, mask, stride_kt, (h // group) * head_k_dim, dk, dk < head_k_dim)
-    g, beta = _gate_beta(a_ptr, b_ptr, a_log_ptr, dt_bias_ptr, h, rows, mask, stride_ab)
+    a = tl.load(a_ptr + rows * stride_ab + h, mask=mask, other=0.0)
+    b = tl.load(b_ptr + rows * stride_ab + h, mask=mask, other=0.0)
+    g, beta = _gate_beta(a, b, a_log_ptr, dt_bias_ptr, h)
+    g, beta = tl.where(mask, g, 0.0), tl.where(mask, beta, 0.0)  # rows past the span: none
     gc = tl.cumsum(g, axis=0)
     lower = i[:, None] > i[None, :]
     decay = tl.exp(tl.where(lower, gc[:, None] - gc[None, :], float("-inf")))
@@ -227,7 +229,8 @@ def recurrent_step_kernel(
     v = tl.load(v_ptr + r64 * stride_vt + h * head_v_dim + dv, mask=dv_mask, other=0.0).to(
         tl.float32
     )
-    g, beta = _gate_beta(a_ptr, b_ptr, a_log_ptr, dt_bias_ptr, h, r64, True, stride_ab)
+    a, b = tl.load(a_ptr + r64 * stride_ab + h), tl.load(b_ptr + r64 * stride_ab + h)
+    g, beta = _gate_beta(a, b, a_log_ptr, dt_bias_ptr, h)
     s_mask = dk_mask[:, None] & dv_mask[None, :]
     s_off = (h * head_k_dim + dk[:, None]) * head_v_dim + dv[None, :]  # within a state row
     row_size = num_v_heads * head_k_dim * head_v_dim
