@@ -80,3 +80,18 @@ def test_auto_sizes_each_rank_from_its_own_memory(path, one_rank, tp_llm):
     ranks = llm.offload_stats()["ranks"]
     assert 2 <= slots_1[0] < 16
     assert all(r["slots_per_layer"][0] > slots_1[0] for r in ranks)
+
+
+def test_routing_model_routes_alike_on_every_rank(path, tp_llm):
+    """The benchmarks' routing model (dummy weights) is computed on every rank from the same
+    broadcast request rows and keys, and reset after rank 0's warm-up on every rank: TP=2
+    routes, and so decodes, as TP=1, and both ranks see the same hits and misses."""
+    options = dict(load_format="dummy", routing_source="model:2.0,2.0,0.98", moe_offload=0.25)
+    params = SamplingParams(temperature=1.0, seed=5, max_tokens=24, ignore_eos=True)
+    one = LLM(str(path), device="cpu", **options)
+    expected = [r.token_ids for r in one.generate(PROMPTS, params)]
+    llm = tp_llm(path, dtype=None, **options)
+    assert [r.token_ids for r in llm.generate(PROMPTS, params)] == expected
+    r0, r1 = llm.offload_stats()["ranks"]
+    assert (r0["hits"], r0["misses"]) == (r1["hits"], r1["misses"])
+    assert r0["misses"] == one.offload_stats()["misses"]
