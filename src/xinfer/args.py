@@ -15,6 +15,7 @@ import torch
 
 from xinfer import envs
 from xinfer.config import (
+    MAX_PREFETCH_DISTANCE,
     CacheConfig,
     EngineConfig,
     OffloadConfig,
@@ -167,6 +168,18 @@ class EngineArgs(OptionSet):
         "time each MoE call's parts (slower: no CUDA graphs)",
         env=envs.XINFER_MOE_OFFLOAD_PROFILE,
     )
+    moe_prefetch: int = option(
+        0,
+        "prefetch each offloaded MoE layer's predicted experts this many layers ahead "
+        "(0 = off; off by default until the H200 shows a gain, see docs/moe_offload.md)",
+        check=within(0, MAX_PREFETCH_DISTANCE),
+        metavar="LAYERS",
+    )
+    moe_prefetch_margin: float = option(
+        0.5,
+        "prefetch only predicted experts whose score beats the (k+1)-th by this much",
+        check=at_least(0),
+    )
     routing_source: str = option(
         ROUTER,
         "benchmarks with dummy weights: where MoE layers' experts come from: router (the "
@@ -201,6 +214,8 @@ class EngineArgs(OptionSet):
             self.value("moe_offload"),
             reserve_gb=self.value("moe_offload_reserve_gb"),
             is_profile=self.value("moe_offload_profile"),
+            prefetch_distance=self.moe_prefetch,
+            prefetch_margin=self.moe_prefetch_margin,
         )
 
     def create_engine_config(self) -> EngineConfig:

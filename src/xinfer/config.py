@@ -229,6 +229,9 @@ class CacheConfig:
             raise UserError("gpu memory utilization must be in [0.05, 1.0]")
 
 
+MAX_PREFETCH_DISTANCE = 4
+
+
 @dataclass(frozen=True)
 class OffloadConfig:
     """`fraction=None` and `is_auto=False`: no offload."""
@@ -237,8 +240,20 @@ class OffloadConfig:
     is_auto: bool = False
     reserve_gb: float = 2.5
     is_profile: bool = False
+    # Cross-layer expert prefetch (offload/prefetch.py): predict the experts of the MoE layer
+    # this many layers ahead (0 = off) and keep a guess only when its score beats the
+    # (k+1)-th by more than the margin.
+    prefetch_distance: int = 0
+    prefetch_margin: float = 0.5
 
     def __post_init__(self) -> None:
+        if not 0 <= self.prefetch_distance <= MAX_PREFETCH_DISTANCE:
+            raise UserError(
+                f"MoE prefetch distance must be 0 (off) to {MAX_PREFETCH_DISTANCE} layers, "
+                f"got {self.prefetch_distance}"
+            )
+        if not self.prefetch_margin >= 0:
+            raise UserError(f"MoE prefetch margin must be >= 0, got {self.prefetch_margin}")
         if self.fraction is not None and not 0.0 < self.fraction <= 1.0:
             raise UserError(
                 f"MoE offload fraction must be in (0, 1] or 'auto', got {self.fraction}"

@@ -112,6 +112,11 @@ class Engine:
             scheduler_config = replace(config.scheduler, max_num_seqs=self.num_state_slots)
             config = self.config = replace(config, scheduler=scheduler_config)
         self.routing = self._install_routing(config)  # its per-request rows: the runner's
+        if self.offload_manager is not None and offload.prefetch_distance:
+            from xinfer.offload.prefetch_setup import install_prefetch
+
+            max_decode = config.scheduler.max_num_seqs  # the widest call that predicts
+            install_prefetch(self.model, self.offload_manager, offload, self.routing, max_decode)
         per_seq = cfg.state_bytes_per_seq(self.dtype) * self.state_copies
         self.state_bytes = self.num_state_slots * per_seq
         num_blocks = plan_num_blocks(

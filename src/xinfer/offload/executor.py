@@ -72,13 +72,21 @@ class OffloadExecutor(ExpertExecutor):
         # Set by a prompt pass while it runs this layer: (row of each expert (E,) int32 on
         # the device, the view those rows address); None = the lookup path.
         self.streamed: tuple[torch.Tensor, dict[str, torch.Tensor]] | None = None
+        # Set by offload/prefetch.py: (the Prefetcher, this layer's MoE index); None = off.
+        self.prefetch: tuple[object, int] | None = None
 
-    def load_experts(self, topk_ids: torch.Tensor) -> tuple[torch.Tensor, dict]:
+    def load_experts(
+        self, topk_ids: torch.Tensor, hidden: torch.Tensor | None = None
+    ) -> tuple[torch.Tensor, dict]:
         """Make this call's experts resident: (ids to use, expert set to run on). No host
-        decision and no device read: fixed shapes, graph-safe for every call size."""
+        decision and no device read: fixed shapes, graph-safe for every call size. With
+        prefetch, `hidden` (the call's expert input) predicts a later layer's experts."""
         if self.streamed is not None:
             rows, tensors = self.streamed
             return rows[topk_ids.long()], tensors
+        if self.prefetch is not None and hidden is not None:
+            prefetcher, index = self.prefetch
+            prefetcher.before_lookup(index, hidden)
         slot_ids = offload_kernels.lookup(self.cache, topk_ids)
         offload_kernels.fill(self.cache, self.host_tensors)
         return slot_ids, self.cache.slots
@@ -88,7 +96,7 @@ class OffloadExecutor(ExpertExecutor):
     ) -> torch.Tensor:
         if self.profile is not None:
             return self._profiled(hidden, topk_ids, topk_weights)
-        ids, tensors = self.load_experts(topk_ids)
+        ids, tensors = self.load_experts(topk_ids, hidden)
         return run_experts(hidden, ids, topk_weights, tensors, self.weights)
 
     def _profiled(
@@ -99,7 +107,7 @@ class OffloadExecutor(ExpertExecutor):
         gap = 0.0 if p.last_exit is None else t_enter - p.last_exit
         p.sync()  # earlier work (attention, router) done
         t_copy = clock()
-        ids, tensors = self.load_experts(topk_ids)
+        ids, tensors = self.load_experts(topk_ids, hidden)
         p.sync()
         t_gemm = clock()
         out = run_experts(hidden, ids, topk_weights, tensors, self.weights)

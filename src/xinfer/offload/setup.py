@@ -51,6 +51,7 @@ class OffloadManager:
         self.top_k = max((e.top_k for e in executors), default=0)
         self.max_call_tokens = max_call_tokens  # tokens of the widest MoE call the caches fit
         self.layer_streamer = LayerStreamer(device)
+        self.prefetcher = None  # set by offload/prefetch_setup.py when prefetch is on
 
     @property
     def slots_per_layer(self) -> list[int]:

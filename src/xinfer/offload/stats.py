@@ -21,7 +21,17 @@ plus slots_per_layer (all E for a resident layer), num_experts, num_layers, resi
 copies, so their counters stay 0), offloaded_layers, pinned_gb, slot_gb (offloaded layers'
 slots), resident_gb, staging_gb (the shared overflow / streaming regions), device and, with
 XINFER_MOE_OFFLOAD_PROFILE=1, "profile" (seconds summed over calls, and call count). Each
-entry of "layers" says `resident`."""
+entry of "layers" says `resident`.
+
+With prefetch on (offload/prefetch.py), "prefetch" (totals; per layer the same keys under
+each layer's "prefetch") counts, for the layers prefetched into:
+  predicted             distinct experts predicted (per reservation)
+  present / prefetched / dropped   of those: already in a slot / copied into one / no slot
+                        left (predicted = present + prefetched + dropped)
+  used / wasted / pending   of the prefetched: hit before they left their slot / not /
+                        not settled yet (the last prediction of each layer) — they add up
+  prefetched_bytes, used_bytes, wasted_bytes   the same in bytes
+and bytes_moved includes prefetched_bytes (hits and misses count only the lookups)."""
 
 from __future__ import annotations
 
@@ -30,6 +40,15 @@ import time
 
 import torch
 
+from xinfer.offload.prefetch_table import (
+    DROPPED,
+    NUM_PREFETCH_COUNTERS,
+    PREDICTED,
+    PREFETCHED,
+    PRESENT,
+    USED,
+    WASTED,
+)
 from xinfer.offload.slot_cache import (
     CALLS,
     HITS,
@@ -62,6 +81,29 @@ def _rates(row: list[int], expert_bytes: int) -> dict:
     }
 
 
+_PREFETCH_KEYS = ("predicted", "present", "prefetched", "dropped", "used", "wasted", "pending")
+
+
+def _prefetch(row: list[int], expert_bytes: int) -> dict:
+    out = {
+        "predicted": row[PREDICTED],
+        "present": row[PRESENT],
+        "prefetched": row[PREFETCHED],
+        "dropped": row[DROPPED],
+        "used": row[USED],
+        "wasted": row[WASTED],
+        "pending": row[PREFETCHED] - row[USED] - row[WASTED],
+    }
+    for key in ("prefetched", "used", "wasted"):
+        out[f"{key}_bytes"] = out[key] * expert_bytes
+    return out
+
+
+def _prefetch_total(layers: list[dict]) -> dict:
+    keys = _PREFETCH_KEYS + ("prefetched_bytes", "used_bytes", "wasted_bytes")
+    return {k: sum(la["prefetch"][k] for la in layers) for k in keys}
+
+
 class OffloadStats:
     def __init__(self, num_layers: int, device: torch.device) -> None:
         self.device = device
@@ -74,24 +116,35 @@ class OffloadStats:
         self.pinned_bytes = 0
         self.staging_bytes = 0
         self.profile: CallProfile | None = None
+        # (L, NUM_PREFETCH_COUNTERS) int64, columns as in prefetch_table.py (prefetch on)
+        self.prefetch_counters = torch.zeros(
+            num_layers, NUM_PREFETCH_COUNTERS, dtype=torch.int64, device=device
+        )
+        self.prefetch: dict | None = None  # {"distance", "predictor"} when prefetch is on
+        self.prefetcher = None  # its reset also clears pending slots
 
     def reset(self) -> None:
         self.counters.zero_()
+        self.prefetch_counters.zero_()
+        if self.prefetcher is not None:
+            self.prefetcher.reset_stats()
         if self.profile is not None:
             self.profile.reset()
 
     def snapshot(self) -> dict:
-        rows = self.counters.cpu().tolist()  # the one device read
+        both = torch.cat([self.counters, self.prefetch_counters], dim=1).cpu().tolist()
         layers = []
-        for i, row in enumerate(rows):
-            layers.append(
-                {
-                    "layer": i,
-                    "slots": self.slots[i],
-                    "resident": self.is_resident[i],
-                    **_rates(row, self.expert_bytes[i]),
-                }
-            )
+        for i, row in enumerate(both):  # the one device read
+            layer = {
+                "layer": i,
+                "slots": self.slots[i],
+                "resident": self.is_resident[i],
+                **_rates(row[:NUM_COUNTERS], self.expert_bytes[i]),
+            }
+            if self.prefetch is not None:
+                layer["prefetch"] = _prefetch(row[NUM_COUNTERS:], self.expert_bytes[i])
+                layer["bytes_moved"] += layer["prefetch"]["prefetched_bytes"]
+            layers.append(layer)
         summed = ("hits", "misses", "calls", "overflow_misses", "bytes_copied")
         summed += ("staging_copies", "staging_bytes", "bytes_moved")
         total = {k: sum(layer[k] for layer in layers) for k in summed}
@@ -113,6 +166,8 @@ class OffloadStats:
             "device": str(self.device),
             "layers": layers,
         }
+        if self.prefetch is not None:
+            out["prefetch"] = {**self.prefetch, **_prefetch_total(layers)}
         if self.profile is not None:
             out["profile"] = self.profile.totals()
         return out

@@ -1,0 +1,185 @@
+"""Expert-prefetch kernels: `reserve_kernel` (one program: settles the last prefetch of a layer
+and takes LRU slots for the predicted experts of its next call), `select_kernel` (per token:
+the confident part of the top-k of a predictor's scores) and `predict_model_kernel` (per
+token: the routing model's next draw of a layer, blurred to the published recall). Semantics
+are those of the twins in `xinfer.offload.prefetch_table`, `xinfer.offload.predictor` and
+`xinfer.routing.predict`."""
+
+from __future__ import annotations
+
+import triton
+import triton.language as tl
+
+from xinfer.kernels.triton.routing_model import _mix32, _normal, _u32, _uniform
+
+
+@triton.jit
+def reserve_kernel(
+    ids_ptr,  # (N,) int32 predicted expert ids, row-major (T, k); outside [0, E) = none
+    num_ids,
+    slot_of_expert_ptr,  # (E,) int32, -1 = absent
+    expert_of_slot_ptr,  # (S,) int32, -1 = empty
+    last_use_ptr,  # (S,) int64
+    clock_ptr,  # (1,) int64, shared with the layer's lookup
+    pending_ptr,  # (S,) int32: expert a prefetch put in the slot, not yet settled; -1 none
+    stamp_ptr,  # (1,) int64: the clock of the last reservation
+    miss_ids_ptr,  # (S,) int32 out: experts to copy
+    miss_slots_ptr,  # (S,) int32 out: their slots
+    miss_count_ptr,  # (1,) int32 out
+    counters_ptr,  # (6,) int64: predicted, present, prefetched, dropped, used, wasted
+    num_experts,
+    num_slots,
+    BLOCK_E: tl.constexpr,
+    BLOCK_S: tl.constexpr,
+    BLOCK_N: tl.constexpr,
+):
+    NONE: tl.constexpr = 1 << 30
+    e_offs = tl.arange(0, BLOCK_E)
+    e_mask = e_offs < num_experts
+    s_offs = tl.arange(0, BLOCK_S)
+    s_mask = s_offs < num_slots
+    n_offs = tl.arange(0, BLOCK_N)
+    soe = tl.load(slot_of_expert_ptr + e_offs, mask=e_mask, other=-1)
+    eos = tl.load(expert_of_slot_ptr + s_offs, mask=s_mask, other=-1)
+    last_use = tl.load(last_use_ptr + s_offs, mask=s_mask, other=0)
+    pending = tl.load(pending_ptr + s_offs, mask=s_mask, other=-1)
+    stamp = tl.load(stamp_ptr)
+    clock = tl.load(clock_ptr) + 1
+
+    # 1. Settle the last reservation: its experts still in their slots and stamped by a
+    #    later lookup were used; the others were wasted.
+    is_pending = pending >= 0
+    is_used = is_pending & (eos == pending) & (last_use > stamp)
+    num_used = tl.sum(is_used.to(tl.int64))
+    num_wasted = tl.sum(is_pending.to(tl.int64)) - num_used
+    pending = tl.full((BLOCK_S,), -1, tl.int32)
+
+    # 2. First position of every predicted expert (NONE: not predicted).
+    first = tl.full((BLOCK_E,), NONE, tl.int32)
+    for start in range(0, num_ids, BLOCK_N):
+        offs = start + n_offs
+        ids = tl.load(ids_ptr + offs, mask=offs < num_ids, other=-1)
+        ok = (offs < num_ids) & (ids >= 0) & (ids < num_experts)
+        ids = tl.where(ok, ids, -2)
+        pos = tl.where(ids[None, :] == e_offs[:, None], offs[None, :], NONE)  # (E, N)
+        first = tl.minimum(first, tl.min(pos, axis=1))
+    predicted = first < NONE
+    present = predicted & (soe >= 0)
+    todo = predicted & (soe < 0)
+    num_present = tl.sum(present.to(tl.int32))
+    num_todo = tl.sum(todo.to(tl.int32))
+    num_lru = tl.minimum(num_todo, num_slots - num_present)
+    # slots holding a predicted expert: stamped, and never a victim of this reservation
+    hit_s = tl.max(((eos[:, None] == e_offs[None, :]) & present[None, :]).to(tl.int32), axis=1)
+    hit_s = hit_s > 0
+    last_use = tl.where(hit_s, clock, last_use)
+    used = hit_s | (s_offs >= num_slots)
+
+    # 3. Misses in order of first appearance take the (last_use, index)-smallest free slot.
+    for m in range(0, num_lru):
+        first_todo = tl.min(tl.where(todo, first, NONE))
+        sel_e = todo & (first == first_todo)
+        expert = tl.sum(tl.where(sel_e, e_offs, 0))
+        key = tl.where(used, 0x7FFFFFFFFFFFFFFF, (last_use + 1) * BLOCK_S + s_offs)
+        slot = (tl.min(key) % BLOCK_S).to(tl.int32)
+        sel_s = s_offs == slot
+        victim = tl.sum(tl.where(sel_s, eos, 0))
+        soe = tl.where((e_offs == victim) & (victim >= 0), -1, soe)
+        soe = tl.where(sel_e, slot, soe)
+        eos = tl.where(sel_s, expert, eos)
+        last_use = tl.where(sel_s, clock, last_use)
+        pending = tl.where(sel_s, expert, pending)
+        used = used | sel_s
+        todo = todo & (e_offs != expert)
+        tl.store(miss_ids_ptr + m, expert)
+        tl.store(miss_slots_ptr + m, slot)
+
+    tl.store(slot_of_expert_ptr + e_offs, soe, mask=e_mask)
+    tl.store(expert_of_slot_ptr + s_offs, eos, mask=s_mask)
+    tl.store(last_use_ptr + s_offs, last_use, mask=s_mask)
+    tl.store(pending_ptr + s_offs, pending, mask=s_mask)
+    tl.store(clock_ptr, clock)
+    tl.store(stamp_ptr, clock)
+    tl.store(miss_count_ptr, num_lru)
+    num_predicted = tl.sum(predicted.to(tl.int64))
+    tl.store(counters_ptr + 0, tl.load(counters_ptr + 0) + num_predicted)
+    tl.store(counters_ptr + 1, tl.load(counters_ptr + 1) + num_present.to(tl.int64))
+    tl.store(counters_ptr + 2, tl.load(counters_ptr + 2) + num_lru.to(tl.int64))
+    tl.store(counters_ptr + 3, tl.load(counters_ptr + 3) + (num_todo - num_lru).to(tl.int64))
+    tl.store(counters_ptr + 4, tl.load(counters_ptr + 4) + num_used)
+    tl.store(counters_ptr + 5, tl.load(counters_ptr + 5) + num_wasted)
+
+
+@triton.jit
+def _select_confident(
+    score, offs, mask, ids_ptr, tok, margin, valid, TOP_K: tl.constexpr, BLOCK_K: tl.constexpr
+):
+    """Store the top-k of `score` (descending, ties: lowest index) whose score beats the
+    (k+1)-th by more than `margin`; the other lanes (and invalid tokens) get -1."""
+    offs_k = tl.arange(0, BLOCK_K)
+    top_s = tl.zeros((BLOCK_K,), dtype=tl.float32)
+    top_i = tl.zeros((BLOCK_K,), dtype=tl.int32)
+    score = tl.where(mask, score, -float("inf"))
+    for j in tl.static_range(TOP_K):
+        best = tl.max(score, axis=0)
+        idx = tl.min(tl.where(score == best, offs, 1 << 30), axis=0)
+        top_s = tl.where(offs_k == j, best, top_s)
+        top_i = tl.where(offs_k == j, idx, top_i)
+        score = tl.where(offs == idx, -float("inf"), score)
+    bar = tl.max(score, axis=0) + margin  # the (k+1)-th score (-inf when k = E)
+    keep = (top_s > bar) & valid
+    mask_k = offs_k < TOP_K
+    tl.store(ids_ptr + tok * TOP_K + offs_k, tl.where(keep, top_i, -1), mask=mask_k)
+
+
+@triton.jit
+def select_kernel(
+    scores_ptr, stride_t, keys_ptr, ids_ptr, num_experts, margin,
+    HAS_KEYS: tl.constexpr, TOP_K: tl.constexpr, BLOCK_E: tl.constexpr, BLOCK_K: tl.constexpr,
+):  # fmt: skip
+    """grid (T,): a token's confident predicted ids from its scores (router logits); a token
+    whose request key is -1 (a graph's padding row) predicts nothing."""
+    tok = tl.program_id(0).to(tl.int64)
+    offs = tl.arange(0, BLOCK_E)
+    mask = offs < num_experts
+    score = tl.load(scores_ptr + tok * stride_t + offs, mask=mask, other=0.0).to(tl.float32)
+    valid = True
+    if HAS_KEYS:
+        valid = tl.load(keys_ptr + tok) >= 0
+    _select_confident(score, offs, mask, ids_ptr, tok, margin, valid, TOP_K, BLOCK_K)
+
+
+@triton.jit
+def predict_model_kernel(
+    seq_lens_ptr, rows_ptr, keys_ptr, state_c_ptr, state_pos_ptr, state_key_ptr,
+    popularity_ptr, ids_ptr,
+    num_experts, step_base, init_base, gumbel_base, blur_base,
+    phi, innovation, drift_scale, blur, margin,
+    TOP_K: tl.constexpr, BLOCK_E: tl.constexpr, BLOCK_K: tl.constexpr,
+):  # fmt: skip
+    """grid (B,), decode (one token per sequence): the layer's c for this token as
+    `routing_state_kernel` will compute it (read only), its score
+    `popularity + drift_scale·c + Gumbel` (the routing model's own draw), blurred by
+    `blur`·N(0, 1) from a stream of its own, then the confident top-k."""
+    b = tl.program_id(0).to(tl.int64)
+    pos = tl.load(seq_lens_ptr + b).to(tl.int64) - 1
+    key = tl.load(keys_ptr + b)
+    row = tl.load(rows_ptr + b)
+    offs = tl.arange(0, BLOCK_E)
+    mask = offs < num_experts
+    prev_c = tl.load(state_c_ptr + row * num_experts + offs, mask=mask, other=0.0)
+    prev_pos = tl.load(state_pos_ptr + row)
+    prev_key = tl.load(state_key_ptr + row)
+    is_valid = key >= 0
+    eps = _normal(_mix32(_mix32(step_base.to(tl.uint32) ^ _u32(key)) ^ _u32(pos)), offs)
+    fresh = _normal(_mix32(_mix32(init_base.to(tl.uint32) ^ _u32(key)) ^ _u32(pos)), offs)
+    is_same = is_valid & (prev_key == key)
+    c = tl.where(is_same & (prev_pos == pos), prev_c, fresh)
+    follows = is_same & (prev_pos == pos - 1) & (pos > 0)
+    c = tl.where(follows, phi * prev_c + innovation * eps, c)
+    h = _mix32(_mix32(gumbel_base.to(tl.uint32) ^ _u32(key)) ^ _u32(pos))
+    g = -tl.log(-tl.log(_uniform(_mix32(h ^ offs.to(tl.uint32)))))
+    pop = tl.load(popularity_ptr + offs, mask=mask, other=0.0)
+    noise = _normal(_mix32(_mix32(blur_base.to(tl.uint32) ^ _u32(key)) ^ _u32(pos)), offs)
+    score = pop + drift_scale * c + g + blur * noise
+    _select_confident(score, offs, mask, ids_ptr, b, margin, is_valid, TOP_K, BLOCK_K)

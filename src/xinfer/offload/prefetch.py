@@ -1,0 +1,111 @@
+"""Cross-layer expert prefetch: while MoE layer l runs, the experts predicted for layer
+l + d are copied from host memory into layer l + d's slots, so that the host→GPU link keeps
+working while the GPU computes.
+
+Per call of an offloaded layer l on the lookup path (OffloadExecutor → `before_lookup`):
+1. if layer t = l + d is offloaded: the predictor gives t's expected experts from l's expert
+   input (decode calls of at most `max_tokens` tokens; other calls predict nothing, but the
+   reservation still runs to settle the last prediction's statistics);
+2. `reserve` (main stream, model order, offload/prefetch_table.py) takes LRU slots of t for
+   the predicted experts that are absent and writes t's prefetch miss list;
+3. the prefetch fill (the unchanged zero-copy fill kernel on that list) runs on a side
+   stream that first waits for the main stream; an event is recorded after it;
+4. then layer l's own lookup waits for the event of l's prefetch (issued d layers ago), so
+   that neither its fill (which may pick a slot a wrong prediction is still being written
+   into) nor its GEMM (which reads the prefetched rows) can overtake the copy.
+All of it has fixed shapes and reads nothing on the host, so it is captured in the decode
+CUDA graphs (the side stream forks from and joins the capture). On CPU there is one stream:
+the fill runs at once, with the same decisions. Placement never changes the experts a token
+uses nor their bits, so output is unchanged by prefetch (tested)."""
+
+from __future__ import annotations
+
+import logging
+
+import torch
+
+from xinfer.offload import kernels as offload_kernels
+from xinfer.offload.prefetch_table import PrefetchTable, reserve
+from xinfer.runner.forward_context import ForwardContext, get_forward_context
+
+logger = logging.getLogger("xinfer")
+PREFETCH_PROGRAMS_PER_SM = 2  # the prefetch fill's grid: it shares the SMs with the compute
+
+
+class Prefetcher:
+    """`executors[i]`: the OffloadExecutor of MoE layer i, or None where the layer runs
+    resident; `tables[i]` likewise; `predictor(target, hidden, ctx) → (T, k) ids`."""
+
+    def __init__(
+        self,
+        executors: list,
+        tables: list[PrefetchTable | None],
+        predictor,
+        distance: int,
+        max_tokens: int,
+        device: torch.device,
+    ) -> None:
+        if distance < 1:
+            raise ValueError(f"prefetch distance must be >= 1, got {distance}")
+        self.executors, self.tables, self.predictor = executors, tables, predictor
+        self.distance, self.max_tokens, self.device = distance, max_tokens, device
+        self.is_cuda = device.type == "cuda"
+        self.side = torch.cuda.Stream(device) if self.is_cuda else None
+        self.events = [
+            torch.cuda.Event() if self.is_cuda and t is not None else None for t in tables
+        ]
+        self.is_issued = [False] * len(tables)  # host: an event to wait for before the lookup
+        self.fill_programs = None
+        if self.is_cuda:
+            sms = torch.cuda.get_device_properties(device).multi_processor_count
+            self.fill_programs = PREFETCH_PROGRAMS_PER_SM * sms
+        # a (1, 1) "no prediction" for calls that only settle (no empty tensor to a kernel)
+        self._nothing = torch.full((1, 1), -1, dtype=torch.int32, device=device)
+
+    def predicts(self, ctx: ForwardContext | None, num_tokens: int) -> bool:
+        """Whether a call predicts: decode calls of at most `max_tokens` tokens."""
+        return ctx is not None and ctx.is_decode and num_tokens <= self.max_tokens
+
+    def before_lookup(self, layer: int, hidden: torch.Tensor) -> None:
+        """Layer `layer`'s call with expert input `hidden` (T, H): issue the prefetch of
+        layer + distance, then wait for this layer's own."""
+        target = layer + self.distance
+        if target < len(self.tables) and self.tables[target] is not None:
+            self._issue(target, hidden)
+        if self.is_issued[layer]:
+            torch.cuda.current_stream(self.device).wait_event(self.events[layer])
+            self.is_issued[layer] = False
+
+    def _issue(self, target: int, hidden: torch.Tensor) -> None:
+        table = self.tables[target]
+        ctx = _context()
+        if self.predicts(ctx, hidden.shape[0]):
+            reserve(table, self.predictor(target, hidden, ctx))
+        else:
+            reserve(table, self._nothing)  # settle only: nothing to copy
+            return
+        host = self.executors[target].host_tensors
+        if not self.is_cuda:
+            offload_kernels.fill(table.fill_target(), host)
+            return
+        main = torch.cuda.current_stream(self.device)
+        self.side.wait_stream(main)  # the reservation (and all before it) first
+        with torch.cuda.stream(self.side):
+            offload_kernels.fill(table.fill_target(), host, num_programs=self.fill_programs)
+            self.events[target].record(self.side)
+        self.is_issued[target] = True
+
+    def reset_stats(self) -> None:
+        """Forget the pending prefetches with the counters (the caller zeroes those), so
+        that a prefetch issued before a reset is never settled after it."""
+        for table in self.tables:
+            if table is not None:
+                table.pending.fill_(-1)
+
+
+def _context() -> ForwardContext | None:
+    """The forward context, or None when a layer is called outside the model runner."""
+    try:
+        return get_forward_context()
+    except RuntimeError:
+        return None

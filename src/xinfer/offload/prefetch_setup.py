@@ -1,0 +1,91 @@
+"""Turns cross-layer expert prefetch on for a model whose MoE layers are offloaded: picks the
+predictor for the routing source (the routers themselves; the routing model's calibrated
+stand-in for dummy weights), builds a `PrefetchTable` per offloaded layer and attaches the
+`Prefetcher` to every OffloadExecutor."""
+
+from __future__ import annotations
+
+import logging
+
+from torch import nn
+
+from xinfer.config import OffloadConfig
+from xinfer.errors import UserError
+from xinfer.layers.moe import FusedMoE
+from xinfer.offload.executor import OffloadExecutor
+from xinfer.offload.predictor import RouterPredictor
+from xinfer.offload.prefetch import Prefetcher
+from xinfer.offload.prefetch_table import PrefetchTable
+
+logger = logging.getLogger("xinfer")
+
+
+def find_routers(model: nn.Module, layers: list[FusedMoE]) -> list[nn.Module]:
+    """The router of each MoE layer: the `gate` beside it in its block (every MoE block of
+    ours is `gate` + `experts`)."""
+    routers: dict[int, nn.Module] = {}
+    for module in model.modules():
+        experts, gate = getattr(module, "experts", None), getattr(module, "gate", None)
+        if isinstance(experts, FusedMoE) and isinstance(gate, nn.Module):
+            routers[id(experts)] = gate
+    missing = [i for i, layer in enumerate(layers) if id(layer) not in routers]
+    if missing:
+        raise UserError(
+            f"MoE prefetch needs each MoE layer's router beside it; layer {missing[0]} of "
+            f"this model has none: run without --moe-prefetch"
+        )
+    return [routers[id(layer)] for layer in layers]
+
+
+def make_predictor(model: nn.Module, layers: list[FusedMoE], config: OffloadConfig, routing):
+    """The router predictor, or the routing model's when that source routes the layers."""
+    top_ks = [layer.top_k for layer in layers]
+    source = getattr(routing, "source", None)
+    if source is None:
+        return RouterPredictor(find_routers(model, layers), top_ks, config.prefetch_margin)
+    from xinfer.routing.parametric import ParametricRouting
+    from xinfer.routing.predict import ModelPredictor
+
+    if not isinstance(source, ParametricRouting):
+        raise UserError(
+            "MoE prefetch has no predictor for a replayed routing trace (it needs the "
+            "router or the routing model): run without --moe-prefetch"
+        )
+    return ModelPredictor(
+        source, top_ks, config.prefetch_margin, config.prefetch_distance, routing.config.seed
+    )
+
+
+def install_prefetch(
+    model: nn.Module, manager, config: OffloadConfig, routing, max_tokens: int
+) -> Prefetcher | None:
+    """Attach prefetch to `manager`'s executors (None when off or nothing is offloaded).
+    `routing`: the engine's RoutingController (None: the routers route); `max_tokens`: the
+    widest call that predicts (the decode batch)."""
+    if manager is None or not config.prefetch_distance or not manager.executors:
+        return None
+    layers = model.moe_layers()
+    executors = [x if isinstance(x := layer.executor, OffloadExecutor) else None for layer in layers]
+    stats = manager._stats
+    tables = [
+        None if x is None else PrefetchTable(x.cache, stats.prefetch_counters[i])
+        for i, x in enumerate(executors)
+    ]
+    predictor = make_predictor(model, layers, config, routing)
+    prefetcher = Prefetcher(
+        executors, tables, predictor, config.prefetch_distance, max_tokens, manager.device
+    )
+    for i, x in enumerate(executors):
+        if x is not None:
+            x.prefetch = (prefetcher, i)
+    stats.prefetch = {"distance": config.prefetch_distance, "predictor": predictor.name}
+    stats.prefetcher = prefetcher
+    manager.prefetcher = prefetcher
+    logger.info(
+        "MoE prefetch: layer l + %d's experts predicted by %s (margin %g), copied while "
+        "layer l computes",
+        config.prefetch_distance,
+        predictor.name,
+        config.prefetch_margin,
+    )
+    return prefetcher
