@@ -65,7 +65,9 @@ def install_prefetch(
     if manager is None or not config.prefetch_distance or not manager.executors:
         return None
     layers = model.moe_layers()
-    executors = [x if isinstance(x := layer.executor, OffloadExecutor) else None for layer in layers]
+    executors = [
+        x if isinstance(x := layer.executor, OffloadExecutor) else None for layer in layers
+    ]
     stats = manager._stats
     tables = [
         None if x is None else PrefetchTable(x.cache, stats.prefetch_counters[i])

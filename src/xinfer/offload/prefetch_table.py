@@ -90,7 +90,9 @@ def reserve_reference(table: PrefetchTable, pred_ids: torch.Tensor) -> None:
     last_use = cache.last_use.tolist()
     pending = table.pending.tolist()
     stamp = int(table.stamp.item())
-    num_used = sum(1 for s, e in enumerate(pending) if e >= 0 and eos[s] == e and last_use[s] > stamp)
+    num_used = sum(
+        1 for s, e in enumerate(pending) if e >= 0 and eos[s] == e and last_use[s] > stamp
+    )
     num_wasted = sum(1 for e in pending if e >= 0) - num_used
     pending = [-1] * cache.num_slots
     clock = int(cache.clock.item()) + 1
@@ -118,8 +120,9 @@ def reserve_reference(table: PrefetchTable, pred_ids: torch.Tensor) -> None:
     table.pending.copy_(torch.tensor(pending, dtype=torch.int32))
     table.stamp.fill_(clock)
     if misses:
-        table.miss_ids[: len(misses)].copy_(torch.tensor([e for e, _ in misses], dtype=torch.int32))
-        table.miss_slots[: len(misses)].copy_(torch.tensor([s for _, s in misses], dtype=torch.int32))
+        experts, slots = zip(*misses)
+        table.miss_ids[: len(misses)].copy_(torch.tensor(experts, dtype=torch.int32))
+        table.miss_slots[: len(misses)].copy_(torch.tensor(slots, dtype=torch.int32))
     table.miss_count.fill_(len(misses))
     for col, n in (
         (PREDICTED, len(distinct)),
