@@ -1,0 +1,129 @@
+"""Prefetch reservations (reference twin) interleaved with lookups, against a plain-Python
+model, on adversarial streams: predictions right, wrong, withheld, repeated, wider than the
+slots. Same tables, copies and counters; a reservation never evicts an expert it predicts
+and never touches overflow rows; after every lookup + fill each row a call reads holds its
+expert; the prefetch statistics add up; other layers of a pool are never written."""
+
+from __future__ import annotations
+
+import random
+
+import torch
+from hypothesis import given, settings
+from hypothesis import strategies as st
+from lru_model import random_expert_set, routing_stream
+from prefetch_model import PyPrefetchLRU, prediction_for
+
+from xinfer.offload.lookup import fill_reference, lookup_reference
+from xinfer.offload.prefetch_table import (
+    DROPPED,
+    PREDICTED,
+    PREFETCHED,
+    PRESENT,
+    USED,
+    WASTED,
+    PrefetchTable,
+    reserve_reference,
+)
+from xinfer.offload.slot_cache import HITS, MISSES, NUM_COUNTERS, SlotCache
+from xinfer.offload.slot_pool import build_slot_caches
+
+CPU = torch.device("cpu")
+
+
+def holds(cache: SlotCache, host: dict, row: int, expert: int) -> bool:
+    return all(torch.equal(cache.slots[n][row], t[expert]) for n, t in host.items())
+
+
+def run_stream(num_experts: int, num_slots: int, top_k: int, seed: int, num_calls: int) -> None:
+    host = random_expert_set(num_experts, seed)
+    cache = SlotCache(host, num_slots, CPU)
+    table = PrefetchTable(cache)
+    model = PyPrefetchLRU(num_experts, num_slots)
+    rng = random.Random(seed)
+    for ids in routing_stream(rng, num_experts, num_slots, top_k, num_calls):
+        pred = prediction_for(rng, ids, num_experts)
+        predicted = {e for e in pred.reshape(-1).tolist() if e >= 0}
+        held_before = cache.expert_of_slot.tolist()
+        want_copies = model.reserve(pred.reshape(-1).tolist())
+        reserve_reference(table, pred)
+        n = int(table.miss_count)
+        copies = list(zip(table.miss_ids[:n].tolist(), table.miss_slots[:n].tolist()))
+        assert copies == want_copies
+        for _, s in copies:  # a victim never held a predicted expert, never an overflow row
+            assert s < num_slots and held_before[s] not in predicted
+        cache.check_invariants()
+        fill_reference(table.fill_target(), host)
+        for e, s in copies:
+            assert holds(cache, host, s, e)
+        want_rows, _ = model.call(ids.reshape(-1).tolist())
+        rows = lookup_reference(cache, ids)
+        assert rows.reshape(-1).tolist() == want_rows
+        fill_reference(cache, host)
+        for e, r in zip(ids.reshape(-1).tolist(), rows.reshape(-1).tolist()):
+            assert holds(cache, host, r, e), (e, r)
+        for s, e in enumerate(cache.expert_of_slot.tolist()):
+            assert e < 0 or holds(cache, host, s, e)
+    c = table.counters.tolist()
+    pending = sum(1 for e in table.pending.tolist() if e >= 0)
+    got = dict(zip(("predicted", "present", "prefetched", "dropped", "used", "wasted"),
+                   (c[PREDICTED], c[PRESENT], c[PREFETCHED], c[DROPPED], c[USED], c[WASTED])))  # fmt: skip
+    assert got == model.counts
+    assert c[PREDICTED] == c[PRESENT] + c[PREFETCHED] + c[DROPPED]
+    assert c[PREFETCHED] == c[USED] + c[WASTED] + pending
+    assert (int(cache.counters[HITS]), int(cache.counters[MISSES])) == (model.hits, model.misses)
+
+
+@settings(max_examples=60, deadline=None)
+@given(
+    num_experts=st.integers(2, 40),
+    top_k=st.integers(1, 8),
+    extra_slots=st.integers(0, 40),
+    seed=st.integers(0, 2**31 - 1),
+)
+def test_reservations_match_python_model(num_experts, top_k, extra_slots, seed):
+    top_k = min(top_k, num_experts)
+    num_slots = min(num_experts, top_k + extra_slots)
+    run_stream(num_experts, num_slots, top_k, seed, num_calls=25)
+
+
+def test_perfect_prediction_turns_misses_into_used_prefetches():
+    """Predicting exactly the next call: every miss of the lookup-only run becomes a used
+    prefetch (when the call fits the slots), the lookups see only hits."""
+    host = random_expert_set(30, 1)
+    cache = SlotCache(host, 10, CPU)
+    table = PrefetchTable(cache)
+    rng = random.Random(3)
+    for _ in range(40):
+        ids = torch.tensor([rng.sample(range(30), 4)], dtype=torch.int32)
+        reserve_reference(table, ids)
+        fill_reference(table.fill_target(), host)
+        lookup_reference(cache, ids)
+        assert int(cache.miss_count) == 0
+    reserve_reference(table, torch.full((1, 1), -1, dtype=torch.int32))  # settle the last
+    c = table.counters.tolist()
+    assert int(cache.counters[MISSES]) == 0 and c[WASTED] == 0 and c[DROPPED] == 0
+    assert c[USED] == c[PREFETCHED] > 0
+
+
+def test_prefetch_never_writes_other_layers_of_a_pool():
+    """Three layers over one pool (overflow rows past the later layers' slots): reservations
+    and prefetch fills of one layer, lookups with overflow of the others; every layer's
+    cached experts stay intact."""
+    num_layers, num_experts, num_slots = 3, 12, 3
+    hosts = [random_expert_set(num_experts, seed=i) for i in range(num_layers)]
+    counters = torch.zeros(num_layers, NUM_COUNTERS, dtype=torch.int64)
+    caches, _ = build_slot_caches(hosts, [num_slots] * num_layers, CPU, counters, 40)
+    tables = [PrefetchTable(c) for c in caches]
+    rng = random.Random(9)
+    for step in range(60):
+        layer = step % num_layers
+        ids = routing_stream(rng, num_experts, num_slots, 2, 1, max_rows=10)[0]
+        target = (layer + 1) % num_layers
+        reserve_reference(tables[target], prediction_for(rng, ids, num_experts))
+        fill_reference(tables[target].fill_target(), hosts[target])
+        lookup_reference(caches[layer], ids)
+        fill_reference(caches[layer], hosts[layer])
+        for other in range(num_layers):
+            for s, e in enumerate(caches[other].expert_of_slot.tolist()):
+                assert e < 0 or holds(caches[other], hosts[other], s, e), (step, other, s)
