@@ -45,7 +45,9 @@ def interpreted():
 
 
 @child_only
-@pytest.mark.parametrize(("num_experts", "num_slots", "top_k"), [(8, 2, 2), (20, 7, 3), (70, 24, 8)])
+@pytest.mark.parametrize(
+    ("num_experts", "num_slots", "top_k"), [(8, 2, 2), (20, 7, 3), (70, 24, 8)]
+)
 def test_reserve_kernel_equals_twin(interpreted, num_experts, num_slots, top_k):
     host = random_expert_set(num_experts, seed=num_experts)
     caches = [SlotCache(host, num_slots, CPU) for _ in range(2)]

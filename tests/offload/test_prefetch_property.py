@@ -66,8 +66,8 @@ def run_stream(num_experts: int, num_slots: int, top_k: int, seed: int, num_call
             assert e < 0 or holds(cache, host, s, e)
     c = table.counters.tolist()
     pending = sum(1 for e in table.pending.tolist() if e >= 0)
-    got = dict(zip(("predicted", "present", "prefetched", "dropped", "used", "wasted"),
-                   (c[PREDICTED], c[PRESENT], c[PREFETCHED], c[DROPPED], c[USED], c[WASTED])))  # fmt: skip
+    columns = (PREDICTED, PRESENT, PREFETCHED, DROPPED, USED, WASTED)
+    got = dict(zip(model.counts, (c[col] for col in columns)))
     assert got == model.counts
     assert c[PREDICTED] == c[PRESENT] + c[PREFETCHED] + c[DROPPED]
     assert c[PREFETCHED] == c[USED] + c[WASTED] + pending
