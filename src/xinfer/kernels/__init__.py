@@ -66,14 +66,17 @@ def format_moe(
     w13: dict[str, torch.Tensor],
     w2: dict[str, torch.Tensor],
     inter: int,
+    w2_fmt: WeightFormat | None = None,
 ) -> torch.Tensor:
-    """Routed experts whose w13 (2I, H) and w2 (H, I) tensor sets are stored in `fmt`, with a
-    leading dim of experts or slots that `topk_ids` (T, k) index."""
+    """Routed experts whose w13 (2I, H) and w2 (H, I) tensor sets are stored in `fmt` (w2 in
+    `w2_fmt` when given: `fmt` then runs both), with a leading dim of experts or slots that
+    `topk_ids` (T, k) index."""
     if topk_ids.shape != topk_weights.shape or topk_ids.shape[0] != hidden.shape[0]:
         raise ValueError("fused_moe: topk_ids, topk_weights and hidden disagree on tokens")
+    extra = {} if w2_fmt is None else {"w2_fmt": w2_fmt}
     if use_triton(hidden):
-        return fmt.triton_moe(hidden, topk_ids, topk_weights, w13, w2, inter)
-    return fmt.reference_moe(hidden, topk_ids, topk_weights, w13, w2, inter)
+        return fmt.triton_moe(hidden, topk_ids, topk_weights, w13, w2, inter, **extra)
+    return fmt.reference_moe(hidden, topk_ids, topk_weights, w13, w2, inter, **extra)
 
 
 def rms_norm(
