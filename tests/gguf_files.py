@@ -12,6 +12,7 @@ import numpy as np
 import torch
 
 from xinfer.quant.gguf_blocks import BLOCK_TYPES
+from xinfer.quant.gguf_quantize import quantize
 
 # byte ranges of each block type's float16 scale fields (kept finite in random blocks)
 _F16_FIELDS = {"Q4_0": [0], "Q5_0": [0], "Q8_0": [0], "Q4_K": [0, 2], "Q5_K": [0, 2], "Q6_K": [208]}
@@ -84,13 +85,17 @@ def _stack_experts(sd: dict[str, torch.Tensor]) -> dict[str, np.ndarray]:
     return out
 
 
-def _store(writer: gguf.GGUFWriter, name: str, w: np.ndarray, qtype: str) -> None:
+def _store(writer: gguf.GGUFWriter, name: str, w: np.ndarray, qtype: str, types=None) -> None:
+    qtype = next((t for part, t in (types or {}).items() if part in name), qtype)
     w = np.ascontiguousarray(w, dtype=np.float32)
     if w.ndim == 1 or qtype == "F32":
         writer.add_tensor(name, w)
         return
     qt = gguf.GGMLQuantizationType[qtype]
-    data = w.astype(np.float16) if qtype == "F16" else gguf.quants.quantize(w, qt)
+    if qtype.endswith("_K"):  # the gguf package has no K-quant quantizer: ours writes them
+        data = quantize(torch.from_numpy(w), qtype).numpy()
+    else:
+        data = w.astype(np.float16) if qtype == "F16" else gguf.quants.quantize(w, qt)
     writer.add_tensor(name, data, raw_dtype=qt)
 
 
@@ -107,8 +112,16 @@ def byte_vocab() -> tuple[list[str], list[str]]:
     return [chr(table[b]) for b in range(256)], []
 
 
-def write_gguf(model, path: Path, arch: str, qtype: str = "Q8_0", meta: dict | None = None) -> Path:
-    """Convert a tiny transformers model to GGUF: 2-D weights in `qtype`, norms F32."""
+def write_gguf(
+    model,
+    path: Path,
+    arch: str,
+    qtype: str = "Q8_0",
+    meta: dict | None = None,
+    types: dict[str, str] | None = None,
+) -> Path:
+    """Convert a tiny transformers model to GGUF: 2-D weights in `qtype` (or `types[part]`
+    for GGUF names containing `part`, e.g. {"ffn_down_exps": "Q8_0"}), norms F32."""
     cfg = model.config
     sd = {k: v.detach().float() for k, v in model.state_dict().items()}
     if cfg.tie_word_embeddings:
@@ -147,9 +160,9 @@ def write_gguf(model, path: Path, arch: str, qtype: str = "Q8_0", meta: dict | N
         if g.endswith("ffn_gate_inp.weight"):
             _store(w, g, arr, "F32")  # routers stay F32 as llama.cpp writes them
             continue
-        _store(w, g, arr, qtype)
+        _store(w, g, arr, qtype, types)
     for g, arr in experts.items():
-        _store(w, g, arr, qtype)
+        _store(w, g, arr, qtype, types)
     w.write_header_to_file()
     w.write_kv_data_to_file()
     w.write_tensors_to_file()

@@ -290,6 +290,8 @@ class EngineConfig:
     # Queue the next greedy decode step before reading this one's tokens (None: on CUDA).
     decode_look_ahead: bool | None = None
     gpu_memory_limit_gb: float | None = None
+    isq: str | None = None  # quantize the experts at load to this GGUF type (quant/isq.py)
+    isq_dense: bool = False  # ...and the dense linear weights
     cache: CacheConfig = field(default_factory=CacheConfig)
     offload: OffloadConfig = field(default_factory=OffloadConfig)
     scheduler: SchedulerConfig = field(default_factory=SchedulerConfig)
@@ -301,3 +303,5 @@ class EngineConfig:
             raise UserError("--max-model-len must be >= 1")
         if self.gpu_memory_limit_gb is not None and self.gpu_memory_limit_gb <= 0:
             raise UserError("--gpu-memory-limit-gb must be > 0")
+        if self.isq_dense and self.isq is None:
+            raise UserError("--isq-dense needs --isq (the type to quantize to)")

@@ -66,9 +66,14 @@ class Engine:
             from xinfer.offload.host_store import check_host_ram_for_experts
 
             check_host_ram_for_experts(cfg, self.dtype)
+        isq = None
+        if config.isq is not None:
+            from xinfer.quant.isq import isq_config
+
+            isq = isq_config(config.isq, config.isq_dense, self.device)
         if self.device.type == "cuda":  # ...and if the GPU cannot hold what stays on it
             weights = resident_weight_bytes(
-                cfg, self.dtype, self.max_model_len, include_experts=not offload.is_enabled
+                cfg, self.dtype, self.max_model_len, not offload.is_enabled, config.model, isq
             )
             check_weights_fit(weights, self.device, config.gpu_memory_limit_gb, cfg.is_moe)
         self.model = build_model(
@@ -81,6 +86,7 @@ class Engine:
             config.load_format,
             config.seed,
             show_progress,
+            isq,
         )
         if offload.is_enabled:
             from xinfer.offload.setup import enable_offload

@@ -8,7 +8,9 @@ import importlib
 from xinfer.errors import UserError
 
 # quant_method (lower case) → (module under xinfer.quant, what we call it in messages)
-_METHODS: dict[str, tuple[str, str]] = {}
+_METHODS: dict[str, tuple[str, str]] = {
+    "gguf": ("gguf_formats", "GGUF block types (--m file.gguf)"),
+}
 
 
 def supported_methods() -> list[str]:

@@ -13,6 +13,7 @@ from pathlib import Path
 import torch
 
 from xinfer.config import ModelConfig, parse_dtype
+from xinfer.errors import UserError
 from xinfer.models.moe_decoder import MoeForCausalLM
 from xinfer.models.registry import get_model_class
 from xinfer.quant.assign import assign_formats, deferred_weights
@@ -50,11 +51,22 @@ def _default_dtype(dtype: torch.dtype):
 
 
 def quant_config(
-    model_dir: str | Path | None, cfg: ModelConfig, dtype: torch.dtype
+    model_dir: str | Path | None,
+    cfg: ModelConfig,
+    dtype: torch.dtype,
+    isq: QuantConfig | None = None,
 ) -> QuantConfig | None:
     """The checkpoint's declared weight format (None: unquantized), ignore list in our module
-    names; refuses unknown methods before anything is allocated."""
+    names; refuses unknown methods before anything is allocated. `isq` (`--isq`) replaces
+    it for a float checkpoint."""
     quant = resolve_quant_config(model_dir, cfg.hf_config, dtype)
+    if isq is not None:
+        if quant is not None:
+            raise UserError(
+                f"--isq quantizes bf16/fp16/fp32 checkpoints; this one is already stored "
+                f"as {quant.method}: leave --isq out"
+            )
+        return isq
     if quant is None:
         return None
     return quant.renamed(get_model_class(cfg.architecture).checkpoint_renames)
@@ -87,12 +99,13 @@ def resident_weight_bytes(
     max_pos: int,
     include_experts: bool,
     model_dir: str | Path | None = None,
+    isq: QuantConfig | None = None,
 ) -> int:
     """Bytes the model will hold on its device (parameters and buffers; the routed experts
     only when `include_experts`), in the checkpoint's formats, from a copy built on the meta
     device (no memory)."""
     meta = torch.device("meta")
-    model = _construct(cfg, meta, dtype, max_pos, meta, quant_config(model_dir, cfg, dtype))
+    model = _construct(cfg, meta, dtype, max_pos, meta, quant_config(model_dir, cfg, dtype, isq))
     tensors = list(model.parameters()) + list(model.buffers())
     if include_experts:
         tensors += [t for moe in model.moe_layers() for t in moe.expert_tensors.values()]
@@ -109,8 +122,9 @@ def build_model(
     load_format: str = "auto",
     seed: int = 0,
     show_progress: bool = True,
+    isq: QuantConfig | None = None,
 ) -> MoeForCausalLM:
-    quant = quant_config(model_dir, cfg, dtype)
+    quant = quant_config(model_dir, cfg, dtype, isq)
     model = _construct(cfg, device, dtype, max_pos, expert_device, quant)
     model.eval().requires_grad_(False)
     if load_format == "dummy":

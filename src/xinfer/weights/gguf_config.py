@@ -97,6 +97,8 @@ def hf_config_from_gguf(ckpt: GGUFCheckpoint) -> dict[str, Any]:
     hf["tie_word_embeddings"] = "output.weight" not in names
     hf["attention_bias"] = "blk.0.attn_q.bias" in names
     hf["dtype"] = "auto"  # quantized weights: run in the engine's default dtype
+    # the layers' formats follow the file's block types (quant/gguf_formats.py)
+    hf["quantization_config"] = {"quant_method": "gguf", "path": str(ckpt.paths[0])}
     meta = ckpt.metadata
     if (bos := meta.get("tokenizer.ggml.bos_token_id")) is not None:
         hf["bos_token_id"] = int(bos)

@@ -134,4 +134,3 @@ def x_chunk(x_row_ptr, kb, k_len, SUBS: tl.constexpr):
     """(SUBS, 32) float32 activations matching `gguf_tile`'s chunk kb (0 past k_len)."""
     ks = kb * SUBS * 32 + tl.arange(0, SUBS)[:, None] * 32 + tl.arange(0, 32)[None, :]
     return tl.load(x_row_ptr + ks, mask=ks < k_len, other=0.0).to(tl.float32)
-
