@@ -2,13 +2,17 @@
 
     python3 bench/bench_moe_offload.py --model PATH [--load-format dummy] \
         --rates 0,0.1,0.2,0.35,auto --out bench/results/NAME [--prompt-tokens N] \
-        [--max-tokens 200] [--gpu-memory-limit-gb G] [--kvcache-dtype D] [--xinfer-bin CMD]
+        [--max-tokens 200] [--concurrency 1,8,32] [--routing qwen3-30b-a3b] \
+        [--gpu-memory-limit-gb G] [--kvcache-dtype D] [--xinfer-bin CMD]
 
 Per rate: start the server (XINFER_MOE_OFFLOAD=rate; rate 0 = unset), wait for /health,
 send a warm-up and one streamed greedy request (EOS ignored), scrape the expert-cache
-counters around it, optionally run a needle prompt of N tokens, stop the server (SIGTERM).
-Then check that the generated text is identical across rates, compare each rate with the
-PCIe limit, and write NAME.md and NAME.json. Helpers live in bench/offload_bench/."""
+counters around it, then N streams at once for each concurrency N > 1 (a decode batch of
+N), optionally a needle prompt of N tokens, and stop the server (SIGTERM). Then check that
+the generated text is identical across rates, compare each rate with the PCIe limit, and
+write NAME.md and NAME.json. With dummy weights the servers take their experts from the
+routing model (`--routing`, default qwen3-30b-a3b): random-weight routers pick nearly the
+same experts every token. Helpers live in bench/offload_bench/."""
 
 from __future__ import annotations
 
@@ -29,6 +33,7 @@ SRC = HERE.parent / "src"
 sys.path.insert(0, str(HERE))
 
 from offload_bench import client, needle, report, server  # noqa: E402
+from offload_bench.parallel_streams import run_concurrent  # noqa: E402
 from offload_bench.timing import stream_stats  # noqa: E402
 
 PROMPT = (
@@ -77,7 +82,25 @@ def build_parser() -> argparse.ArgumentParser:
     a("--health-timeout", type=float, default=1800.0, help="seconds to wait for /health")
     a("--seed", type=int, default=0, help="seed of the needle's code and depth")
     a("--append", action="store_true", help="merge into OUT.json: rates split across runs")
+    a("--routing", default=None,
+      help="router | a routing-model preset | model:S,T,P | uniform | replay:FILE "
+      "(default: qwen3-30b-a3b with --load-format dummy, else router)")  # fmt: skip
+    a("--concurrency", default="1,8,32", help="streams at once (1 = the main measurement)")
+    a("--concurrent-tokens", type=int, default=32, help="tokens per stream when N > 1")
     return p
+
+
+def routing_source(args: argparse.Namespace) -> str:
+    if args.routing is not None:
+        return args.routing
+    return "qwen3-30b-a3b" if args.load_format == "dummy" else "router"
+
+
+def concurrency_levels(text: str) -> list[int]:
+    levels = [int(x) for x in text.split(",") if x.strip()]
+    if any(n < 1 for n in levels):
+        raise ValueError("--concurrency takes positive stream counts, e.g. 1,8,32")
+    return [n for n in levels if n > 1]
 
 
 def server_command(args: argparse.Namespace, port: int, use_limit: bool = True) -> list[str]:
@@ -89,6 +112,7 @@ def server_command(args: argparse.Namespace, port: int, use_limit: bool = True) 
         ("--max-model-len", args.max_model_len),
         ("--gpu-memory-limit-gb", args.gpu_memory_limit_gb if use_limit else None),
         ("--kvcache-dtype", args.kvcache_dtype),
+        ("--routing-source", None if routing_source(args) == "router" else routing_source(args)),
     ):
         if value is not None:
             cmd += [flag, str(value)]
@@ -140,6 +164,12 @@ class Prompts:
             if args.prompt_tokens:
                 self.needle = token_prompt(args.model, args.prompt_tokens, args.seed + 1)
 
+    def variants(self, n: int) -> list:
+        """n different prompts like the main one (same across rates)."""
+        if isinstance(self.main, str):
+            return [f"{self.main} (Version {i + 1}.)" for i in range(n)]
+        return [token_prompt(self.args.model, 32, self.args.seed + 100 + i) for i in range(n)]
+
 
 def run_rate(args, rate: str, prompts: Prompts, logs: Path, use_limit: bool = True) -> dict:
     """One server, one rate: returns the record (an `error` key when it failed)."""
@@ -172,6 +202,14 @@ def run_rate(args, rate: str, prompts: Prompts, logs: Path, use_limit: bool = Tr
             rec["expert_delta"] = report.counter_delta(before, after)
             rec["stats"] = proc.stats()
             say(f"{m.decode_tok_s or 0:.1f} tok/s, TTFT {report.fmt_seconds(m.ttft_s)}")
+            rec["concurrent"] = []
+            for n in concurrency_levels(args.concurrency):
+                say(f"{n} streams at once, {args.concurrent_tokens} tokens each")
+                streams = prompts.variants(n)
+                scrape = lambda: server.expert_counters(proc.metrics())  # noqa: E731
+                row = run_concurrent(proc.base, streams, args.concurrent_tokens, scrape)
+                rec["concurrent"].append(row)
+                say(f"{n} streams: {row.get('decode_tok_s') or 0:.1f} tok/s in all")
             if prompts.needle is not None:
                 rec["needle"] = run_needle(args, proc.base, prompts, say)
         except Exception as e:  # noqa: BLE001 - one failed rate must not stop the others
@@ -234,6 +272,7 @@ def main(argv: list[str] | None = None) -> int:
     args = parser.parse_args(argv)
     try:
         rates = parse_rates(args.rates)
+        concurrency_levels(args.concurrency)
     except ValueError as e:
         parser.error(str(e))
     out = Path(args.out)
@@ -255,6 +294,7 @@ def main(argv: list[str] | None = None) -> int:
     base = next((r for r in records if r["rate"] == "0" and r.get("measured")), None)
     t_res = base["measured"]["step_s"] if base else None
     report.add_limits(records, t_res, used_bw)
+    report.add_concurrent_limits(records, used_bw)
     same, text = report.identity_verdict(records)
     gpu = bw.get("gpu") or ("CPU" if args.device == "cpu" else server.nvidia_smi("name", "0"))
     meta = {
@@ -264,6 +304,7 @@ def main(argv: list[str] | None = None) -> int:
         "commands": earlier.get("commands", []) + ["python3 " + shlex.join(sys.argv)],
         "model": args.model,
         "load_format": args.load_format,
+        "routing": routing_source(args),
         "max_tokens": args.max_tokens,
         "kvcache_dtype": args.kvcache_dtype or "auto",
         "bandwidth": bw,

@@ -1,214 +1,247 @@
-"""Batch-1 decode with MoE offload at several GPU-expert fractions, each beside its limit
-`t_resident + missed bytes / host→GPU bandwidth` (both measured in the same run).
+"""Decode under MoE offload at several GPU-expert fractions and batch sizes, each beside its
+limit `t_resident(batch) + missed bytes ÷ host→GPU bandwidth`, plus time to first token of
+long prompts. Dummy weights; the experts come from the routing model (`--routing`) unless
+told otherwise, since random-weight routers pick nearly the same experts every token.
 
     python3 bench/bench_offload_decode.py --model bench/configs/qwen3_30b_a3b \
-        --rates 0.1,0.2,0.35,0.5,auto --gpu-memory-limit-gb 24 --out bench/results/offload
+        --rates 0.1,0.2,0.35,0.5,auto --batches 1,8,32 --gpu-memory-limit-gb 24 \
+        --ttft-tokens 2048,8192 --out bench/results/offload
 
-Rate "0" (always run first) is the fully resident engine that gives t_resident. Greedy
-tokens of every rate are compared with it: placement must never change the output."""
+Each engine runs in a process of its own (offload_bench/engine_worker.py), the resident
+one (rate 0, giving t_resident per batch) first. Prompts no longer than the decode engines'
+`--max-model-len` are timed in those engines; longer ones (32k) get eager engines of their
+own at the TTFT rates (`auto` there with the reserve raised to hold that prompt's KV cache).
+Tokens of every rate are compared with the resident engine's: placement never changes the
+output. Results are rewritten after every engine, so a run cut short keeps what it did."""
 
 from __future__ import annotations
 
 import argparse
-import gc
 import json
-import statistics
+import signal
 import subprocess
 import sys
 import time
 from pathlib import Path
 
-import torch
+HERE = Path(__file__).resolve().parent
+sys.path.insert(0, str(HERE))
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "src"))
+from offload_bench import decode_report  # noqa: E402
 
-from cuda_timing import cuda_seconds  # noqa: E402
-from offload_bench.bandwidth import copy_engine_gbps  # noqa: E402
-
-from xinfer import LLM, SamplingParams  # noqa: E402
-
-
-def trace_steps(engine, prompt: list[int], params: SamplingParams, path: Path) -> None:
-    """Chrome trace (host ops and GPU kernels) of four decode steps after a warm-up, to see
-    what the lookup and fill kernels cost per layer."""
-    from torch.profiler import ProfilerActivity, profile
-
-    engine.add_request(prompt, params)
-    for _ in range(8):
-        engine.step()
-    with profile(activities=[ProfilerActivity.CPU, ProfilerActivity.CUDA]) as prof:
-        for _ in range(4):
-            engine.step()
-    while engine.has_unfinished():
-        engine.step()
-    path.parent.mkdir(parents=True, exist_ok=True)
-    prof.export_chrome_trace(str(path))
+GIB = 1 << 30
+_KV_WORKSPACE_GB = 1.0  # what plan_num_blocks keeps aside besides the KV cache
 
 
-def gpu_state() -> str:
-    """SM clock, temperature and power as nvidia-smi reads them right after a measurement
-    ('' without nvidia-smi): steps that differ between engines can be told from clocks."""
-    try:
-        out = subprocess.run(
-            [
-                "nvidia-smi",
-                "--query-gpu=clocks.sm,temperature.gpu,power.draw",
-                "--format=csv,noheader",
-            ],
-            capture_output=True,
-            text=True,
-            timeout=10,
-        )
-        return out.stdout.strip()
-    except (OSError, subprocess.SubprocessError):
-        return ""
+def int_list(text: str) -> list[int]:
+    return [int(x) for x in text.split(",") if x.strip()]
 
 
-def bare_replay_ms(engine) -> float | None:
-    """GPU time of the batch-1 decode graph replayed back to back (CUDA events), after the
-    timed steps: a step minus this is the host's share. With offload the replays go on
-    updating the slot tables, which is harmless once the statistics are read."""
-    graphs = engine.runner.graph_runner.graphs if engine.runner.graph_runner else {}
-    if 1 not in graphs:
-        return None
-    return cuda_seconds(graphs[1].replay, 64) * 1e3
+def per_batch(text: str, batches: list[int], name: str) -> list[int]:
+    if not batches:
+        return []
+    values = int_list(text)
+    if len(values) == 1:
+        return values * len(batches)
+    if len(values) != len(batches):
+        raise SystemExit(f"--{name} needs one value or one per batch size ({len(batches)})")
+    return values
 
 
-def run_rate(args, rate: str, prompt: list[int]) -> dict:
-    kw = dict(
-        device="cuda:0",
-        dtype="bfloat16",
-        load_format="dummy",
-        max_model_len=4096,
-        num_kv_blocks=1024,
-        max_num_seqs=1,
-        dummy_weights_seed=0,
+def build_parser() -> argparse.ArgumentParser:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    a = ap.add_argument
+    a("--model", default=str(HERE / "configs" / "qwen3_30b_a3b"))
+    a("--device", default="cuda:0")
+    a("--dtype", default="bfloat16")
+    a("--rates", default="0.1,0.2,0.35,0.5,auto", help="decode rates (0 = resident, always run)")
+    a("--batches", default="1,8,32")
+    a("--warmup-steps", default="64,4,2", help="per batch size (or one value)")
+    a("--steps", default="128,16,6", help="timed steps per batch size (or one value)")
+    a("--prompt-tokens", type=int, default=64, help="prompt length of the decode rows")
+    a("--ttft-tokens", default="2048,8192,32768", help="prompt lengths of the TTFT table")
+    a("--ttft-rates", default="0,0.1,0.2,auto")
+    a("--max-model-len", type=int, default=8256, help="decode engines' (and short TTFT's)")
+    a("--gpu-memory-limit-gb", type=float, default=24.0, help="the budget of `auto`")
+    a("--routing", default="qwen3-30b-a3b",
+      help="router | a routing-model preset | model:S,T,P | uniform | replay:FILE")  # fmt: skip
+    a("--routing-seed", type=int, default=0)
+    a("--max-num-batched-tokens", type=int, default=2048)
+    a("--resident-again", action="store_true", help="run the resident engine again at the end")
+    a("--trace-dir", default=None, help="also write a Chrome trace of batch-1 steps per rate")
+    a("--out", default="bench/results/offload")
+    return ap
+
+
+def model_kv_bytes_per_token(model: str, dtype_bytes: int = 2) -> int:
+    hf = json.loads((Path(model) / "config.json").read_text())
+    heads = hf["num_attention_heads"]
+    head_dim = hf.get("head_dim") or hf["hidden_size"] // heads
+    kv_heads = hf.get("num_key_value_heads") or heads
+    return 2 * hf["num_hidden_layers"] * kv_heads * head_dim * dtype_bytes
+
+
+def plan_jobs(args: argparse.Namespace) -> list[dict]:
+    """One job per engine: the resident one first, then each decode rate (with the TTFT
+    lengths that fit its max-model-len when the rate is a TTFT rate), then eager engines
+    for longer TTFT prompts."""
+    batches = int_list(args.batches)
+    warmup = per_batch(args.warmup_steps, batches, "warmup-steps")
+    steps = per_batch(args.steps, batches, "steps")
+    ttft_tokens = int_list(args.ttft_tokens)
+    ttft_rates = [r for r in args.ttft_rates.split(",") if r] if ttft_tokens else []
+    rates = ["0"] + [r for r in args.rates.split(",") if r and r != "0"]
+    rates += [r for r in ttft_rates if r not in rates]
+    short = [n for n in ttft_tokens if n < args.max_model_len]
+    long = [n for n in ttft_tokens if n >= args.max_model_len]
+    block = 16
+    kv_blocks = -(-args.max_model_len // block) + max(batches or [1]) * (
+        -(-(args.prompt_tokens + max(warmup + steps or [0]) + 4) // block)
     )
-    if rate != "0":
-        kw["moe_offload"] = rate
-    if rate == "auto":  # fixed fractions size themselves; auto sizes from the (limited) GPU
-        kw["gpu_memory_limit_gb"] = args.gpu_memory_limit_gb
-    t0 = time.perf_counter()
-    llm = LLM(args.model, **kw)
-    load_s = time.perf_counter() - t0
-    engine = llm.engine
-    # Seeded sampling: random weights under greedy decoding repeat one token, so routing
-    # would never change; sampled tokens route (near) uniformly, as ANCHORS.md assumes.
-    warm = args.warmup_steps
-    params = SamplingParams(
-        temperature=1.0, seed=1234, max_tokens=args.steps + warm, ignore_eos=True
-    )
-    engine.add_request(prompt, params)
-    for _ in range(warm):  # prefill, warm the caches, let the clocks settle after loading
-        engine.step()
-    before = llm.offload_stats()
-    times, tokens = [], []
-    while engine.has_unfinished():
-        t = time.perf_counter()
-        for d in engine.step():
-            tokens.extend(d.new_token_ids)
-        times.append(time.perf_counter() - t)
-    after = llm.offload_stats()
-    replay_ms = bare_replay_ms(engine)
-    look_ahead = dict(engine.runner.look_ahead_counts)
-    if args.trace_dir:
-        trace_steps(engine, prompt, params, Path(args.trace_dir) / f"offload_{rate}.json")
-    step = statistics.median(times)
-    row = {
-        "gpu_state": gpu_state(),
-        "rate": rate,
-        "load_s": load_s,
-        "step_ms": step * 1e3,
-        "tok_s": 1 / step,
-        "replay_ms": replay_ms,
-        "look_ahead": look_ahead,
-        "tokens": tokens,
-        "graphs": bool(engine.runner.graph_runner and engine.runner.graph_runner.graphs),
-    }
-    if after is not None:
-        n = len(times)
-        hits, misses = after["hits"] - before["hits"], after["misses"] - before["misses"]
-        row.update(
-            slots=after["slots_per_layer"],
-            hit_rate=hits / max(1, hits + misses),
-            gb_per_token=(after["bytes_moved"] - before["bytes_moved"]) / n / 1e9,
-        )
-        llm.engine.offload_manager.close()
-    del llm, engine
-    gc.collect()
-    torch.cuda.empty_cache()
-    return row
-
-
-def main() -> None:
-    ap = argparse.ArgumentParser()
-    ap.add_argument("--model", default="bench/configs/qwen3_30b_a3b")
-    ap.add_argument("--rates", default="0.1,0.2,0.35,0.5,auto")
-    ap.add_argument("--gpu-memory-limit-gb", type=float, default=24.0)
-    ap.add_argument("--steps", type=int, default=48)
-    ap.add_argument("--warmup-steps", type=int, default=8)
-    ap.add_argument(
-        "--resident-again",
-        action="store_true",
-        help="time the resident engine once more at the end (the spread between engines)",
-    )
-    ap.add_argument("--out", default="bench/results/offload")
-    ap.add_argument("--trace-dir", default=None, help="also write a Chrome trace per rate")
-    args = ap.parse_args()
-    device = torch.device("cuda:0")
-    bw = copy_engine_gbps(device, 512 << 20, 1, 5) * 1e9  # pinned host → GPU, bytes/s
-    print(f"host→GPU copy bandwidth {bw / 1e9:.1f} GB/s", flush=True)
-    prompt = torch.randint(0, 1000, (64,), generator=torch.Generator().manual_seed(0)).tolist()
-    rows = []
-    rates = ["0"] + [r for r in args.rates.split(",") if r != "0"]
+    base = dict(model=args.model, device=args.device, dtype=args.dtype, routing=args.routing,
+                routing_seed=args.routing_seed, prompt_tokens=args.prompt_tokens,
+                gpu_memory_limit_gb=args.gpu_memory_limit_gb, trace_dir=args.trace_dir)  # fmt: skip
+    jobs = []
     for rate in rates + (["0"] if args.resident_again else []):
-        row = run_rate(args, rate, prompt)
-        t_res = rows[0]["step_ms"] / 1e3 if rows else row["step_ms"] / 1e3
-        if "gb_per_token" in row:
-            limit = t_res + row["gb_per_token"] * 1e9 / bw
-            row.update(
-                limit_ms=limit * 1e3, limit_tok_s=1 / limit, ratio=row["step_ms"] / 1e3 / limit
-            )
-        row["identical"] = row["tokens"] == (rows[0]["tokens"] if rows else row["tokens"])
-        rows.append(row)
-        print({k: v for k, v in row.items() if k != "tokens"}, flush=True)
-    meta = {
-        "date": time.strftime("%Y-%m-%d"),
-        "gpu": torch.cuda.get_device_name(device),
-        "h2d_bw": bw,
-        "model": args.model,
-        "gpu_memory_limit_gb": args.gpu_memory_limit_gb,
-        "command": " ".join(sys.argv),
-    }
-    out = Path(args.out)
-    out.parent.mkdir(parents=True, exist_ok=True)
-    out.with_suffix(".json").write_text(json.dumps({"meta": meta, "rows": rows}, indent=1))
-    lines = [
-        f"Offload decode, batch 1, {meta['date']}, {meta['gpu']}, H2D {bw / 1e9:.1f} GB/s",
-        "",
-        "| GPU experts | slots/layer | tok/s | ms/token | bare replay ms | hit rate | GB/token | limit tok/s | step / limit | identical |",
-        "|---|---|---|---|---|---|---|---|---|---|",
-    ]
+        decoding = bool(batches) and (rate == "0" or rate in args.rates.split(","))
+        if not decoding and not (short and rate in ttft_rates):
+            continue  # nothing for this engine to do
+        jobs.append({
+            **base, "rate": rate, "max_model_len": args.max_model_len,
+            "batches": batches if decoding else [], "warmup": warmup, "steps": steps,
+            "ttft_tokens": short if rate in ttft_rates else [],
+            "num_kv_blocks": None if rate == "auto" else kv_blocks,
+        })  # fmt: skip
+    if long:
+        max_len = max(long) + 64
+        kv_gb = model_kv_bytes_per_token(args.model) * max_len / GIB
+        for rate in ttft_rates:
+            jobs.append({
+                **base, "rate": rate, "max_model_len": max_len, "batches": [], "warmup": [],
+                "steps": [], "ttft_tokens": long, "enforce_eager": True, "trace_dir": None,
+                "num_kv_blocks": None if rate == "auto" else -(-max_len // block) + 4,
+                # auto must leave room for this prompt's KV cache: raise the reserve
+                "reserve_gb": (kv_gb + _KV_WORKSPACE_GB) / 0.9 + 0.5 if rate == "auto" else None,
+            })  # fmt: skip
+    return jobs
 
-    def replay(r: dict) -> str:
-        return "—" if r.get("replay_ms") is None else f"{r['replay_ms']:.2f}"
 
-    for i, r in enumerate(rows):
-        if "gb_per_token" not in r:
-            label = "all (resident)" if i == 0 else "all (resident, again)"
-            lines.append(
-                f"| {label} | all | {r['tok_s']:.1f} | {r['step_ms']:.2f} | {replay(r)} | 100% | 0 | — | — | ref |"
-            )
+_RUNNING: list[subprocess.Popen] = []
+
+
+def _stop_worker(signum, frame) -> None:
+    """SIGTERM (a `timeout` around the benchmark): take the running worker down too, so
+    it does not hold the GPU after we are gone; results so far are already written."""
+    for proc in _RUNNING:
+        proc.kill()
+    sys.exit(128 + signum)
+
+
+def run_job(job: dict) -> dict:
+    """The worker's RESULT, or {"rate", "error"} when it failed; its output is streamed."""
+    cmd = [sys.executable, str(HERE / "offload_bench" / "engine_worker.py"), json.dumps(job)]
+    proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+    _RUNNING[:] = [proc]
+    result, tail = None, []
+    for line in proc.stdout:
+        if line.startswith("RESULT "):
+            result = json.loads(line[len("RESULT ") :])
             continue
-        lines.append(
-            f"| {r['rate']} | {r['slots'][0]} | {r['tok_s']:.1f} | {r['step_ms']:.2f} | "
-            f"{replay(r)} | "
-            f"{100 * r['hit_rate']:.1f}% | {r['gb_per_token']:.3f} | {r['limit_tok_s']:.1f} | "
-            f"{r['ratio']:.2f} | {'yes' if r['identical'] else 'NO'} |"
-        )
-    out.with_suffix(".md").write_text("\n".join(lines) + "\n")
-    print("\n".join(lines))
+        if "it/s]" not in line:  # progress bars
+            print(line, end="", flush=True)
+            tail = (tail + [line.strip()])[-5:]
+    proc.wait()
+    if result is None:
+        return {"rate": job["rate"], "error": f"exit code {proc.returncode}: {' | '.join(tail)}",
+                "decode": [], "ttft": []}  # fmt: skip
+    return result
+
+
+def measure_bandwidth(device: str) -> dict:
+    """Host → GPU bandwidth in a process of its own (offload_bench/bandwidth.py)."""
+    if not device.startswith("cuda"):
+        return {"cuda": False}
+    index = device.split(":")[1] if ":" in device else "0"
+    cmd = [sys.executable, str(HERE / "offload_bench" / "bandwidth.py"), "--device", index]
+    try:
+        out = subprocess.run(cmd, capture_output=True, text=True, timeout=300)
+        return json.loads(out.stdout.strip().splitlines()[-1])
+    except (subprocess.SubprocessError, ValueError, IndexError) as e:
+        return {"cuda": None, "error": f"{type(e).__name__}: {e}"}
+
+
+def collect(results: list[dict], bandwidth_gbps: float | None) -> tuple[list[dict], list[dict]]:
+    """(decode rows, TTFT rows per engine) with limits and identity filled in."""
+    decode = [row for r in results for row in r["decode"]]
+    for r in results:
+        if r.get("error") and not r["decode"]:
+            decode.append({"rate": r["rate"], "batch": 0, "error": r["error"]})
+    decode_report.add_limits(decode, bandwidth_gbps)
+    decode_report.mark_identity(decode)
+    ttft: dict[str, dict] = {}
+    for r in results:
+        if r["ttft"]:
+            entry = ttft.setdefault(r["rate"], {"rate": r["rate"], "ttft": []})
+            entry["ttft"] += r["ttft"]
+            for key in ("slots", "num_experts"):
+                entry.setdefault(key, r.get(key))
+    return decode, list(ttft.values())
+
+
+def write(out: Path, meta: dict, results: list[dict]) -> str:
+    decode, ttft = collect(results, meta["bandwidth_gbps"])
+    lines = [
+        f"# Offload decode and TTFT: {meta['model']}",
+        "",
+        f"- {meta['date']}, {meta['gpu']}, routing `{meta['routing']}`, dtype {meta['dtype']}",
+        f"- host→GPU (copy engine, 512 MiB) {decode_report._f(meta['bandwidth_gbps'], '.1f')} "
+        f"GB/s; fill kernel {decode_report._f(meta['bandwidth'].get('fill_kernel_gbps'), '.1f')}"
+        " GB/s",
+        f"- command: `{meta['command']}`",
+        "",
+        decode_report.decode_table(decode),
+        "",
+        "limit = t_resident(batch) + missed bytes per step (slot fills) ÷ bandwidth; GB/token "
+        "= all bytes moved per step ÷ batch; whole-layer copies = staging copies during the "
+        "timed steps (each moves a whole layer and counts no misses: step / limit ≫ 1).",
+        "",
+    ]
+    if ttft:
+        lines += ["Time to first token (prefill tok/s, GB moved host→GPU):", "",
+                  decode_report.ttft_table(ttft), ""]  # fmt: skip
+    for r in results:
+        lines.append(f"- rate {r['rate']}: load {decode_report._f(r.get('load_s'), '.1f')} s"
+                     + (f", FAILED: {r['error']}" if r.get("error") else ""))  # fmt: skip
+    page = "\n".join(lines) + "\n"
+    out.parent.mkdir(parents=True, exist_ok=True)
+    out.with_suffix(".md").write_text(page)
+    payload = {"meta": meta, "decode": decode, "ttft": ttft, "engines": results}
+    out.with_suffix(".json").write_text(json.dumps(payload, indent=1))
+    return page
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = build_parser().parse_args(argv)
+    signal.signal(signal.SIGTERM, _stop_worker)
+    jobs = plan_jobs(args)
+    bw = measure_bandwidth(args.device)
+    used = bw.get("copy_engine_block_gbps")
+    print(f"host→GPU bandwidth: {json.dumps(bw)}", flush=True)
+    meta = {"date": time.strftime("%Y-%m-%d %H:%M"), "gpu": bw.get("gpu") or args.device,
+            "model": args.model, "routing": args.routing, "dtype": args.dtype,
+            "bandwidth": bw, "bandwidth_gbps": used,
+            "gpu_memory_limit_gb": args.gpu_memory_limit_gb,
+            "command": "python3 " + " ".join([sys.argv[0], *(argv or sys.argv[1:])])}  # fmt: skip
+    out, results, page = Path(args.out), [], ""
+    for job in jobs:
+        t0 = time.perf_counter()
+        results.append(run_job(job))
+        results[-1]["wall_s"] = time.perf_counter() - t0
+        page = write(out, meta, results)
+    print(page, flush=True)
+    decode, _ = collect(results, used)
+    return 1 if any(r.get("identical") is False for r in decode) else 0
 
 
 if __name__ == "__main__":
-    main()
+    sys.exit(main())

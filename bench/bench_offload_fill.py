@@ -9,9 +9,12 @@ one fill launch). Checks the bytes first, then times:
 - the machinery alone: lookup + fill for 48 layers (one slot cache each) in one CUDA graph,
   every id a hit, and one miss a layer: microseconds per layer, by lookup warps;
 - the copy engine (`copy_(non_blocking=True)` per expert tensor).
-Prints tables last; `--json PATH` also writes the numbers.
+`--variants` times instead the candidate fill schemes of `offload_fill_variants.py` (wider
+loads, cache hints, pipelined loads, TMA) against the production kernel and the copy engine
+(eager, and captured in a graph with fixed addresses: the ceiling), 1 and 8 misses, all in
+CUDA graphs, bytes checked first. Prints tables last; `--json PATH` also writes the numbers.
 
-    python3 bench/bench_offload_fill.py [--experts 32] [--reps 30]
+    python3 bench/bench_offload_fill.py [--experts 32] [--reps 30] [--variants]
 """
 
 from __future__ import annotations
@@ -25,6 +28,7 @@ import torch
 from cuda_timing import cuda_seconds as cuda_time  # noqa: E402
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "src"))
+sys.path.insert(0, str(Path(__file__).resolve().parent))
 
 from xinfer.offload import kernels as offload_kernels  # noqa: E402
 from xinfer.offload.host_store import HostExpertStore  # noqa: E402
@@ -45,9 +49,9 @@ def fill_sweep(host, dev, reps: int) -> list[tuple[str, float]]:
     """GB/s of the fill kernel by misses a call and launch config (eager)."""
     rows = []
     for misses in (1, 2, 8):
-        cache = SlotCache(host, 8, dev, torch.zeros(4, dtype=torch.int64, device=dev))
-        cache.miss_ids.copy_(torch.arange(8, 16, dtype=torch.int32))
-        cache.miss_slots.copy_(torch.arange(8, dtype=torch.int32))
+        cache = SlotCache(host, 8, dev)
+        cache.miss_ids[:8].copy_(torch.arange(8, 16, dtype=torch.int32))
+        cache.miss_slots[:8].copy_(torch.arange(8, dtype=torch.int32))
         cache.miss_count.fill_(misses)
         moved = misses * cache.expert_bytes
         offload_kernels.fill(cache, host)
@@ -73,7 +77,7 @@ def fill_sweep(host, dev, reps: int) -> list[tuple[str, float]]:
 
 def all_miss_graph(host, dev, misses: int, reps: int) -> float:
     """GB/s of lookup + fill in a CUDA graph, alternating two disjoint expert sets."""
-    cache = SlotCache(host, misses, dev, torch.zeros(4, dtype=torch.int64, device=dev))
+    cache = SlotCache(host, misses, dev)
     sets = [torch.arange(misses, dtype=torch.int32), torch.arange(misses, 2 * misses)]
     static_ids = sets[0].view(1, misses).to(torch.int32).to(dev)
     replay = graphed(
@@ -94,10 +98,7 @@ def all_miss_graph(host, dev, misses: int, reps: int) -> float:
 def machinery(host, dev, reps: int, warps: int, layers=48, slots=45, top_k=8):
     """Microseconds per layer of lookup + fill, `layers` slot caches in one CUDA graph:
     (every id a hit, one miss a layer). The second includes copying one expert."""
-    caches = [
-        SlotCache(host, slots, dev, torch.zeros(4, dtype=torch.int64, device=dev))
-        for _ in range(layers)
-    ]
+    caches = [SlotCache(host, slots, dev, num_overflow=0) for _ in range(layers)]
     ids = torch.arange(top_k, dtype=torch.int32, device=dev).view(1, top_k)
     for cache in caches:  # make the hot set resident
         offload_kernels.lookup(cache, ids)
@@ -125,6 +126,87 @@ def machinery(host, dev, reps: int, warps: int, layers=48, slots=45, top_k=8):
     return warps, hit_us, miss_us
 
 
+def variant_rows(dev, reps: int, row_mb: float = 9.44) -> list[tuple[str, float]]:
+    """GB/s of each fill variant in a CUDA graph (1 and 8 misses of `row_mb` MB experts)."""
+    import offload_fill_variants as fv
+    import triton
+
+    row_words = int(row_mb * 1e6) // 4 // 256 * 256  # a multiple of every block below
+    num_experts = 16
+    store = HostExpertStore(dev)
+    host = torch.randint(-(2**31), 2**31 - 1, (num_experts, row_words), dtype=torch.int32)
+    src = store.add_layer({"w": host})["w"]  # pinned after fill, mapped
+    dst = torch.empty(8, row_words, dtype=torch.int32, device=dev)
+    miss_ids = torch.arange(8, 16, dtype=torch.int32, device=dev)
+    miss_slots = torch.arange(8, dtype=torch.int32, device=dev)
+    count = torch.zeros(1, dtype=torch.int32, device=dev)
+    mapped = offload_kernels.MappedWords(src, torch.int32)
+    sms = torch.cuda.get_device_properties(dev).multi_processor_count
+    triton.set_allocator(
+        lambda size, align, stream: torch.empty(size, dtype=torch.int8, device=dev)
+    )
+    args = (mapped, dst, row_words, miss_ids, miss_slots, count)
+    variants = {"production fill_kernel (1 tensor)": None}
+    for per_sm, block, warps in ((4, 2048, 4), (2, 4096, 8), (8, 1024, 4)):
+        grid = (per_sm * sms,)
+        tag = f"{per_sm}/SM, block {block}, {warps} warps"
+        variants[f"words, {tag}"] = lambda g=grid, b=block, w=warps: fv.fill_words[g](
+            *args, BLOCK=b, num_warps=w
+        )
+        for cache, evict, name in (
+            ("", "", "vec4"),
+            (".cg", "", "cg"),
+            ("", "evict_first", "stream"),
+        ):
+            variants[f"{name}, {tag}"] = lambda g=grid, b=block, w=warps, c=cache, e=evict: (
+                fv.fill_vec4[g](*args, BLOCK=b, CACHE=c, EVICT=e, num_warps=w)
+            )
+        variants[f"pipelined x4, {tag}"] = lambda g=grid, b=block, w=warps: fv.fill_pipelined[g](
+            *args, BLOCK=b, STAGES=4, num_warps=w
+        )
+    for block_r in (8, 32):
+        variants[f"tma ({block_r} x 256 words), 4/SM"] = lambda br=block_r: fv.fill_tma[
+            (4 * sms,)
+        ](mapped, dst, num_experts, row_words, miss_ids, miss_slots, count,
+          BLOCK_R=br, BLOCK_C=256, num_warps=4)  # fmt: skip
+    cache = SlotCache({"w": src}, 8, dev, num_overflow=0)
+    cache.miss_ids[:8].copy_(miss_ids)
+    cache.miss_slots[:8].copy_(miss_slots)
+    rows = []
+    for misses in (1, 8):  # the ceilings first (the copy engine)
+
+        def engine(n=misses) -> None:
+            for m in range(n):
+                dst[m].copy_(src[8 + m], non_blocking=True)
+
+        moved = misses * row_words * 4
+        rows.append((f"{misses} miss, copy engine, eager", moved / cuda_time(engine, reps) / 1e9))
+        gbs = moved / cuda_time(graphed(engine), reps) / 1e9
+        rows.append((f"{misses} miss, copy engine, graph (fixed addresses)", gbs))
+    # TMA last: a variant the driver refuses may leave the context unusable.
+    for label, fn in variants.items():
+        out = dst
+        if fn is None:
+            fn = lambda: offload_kernels.fill(cache, {"w": src})  # noqa: E731
+            out = cache.slots["w"]
+        for misses in (1, 8):
+            count.fill_(misses)
+            cache.miss_count.fill_(misses)
+            moved = misses * row_words * 4
+            try:
+                out.zero_()
+                fn()
+                torch.cuda.synchronize()
+                assert torch.equal(out[:misses].cpu(), src[8 : 8 + misses]), "wrong bytes"
+                gbs = moved / cuda_time(graphed(fn), reps) / 1e9
+            except Exception as exc:  # a variant the compiler or driver refuses: say so
+                print(f"{label}: {type(exc).__name__}: {str(exc)[:200]}", flush=True)
+                gbs = float("nan")
+            rows.append((f"{misses} miss, {label}", gbs))
+    store.close()
+    return rows
+
+
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--experts", type=int, default=64)
@@ -132,8 +214,18 @@ def main() -> None:
     ap.add_argument("--inter", type=int, default=768)
     ap.add_argument("--reps", type=int, default=30)
     ap.add_argument("--json", type=str, default=None)
+    ap.add_argument("--variants", action="store_true", help="compare candidate fill schemes")
     args = ap.parse_args()
     dev = torch.device("cuda", torch.cuda.current_device())
+    if args.variants:
+        rows = variant_rows(dev, args.reps)
+        print(f"\nfill variants, host → GPU in CUDA graphs ({torch.cuda.get_device_name(dev)})")
+        print(f"| {'method':<62} | GB/s  |\n|{'-' * 64}|-------|")
+        for label, gbs in rows:
+            print(f"| {label:<62} | {gbs:5.1f} |")
+        if args.json:
+            Path(args.json).write_text(json.dumps(dict(rows), indent=1))
+        return
     E, H, inter = args.experts, args.hidden, args.inter
     host_set = {
         "w13": torch.randn(E, 2 * inter, H).to(torch.bfloat16),
@@ -148,7 +240,7 @@ def main() -> None:
     rows.append(("lookup + fill in a CUDA graph, all 8 miss", all_miss_graph(host, dev, 8, 20)))
     rows.append(("lookup + fill in a CUDA graph, all 1 miss", all_miss_graph(host, dev, 1, 20)))
 
-    cache = SlotCache(host, 8, dev, torch.zeros(4, dtype=torch.int64, device=dev))
+    cache = SlotCache(host, 8, dev)
     for misses in (1, 8):
 
         def copy_engine(n=misses) -> None:

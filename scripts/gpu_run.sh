@@ -22,21 +22,38 @@ for phase in "$@"; do
   echo "=== phase $phase $(date +%T)"
   case "$phase" in
     tests) timeout 300 python3 -m pytest -m gpu -q -p no:cacheprovider --ignore=tests/server tests 2>&1 | tee "$OUT/gpu_tests.txt" | tail -40 ;;
+    gputests) timeout ${GPU_TESTS_TIMEOUT:-540} python3 -m pytest -m gpu -q -p no:cacheprovider -rfE --durations=15 ${GPU_TESTS:-tests} 2>&1 | tee "$OUT/gpu_tests_all.txt" | tail -60 ;;
     parity) timeout 150 python3 -m pytest -q -x -p no:cacheprovider tests/models/test_gpu_parity.py 2>&1 | tail -30 | tee "$OUT/parity.txt" ;;
     offload) timeout 120 python3 -m pytest -q -p no:cacheprovider tests/offload -m gpu 2>&1 | tail -30 | tee "$OUT/offload_tests.txt" ;;
     newtests) timeout 300 python3 -m pytest -q -p no:cacheprovider tests/kernels/test_attention_kernels.py tests/kernels/test_qkv_prep.py tests/kernels/test_gemv.py tests/models/test_gpu_parity.py tests/offload/test_offload_gpu.py 2>&1 | tee "$OUT/new_tests.txt" | tail -30 ;;
     kernels) timeout 200 python3 -m pytest -q -p no:cacheprovider tests/kernels 2>&1 | tail -30 | tee "$OUT/kernel_tests.txt" ;;
+    quant) timeout 400 python3 -m pytest -q -p no:cacheprovider tests/kernels/test_quant_kernels.py tests/quant/test_quant_gpu.py 2>&1 | tee "$OUT/quant_tests.txt" | tail -30 ;;
+    quantkernel) timeout 580 python3 bench/bench_quant_kernel.py --formats ${QUANT_FORMATS:-bf16,fp8,nvfp4,gptq} ${QUANT_SWEEP:+--sweep} 2>&1 | tee "$OUT/quant_kernel.txt" | tail -60 ;;
+    quantres) timeout 580 python3 bench/bench_quant.py --parts resident --formats ${QUANT_FORMATS:-bf16,fp8,nvfp4,gptq} --out "$OUT/quant_resident" 2>&1 | tail -30 | tee "$OUT/quant_resident.txt" ;;
+    quantoff) timeout 580 python3 bench/bench_quant.py --parts offload --formats ${QUANT_FORMATS:-fp8} --out "$OUT/quant_offload" 2>&1 | tail -30 | tee "$OUT/quant_offload.txt" ;;
     moebench) timeout 90 python3 bench/bench_moe_kernel.py 2>&1 | tail -30 | tee "$OUT/moe_kernel.txt" ;;
     attnbench) timeout 90 python3 bench/bench_attention_kernel.py 2>&1 | tail -30 | tee "$OUT/attn_kernel.txt" ;;
     fillbench) timeout 150 python3 bench/bench_offload_fill.py 2>&1 | tee "$OUT/fill.txt" | tail -80 ;;
     decode) timeout 300 python3 bench/bench_decode.py --out "$OUT/decode" 2>&1 | grep -v "it/s]" | tail -60 ;;
-    offloadbench) timeout ${OFFLOAD_TIMEOUT:-420} python3 bench/bench_offload_decode.py --rates ${OFFLOAD_RATES:-0.1,0.2,0.35,0.5,auto} --steps ${OFFLOAD_STEPS:-48} --warmup-steps ${OFFLOAD_WARMUP:-8} ${OFFLOAD_EXTRA:-} --out "$OUT/offload" 2>&1 | grep -v "it/s]" | tail -40 ;;
+    offloadbench) timeout ${OFFLOAD_TIMEOUT:-570} python3 bench/bench_offload_decode.py --rates ${OFFLOAD_RATES:-0.1,0.2,0.35,0.5,auto} --batches ${OFFLOAD_BATCHES:-1,8,32} --steps ${OFFLOAD_STEPS:-128,16,6} --warmup-steps ${OFFLOAD_WARMUP:-64,4,2} --ttft-tokens ${OFFLOAD_TTFT:-2048,8192} --routing ${OFFLOAD_ROUTING:-qwen3-30b-a3b} ${OFFLOAD_EXTRA:-} --out "$OUT/offload" 2>&1 | grep -v "it/s]" | tail -60 ;;
+    offloadttft) timeout ${TTFT_TIMEOUT:-400} python3 bench/bench_offload_decode.py --batches "" --ttft-tokens ${TTFT_TOKENS:-32768} --ttft-rates ${TTFT_RATES:-0,0.1,0.2,auto} --routing ${OFFLOAD_ROUTING:-qwen3-30b-a3b} --out "$OUT/offload_ttft" 2>&1 | grep -v "it/s]" | tail -30 ;;
+    routingtests) timeout 300 python3 -m pytest -q -p no:cacheprovider -m gpu tests/routing tests/unit/test_sampling_no_sync.py tests/offload/test_offload_resident.py 2>&1 | tee "$OUT/routing_tests.txt" | tail -30 ;;
     decode-nohf) timeout 170 python3 bench/bench_decode.py --no-hf --trace "$OUT/trace.json" --out "$OUT/decode" 2>&1 | grep -v "it/s]" | tail -60; gzip -f "$OUT/trace.json" ;;
     moesweep) timeout 200 python3 bench/bench_moe_kernel.py --sweep --decode 1 --prefill "" 2>&1 | tee "$OUT/moe_sweep.txt" | tail -20 ;;
     gemvbench) timeout 240 python3 bench/bench_gemv.py 2>&1 | tee "$OUT/gemv.txt" | tail -40 ;;
     attnsweep) timeout 240 python3 bench/bench_attention_kernel.py --sweep 2>&1 | tee "$OUT/attn_sweep.txt" | tail -40 ;;
-    offloadtrace) timeout ${TRACE_TIMEOUT:-200} python3 bench/bench_offload_decode.py --rates ${TRACE_RATES:-0.35} --steps 32 --trace-dir "$OUT" --out "$OUT/offload_trace" 2>&1 | grep -v "it/s]" | tail -12; gzip -f "$OUT"/offload_*.json ;;
+    offloadtrace) timeout ${TRACE_TIMEOUT:-200} python3 bench/bench_offload_decode.py --rates ${TRACE_RATES:-0.35} --batches 1 --steps 32 --warmup-steps 16 --ttft-tokens "" --routing ${OFFLOAD_ROUTING:-qwen3-30b-a3b} --trace-dir "$OUT" --out "$OUT/offload_trace" 2>&1 | grep -v "it/s]" | tail -12; gzip -f "$OUT"/offload_*.json ;;
+    fillvariants) timeout 200 python3 bench/bench_offload_fill.py --variants --json "$OUT/fill_variants.json" 2>&1 | tee "$OUT/fill_variants.txt" | tail -60 ;;
+    promptpass) timeout ${PASS_TIMEOUT:-540} python3 bench/bench_prompt_pass.py --rates ${PASS_RATES:-0,0.1} --lengths ${PASS_LENGTHS:-2048,8192,32768} --out "$OUT/prompt_pass" 2>&1 | grep -v "it/s]" | tail -40 ;;
     layerbench) timeout 120 python3 bench/bench_offload_layer.py 2>&1 | tail -12 | tee "$OUT/layer.txt" ;;
+    hybridtests) timeout 420 python3 -m pytest -q -p no:cacheprovider tests/kernels/test_linear_attn_gpu.py tests/kernels/test_qkv_prep.py "tests/models/test_gpu_parity.py" -k "linear_attn or partial_rotary or qwen3_next or qwen3_5" 2>&1 | tee "$OUT/hybrid_tests.txt" | tail -30 ;;
+    hybridbench) timeout 540 python3 bench/bench_hybrid.py --model bench/configs/qwen3_5_35b_a3b --out "$OUT/hybrid" 2>&1 | grep -v "it/s]" | tail -50 ;;
+    hybridoffload) timeout ${OFFLOAD_TIMEOUT:-540} python3 bench/bench_offload_decode.py --model bench/configs/qwen3_5_35b_a3b --rates ${OFFLOAD_RATES:-0.1,0.2,auto} --gpu-memory-limit-gb 24 --steps ${OFFLOAD_STEPS:-48} ${OFFLOAD_EXTRA:-} --out "$OUT/hybrid_offload" 2>&1 | grep -v "it/s]" | tail -30 ;;
+    structured) timeout 240 python3 -m pytest -q -p no:cacheprovider tests/structured 2>&1 | tail -20 | tee "$OUT/structured_tests.txt"; timeout 180 python3 bench/bench_structured.py --batch 8 --tokens 256 2>&1 | grep -v "it/s]" | tail -12 | tee "$OUT/structured_bench.txt" ;;
+    engineux) timeout 240 python3 -m pytest -q -p no:cacheprovider tests/e2e/test_prefix_caching_gpu.py 2>&1 | tail -20 | tee "$OUT/engineux_tests.txt" ;;
+    prefixbench) timeout 400 python3 bench/bench_prefix_cache.py --model ${PREFIX_MODEL:-bench/configs/qwen3_30b_a3b} --rates ${PREFIX_RATES:-0,0.2} --out "$OUT/prefix_cache" 2>&1 | grep -v "it/s]" | tail -20 ;;
+    tptests) timeout ${TP_TIMEOUT:-400} python3 -m pytest -q -p no:cacheprovider tests/parallel -m multi_gpu 2>&1 | tee "$OUT/tp_tests.txt" | tail -30 ;;
+    tpbench) timeout ${TP_BENCH_TIMEOUT:-590} python3 bench/bench_tp.py --tp ${TP_SIZES:-1,2} --rates ${TP_RATES:-0,0.1,0.2,auto} --batches ${TP_BATCHES:-1,8,32} --gpu-memory-limit-gb 24 ${TP_EXTRA:-} --out "$OUT/tp" 2>&1 | grep -v "it/s]" | tail -40 ;;
     *) echo "unknown phase $phase" ;;
   esac
 done

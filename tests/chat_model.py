@@ -15,6 +15,36 @@ CHATML = (
     "{% endfor %}"
     "{% if add_generation_prompt %}{{ '<|im_start|>assistant\\n' }}{% endif %}"
 )
+# ChatML that also renders tools the way Qwen2.5 / Qwen3 templates do (a short system block
+# listing them, assistant `<tool_call>` JSON, tool results as `<tool_response>` user turns). Without
+# tools it renders exactly as CHATML.
+TOOLS_CHATML = (
+    "{%- if tools %}"
+    "{{- '<|im_start|>system\\n' }}"
+    "{%- if messages[0]['role'] == 'system' %}{{- messages[0]['content'] + '\\n\\n' }}{%- endif %}"
+    "{{- '# Tools\\n<tools>' }}"
+    "{%- for tool in tools %}{{- '\\n' + (tool | tojson) }}{%- endfor %}"
+    '{{- \'\\n</tools>\\nCall one as <tool_call>\\n{\\"name\\": ..., '
+    '\\"arguments\\": {...}}\\n</tool_call><|im_end|>\\n\' }}'
+    "{%- endif %}"
+    "{%- for message in messages %}"
+    "{%- if tools and loop.first and message['role'] == 'system' %}"
+    "{%- elif message['role'] == 'assistant' and message.get('tool_calls') %}"
+    "{{- '<|im_start|>assistant\\n' + message['content'] }}"
+    "{%- for call in message['tool_calls'] %}"
+    "{{- '<tool_call>\\n{\\\"name\\\": \\\"' + call['function']['name'] + '\\\", "
+    "\\\"arguments\\\": ' + (call['function']['arguments'] | tojson) + '}\\n</tool_call>' }}"
+    "{%- endfor %}"
+    "{{- '<|im_end|>\\n' }}"
+    "{%- elif message['role'] == 'tool' %}"
+    "{{- '<|im_start|>user\\n<tool_response>\\n' + message['content'] + "
+    "'\\n</tool_response><|im_end|>\\n' }}"
+    "{%- else %}"
+    "{{- '<|im_start|>' + message['role'] + '\\n' + message['content'] + '<|im_end|>\\n' }}"
+    "{%- endif %}"
+    "{%- endfor %}"
+    "{%- if add_generation_prompt %}{{- '<|im_start|>assistant\\n' }}{%- endif %}"
+)
 TEXT = [
     "The quick brown fox jumps over the lazy dog.",
     "Mixture-of-experts models route every token to a few experts.",
@@ -25,7 +55,7 @@ TEXT = [
 ]
 
 
-def write_tokenizer(path: Path, vocab_size: int = 384) -> int:
+def write_tokenizer(path: Path, vocab_size: int = 384, chat_template: str = CHATML) -> int:
     """Train a byte-level BPE on TEXT, write the tokenizer files; returns its vocab size."""
     from tokenizers import Tokenizer, decoders, models, pre_tokenizers, trainers
 
@@ -46,7 +76,7 @@ def write_tokenizer(path: Path, vocab_size: int = 384) -> int:
         "bos_token": None,
         "pad_token": "<|endoftext|>",
         "add_bos_token": False,
-        "chat_template": CHATML,
+        "chat_template": chat_template,
     }
     (path / "tokenizer_config.json").write_text(json.dumps(config))
     eos = tok.token_to_id("<|im_end|>")
@@ -54,12 +84,12 @@ def write_tokenizer(path: Path, vocab_size: int = 384) -> int:
     return tok.get_vocab_size(with_added_tokens=True)
 
 
-def write_chat_model(path: Path) -> Path:
+def write_chat_model(path: Path, chat_template: str = CHATML) -> Path:
     """A 2-layer hidden-64 qwen3_moe whose vocab matches the tokenizer."""
     from tiny_models import make_hf_model, write_checkpoint
 
     path = Path(path)
-    vocab = write_tokenizer(path)
+    vocab = write_tokenizer(path, chat_template=chat_template)
     # initializer_range 0.3: peaked logits, so greedy text varies and has no near-ties
     model = make_hf_model(
         "qwen3_moe",
@@ -67,6 +97,7 @@ def write_chat_model(path: Path) -> Path:
         num_hidden_layers=2,
         mlp_only_layers=[],
         initializer_range=0.3,
+        max_position_embeddings=1024,  # room for a tools prompt (the vocab is tiny)
     )
     write_checkpoint(model, path)
     return path

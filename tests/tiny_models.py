@@ -22,6 +22,22 @@ _COMMON = dict(
     pad_token_id=None,
 )
 
+DROP = object()  # an ARCHS value that removes a _COMMON key (a config without that field)
+_HYBRID = dict(
+    num_hidden_layers=4,
+    full_attention_interval=2,
+    head_dim=16,
+    linear_num_key_heads=2,
+    linear_num_value_heads=4,
+    linear_key_head_dim=16,
+    linear_value_head_dim=16,
+    linear_conv_kernel_dim=4,
+    moe_intermediate_size=32,
+    shared_expert_intermediate_size=48,
+    num_experts=8,
+    num_experts_per_tok=2,
+)
+
 ARCHS: dict[str, dict] = {
     # dense layer 1 (mlp_only_layers), q/k norm per head, tied embeddings
     "qwen3_moe": dict(
@@ -50,6 +66,10 @@ ARCHS: dict[str, dict] = {
         intermediate_size=32,
         rope_parameters={"rope_type": "linear", "factor": 2.0, "rope_theta": 10000.0},
     ),
+    # hybrid: Gated DeltaNet layers 0, 2 and gated full attention 1, 3 (partial rotary);
+    # shared expert; layer 2 dense (Qwen3-Next only)
+    "qwen3_next": dict(_HYBRID, mlp_only_layers=[2]),
+    "qwen3_5_moe": dict(_HYBRID, intermediate_size=DROP),
 }
 
 
@@ -61,14 +81,32 @@ def hf_classes(model_type: str):
         "qwen2_moe": (tf.Qwen2MoeConfig, tf.Qwen2MoeForCausalLM),
         "mixtral": (tf.MixtralConfig, tf.MixtralForCausalLM),
         "olmoe": (tf.OlmoeConfig, tf.OlmoeForCausalLM),
+        "qwen3_next": (tf.Qwen3NextConfig, tf.Qwen3NextForCausalLM),
+        "qwen3_5_moe": (tf.Qwen3_5MoeTextConfig, tf.Qwen3_5MoeForCausalLM),
     }[model_type]
+
+
+def hf_config_kwargs(model_type: str, **overrides) -> dict:
+    kw = {**_COMMON, **ARCHS[model_type], **overrides}
+    return {k: v for k, v in kw.items() if v is not DROP}
 
 
 def make_hf_model(model_type: str, seed: int = 0, **overrides):
     cfg_cls, model_cls = hf_classes(model_type)
     torch.manual_seed(seed)
-    cfg = cfg_cls(**{**_COMMON, **ARCHS[model_type], **overrides})
-    return model_cls(cfg).eval()
+    model = model_cls(cfg_cls(**hf_config_kwargs(model_type, **overrides))).eval()
+    if "linear_num_key_heads" in ARCHS[model_type]:
+        _perturb_hybrid_inits(model)
+    return model
+
+
+@torch.no_grad()
+def _perturb_hybrid_inits(model) -> None:
+    """Hybrid models initialise their (1 + w) norm weights to zero, the gated norm to ones
+    and dt_bias to ones; random values make the tests see whether each is applied."""
+    for name, p in model.named_parameters():
+        if name.endswith(("norm.weight", "dt_bias")):
+            p.add_(torch.randn_like(p) * 0.2)
 
 
 def write_checkpoint(model, path: Path, layout: str = "per_expert") -> Path:

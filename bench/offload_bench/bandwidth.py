@@ -46,10 +46,9 @@ def fill_kernel_gbps(dev, expert_bytes: int, num_misses: int, reps: int) -> floa
     cols = max(1, expert_bytes // 2 // 2048)  # bf16 rows of 2048
     store = HostExpertStore(dev)
     host = store.add_layer({"w": torch.zeros(num_experts, 2048, cols, dtype=torch.bfloat16)})
-    counters = torch.zeros(4, dtype=torch.int64, device=dev)
-    cache = SlotCache(host, num_misses, dev, counters)
-    cache.miss_ids.copy_(torch.arange(num_misses, 2 * num_misses, dtype=torch.int32))
-    cache.miss_slots.copy_(torch.arange(num_misses, dtype=torch.int32))
+    cache = SlotCache(host, num_misses, dev)
+    cache.miss_ids[:num_misses].copy_(torch.arange(num_misses, 2 * num_misses, dtype=torch.int32))
+    cache.miss_slots[:num_misses].copy_(torch.arange(num_misses, dtype=torch.int32))
     cache.miss_count.fill_(num_misses)
     seconds = cuda_seconds(lambda: offload_kernels.fill(cache, host), reps)
     moved = num_misses * cache.expert_bytes

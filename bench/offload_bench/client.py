@@ -68,8 +68,13 @@ def _chunk_content(choice: dict) -> tuple[str, int]:
 
 
 def stream_generation(
-    base: str, prompt: str | list[int], max_tokens: int, ignore_eos: bool = True
+    base: str,
+    prompt: str | list[int],
+    max_tokens: int,
+    ignore_eos: bool = True,
+    on_first_token=None,
 ) -> StreamResult:
+    """`on_first_token()` is called once, when the first token arrives (concurrent runs)."""
     path, body = request_body(prompt, max_tokens, ignore_eos)
     parts: list[str] = []
     res = StreamResult("", time.perf_counter())
@@ -96,6 +101,8 @@ def stream_generation(
                     parts.append(text)
                     res.times.append(now)
                     res.counts.append(n)
+                    if on_first_token is not None and len(res.times) == 1:
+                        on_first_token()
                 if choice.get("finish_reason"):
                     res.finish_reason = choice["finish_reason"]
     res.text = "".join(parts)

@@ -60,6 +60,63 @@ def add_limits(records: list[dict], t_resident_s: float | None, bandwidth_gbps: 
         r["efficiency"] = rate / r["limit_tok_s"] if rate and r["limit_tok_s"] else None
 
 
+def add_concurrent_limits(records: list[dict], bandwidth_gbps: float | None) -> None:
+    """For each concurrent row (N streams): bytes per token over the decode window, the
+    limit step `t_resident(N) + bytes per step ÷ bandwidth` (t_resident(N): rate 0's step
+    at the same N) and efficiency = limit step ÷ measured step; `identical`: the streams'
+    texts equal rate 0's at the same N."""
+    resident = {
+        c["concurrency"]: c
+        for r in records
+        if r["rate"] == "0"
+        for c in r.get("concurrent") or []
+        if "texts" in c
+    }
+    for r in records:
+        for c in r.get("concurrent") or []:
+            ref = resident.get(c["concurrency"])
+            if "texts" in c:
+                same = ref is not None and ref is not c
+                c["identical"] = c["texts"] == ref["texts"] if same else None
+            if not c.get("step_s"):
+                continue
+            delta = c.get("expert_delta") or {}
+            per_token = delta["bytes"] / c["decode_tokens"] if delta else 0.0
+            c["bytes_per_token"] = per_token if r["rate"] != "0" else 0.0
+            if ref is None or not ref.get("step_s") or not bandwidth_gbps:
+                continue
+            limit = ref["step_s"] + c["bytes_per_token"] * c["concurrency"] / (bandwidth_gbps * 1e9)
+            c["limit_tok_s"] = c["concurrency"] / limit
+            c["efficiency"] = limit / c["step_s"]
+
+
+CONCURRENT_COLUMNS = ["GPU experts", "streams", "decode tok/s (all)", "ms/step",
+                      "inter-token p50 / p90 ms", "hit rate", "GB/token", "limit tok/s",
+                      "efficiency", "output"]  # fmt: skip
+
+
+def concurrent_cells(r: dict, c: dict) -> list[str]:
+    if not c.get("step_s"):
+        return [experts_label(r), str(c["concurrency"]), c.get("error", "did not run")] + [""] * (
+            len(CONCURRENT_COLUMNS) - 3
+        )
+    hit = (c.get("expert_delta") or {}).get("hit_rate")
+    same = {True: "identical", False: "DIFFERS", None: "ref" if r["rate"] == "0" else NA}
+    bpt = c.get("bytes_per_token")
+    return [
+        experts_label(r),
+        str(c["concurrency"]),
+        fmt(c.get("decode_tok_s"), ".1f"),
+        fmt(1e3 * c["step_s"], ".1f"),
+        " / ".join(fmt_ms(c.get(k)) for k in ("itl_p50_ms", "itl_p90_ms")),
+        "—" if r["rate"] == "0" else fmt(None if hit is None else 100 * hit, ".1f", "%"),
+        "—" if r["rate"] == "0" else fmt(None if bpt is None else bpt / 1e9, ".3g"),
+        fmt(c.get("limit_tok_s"), ".1f"),
+        fmt(None if c.get("efficiency") is None else 100 * c["efficiency"], ".0f", "%"),
+        same[c.get("identical")],
+    ]
+
+
 def fmt_seconds(s: float | None) -> str:
     if s is None:
         return NA
@@ -183,15 +240,29 @@ def render_markdown(meta: dict, records: list[dict]) -> str:
         f"fill kernel {fmt(bw.get('fill_kernel_gbps'), '.1f')} GB/s; limit uses "
         f"{fmt(used, '.1f', ' GB/s')}",
         f"- t_resident (no-offload step): {fmt(meta.get('t_resident_ms'), '.2f', ' ms')}",
+        f"- routing: {meta.get('routing', 'router')}",
         f"- output: {meta['verdict']}",
         "",
         table(COLUMNS, [row_cells(r) for r in records]),
         "",
         table(EXTRA_COLUMNS, [extra_cells(r) for r in records]),
         "",
+        *_concurrent_section(records),
         *[f"- {experts_label(r)} failed: {r['error']}\n" for r in records if "error" in r],
         "Hit rate and GB/token are deltas over the measured request (warm-up excluded); "
         "limit = 1 / (t_resident + GB/token ÷ bandwidth); efficiency = measured ÷ limit.",
         "",
     ]
     return "\n".join(lines)
+
+
+def _concurrent_section(records: list[dict]) -> list[str]:
+    rows = [concurrent_cells(r, c) for r in records for c in r.get("concurrent") or []]
+    if not rows:
+        return []
+    return [
+        "Several streams at once (a decode batch; counters over the decode window only):",
+        "",
+        table(CONCURRENT_COLUMNS, rows),
+        "",
+    ]

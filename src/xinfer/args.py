@@ -25,6 +25,8 @@ from xinfer.config import (
 from xinfer.errors import UserError
 from xinfer.model_source import resolve_model
 from xinfer.options import OptionSet, above, at_least, option, within
+from xinfer.parallel.devices import resolve_parallel
+from xinfer.routing.config import PRESETS, ROUTER, RoutingConfig
 from xinfer.sampling import SamplingParams
 
 LOG_LEVELS = envs.LOG_LEVELS
@@ -35,10 +37,8 @@ def parse_device(device: str | None) -> str:
     if device is None:
         return "cuda:0" if torch.cuda.is_available() else "cpu"
     d = str(device).strip()
-    if "," in d:
-        raise UserError(
-            "tensor parallelism (--d with several GPUs) is not available yet; give one device"
-        )
+    if "," in d:  # several devices go through xinfer.parallel.devices.resolve_parallel
+        raise UserError(f"give one device here, not {device!r}")
     if d.isdigit():
         d = f"cuda:{d}"
     if d.startswith("cuda"):
@@ -87,9 +87,10 @@ class EngineArgs(OptionSet):
     )
     device: str | None = option(
         None,
-        "cpu, a GPU index or cuda:N (default: GPU 0 when there is one, else cpu)",
+        "cpu, a GPU index or cuda:N (default: GPU 0 when there is one, else cpu); several, "
+        "comma-separated, for tensor parallelism: 0,1 (or cpu,cpu)",
         flags=("--d", "--device"),
-        check=_parses(parse_device),
+        check=_parses(resolve_parallel),
         metavar="DEV",
     )
     dtype: str | torch.dtype | None = option(
@@ -114,6 +115,9 @@ class EngineArgs(OptionSet):
     )
     decode_look_ahead: bool | None = option(
         None, "queue the next decode step before reading this one's tokens (auto: on CUDA)"
+    )
+    enable_prefix_caching: bool = option(
+        True, "reuse the computed KV blocks of prompts that start alike (prefix caching)"
     )
     kv_cache_dtype: str | None = option(
         "auto",
@@ -157,6 +161,27 @@ class EngineArgs(OptionSet):
         "time each MoE call's parts (slower: no CUDA graphs)",
         env=envs.XINFER_MOE_OFFLOAD_PROFILE,
     )
+    routing_source: str = option(
+        ROUTER,
+        "benchmarks with dummy weights: where MoE layers' experts come from: router (the "
+        "model's own), a routing-model preset (" + ", ".join(PRESETS) + "), "
+        "model:SIGMA,TAU,PHI or replay:PATH (a --record-routing file)",
+        check=_parses(lambda value: RoutingConfig(value)),
+        metavar="SOURCE",
+    )
+    routing_seed: int = option(0, "seed of the routing model (expert popularity, request noise)")
+    record_routing: str | None = option(
+        None,
+        "write the experts every MoE layer routed to, step by step, to this file "
+        "(format: docs/moe_offload.md; turns decode look-ahead off)",
+        metavar="PATH",
+    )
+    log_stats_interval: float | None = option(
+        None,
+        "seconds between engine stats lines while busy, 0 = none "
+        "(default: 10 when serving, none for --prompt, --chat and LLM)",
+        check=at_least(0),
+    )
     isq: str | None = option(
         None,
         "quantize a bf16/fp16 checkpoint's routed experts at load to this GGUF block type "
@@ -179,9 +204,11 @@ class EngineArgs(OptionSet):
         )
 
     def create_engine_config(self) -> EngineConfig:
+        device, parallel = resolve_parallel(self.device)  # several devices: tensor parallel
         return EngineConfig(
             model=resolve_model(self.model),
-            device=parse_device(self.device),
+            device=device,
+            parallel=parallel,
             dtype=parse_dtype(self.dtype),
             max_model_len=self.max_model_len,
             allow_long_max_model_len=self.allow_long_max_model_len,
@@ -189,6 +216,8 @@ class EngineArgs(OptionSet):
             seed=self.dummy_weights_seed,
             enforce_eager=self.enforce_eager,
             decode_look_ahead=self.decode_look_ahead,
+            enable_prefix_caching=self.enable_prefix_caching,
+            log_stats_interval_s=self.log_stats_interval or 0.0,
             gpu_memory_limit_gb=self.gpu_memory_limit_gb,
             isq=self.isq,
             isq_dense=self.isq_dense,
@@ -204,6 +233,7 @@ class EngineArgs(OptionSet):
                 max_num_batched_tokens=self.max_num_batched_tokens,
                 max_waiting=self.max_waiting,
             ),
+            routing=RoutingConfig(self.routing_source, self.routing_seed, self.record_routing),
         )
 
     @classmethod
@@ -276,6 +306,9 @@ class ServerArgs(OptionSet):
     )
     served_model_name: str | None = option(
         None, "model name in the API (default: the model directory's name)"
+    )
+    shutdown_grace_s: float = option(
+        5.0, "on SIGTERM, seconds open requests get before they are aborted", check=at_least(0)
     )
 
 

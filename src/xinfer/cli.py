@@ -4,6 +4,7 @@ User mistakes end with one line on stderr and exit code 2, never a traceback."""
 
 from __future__ import annotations
 
+import dataclasses
 import logging
 import sys
 import time
@@ -11,6 +12,7 @@ import time
 from xinfer import __version__
 from xinfer.args import EngineArgs, RunArgs, SamplingArgs, ServerArgs, build_parser
 from xinfer.errors import UserError
+from xinfer.model_source import model_display_name
 from xinfer.sampling import SamplingParams
 
 logger = logging.getLogger("xinfer")
@@ -54,32 +56,6 @@ def run_prompt(engine, prompt: str, params: SamplingParams) -> None:
     _report(engine, count, seconds, t0)
 
 
-def run_chat(engine, params: SamplingParams) -> None:
-    tok = engine.tokenizer
-    if tok is None or not tok.has_chat_template:
-        raise UserError("this model has no chat template; use --prompt instead")
-    messages: list[dict[str, str]] = []
-    print("Chat with the model. /reset clears the conversation, /exit (or Ctrl-D) quits.")
-    while True:
-        try:
-            line = input("> ")
-        except EOFError:
-            print()
-            return
-        if line.strip() in ("/exit", "/quit"):
-            return
-        if line.strip() == "/reset":
-            messages.clear()
-            continue
-        if not line.strip():
-            continue
-        messages.append({"role": "user", "content": line})
-        prompt = tok.encode(tok.apply_chat_template(messages), add_special_tokens=False)
-        text, _, _ = _stream(engine, prompt, params)
-        print()
-        messages.append({"role": "assistant", "content": text})
-
-
 def main(argv: list[str] | None = None) -> int:
     logging.basicConfig(level=logging.INFO, format="%(levelname)s %(name)s: %(message)s")
     try:
@@ -87,9 +63,14 @@ def main(argv: list[str] | None = None) -> int:
         run = RunArgs.from_namespace(ns)
         logging.getLogger().setLevel(run.logging_level)
         engine_args = EngineArgs.from_namespace(ns)
+        if engine_args.log_stats_interval is None and run.prompt is None and not run.chat:
+            engine_args.log_stats_interval = 10.0  # a server logs its stats; a terminal not
         sampling = SamplingArgs.from_namespace(ns).to_params()
-        server = ServerArgs.from_namespace(ns)
         config = engine_args.create_engine_config()
+        server = ServerArgs.from_namespace(ns)
+        if server.served_model_name is None:  # a hub model is served under its repo id
+            name = model_display_name(engine_args.model, config.model)
+            server = dataclasses.replace(server, served_model_name=name)
         if run.prompt is None and not run.chat:
             from xinfer.server.launch import serve
 
@@ -98,10 +79,15 @@ def main(argv: list[str] | None = None) -> int:
         from xinfer.engine.engine import Engine
 
         engine = Engine(config, show_progress=True)
-        if run.prompt is not None:
-            run_prompt(engine, run.prompt, sampling)
-        else:
-            run_chat(engine, sampling)
+        try:
+            if run.prompt is not None:
+                run_prompt(engine, run.prompt, sampling)
+            else:
+                from xinfer.chat import run_chat
+
+                run_chat(engine, sampling)
+        finally:
+            engine.close()
         return 0
     except UserError as e:
         print(f"xinfer: error: {e}", file=sys.stderr)

@@ -13,6 +13,8 @@ from typing import Any
 import torch
 
 from xinfer.errors import UserError
+from xinfer.parallel.devices import ParallelConfig
+from xinfer.routing.config import RoutingConfig
 
 _DTYPES = {
     "float32": torch.float32,
@@ -289,12 +291,17 @@ class EngineConfig:
     enforce_eager: bool = False
     # Queue the next greedy decode step before reading this one's tokens (None: on CUDA).
     decode_look_ahead: bool | None = None
+    enable_prefix_caching: bool = True  # reuse computed KV blocks of shared prompt prefixes
+    log_stats_interval_s: float = 0.0  # seconds between stats lines while busy; 0: never
     gpu_memory_limit_gb: float | None = None
     isq: str | None = None  # quantize the experts at load to this GGUF type (quant/isq.py)
     isq_dense: bool = False  # ...and the dense linear weights
     cache: CacheConfig = field(default_factory=CacheConfig)
     offload: OffloadConfig = field(default_factory=OffloadConfig)
     scheduler: SchedulerConfig = field(default_factory=SchedulerConfig)
+    # Where MoE layers' top-k comes from (benchmarks), and recording of the routed ids.
+    routing: RoutingConfig = field(default_factory=RoutingConfig)
+    parallel: ParallelConfig = field(default_factory=ParallelConfig)  # tensor parallelism
 
     def __post_init__(self) -> None:
         if self.load_format not in ("auto", "dummy"):

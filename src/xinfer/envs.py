@@ -4,6 +4,7 @@ Each is a function so that a value set after import (tests, the CLI) is honoured
 from __future__ import annotations
 
 import os
+from dataclasses import dataclass
 
 from xinfer.errors import UserError
 
@@ -65,3 +66,34 @@ def XINFER_LOG_LEVEL() -> str | None:
     if raw is not None and raw.lower() not in LOG_LEVELS:
         raise UserError(f"XINFER_LOG_LEVEL must be one of {', '.join(LOG_LEVELS)}, got {raw!r}")
     return None if raw is None else raw.lower()
+
+
+def HF_HUB_OFFLINE() -> bool:
+    """huggingface_hub's own switch: use only the local hub cache, never the network."""
+    return _bool("HF_HUB_OFFLINE")
+
+
+@dataclass(frozen=True)
+class TorchrunRanks:
+    rank: int
+    world_size: int
+    local_rank: int
+    local_world_size: int
+
+
+def torchrun_ranks() -> TorchrunRanks | None:
+    """torchrun's RANK / WORLD_SIZE / LOCAL_RANK / LOCAL_WORLD_SIZE (not ours, but read here
+    with the rest); None unless torchrun started this process as one of several."""
+    names = ("RANK", "WORLD_SIZE", "LOCAL_RANK", "LOCAL_WORLD_SIZE")
+    raw = [_get(n) for n in names]
+    if raw[1] is None or raw[0] is None:
+        return None
+    try:
+        rank, world, local, local_world = (int(v) if v is not None else None for v in raw)
+    except ValueError:
+        raise UserError(f"torchrun's {', '.join(names)} must be integers, got {raw}") from None
+    if world <= 1:
+        return None
+    local = rank if local is None else local
+    local_world = world if local_world is None else local_world
+    return TorchrunRanks(rank, world, local, local_world)

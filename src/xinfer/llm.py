@@ -121,15 +121,15 @@ class LLM:
         if self.tokenizer is None:
             raise UserError("this model has no tokenizer files, so it cannot chat")
         convs = [messages] if messages and isinstance(messages[0], dict) else messages
-        prompts = [
-            self.tokenizer.encode(
-                self.tokenizer.apply_chat_template(c, add_generation_prompt=True),
-                add_special_tokens=False,  # the template writes any BOS itself
-            )
-            for c in convs
-        ]
+        # Typed control tokens in a message stay text (the template writes any BOS itself).
+        prompts = [self.tokenizer.encode_chat(c, add_generation_prompt=True) for c in convs]
         return self.generate(prompts, params)
 
     def offload_stats(self) -> dict | None:
         """Per-layer and total expert-cache statistics, or None when offload is off."""
         return self.engine.offload_stats()
+
+    def close(self) -> None:
+        """Flush the files the engine writes (a routing trace) and stop the other
+        tensor-parallel ranks now (else at exit)."""
+        self.engine.close()

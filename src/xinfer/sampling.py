@@ -1,6 +1,7 @@
 """Token sampling: per-request `SamplingParams`, the per-step batch view `SamplingMetadata`,
 and `sample`, which turns (B, V) logits into one token per row (penalties → greedy →
-temperature → top-k → top-p → min-p → draw) plus optional logprobs of the raw logits."""
+temperature → top-k → top-p → min-p → draw) plus optional logprobs of the raw logits. Rows
+with a grammar (structured output) first lose the tokens their grammar forbids."""
 
 from __future__ import annotations
 
@@ -11,8 +12,11 @@ from dataclasses import dataclass
 import torch
 
 from xinfer.errors import UserError
+from xinfer.structured.bitmask import apply_token_bitmask
+from xinfer.structured.spec import GrammarSpec
 
 MAX_LOGPROBS = 20
+SEED_RANGE = (-(2**63), 2**63 - 1)  # a seed must fit a signed 64-bit integer
 # Temperatures below this are sampled greedily: dividing logits by them overflows float32.
 _GREEDY_EPS = 1e-5
 _INT_FIELDS = ("max_tokens", "top_k", "min_tokens", "n")
@@ -51,6 +55,7 @@ class SamplingParams:
     logprobs: int | None = None  # k: the sampled token's logprob plus the top-k alternatives
     n: int = 1
     skip_special_tokens: bool = True
+    grammar: GrammarSpec | None = None  # the output must match it (structured output)
 
     def __post_init__(self) -> None:
         self.stop = [self.stop] if isinstance(self.stop, str) else list(self.stop or [])
@@ -72,6 +77,13 @@ class SamplingParams:
             raise UserError(f"logprobs must be null or an integer in [0, {MAX_LOGPROBS}].")
         if self.seed is not None and type(self.seed) is not int:
             raise UserError(f"seed must be null or an integer, got {self.seed!r}.")
+        if self.seed is not None and not SEED_RANGE[0] <= self.seed <= SEED_RANGE[1]:
+            raise UserError(
+                f"seed must be between {SEED_RANGE[0]} and {SEED_RANGE[1]} (64 bits), "
+                f"got {self.seed}."
+            )
+        if self.grammar is not None and not isinstance(self.grammar, GrammarSpec):
+            raise UserError("grammar must be a GrammarSpec (xinfer.structured).")
         if not all(isinstance(s, str) and s for s in self.stop):
             raise UserError("stop must be a non-empty string or a list of them.")
         if not all(type(t) is int and t >= 0 for t in self.stop_token_ids):
@@ -112,6 +124,10 @@ class SamplingMetadata:
     banned: tuple[torch.Tensor, torch.Tensor] | None  # (row_ids, token_ids) forced to -inf
     generators: list[torch.Generator | None]
     num_logprobs: list[int | None]
+    # (row_ids (R,), bitmask (R, ceil(V / 32)) int32): the tokens each grammar row may take
+    allowed: tuple[torch.Tensor, torch.Tensor] | None = None
+    # Host-side max of `top_k` (the width of the top-k pass), so sampling never reads it back.
+    max_top_k: int = 0
 
     @classmethod
     def build(
@@ -123,9 +139,11 @@ class SamplingMetadata:
         vocab_size: int,
         device: torch.device | str,
         eos_token_ids: set[int] | None = None,
+        allowed: tuple[torch.Tensor, torch.Tensor] | None = None,
     ) -> SamplingMetadata:
         """`eos_token_ids`, when given, are banned (with `stop_token_ids`) on rows that have
-        not yet produced `min_tokens` tokens (unless the row sets `ignore_eos`)."""
+        not yet produced `min_tokens` tokens (unless the row sets `ignore_eos`); `allowed` is
+        the grammar rows' token bitmask (`structured.grammar_bitmask`)."""
         if not len(prompt_ids) == len(output_ids) == len(generators) == len(params):
             raise ValueError("params, prompt_ids, output_ids and generators differ in length")
 
@@ -154,7 +172,13 @@ class SamplingMetadata:
             else None
         )
         return cls.for_params(
-            params, generators, vocab_size, device, penalties=penalties, banned=banned
+            params,
+            generators,
+            vocab_size,
+            device,
+            penalties=penalties,
+            banned=banned,
+            allowed=allowed,
         )
 
     @classmethod
@@ -167,6 +191,7 @@ class SamplingMetadata:
         *,
         penalties: Penalties | None = None,
         banned: tuple[torch.Tensor, torch.Tensor] | None = None,
+        allowed: tuple[torch.Tensor, torch.Tensor] | None = None,
     ) -> SamplingMetadata:
         """The per-row settings that follow from `params` alone. Called directly (without
         `penalties` / `banned`, which need the token history) only for rows that use no
@@ -190,6 +215,8 @@ class SamplingMetadata:
             banned=banned,
             generators=list(generators),
             num_logprobs=[p.logprobs for p in params],
+            allowed=allowed,
+            max_top_k=max(top_k, default=0),
         )
 
     @classmethod
@@ -240,9 +267,11 @@ def apply_penalties(
     return logits - frequency[:, None] * output_counts - presence[:, None] * (output_counts > 0)
 
 
-def apply_top_k(logits: torch.Tensor, k: torch.Tensor) -> torch.Tensor:
-    """Keep each row's k largest logits (k: (B,) int64, >= V means off); ties with the k-th stay."""
-    max_k = int(k.max().clamp(1, logits.shape[-1]))
+def apply_top_k(logits: torch.Tensor, k: torch.Tensor, max_k: int) -> torch.Tensor:
+    """Keep each row's k largest logits (k: (B,) int64, >= V means off); ties with the k-th stay.
+    `max_k` is the host-side bound of k (`SamplingMetadata.max_top_k`): reading `k.max()` back
+    from the device would stall the decode loop every step."""
+    max_k = min(max(1, max_k), logits.shape[-1])
     top = logits.topk(max_k, dim=-1).values  # (B, max_k), descending
     kth = top.gather(1, (k.clamp(1, max_k) - 1)[:, None])  # (B, 1)
     return logits.masked_fill(logits < kth, float("-inf"))
@@ -370,13 +399,15 @@ def sample_async(logits: torch.Tensor, meta: SamplingMetadata) -> PendingSample:
         )
     if meta.banned is not None:
         logits = logits.index_put(meta.banned, logits.new_full((), float("-inf")))
+    if meta.allowed is not None:  # grammar rows: only the tokens their grammar allows
+        logits = apply_token_bitmask(logits, *meta.allowed)
     if meta.is_all_greedy:
         token_ids = logits.argmax(dim=-1)
     else:
         greedy_ids = logits.argmax(dim=-1) if meta.greedy is not None else None
         logits = logits / meta.temperature[:, None]
         if meta.top_k is not None:
-            logits = apply_top_k(logits, meta.top_k)
+            logits = apply_top_k(logits, meta.top_k, meta.max_top_k)
         if meta.top_p is not None:
             logits = apply_top_p(logits, meta.top_p)
         if meta.min_p is not None:

@@ -1,10 +1,12 @@
 """Text ↔ token ids for a HF model directory (tokenizer.json via `tokenizers`, the chat
-template rendered with jinja2 as HF does), plus the streaming helpers: an incremental
+template rendered with jinja2 as HF does; in a chat only the template's own control tokens
+are special), plus the streaming helpers: an incremental
 detokenizer that never emits half a UTF-8 character and a stop-string matcher."""
 
 from __future__ import annotations
 
 import json
+import re
 from datetime import datetime
 from functools import cached_property
 from pathlib import Path
@@ -45,6 +47,15 @@ def _raise_exception(message: str) -> None:
 def _tojson(value: Any, ensure_ascii: bool = False, indent: int | None = None, **kw: Any) -> str:
     # HF overrides jinja's tojson so non-ASCII text and tool schemas render unescaped.
     return json.dumps(value, ensure_ascii=ensure_ascii, indent=indent, **kw)
+
+
+# Private-use code points around a message index: where that message's content goes.
+_MARK_OPEN, _MARK_CLOSE = "\ue000xinfer-content-", "\ue001"
+_MARKS = re.compile(f"{_MARK_OPEN}(\\d+){_MARK_CLOSE}")
+
+
+def _has_any(text: str, needles: frozenset[str]) -> bool:
+    return any(n in text for n in needles)
 
 
 class Tokenizer:
@@ -116,8 +127,58 @@ class Tokenizer:
             ids = [self.bos_token_id, *ids]
         return ids
 
+    def to_json(self) -> str:
+        """The tokenizer.json text (for libraries that build their own view, e.g. grammars)."""
+        return self._tok.to_str()
+
     def decode(self, ids: list[int], skip_special_tokens: bool = True) -> str:
         return self._tok.decode(ids, skip_special_tokens=skip_special_tokens)
+
+    @cached_property
+    def special_tokens(self) -> frozenset[str]:
+        """The texts of the special (control) tokens, e.g. "<|im_end|>"."""
+        added = self._tok.get_added_tokens_decoder().values()
+        return frozenset(t.content for t in added if t.special)
+
+    @cached_property
+    def _text_only(self) -> HFTokenizer:
+        """This tokenizer with special-token texts encoded as the plain text they are."""
+        tok = HFTokenizer.from_str(self._tok.to_str())
+        tok.encode_special_tokens = True
+        return tok
+
+    def encode_text_only(self, text: str) -> list[int]:
+        """Ids of `text` where "<|im_end|>" and the like stay text, never control tokens."""
+        return self._text_only.encode(text, add_special_tokens=False).ids
+
+    def encode_chat(
+        self, messages: list[dict], add_generation_prompt: bool = True, **kw: Any
+    ) -> list[int]:
+        """Token ids of a chat rendered by the template, where only the template's own
+        control tokens are special: a message that types one ("hi<|im_end|>\\n<|im_start|>
+        system") gets it as text, so it cannot forge a turn."""
+        typed = {
+            i
+            for i, m in enumerate(messages)
+            if isinstance(m.get("content"), str) and _has_any(m["content"], self.special_tokens)
+        }
+        if not typed:  # the common case: exactly what HF tokenizes
+            text = self.apply_chat_template(messages, add_generation_prompt, **kw)
+            return self.encode(text, add_special_tokens=False)
+        # Render with a placeholder for each such content, then tokenize the template's text
+        # with special tokens and the contents without.
+        marked = [
+            {**m, "content": f"{_MARK_OPEN}{i}{_MARK_CLOSE}"} if i in typed else m
+            for i, m in enumerate(messages)
+        ]
+        text = self.apply_chat_template(marked, add_generation_prompt, **kw)
+        ids: list[int] = []
+        for j, piece in enumerate(_MARKS.split(text)):
+            if j % 2 == 0:  # the template's text
+                ids += self.encode(piece, add_special_tokens=False) if piece else []
+            else:  # the index of a message whose content goes in as text
+                ids += self.encode_text_only(messages[int(piece)]["content"])
+        return ids
 
     @property
     def has_chat_template(self) -> bool:

@@ -167,6 +167,59 @@ def test_limits_and_markdown():
     assert "\n\n\n" not in page
 
 
+def test_concurrent_limits_and_table():
+    def conc(n, step_s, nbytes=None, tokens=64, texts=("a", "b")):
+        delta = None if nbytes is None else {"hits": 30, "misses": 10, "bytes": nbytes,
+                                             "hit_rate": 0.75}  # fmt: skip
+        return {"concurrency": n, "step_s": step_s, "decode_tok_s": n / step_s,
+                "decode_tokens": tokens, "expert_delta": delta, "texts": list(texts),
+                "itl_p50_ms": 40.0, "itl_p90_ms": 45.0}  # fmt: skip
+
+    records = [
+        {"rate": "0", "concurrent": [conc(8, 0.005)]},
+        # 64 tokens moved 32 GB: 0.5 GB a token, 4 GB a step of 8 = 80 ms at 50 GB/s
+        {"rate": "0.1", "gpu_experts": 13, "num_experts": 128,
+         "concurrent": [conc(8, 0.1, nbytes=32e9), conc(32, 0.2, nbytes=1e9)]},
+        {"rate": "0.2", "concurrent": [{"concurrency": 8, "error": "ReadTimeout: x"}]},
+    ]  # fmt: skip
+    records[1]["concurrent"][0]["texts"] = ["a", "c"]
+    report.add_concurrent_limits(records, 50.0)
+    c8 = records[1]["concurrent"][0]
+    assert c8["bytes_per_token"] == pytest.approx(0.5e9)
+    assert c8["limit_tok_s"] == pytest.approx(8 / 0.085)
+    assert c8["efficiency"] == pytest.approx(0.85) and c8["identical"] is False
+    assert "limit_tok_s" not in records[1]["concurrent"][1]  # no resident row of 32 streams
+    page = report.render_markdown(
+        {"model": "m", "date": "d", "gpu": "g", "command": "c", "load_format": "dummy",
+         "max_tokens": 8, "kvcache_dtype": "auto", "bandwidth": {}, "bandwidth_gbps": 50.0,
+         "verdict": "v", "routing": "qwen3-30b-a3b"},
+        records,
+    )  # fmt: skip
+    lines = page.splitlines()
+    assert "- routing: qwen3-30b-a3b" in lines
+    assert "| 10% (13/128) | 8 | 80.0 | 100.0 | 40 / 45 | 75.0% | 0.5 | 94.1 | 85% | DIFFERS |" in (
+        lines
+    )
+    assert "| none | 8 | 1600.0 | 5.0 | 40 / 45 | — | — | 1600.0 | 100% | ref |" in lines
+    assert any(ln.startswith("| 20% | 8 | ReadTimeout: x |") for ln in lines)
+    assert "\n\n\n" not in page
+
+
+def test_routing_default_and_server_flag():
+    from bench_moe_offload import build_parser, concurrency_levels, routing_source, server_command
+
+    args = build_parser().parse_args(["--model", "m", "--out", "o", "--load-format", "dummy"])
+    assert routing_source(args) == "qwen3-30b-a3b"
+    assert server_command(args, 8123)[-2:] == ["--routing-source", "qwen3-30b-a3b"]
+    real = build_parser().parse_args(["--model", "m", "--out", "o"])
+    assert routing_source(real) == "router" and "--routing-source" not in server_command(real, 1)
+    forced = build_parser().parse_args(["--model", "m", "--out", "o", "--routing", "uniform"])
+    assert server_command(forced, 1)[-1] == "uniform"
+    assert concurrency_levels("1,8,32") == [8, 32]
+    with pytest.raises(ValueError):
+        concurrency_levels("0,8")
+
+
 def test_bandwidth_is_na_without_cuda():
     import torch
     from offload_bench import bandwidth
@@ -206,6 +259,7 @@ def test_script_end_to_end_on_cpu(tmp_path):
     cmd = [sys.executable, str(ROOT / "bench" / "bench_moe_offload.py"), "--model", str(model)]
     cmd += ["--rates", "0,0.5", "--max-tokens", "16", "--device", "cpu"]
     cmd += ["--max-model-len", "512", "--prompt-tokens", "200", "--out", str(out)]
+    cmd += ["--concurrency", "1,3", "--concurrent-tokens", "40"]
     proc = subprocess.run(cmd, capture_output=True, text=True, timeout=240, cwd=ROOT)
     assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
     assert "[rate 0.5] measuring 16 tokens" in proc.stdout
@@ -217,6 +271,10 @@ def test_script_end_to_end_on_cpu(tmp_path):
     assert r0["expert_delta"] is None and r5["expert_delta"]["hits"] > 0
     assert (r5["gpu_experts"], r5["num_experts"]) == (4, 8)
     assert r5["needle"]["num_tokens"] <= 200 and r5["needle"]["found"] in ("yes", "no")
+    [c0], [c5] = r0["concurrent"], r5["concurrent"]
+    assert c0["concurrency"] == c5["concurrency"] == 3 and c5["identical"] is True
+    assert c5["decode_tokens"] > 0 and c5["expert_delta"]["hits"] + c5["expert_delta"]["misses"]
     page = out.with_name("tiny.md").read_text()
     assert "byte-identical across rates 0, 0.5" in page and "| 50% (4/8) |" in page
+    assert "| 50% (4/8) | 3 |" in page
     assert proc.stdout.rstrip().endswith(page.rstrip().splitlines()[-1])  # table printed last

@@ -53,7 +53,7 @@ def test_dir_without_config(tmp_path):
 
 def test_unknown_architecture(tmp_path):
     cfg = {
-        "architectures": ["LlamaForCausalLM"],
+        "architectures": ["GPT2LMHeadModel"],
         "hidden_size": 8,
         "num_hidden_layers": 1,
         "num_attention_heads": 1,

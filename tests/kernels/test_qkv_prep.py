@@ -28,7 +28,7 @@ def _triton_or_skip(monkeypatch):
     monkeypatch.delenv("XINFER_DISABLE_TRITON", raising=False)
 
 
-def _case(dtype, num_tokens, heads, head_dim, norm=True, cache_dtype=None, seed=0):
+def _case(dtype, num_tokens, heads, head_dim, norm=True, cache_dtype=None, seed=0, rot=None):
     """Arguments of `qkv_prep`: strided q/k/v views of one qkv output (row stride padded),
     every fifth token padding (slot -1), norm weights near 1 like trained ones."""
     g = torch.Generator(DEV).manual_seed(seed)
@@ -36,7 +36,7 @@ def _case(dtype, num_tokens, heads, head_dim, norm=True, cache_dtype=None, seed=
     qkv = (3 * torch.randn(num_tokens, width + 64, device=DEV, generator=g)).to(dtype)
     q, k, v = qkv[:, :width].split([hq * head_dim, hk * head_dim, hk * head_dim], dim=-1)
     q, k, v = (t.reshape(num_tokens, -1, head_dim) for t in (q, k, v))
-    angles = 6.3 * torch.rand(MAX_POS, head_dim // 2, device=DEV, generator=g)
+    angles = 6.3 * torch.rand(MAX_POS, (rot or head_dim) // 2, device=DEV, generator=g)
     cos_sin = torch.cat([angles.cos(), angles.sin()], dim=-1)
     positions = torch.randint(0, MAX_POS, (num_tokens,), device=DEV, generator=g)
     slots = torch.randperm(NUM_BLOCKS * BLOCK_SIZE, device=DEV, generator=g)[:num_tokens]
@@ -96,6 +96,18 @@ def test_matches_unfused_and_reference(dtype, num_tokens, heads, head_dim, norm)
     for a, b in zip(got, _run(_unfused, case), strict=True):
         _assert_like_unfused(a, b)
     for a, b in zip(got, _run(reference.qkv_prep, case), strict=True):
+        _assert_like_reference(a, b)
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+@pytest.mark.parametrize("norm", [True, False])
+def test_partial_rotary(dtype, norm):
+    """Qwen3-Next / Qwen3.5 full attention: 64 of 256 dims rotate, q strided by the gate."""
+    case = _case(dtype, 37, (16, 2), 256, norm, seed=3, rot=64)
+    q_gate = torch.randn(37, 16, 512, device=DEV, dtype=dtype)
+    q_gate[..., :256] = case[0]
+    case[0] = q_gate[..., :256]  # (T, Hq, D) with a 2·D head stride
+    for a, b in zip(_run(kernels.qkv_prep, case), _run(reference.qkv_prep, case), strict=True):
         _assert_like_reference(a, b)
 
 

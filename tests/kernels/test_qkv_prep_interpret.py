@@ -37,7 +37,7 @@ def launch():
 NUM_BLOCKS, BLOCK_SIZE, MAX_POS = 5, 4, 64
 
 
-def _case(dtype, head_dim, hq, hk, norm=True, cache_dtype=None, num_tokens=6, seed=0):
+def _case(dtype, head_dim, hq, hk, norm=True, cache_dtype=None, num_tokens=6, seed=0, rot=None):
     """Arguments of `qkv_prep`: q/k/v are views into a qkv output with a padded row stride;
     every third token is padding (slot -1)."""
     g = torch.Generator().manual_seed(seed)
@@ -45,7 +45,7 @@ def _case(dtype, head_dim, hq, hk, norm=True, cache_dtype=None, num_tokens=6, se
     qkv = (3 * torch.randn(num_tokens, width + 16, generator=g)).to(dtype)[:, :width]
     q, k, v = qkv.split([hq * head_dim, hk * head_dim, hk * head_dim], dim=-1)
     q, k, v = (t.reshape(num_tokens, -1, head_dim) for t in (q, k, v))
-    angles = 6.3 * torch.rand(MAX_POS, head_dim // 2, generator=g)
+    angles = 6.3 * torch.rand(MAX_POS, (rot or head_dim) // 2, generator=g)  # rot: partial
     cos_sin = torch.cat([angles.cos(), angles.sin()], dim=-1)
     positions = torch.randint(0, MAX_POS, (num_tokens,), generator=g)
     slots = torch.randperm(NUM_BLOCKS * BLOCK_SIZE, generator=g)[:num_tokens]
@@ -140,3 +140,15 @@ def test_promoting_norm_weight_falls_back_to_reference(launch):
     assert got[0].dtype == torch.float32
     for a, b in zip(got, ref, strict=True):
         assert torch.equal(a, b)
+
+
+@child_only
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+@pytest.mark.parametrize("norm", [True, False])
+def test_partial_rotary(launch, dtype, norm):
+    """A table narrower than the head (Qwen3-Next: a quarter): the first dims rotate, the
+    rest pass through, normalised with the rest of the head."""
+    from xinfer.kernels import reference
+
+    case = _case(dtype, 80, 4, 2, norm=norm, seed=5, rot=20)
+    _check(_run(launch.qkv_prep, case), _run(reference.qkv_prep, case), case)

@@ -1,7 +1,9 @@
 """GPU checks of expert offload (run on the H200 test machine): the Triton lookup and fill
-equal their twins on random routing streams with a real pinned, mapped host store; both
-kernels replay inside CUDA graphs; a MoE layer with offload gives the same bf16 bytes
-eagerly, in a graph and without offload; the engine's greedy output is unchanged."""
+equal their twins on random routing streams with a real pinned, mapped host store, including
+calls that route to more distinct experts than there are slots (overflow rows); both replay
+inside CUDA graphs at such widths; MoE layers over one slot pool give the same bf16 bytes
+eagerly, in a graph and without offload; the prompt pass's layer streaming (side stream,
+double-buffered) equals the resident layers; the engine's greedy output is unchanged."""
 
 from __future__ import annotations
 
@@ -15,11 +17,13 @@ from xinfer.offload import kernels as offload_kernels
 from xinfer.offload.executor import OffloadExecutor, ResidentExecutor
 from xinfer.offload.host_store import HostExpertStore
 from xinfer.offload.lookup import fill_reference, lookup_reference
-from xinfer.offload.slot_cache import SlotCache
-from xinfer.offload.staging import StagingBuffer, staging_bytes_for
+from xinfer.offload.slot_cache import MISSES, NUM_COUNTERS, OVERFLOW, STAGING_COPIES, SlotCache
+from xinfer.offload.slot_pool import build_slot_caches
+from xinfer.offload.staging import LayerStreamer
 
 pytestmark = pytest.mark.gpu
 DEV = torch.device("cuda", 0) if torch.cuda.is_available() else None
+CPU = torch.device("cpu")
 
 
 def expert_set(num_experts: int, seed: int, hidden: int = 64, inter: int = 32) -> dict:
@@ -35,11 +39,7 @@ def expert_set(num_experts: int, seed: int, hidden: int = 64, inter: int = 32) -
     }
 
 
-def cpu_cache(host: dict, num_slots: int) -> SlotCache:
-    return SlotCache(host, num_slots, torch.device("cpu"), torch.zeros(4, dtype=torch.int64))
-
-
-def assert_same(gpu: SlotCache, cpu: SlotCache, host: dict, where: str) -> None:
+def assert_same(gpu: SlotCache, cpu: SlotCache, host: dict, rows: torch.Tensor, ids, where):
     for name, value in cpu.state().items():
         assert torch.equal(gpu.state()[name].cpu(), value), (where, name)
     n = int(cpu.miss_count)
@@ -47,11 +47,10 @@ def assert_same(gpu: SlotCache, cpu: SlotCache, host: dict, where: str) -> None:
     assert torch.equal(gpu.miss_ids[:n].cpu(), cpu.miss_ids[:n]), where
     assert torch.equal(gpu.miss_slots[:n].cpu(), cpu.miss_slots[:n]), where
     assert torch.equal(gpu.counters.cpu(), cpu.counters), where
-    for s, e in enumerate(cpu.expert_of_slot.tolist()):
-        if e >= 0:
-            for name, t in host.items():
-                got = gpu.slots[name][s].cpu().view(torch.uint8)
-                assert torch.equal(got, t[e].view(torch.uint8)), (where, name, s)
+    for e, r in zip(ids.reshape(-1).tolist(), rows.reshape(-1).tolist()):
+        for name, t in host.items():  # every row the MoE kernel reads holds its expert
+            got = gpu.slots[name][r].cpu().view(torch.uint8)
+            assert torch.equal(got, t[e].view(torch.uint8)), (where, name, e, r)
 
 
 @pytest.mark.parametrize(
@@ -62,8 +61,7 @@ def test_triton_lookup_and_fill_equal_twins(num_experts, num_slots, top_k):
     store = HostExpertStore(DEV)
     host = store.add_layer(expert_set(num_experts, seed=num_experts))
     assert all(t.is_pinned() for t in host.values())
-    gpu = SlotCache(host, num_slots, DEV, torch.zeros(4, dtype=torch.int64, device=DEV))
-    cpu = cpu_cache(host, num_slots)
+    gpu, cpu = SlotCache(host, num_slots, DEV), SlotCache(host, num_slots, CPU)
     stream = routing_stream(random.Random(num_slots), num_experts, num_slots, top_k, 150)
     for step, ids in enumerate(stream):
         want = lookup_reference(cpu, ids)
@@ -71,24 +69,26 @@ def test_triton_lookup_and_fill_equal_twins(num_experts, num_slots, top_k):
         got = offload_kernels.lookup(gpu, ids.to(DEV))
         offload_kernels.fill(gpu, host)
         assert torch.equal(got.cpu(), want), step
-        assert_same(gpu, cpu, host, f"call {step}")
+        assert_same(gpu, cpu, host, want, ids, f"call {step}")
+    if num_slots < num_experts:
+        assert int(gpu.counters[OVERFLOW]) > 0  # the stream had calls wider than the slots
     store.close()
 
 
-def test_lookup_and_fill_replay_in_cuda_graph():
-    num_experts, num_slots, top_k, rows = 64, 16, 8, 2
+@pytest.mark.parametrize("rows", [2, 8])  # 16 and 64 routed ids against 16 slots
+def test_lookup_and_fill_replay_in_cuda_graph(rows):
+    num_experts, num_slots, top_k = 64, 16, 8
     store = HostExpertStore(DEV)
     host = store.add_layer(expert_set(num_experts, seed=1))
-    gpu = SlotCache(host, num_slots, DEV, torch.zeros(4, dtype=torch.int64, device=DEV))
-    cpu = cpu_cache(host, num_slots)
+    gpu, cpu = SlotCache(host, num_slots, DEV), SlotCache(host, num_slots, CPU)
     static_ids = torch.zeros(rows, top_k, dtype=torch.int32, device=DEV)
-    warm = SlotCache(host, num_slots, DEV, torch.zeros(4, dtype=torch.int64, device=DEV))
+    warm = SlotCache(host, num_slots, DEV)
     offload_kernels.lookup(warm, static_ids)  # compile outside capture
     offload_kernels.fill(warm, host)
     torch.cuda.synchronize()
     graph = torch.cuda.CUDAGraph()
     with torch.cuda.graph(graph):
-        static_slots = offload_kernels.lookup(gpu, static_ids)
+        static_rows = offload_kernels.lookup(gpu, static_ids)
         offload_kernels.fill(gpu, host)
     # Capture records the kernels without running them: the tables are still empty.
     rng = random.Random(7)
@@ -99,105 +99,129 @@ def test_lookup_and_fill_replay_in_cuda_graph():
         want = lookup_reference(cpu, ids.to(torch.int32))
         fill_reference(cpu, host)
         torch.cuda.synchronize()
-        assert torch.equal(static_slots.cpu(), want), step
-        assert_same(gpu, cpu, host, f"replay {step}")
+        assert torch.equal(static_rows.cpu(), want), step
+        assert_same(gpu, cpu, host, want, ids, f"replay {step}")
+    assert (int(gpu.counters[OVERFLOW]) > 0) == (rows * top_k > num_slots)
     store.close()
 
 
-def _moe_executors(num_experts: int, num_slots: int, top_k: int):
-    host_set = expert_set(num_experts, seed=3, hidden=128, inter=64)
-    host_set = {k: host_set[k] for k in ("w13", "w2")}
-    resident = ResidentExecutor({k: v.to(DEV) for k, v in host_set.items()})
-    executors = []
+def _pooled_executors(num_layers: int, num_experts: int, num_slots: int, top_k: int):
+    """Resident executors and, twice, offload executors over one slot pool (as the engine
+    builds them): bf16 w13/w2 of hidden 128, intermediate 64."""
+    sets = []
+    for i in range(num_layers):
+        s = expert_set(num_experts, seed=10 + i, hidden=128, inter=64)
+        sets.append({k: s[k] for k in ("w13", "w2")})
+    resident = [ResidentExecutor({k: v.to(DEV) for k, v in s.items()}) for s in sets]
+    built = []
     for _ in range(2):
         store = HostExpertStore(DEV)
-        host = store.add_layer({k: v.clone() for k, v in host_set.items()})
-        cache = SlotCache(host, num_slots, DEV, torch.zeros(4, dtype=torch.int64, device=DEV))
-        staging = StagingBuffer(DEV, staging_bytes_for(host))
-        executors.append((OffloadExecutor(cache, host, staging, top_k), store))
-    return resident, executors
+        hosts = [store.add_layer({k: v.clone() for k, v in s.items()}) for s in sets]
+        counters = torch.zeros(num_layers, NUM_COUNTERS, dtype=torch.int64, device=DEV)
+        caches, _ = build_slot_caches(hosts, [num_slots] * num_layers, DEV, counters, 4096)
+        executors = [OffloadExecutor(c, h, top_k, store=store) for c, h in zip(caches, hosts)]
+        built.append(executors)
+    return resident, built
 
 
-def test_moe_layer_graph_equals_eager_equals_resident_bf16():
-    num_experts, num_slots, top_k, rows, hidden = 32, 8, 4, 2, 128
-    resident, [(eager, s1), (graphed, s2)] = _moe_executors(num_experts, num_slots, top_k)
+def _routed(g: torch.Generator, rows: int, num_experts: int, top_k: int, hidden: int):
+    x = torch.randn(rows, hidden, generator=g).to(torch.bfloat16).to(DEV)
+    logits = torch.randn(rows, num_experts, generator=g)
+    w, ids = torch.softmax(logits, -1).topk(top_k, -1)
+    return x, ids.to(torch.int32).to(DEV), (w / w.sum(-1, keepdim=True)).to(DEV)
+
+
+@pytest.mark.parametrize("rows", [2, 16])  # 8 and 64 routed ids against 8 slots
+def test_pooled_layers_graph_equals_eager_equals_resident_bf16(rows):
+    num_layers, num_experts, num_slots, top_k, hidden = 3, 32, 8, 4, 128
+    resident, (eager, graphed) = _pooled_executors(num_layers, num_experts, num_slots, top_k)
     static_x = torch.zeros(rows, hidden, dtype=torch.bfloat16, device=DEV)
-    static_ids = torch.zeros(rows, top_k, dtype=torch.int32, device=DEV)
-    static_w = torch.zeros(rows, top_k, dtype=torch.float32, device=DEV)
-    eager(static_x, static_ids, static_w)  # compile; also warms `eager`'s cache (harmless)
+    static_ids = torch.zeros(num_layers, rows, top_k, dtype=torch.int32, device=DEV)
+    static_w = torch.zeros(num_layers, rows, top_k, dtype=torch.float32, device=DEV)
+    for layer in range(num_layers):  # compile outside capture
+        eager[layer](static_x, static_ids[layer], static_w[layer])
     torch.cuda.synchronize()
     graph = torch.cuda.CUDAGraph()
-    try:
-        with torch.cuda.graph(graph):
-            static_out = graphed(static_x, static_ids, static_w)
-        whole_call = True
-    except RuntimeError:  # kernels.fused_moe not capturable yet: graph the offload part only
-        torch.cuda.synchronize()
-        graph = torch.cuda.CUDAGraph()
-        with torch.cuda.graph(graph):
-            static_slots, static_set = graphed.load_experts(static_ids)
-        whole_call = False
+    with torch.cuda.graph(graph):
+        static_out = [graphed[i](static_x, static_ids[i], static_w[i]) for i in range(num_layers)]
     g = torch.Generator().manual_seed(0)
-    for step in range(60):
+    for step in range(40):
         x = torch.randn(rows, hidden, generator=g).to(torch.bfloat16).to(DEV)
-        logits = torch.randn(rows, num_experts, generator=g)
-        w, ids = torch.softmax(logits, -1).topk(top_k, -1)
-        ids, w = ids.to(torch.int32).to(DEV), (w / w.sum(-1, keepdim=True)).to(DEV)
-        want = resident(x, ids, w)
-        got_eager = eager(x, ids, w)
-        static_x.copy_(x), static_ids.copy_(ids), static_w.copy_(w)
+        routed = [_routed(g, rows, num_experts, top_k, hidden)[1:] for _ in range(num_layers)]
+        static_x.copy_(x)
+        for i, (ids, w) in enumerate(routed):
+            static_ids[i].copy_(ids), static_w[i].copy_(w)
         graph.replay()
-        if whole_call:
-            got_graph = static_out.clone()
-        else:
-            from xinfer.offload.executor import run_experts
-
-            got_graph = run_experts(static_x, static_slots, static_w, static_set)
-        assert torch.equal(got_eager.view(torch.int16), want.view(torch.int16)), step
-        assert torch.equal(got_graph.view(torch.int16), want.view(torch.int16)), step
-    assert graphed.cache.counters[1].item() > 0  # misses happened inside the graph
-    if not whole_call:
-        pytest.skip("offload graphed and exact; kernels.fused_moe itself is not capturable yet")
+        for i, (ids, w) in enumerate(routed):
+            want = resident[i](x, ids, w).view(torch.int16)
+            assert torch.equal(eager[i](x, ids, w).view(torch.int16), want), (step, i)
+            assert torch.equal(static_out[i].view(torch.int16), want), (step, i)
+    counters = graphed[0].cache.counters
+    assert int(counters[MISSES]) > 0  # misses happened inside the graph
+    assert (int(counters[OVERFLOW]) > 0) == (rows * top_k > num_slots)
 
 
-def test_staging_path_on_gpu_equals_resident():
-    num_experts, num_slots, top_k, rows, hidden = 32, 4, 4, 16, 128
-    resident, [(offload, store), _] = _moe_executors(num_experts, num_slots, top_k)
-    g = torch.Generator().manual_seed(1)
-    for _ in range(5):
-        x = torch.randn(rows, hidden, generator=g).to(torch.bfloat16).to(DEV)
-        ids = torch.stack([torch.randperm(num_experts, generator=g)[:top_k] for _ in range(rows)])
-        ids = ids.to(torch.int32).to(DEV)
-        w = torch.rand(rows, top_k, generator=g).to(DEV)
-        out = offload(x, ids, w)
-        assert torch.equal(out.view(torch.int16), resident(x, ids, w).view(torch.int16))
-    assert offload.cache.counters[2].item() == 5  # every call went through staging
+class _Layer(torch.nn.Module):
+    """A decoder layer stand-in holding one MoE executor (what the streamer looks for)."""
+
+    def __init__(self, executor) -> None:
+        super().__init__()
+        self.executor = executor
+
+
+def test_prompt_pass_streaming_equals_resident():
+    """Three pooled layers run layer by layer over four chunks with the layer streamer
+    (copy engine on a side stream, two regions, slots used in place) == resident bits; each
+    layer streamed once; the LRU tables are untouched."""
+    num_layers, num_experts, num_slots, top_k, hidden = 3, 32, 8, 4, 128
+    resident, (offload, _) = _pooled_executors(num_layers, num_experts, num_slots, top_k)
+    g = torch.Generator().manual_seed(2)
+    for layer in range(num_layers):  # some experts in slots, to be used in place
+        offload[layer](*_routed(g, 2, num_experts, top_k, hidden))
+    tables = [x.cache.state() for x in offload]
+    streamer = LayerStreamer(DEV)
+    chunks = [_routed(g, 96, num_experts, top_k, hidden) for _ in range(4)]
+    streamer.begin([_Layer(x) for x in offload])
+    outs = []
+    for layer in range(num_layers):
+        streamer.enter(layer)
+        outs.append([offload[layer](*c) for c in chunks])
+        streamer.exit(layer)
+    streamer.end()
+    for layer in range(num_layers):
+        for c, got in zip(chunks, outs[layer]):
+            want = resident[layer](*c)
+            assert torch.equal(got.view(torch.int16), want.view(torch.int16)), layer
+        cache = offload[layer].cache
+        assert int(cache.counters[STAGING_COPIES]) == 1
+        assert all(torch.equal(cache.state()[k], v) for k, v in tables[layer].items())
 
 
 def test_engine_offload_greedy_matches_bf16(tmp_path):
     """Greedy bf16 output through xinfer.LLM: no offload == offload eager == offload with
-    CUDA graphs (when the runner has them)."""
+    CUDA graphs, for a batch whose B·k exceeds the slots (graphs at every batch size) and a
+    prompt longer than the step budget (a prompt pass)."""
     from tiny_models import make_hf_model, prompts, write_checkpoint
 
     from xinfer import LLM, SamplingParams
 
-    path = write_checkpoint(make_hf_model("qwen3_moe"), tmp_path / "ckpt")
+    path = write_checkpoint(make_hf_model("qwen3_moe"), tmp_path / "ckpt")  # 8 experts, top-2
     params = SamplingParams(max_tokens=32, temperature=0.0, ignore_eos=True)
-    kw = dict(device="cuda:0", dtype="bfloat16", num_kv_blocks=64)
+    kw = dict(device="cuda:0", dtype="bfloat16", num_kv_blocks=64, max_num_batched_tokens=16)
+    long_prompt = prompts(4, seed=5)[3]  # 30 tokens
 
     def run(**extra):
         llm = LLM(str(path), **kw, **extra)
-        out = [r.token_ids for r in llm.generate(prompts(3), params)]
-        out += [llm.generate(p, params)[0].token_ids for p in prompts(2)]
-        return out, llm.offload_stats()
+        out = [r.token_ids for r in llm.generate(prompts(3) + [long_prompt], params)]
+        out += [llm.generate(p, params)[0].token_ids for p in prompts(2) + [long_prompt]]
+        return out, llm
 
     base, _ = run(enforce_eager=True)
-    for frac in (0.25, 0.5):
-        eager, stats = run(enforce_eager=True, moe_offload=frac)
-        assert eager == base and stats["misses"] > 0
-        try:
-            import xinfer.runner.cuda_graph  # noqa: F401
-        except ImportError:
-            continue
-        graphed, stats = run(enforce_eager=False, moe_offload=frac)
+    for frac in (0.25, 0.5):  # 2 and 4 slots: a batch of 4 routes 8 ids a layer
+        eager, llm = run(enforce_eager=True, moe_offload=frac)
+        stats = llm.offload_stats()
+        assert eager == base and stats["misses"] > 0 and stats["staging_copies"] > 0
+        graphed, llm = run(enforce_eager=False, moe_offload=frac)
         assert graphed == base
+        graphs = llm.engine.runner.graph_runner.graphs
+        assert max(graphs) * 2 > min(llm.offload_stats()["slots_per_layer"])

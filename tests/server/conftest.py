@@ -14,7 +14,7 @@ from pathlib import Path
 
 import httpx
 import pytest
-from chat_model import write_chat_model
+from chat_model import TOOLS_CHATML, write_chat_model
 
 SRC = Path(__file__).resolve().parents[2] / "src"
 
@@ -111,7 +111,8 @@ def stop_server(server: Server) -> None:
 
 @pytest.fixture(scope="session")
 def chat_model_dir(tmp_path_factory) -> Path:
-    return write_chat_model(tmp_path_factory.mktemp("tiny_chat"))
+    # the tools-aware ChatML renders plain chats exactly as ChatML does
+    return write_chat_model(tmp_path_factory.mktemp("tiny_chat"), chat_template=TOOLS_CHATML)
 
 
 @pytest.fixture(scope="session")
@@ -119,7 +120,7 @@ def server(chat_model_dir, tmp_path_factory):
     """The main server: chat page on port + 1, no key, 16+ sequences per batch."""
     log = tmp_path_factory.mktemp("logs") / "server.log"
     s = start_server(
-        chat_model_dir, log, "--ui-server", "--max-model-len", "512", "--max-num-seqs", "32"
+        chat_model_dir, log, "--ui-server", "--max-model-len", "1024", "--max-num-seqs", "32"
     )
     yield s
     stop_server(s)

@@ -21,7 +21,7 @@ class FakeEngine:
 
     def __init__(self) -> None:
         self.requests: dict[str, list] = {}
-        self.scheduler = SimpleNamespace(waiting=deque(), running=[])
+        self.scheduler = SimpleNamespace(waiting=deque(), running=[], num_preemptions=0)
         self.allocator = SimpleNamespace(usage=0.0)
         self.fail_next_step = False
         self.aborted: list[str] = []
@@ -41,6 +41,12 @@ class FakeEngine:
         return bool(self.requests)
 
     def offload_stats(self):
+        return None
+
+    def close(self):
+        pass
+
+    def prefix_cache_stats(self):
         return None
 
     def step(self):
@@ -131,8 +137,9 @@ def test_expert_cache_counts_reads_the_offload_stats(tmp_path):
 
     assert expert_cache_counts(None) is None
     path = tm.write_checkpoint(tm.make_hf_model("qwen3_moe"), tmp_path / "m")
-    llm = LLM(str(path), device="cpu", moe_offload="0.25")
-    llm.generate(tm.prompts(1), SamplingParams(temperature=0, max_tokens=8))  # prefill: staging
+    llm = LLM(str(path), device="cpu", moe_offload="0.25", max_num_batched_tokens=16)
+    long_prompt = tm.prompts(4)[3]  # 30 tokens > the budget: a prompt pass streams its layers
+    llm.generate([long_prompt], SamplingParams(temperature=0, max_tokens=8))
     stats = llm.offload_stats()
     counts = expert_cache_counts(stats)
     assert counts == {

@@ -1,6 +1,6 @@
 """A server started with --api-key, --max-num-seqs 1 and --max-waiting 2: the key is
-enforced on /v1/* (not on /health), and requests beyond the waiting queue get 503 while the
-admitted ones finish."""
+enforced on /v1/*, /tokenize and /detokenize (not on /health), and requests beyond the waiting
+queue get 503 while the admitted ones finish."""
 
 from __future__ import annotations
 
@@ -28,6 +28,13 @@ def test_api_key_is_enforced(limited_server):
     assert r.status_code == 401
     assert r.json()["error"]["code"] == "invalid_api_key"
     assert httpx.get(f"{s.base}/health").status_code == 200
+    # Tokenizing costs the server work: keyed too.
+    for path, body in (("/tokenize", {"prompt": "hi"}), ("/detokenize", {"tokens": [5]})):
+        assert httpx.post(f"{s.base}{path}", json=body, timeout=30).status_code == 401
+        keyed = httpx.post(
+            f"{s.base}{path}", json=body, headers={"Authorization": "Bearer sk-test-key"}
+        )
+        assert keyed.status_code == 200, keyed.text
     # The page's preflight must pass without the key (CORS).
     pre = httpx.options(
         f"{s.v1}/chat/completions",
@@ -46,7 +53,7 @@ def test_full_waiting_queue_answers_503(limited_server):
     body = {"model": "tiny_chat", "prompt": "Hello", "max_tokens": 300, "ignore_eos": True}
 
     async def fire() -> list[httpx.Response]:
-        async with httpx.AsyncClient(timeout=120, headers=headers) as http:
+        async with httpx.AsyncClient(timeout=600, headers=headers) as http:
             return await asyncio.gather(
                 *(http.post(f"{s.v1}/completions", json=body) for _ in range(6))
             )
@@ -61,5 +68,7 @@ def test_full_waiting_queue_answers_503(limited_server):
         else:
             assert r.json()["usage"]["completion_tokens"] == 300
     # Capacity comes back once the queue drains.
-    ok = httpx.post(f"{s.v1}/completions", json={**body, "max_tokens": 2}, headers=headers)
+    ok = httpx.post(
+        f"{s.v1}/completions", json={**body, "max_tokens": 2}, headers=headers, timeout=120
+    )
     assert ok.status_code == 200

@@ -1,5 +1,6 @@
-"""Pre-load memory checks: the resident weight count (built on the meta device) and the
-one-sentence error when the GPU (or its --gpu-memory-limit-gb) cannot hold the weights."""
+"""Pre-load memory checks: the weight plan (built on the meta device, in the checkpoint's
+formats) and the one-sentence error when the GPU (or its --gpu-memory-limit-gb) cannot
+hold the weights."""
 
 from __future__ import annotations
 
@@ -12,7 +13,7 @@ from xinfer.config import ModelConfig
 from xinfer.engine import memory
 from xinfer.errors import UserError
 from xinfer.offload.host_store import expert_host_bytes
-from xinfer.runner.model_loader import resident_weight_bytes
+from xinfer.runner.model_loader import plan_weights
 
 QWEN3_30B = Path(__file__).resolve().parents[2] / "bench" / "configs" / "qwen3_30b_a3b"
 GIB = 1 << 30
@@ -20,11 +21,37 @@ GIB = 1 << 30
 
 def test_resident_bytes_with_and_without_experts():
     cfg = ModelConfig.from_dir(str(QWEN3_30B))
-    full = resident_weight_bytes(cfg, torch.bfloat16, 4096, include_experts=True)
-    rest = resident_weight_bytes(cfg, torch.bfloat16, 4096, include_experts=False)
-    assert full - rest == expert_host_bytes(cfg, torch.bfloat16)
-    assert 56 * GIB < full < 58 * GIB  # the 30.5B-parameter shape in bf16
-    assert 2.5 * GIB < rest < 3.5 * GIB  # embeddings, LM head, attention, routers, norms
+    full = plan_weights(cfg, torch.bfloat16, 4096, offload=False)
+    rest = plan_weights(cfg, torch.bfloat16, 4096, offload=True)
+    assert full.device_bytes - rest.device_bytes == expert_host_bytes(cfg, torch.bfloat16)
+    assert rest.host_expert_bytes == expert_host_bytes(cfg, torch.bfloat16)
+    assert 56 * GIB < full.device_bytes < 58 * GIB  # the 30.5B-parameter shape in bf16
+    assert 2.5 * GIB < rest.device_bytes < 3.5 * GIB  # embeddings, LM head, attention, ...
+    assert rest.expert_bytes == 3 * 2048 * 768 * 2  # 9.44 MB
+
+
+@pytest.mark.parametrize(
+    "qc,expert_bytes",
+    [
+        # e4m3 weights + a float32 scale per 128x128 block: gate|up 12 x 16, down 16 x 6
+        ({"quant_method": "fp8", "weight_block_size": [128, 128]},
+         3 * 2048 * 768 + (12 * 16 + 16 * 6) * 4),
+        # int4 codes + fp16 scales per 128 columns: gate|up (1536 x 16), down (2048 x 6)
+        ({"quant_method": "gptq", "bits": 4, "group_size": 128, "sym": True},
+         3 * 2048 * 768 // 2 + (1536 * 16 + 2048 * 6) * 2),
+        # e2m1 codes + e4m3 scale per 16 columns + a float32 global per row
+        ({"quant_method": "modelopt", "quant_algo": "NVFP4"},
+         3 * 2048 * 768 // 2 + 3 * 2048 * 768 // 16 + (1536 + 2048) * 4),
+    ],
+)  # fmt: skip
+def test_quantized_checkpoints_plan_their_stored_bytes(qc, expert_bytes):
+    hf = {**ModelConfig.from_dir(str(QWEN3_30B)).hf_config, "quantization_config": qc}
+    cfg = ModelConfig.from_hf(hf)
+    plan = plan_weights(cfg, torch.bfloat16, 4096, offload=True)
+    assert plan.expert_bytes == expert_bytes
+    assert plan.host_expert_bytes == 48 * 128 * expert_bytes
+    bf16 = plan_weights(ModelConfig.from_dir(str(QWEN3_30B)), torch.bfloat16, 4096, True)
+    assert plan.device_bytes < bf16.device_bytes  # attention is quantized too, routers not
 
 
 def test_weights_that_do_not_fit_name_the_offload_fix(monkeypatch):

@@ -38,7 +38,8 @@ def test_preemption_keeps_outputs_exact(tmp_path):
 
 def test_decodes_go_first_and_budget_holds():
     alloc = BlockAllocator(num_blocks=64, block_size=4)
-    sched = Scheduler(SchedulerConfig(max_num_seqs=8, max_num_batched_tokens=16), alloc)
+    config = SchedulerConfig(max_num_seqs=8, max_num_batched_tokens=16)
+    sched = Scheduler(config, alloc, layered_prompts=False)  # chunked long prompts
     long = Request("long", list(range(40)), SamplingParams())
     short = Request("short", [1, 2, 3], SamplingParams())
     sched.add(short)

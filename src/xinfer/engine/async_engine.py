@@ -10,11 +10,12 @@ import logging
 import threading
 import time
 from collections.abc import AsyncIterator, Callable
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import Any, Protocol
 
 from xinfer.engine.engine import Engine
-from xinfer.engine.request import RequestOutput
+from xinfer.engine.prefix_cache import PrefixCacheStats
+from xinfer.engine.request import RequestMetrics, RequestOutput
 from xinfer.errors import UserError
 from xinfer.sampling import SamplingParams
 
@@ -35,6 +36,7 @@ class EngineObserver(Protocol):
     def on_first_token(self, seconds: float) -> None: ...
     def on_inter_token(self, seconds: float) -> None: ...
     def on_finish(self, num_prompt: int, num_output: int, reason: str | None) -> None: ...
+    def on_request_metrics(self, metrics: RequestMetrics) -> None: ...
 
 
 @dataclass
@@ -43,6 +45,8 @@ class EngineSnapshot:
     num_waiting: int
     kv_usage: float  # fraction of KV blocks in use
     offload: dict | None  # offload_manager.stats(), or None without offload
+    prefix_cache: PrefixCacheStats | None = None  # None when prefix caching is off
+    num_preemptions: int = 0  # since start
 
 
 @dataclass
@@ -76,6 +80,8 @@ class AsyncEngine:
             self._is_stopped = True
             self._cv.notify()
         self._thread.join(timeout=10)
+        if not self._thread.is_alive():
+            self.engine.close()  # tensor parallel: stop the other ranks (else a no-op)
 
     @property
     def is_alive(self) -> bool:
@@ -92,6 +98,10 @@ class AsyncEngine:
     @property
     def kv_tokens(self) -> int:
         return self.engine.kv_tokens
+
+    @property
+    def num_state_slots(self) -> int:
+        return self.engine.num_state_slots
 
     # ---- the caller side (asyncio) ---------------------------------------------------------
     def _submit(self, kind: str, payload: Any) -> None:
@@ -115,8 +125,14 @@ class AsyncEngine:
     async def snapshot(self) -> EngineSnapshot:
         def take(e: Engine) -> EngineSnapshot:
             s = e.scheduler
+            prefix = e.prefix_cache_stats()
             return EngineSnapshot(
-                len(s.running), len(s.waiting), e.allocator.usage, e.offload_stats()
+                len(s.running),
+                len(s.waiting),
+                e.allocator.usage,
+                e.offload_stats(),
+                None if prefix is None else replace(prefix),  # a copy: the engine counts on
+                s.num_preemptions,
             )
 
         snap = await self.call(take)
@@ -179,6 +195,8 @@ class AsyncEngine:
                         self.observer.on_finish(
                             item.num_prompt_tokens, item.num_output_tokens, item.finish_reason
                         )
+                        if item.metrics is not None:
+                            self.observer.on_request_metrics(item.metrics)
                 yield index[item.request_id], item
         finally:
             for rid in unfinished:

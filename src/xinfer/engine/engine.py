@@ -5,20 +5,26 @@ from __future__ import annotations
 
 import itertools
 import logging
+import time
 from dataclasses import replace
 
 import torch
 
 from xinfer.config import EngineConfig, ModelConfig
 from xinfer.engine.kv_cache import BlockAllocator
-from xinfer.engine.memory import check_weights_fit, plan_num_blocks
+from xinfer.engine.memory import plan_num_blocks
 from xinfer.engine.output import OutputProcessor
+from xinfer.engine.prefix_cache import PrefixCacheStats
 from xinfer.engine.request import Request, RequestOutput
 from xinfer.engine.scheduler import Scheduler
+from xinfer.engine.state_cache import StateSlotAllocator, plan_state_slots
+from xinfer.engine.stats import StatsLogger, startup_summary
 from xinfer.errors import UserError
-from xinfer.runner.model_loader import build_model, resident_weight_bytes, resolve_dtype
+from xinfer.parallel.run import start_tensor_parallel
+from xinfer.runner.model_loader import build_model, plan_weights, resolve_dtype
 from xinfer.runner.model_runner import ModelRunner
 from xinfer.sampling import SamplingParams, make_generator
+from xinfer.structured import GrammarCompiler
 from xinfer.tokenizer import Tokenizer
 
 logger = logging.getLogger("xinfer")
@@ -50,32 +56,37 @@ def resolve_max_model_len(cfg: ModelConfig, config: EngineConfig) -> int:
 
 class Engine:
     def __init__(self, config: EngineConfig, show_progress: bool = True) -> None:
+        t_start = time.monotonic()
         self.config = config
         self.device = torch.device(config.device)
         self.model_config = cfg = ModelConfig.from_dir(config.model)
         self.tokenizer = Tokenizer.from_dir(config.model)
         self.max_model_len = resolve_max_model_len(cfg, config)
         self.dtype = resolve_dtype(cfg, config.dtype, self.device)
+        self.tp = start_tensor_parallel(config, self)  # None with one device
+        if self.tp is not None:  # this rank's heads and intermediate sizes
+            self.model_config = cfg = self.tp.shard_config(cfg)
         offload = config.offload
         if offload.is_enabled and not cfg.is_moe:
             logger.info("model has no routed experts; MoE offload is ignored")
             offload = replace(offload, fraction=None, is_auto=False)
         self.offload_manager = None
-        expert_device = torch.device("cpu") if offload.is_enabled else self.device
-        if offload.is_enabled:  # before any expert is read: fail early if RAM is too small
-            from xinfer.offload.host_store import check_host_ram_for_experts
+        # Fraction 1.0 keeps every expert on the device: build them there, never on the host.
+        from xinfer.offload.setup import keeps_every_expert
 
-            check_host_ram_for_experts(cfg, self.dtype)
         isq = None
         if config.isq is not None:
             from xinfer.quant.isq import isq_config
 
             isq = isq_config(config.isq, config.isq_dense, self.device)
-        if self.device.type == "cuda":  # ...and if the GPU cannot hold what stays on it
-            weights = resident_weight_bytes(
-                cfg, self.dtype, self.max_model_len, not offload.is_enabled, config.model, isq
-            )
-            check_weights_fit(weights, self.device, config.gpu_memory_limit_gb, cfg.is_moe)
+        experts_on_host = offload.is_enabled and not keeps_every_expert(offload)
+        expert_device = torch.device("cpu") if experts_on_host else self.device
+        # before any weight is read: host RAM for offloaded experts, the GPU for the rest,
+        # in the checkpoint's formats (quantized sizes)
+        self.weight_plan = plan_weights(
+            cfg, self.dtype, self.max_model_len, experts_on_host, config.model, isq
+        )
+        self.weight_plan.check(self.device, config.gpu_memory_limit_gb, cfg.is_moe)
         self.model = build_model(
             config.model,
             cfg,
@@ -93,7 +104,26 @@ class Engine:
 
             self.offload_manager = enable_offload(self.model, config, offload, self.device)
         kv_dtype = config.cache.kv_dtype or self.dtype
-        num_blocks = plan_num_blocks(cfg, config, self.device, kv_dtype, self.max_model_len)
+        look_ahead = self._look_ahead(config)
+        # hybrid models: one recurrent-state slot per running request, from the same budget;
+        # two rows each under decode look-ahead (a dropped queued step must be undoable)
+        self.state_copies = 2 if look_ahead else 1
+        self.num_state_slots = plan_state_slots(
+            cfg, config, self.device, self.dtype, kv_dtype, self.max_model_len, self.state_copies
+        )
+        if self.tp is not None:  # rank 0's slot ids index every rank's state
+            self.num_state_slots = self.tp.agree_min(self.num_state_slots)
+        if self.num_state_slots:
+            scheduler_config = replace(config.scheduler, max_num_seqs=self.num_state_slots)
+            config = self.config = replace(config, scheduler=scheduler_config)
+        self.routing = self._install_routing(config)  # its per-request rows: the runner's
+        per_seq = cfg.state_bytes_per_seq(self.dtype) * self.state_copies
+        self.state_bytes = self.num_state_slots * per_seq
+        num_blocks = plan_num_blocks(
+            cfg, config, self.device, kv_dtype, self.max_model_len, reserved_bytes=self.state_bytes
+        )
+        if self.tp is not None:
+            num_blocks = self.tp.agree_min(num_blocks)  # rank 0's tables index every cache
         blocks_per_seq = -(-self.max_model_len // config.cache.block_size)
         if num_blocks < blocks_per_seq:
             raise UserError(
@@ -106,7 +136,13 @@ class Engine:
             from xinfer.runner.cuda_graph import CudaGraphRunner
 
             graphs = CudaGraphRunner
-        self.runner = ModelRunner(
+        make_runner, is_graph_safe = ModelRunner, None
+        if self.offload_manager is not None:
+            is_graph_safe = self.offload_manager.is_graph_safe
+        if self.tp is not None:
+            make_runner = self.tp.runner_class()
+            is_graph_safe = self.tp.agree_graph_sizes(is_graph_safe, config.scheduler.max_num_seqs)
+        self.runner = make_runner(
             self.model,
             cfg,
             self.device,
@@ -116,28 +152,89 @@ class Engine:
             self.max_model_len,
             config.scheduler.max_num_seqs,
             graphs,
-            self.offload_manager.is_graph_safe if self.offload_manager else None,
-            look_ahead=self.device.type == "cuda"
-            if config.decode_look_ahead is None
-            else config.decode_look_ahead,
+            is_graph_safe,
+            look_ahead=look_ahead,
+            observer=self.routing if self.routing and self.routing.recorder else None,
+            num_state_slots=self.num_state_slots,
+            state_dtype=self.dtype,
+            state_copies=self.state_copies,
+            layer_hooks=self.offload_manager.layer_streamer if self.offload_manager else None,
         )
-        self.allocator = BlockAllocator(num_blocks, config.cache.block_size)
-        self.scheduler = Scheduler(config.scheduler, self.allocator)
+        self.allocator = BlockAllocator(
+            num_blocks, config.cache.block_size, self._use_prefix_caching()
+        )
+        slots = StateSlotAllocator(self.num_state_slots) if self.num_state_slots else None
+        # Long prompts run as layer-by-layer passes where the model offers a layer stack.
+        layered = self.runner.prompt_pass.stack is not None
+        self.scheduler = Scheduler(config.scheduler, self.allocator, slots, layered)
         self.eos_ids = set(self.tokenizer.eos_token_ids) if self.tokenizer else set()
         self.eos_ids |= set(cfg.eos_token_ids)
         self.outputs = OutputProcessor(self.tokenizer, self.eos_ids)
         self.requests: dict[str, Request] = {}
+        self._grammar_compiler: GrammarCompiler | None = None
         self._ids = itertools.count()
+        if self.tp is not None:  # a follower runs rank 0's steps from here on, then exits
+            self.tp.start_following(self)
+            self.offload_manager = self.tp.offload_view(self.offload_manager)
+        self.stats_logger = StatsLogger(config.log_stats_interval_s)  # steps report to it
         if self.device.type == "cuda":
             self.warm_up_prefill()
+        self.allocator.reset_prefix_cache()  # warm-ups are not the user's traffic
         if self.offload_manager is not None:
-            self.offload_manager.reset_stats()  # warm-ups are not the user's traffic
-        logger.info(
-            "KV cache: %d tokens (%d blocks of %d), max model len %d",
-            self.kv_tokens,
-            num_blocks,
-            config.cache.block_size,
-            self.max_model_len,
+            self.offload_manager.reset_stats()
+        self.runner.request_slots.reset()  # request keys (routing streams) start at 0
+        if self.routing is not None:
+            self.routing.start()
+        self.stats_logger.reset(self)
+        load_s = time.monotonic() - t_start
+        plan = self.weight_plan
+        expert_bytes = plan.host_expert_bytes
+        weight_bytes = plan.device_bytes + (expert_bytes if plan.is_offloaded else 0)
+        logger.info("%s", startup_summary(self, load_s, weight_bytes, expert_bytes))
+
+    def _use_prefix_caching(self) -> bool:
+        """On unless switched off, or the model keeps per-request state (a recurrent
+        linear-attention state) that cached KV blocks cannot rebuild."""
+        if not self.config.enable_prefix_caching:
+            return False
+        if not getattr(self.model, "supports_prefix_caching", True):
+            logger.info(
+                "prefix caching is off: %s keeps per-request state that KV blocks cannot restore",
+                self.model_config.architecture,
+            )
+            return False
+        return True
+
+    def prefix_cache_stats(self) -> PrefixCacheStats | None:
+        cache = self.allocator.prefix_cache
+        return None if cache is None else cache.stats
+
+    def _install_routing(self, config: EngineConfig):
+        """The routing source / recorder of `config.routing` on the MoE layers (None: the
+        router's own choice, nothing recorded, nothing installed)."""
+        from xinfer.routing.install import install_routing
+        from xinfer.runner.request_slots import request_row_capacity
+
+        sched = config.scheduler
+        return install_routing(
+            self.model,
+            config.routing,
+            self.device,
+            num_rows=request_row_capacity(sched.max_num_seqs),
+            max_tokens=max(sched.max_num_batched_tokens, sched.max_num_seqs),
+            model_name=config.model,
+            is_dummy=config.load_format == "dummy",
+        )
+
+    def _look_ahead(self, config: EngineConfig) -> bool:
+        """Decode look-ahead (on CUDA unless set); off while recording routing, which
+        records each step after its forward (a queued step would be missed or doubled)."""
+        if config.routing.record_path is not None:
+            return False
+        return (
+            self.device.type == "cuda"
+            if config.decode_look_ahead is None
+            else bool(config.decode_look_ahead)
         )
 
     def warm_up_prefill(self) -> None:
@@ -179,6 +276,8 @@ class Engine:
             raise UserError(f"request id {request_id!r} is already in use")
         gen = make_generator(params.seed, self.device) if params.seed is not None else None
         req = Request(request_id, ids, params, generator=gen, max_len=self.max_model_len)
+        if params.grammar is not None:
+            req.grammar = self.grammar_compiler.matcher(params.grammar)
         self.outputs.register(req)
         self.requests[request_id] = req
         self.scheduler.add(req)
@@ -193,26 +292,64 @@ class Engine:
         return self.scheduler.num_unfinished > 0
 
     def step(self) -> list[RequestOutput]:
+        step_start = time.monotonic()
         out = self.scheduler.schedule()
         if out.is_empty:
             return []
+        self.stats_logger.begin_step()
+        for s in out.scheduled:
+            if s.request.scheduled_time is None:
+                s.request.scheduled_time = step_start
         tokens, logprobs = self.runner.execute(
             out, self.eos_ids, look_ahead=not self.scheduler.waiting
         )
+        now = time.monotonic()
         results: list[RequestOutput] = []
         sampled = iter(zip(tokens, logprobs))
+        num_decodes = 0  # rows that computed one generated token (the rest is prompt work)
         for s in out.scheduled:
             req = s.request
+            num_decodes += s.num_new_tokens == 1 and s.start >= len(req.prompt_token_ids)
             req.num_computed_tokens += s.num_new_tokens
+            self.scheduler.cache_computed_blocks(req)
             if not s.samples:
                 continue
             token, lp = next(sampled)
+            if req.first_token_time is None:
+                req.first_token_time = now
             delta = self.outputs.append(req, token, lp)
             if req.finish_reason is not None:
+                req.finished_time = now
+                delta.metrics = req.metrics()
                 self.scheduler.finish(req, req.finish_reason)
                 self.requests.pop(req.request_id, None)
             results.append(delta)
+        num_prompt = sum(s.num_new_tokens for s in out.scheduled) - num_decodes
+        self.stats_logger.record_step(num_prompt, len(results))
+        self.stats_logger.maybe_log(self)
         return results
+
+    @property
+    def grammar_compiler(self) -> GrammarCompiler:
+        """Structured output's grammar compiler for this model (built on first use)."""
+        if self._grammar_compiler is None:
+            if self.tokenizer is None:
+                raise UserError("structured output needs the model's tokenizer files")
+            vocab = self.model_config.vocab_size
+            try:
+                self._grammar_compiler = GrammarCompiler(self.tokenizer, vocab, self.eos_ids)
+            except Exception as e:  # noqa: BLE001 - a tokenizer llguidance cannot read
+                message = f"structured output is not available for this tokenizer: {e}"
+                raise UserError(message) from None
+        return self._grammar_compiler
 
     def offload_stats(self) -> dict | None:
         return None if self.offload_manager is None else self.offload_manager.stats()
+
+    def close(self) -> None:
+        """Flush and close what the engine writes (the routing trace) and stop the other
+        tensor-parallel ranks (nothing to do with one device); idempotent."""
+        if self.routing is not None:
+            self.routing.close()
+        if self.tp is not None:
+            self.tp.close()

@@ -1,8 +1,12 @@
-"""How many KV blocks to allocate: from free device memory on CUDA (honouring
-`--gpu-memory-limit-gb`, which makes the engine size itself as if the GPU were that small),
-from a fixed token budget on CPU."""
+"""The memory arithmetic of start-up, in one place: what the weights take as stored (in the
+checkpoint's formats, so quantized sizes), checked against host RAM (offloaded experts) and
+the GPU (the rest) before anything is read; then how many KV blocks fit: from free device
+memory on CUDA (honouring `--gpu-memory-limit-gb`, which makes the engine size itself as if
+the GPU were that small), from a fixed token budget on CPU."""
 
 from __future__ import annotations
+
+from dataclasses import dataclass
 
 import torch
 
@@ -21,6 +25,29 @@ def usable_gpu_bytes(device: torch.device, limit_gb: float | None) -> int:
         return free
     used = total - free
     return max(0, int(limit_gb * GIB) - used)
+
+
+@dataclass(frozen=True)
+class WeightPlan:
+    """Bytes of the model's weights as stored. `device_bytes`: what stays on the device
+    (everything, or everything but the routed experts when they are offloaded);
+    `expert_bytes`: one routed expert (all its tensors); `host_expert_bytes`: every routed
+    expert of every MoE layer (what the host store holds when offloading)."""
+
+    device_bytes: int
+    expert_bytes: int
+    host_expert_bytes: int
+    num_moe_layers: int
+    is_offloaded: bool
+
+    def check(self, device: torch.device, limit_gb: float | None, is_moe: bool) -> None:
+        """Fail before loading, with the fix: host RAM for offloaded experts, the GPU for
+        the rest."""
+        if self.is_offloaded:
+            from xinfer.offload.host_store import check_host_ram
+
+            check_host_ram(self.host_expert_bytes)
+        check_weights_fit(self.device_bytes, device, limit_gb, is_moe)
 
 
 def check_weights_fit(
@@ -44,13 +71,21 @@ def check_weights_fit(
     )
 
 
+def gpu_kv_budget(engine: EngineConfig, device: torch.device) -> int:
+    """Bytes the caches (KV blocks and any recurrent state) may take on the GPU."""
+    budget = usable_gpu_bytes(device, engine.gpu_memory_limit_gb)
+    return int(budget * engine.cache.gpu_memory_utilization) - _GPU_WORKSPACE_BYTES
+
+
 def plan_num_blocks(
     cfg: ModelConfig,
     engine: EngineConfig,
     device: torch.device,
     kv_dtype: torch.dtype,
     max_model_len: int,
+    reserved_bytes: int = 0,
 ) -> int:
+    """`reserved_bytes`: taken from the GPU budget first (hybrid models' recurrent state)."""
     block_size = engine.cache.block_size
     if engine.cache.num_blocks is not None:
         return engine.cache.num_blocks
@@ -59,6 +94,4 @@ def plan_num_blocks(
     if device.type != "cuda":
         want = blocks_per_seq * min(engine.scheduler.max_num_seqs, 8)
         return max(blocks_per_seq, min(want, _CPU_MAX_KV_BYTES // per_block))
-    budget = usable_gpu_bytes(device, engine.gpu_memory_limit_gb)
-    budget = int(budget * engine.cache.gpu_memory_utilization) - _GPU_WORKSPACE_BYTES
-    return max(0, budget // per_block)
+    return max(0, (gpu_kv_budget(engine, device) - reserved_bytes) // per_block)

@@ -1,5 +1,6 @@
 """Turns sampled tokens into output deltas: incremental detokenization, stop strings, stop
-tokens, EOS and length limits decide when a request finishes and what text it shows."""
+tokens, EOS, a completed grammar and length limits decide when a request finishes and what
+text it shows."""
 
 from __future__ import annotations
 
@@ -44,6 +45,11 @@ class OutputProcessor:
                 text, hit = st.stops.feed(text)
                 if hit:
                     reason, stop_reason = "stop", st.stops.matched
+        if reason is None and req.grammar is not None:
+            # The mask admits only what the grammar accepts; once it admits nothing more (the
+            # JSON value is closed) the output is complete, with no end-of-sequence token.
+            if not req.grammar.accept(token) or req.grammar.is_finished:
+                reason = "stop"
         if reason is None and (
             len(req.output_token_ids) >= p.max_tokens or req.num_tokens >= req.max_len
         ):
@@ -62,4 +68,5 @@ class OutputProcessor:
             new_logprobs=[logprob] if logprob is not None else [],
             num_prompt_tokens=len(req.prompt_token_ids),
             num_output_tokens=len(req.output_token_ids),
+            num_cached_tokens=req.num_cached_tokens,
         )

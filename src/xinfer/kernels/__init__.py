@@ -173,8 +173,11 @@ def qkv_prep(
         raise ValueError(f"qkv_prep: caches {tuple(k_cache.shape)} do not hold k's heads")
     if positions.shape != (num_tokens,) or slot_mapping.shape != (num_tokens,):
         raise ValueError("qkv_prep: positions and slot_mapping must be (T,)")
-    if cos_sin_cache.shape[-1] != head_dim or (q_norm_weight is None) != (k_norm_weight is None):
-        raise ValueError("qkv_prep: cos_sin_cache must be (max_pos, D); norm weights both or none")
+    rot = cos_sin_cache.shape[-1]  # < head_dim: partial rotary
+    if rot > head_dim or rot % 2 or (q_norm_weight is None) != (k_norm_weight is None):
+        raise ValueError(
+            "qkv_prep: cos_sin_cache must be (max_pos, R <= D, even); norm weights both or none"
+        )
     args = (q, k, v, positions, cos_sin_cache, k_cache, v_cache, slot_mapping)
     if use_triton(q):
         from xinfer.kernels import qkv_prep_launch

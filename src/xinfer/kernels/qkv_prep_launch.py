@@ -19,10 +19,10 @@ def _fusable(
     norm_weights: list[torch.Tensor],
 ) -> bool:
     """Whether the kernel reproduces the reference: one activation dtype (which the norm
-    weights do not promote), a float32 table and an even head_dim."""
+    weights do not promote), a float32 table and an even rotary width."""
     if not q.dtype == k.dtype == v.dtype or cos_sin_cache.dtype != torch.float32:
         return False
-    return q.shape[2] % 2 == 0 and all(
+    return cos_sin_cache.shape[-1] % 2 == 0 and all(
         torch.promote_types(w.dtype, q.dtype) == q.dtype for w in norm_weights
     )
 
@@ -62,12 +62,14 @@ def qkv_prep(
     q_w, k_w = (w.contiguous() for w in norm_weights) if norm_weights else (q_out, q_out)
     cos_sin_cache = cos_sin_cache.contiguous()
     block_d = triton.next_power_of_2(head_dim)
+    rot_half = cos_sin_cache.shape[-1] // 2  # < head_dim // 2: partial rotary
     qkv_prep_kernel[(num_tokens, num_q_heads + k.shape[1])](
         q, k, v, q_out, k_cache, v_cache, positions, cos_sin_cache, slot_mapping, q_w, k_w,
         q.stride(0), q.stride(1), k.stride(0), k.stride(1), v.stride(0), v.stride(1),
         cos_sin_cache.stride(0), *k_cache.stride()[:3], *v_cache.stride()[:3], num_q_heads,
-        head_dim, k_cache.shape[1], eps,
-        HAS_NORM=bool(norm_weights), BLOCK_D=block_d, BLOCK_HALF=block_d // 2,
+        head_dim, rot_half, k_cache.shape[1], eps,
+        HAS_NORM=bool(norm_weights), BLOCK_D=block_d,
+        BLOCK_HALF=max(1, triton.next_power_of_2(rot_half)),
         FP8_MAX=float(torch.finfo(k_cache.dtype).max) if k_cache.element_size() == 1 else 0.0,
         num_warps=max(1, min(16, block_d // 256)),  # rms_norm's choice: same sum order
     )  # fmt: skip

@@ -31,17 +31,21 @@ def apply_rope(
     q: torch.Tensor, k: torch.Tensor, positions: torch.Tensor, cos_sin_cache: torch.Tensor
 ) -> tuple[torch.Tensor, torch.Tensor]:
     """Neox-style (rotate-half) RoPE. q (T, Hq, D), k (T, Hk, D), positions (T,),
-    cos_sin_cache (max_pos, D) float32 holding cos in [:, :D/2] and sin in [:, D/2:]."""
-    half = q.shape[-1] // 2
-    cs = cos_sin_cache[positions.long()]  # (T, D)
+    cos_sin_cache (max_pos, R) float32 holding cos in [:, :R/2] and sin in [:, R/2:]. R < D is
+    partial rotary: the first R dims of each head rotate, the rest pass through."""
+    rot = cos_sin_cache.shape[-1]
+    half = rot // 2
+    cs = cos_sin_cache[positions.long()]  # (T, R)
     cos = torch.cat([cs[:, :half], cs[:, :half]], -1).unsqueeze(1).to(q.dtype)
     sin = torch.cat([cs[:, half:], cs[:, half:]], -1).unsqueeze(1).to(q.dtype)
 
-    def rot(x: torch.Tensor) -> torch.Tensor:
-        x1, x2 = x[..., :half], x[..., half:]
-        return torch.cat((-x2, x1), dim=-1)
+    def rope(x: torch.Tensor) -> torch.Tensor:
+        xr = x[..., :rot]
+        x1, x2 = xr[..., :half], xr[..., half:]
+        out = xr * cos + torch.cat((-x2, x1), dim=-1) * sin
+        return out if rot == x.shape[-1] else torch.cat([out, x[..., rot:]], dim=-1)
 
-    return q * cos + rot(q) * sin, k * cos + rot(k) * sin
+    return rope(q), rope(k)
 
 
 def silu_and_mul(x: torch.Tensor) -> torch.Tensor:

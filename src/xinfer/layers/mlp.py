@@ -10,6 +10,10 @@ from xinfer.layers.linear import Linear, MergedLinear
 
 
 class GatedMLP(nn.Module):
+    # Tensor parallel: each rank holds a slice of the intermediate dim (parallel/plan.py).
+    tp_plan = {"gate_up_proj": "column", "down_proj": "row"}
+    tp_output = "partial"
+
     def __init__(self, hidden_size: int, intermediate_size: int) -> None:
         super().__init__()
         parts = {"gate": intermediate_size, "up": intermediate_size}

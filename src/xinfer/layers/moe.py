@@ -23,6 +23,11 @@ class FusedMoE(nn.Module):
 
     is_quantizable = True
 
+    # Tensor parallel: every rank holds a slice of every expert's intermediate dim (w13's
+    # rows, each of its gate and up halves; w2's columns).
+    tp_plan = {"w13": "column", "w2": "row"}
+    tp_output = "partial"
+
     def __init__(
         self,
         num_experts: int,
@@ -40,6 +45,9 @@ class FusedMoE(nn.Module):
         self.expert_tensors: dict[str, torch.Tensor] = {}
         self.expert_weights: ExpertWeights | None = None
         self.executor: ExpertExecutor | None = None
+        # Set by xinfer.routing (explicit options only): another source of the top-k choice
+        # (a routing model, a replayed trace) and/or the recording of the routed ids.
+        self.routing = None
         if not is_deferred():
             self.create_weights(Unquantized(torch.get_default_dtype()))
 
@@ -76,5 +84,8 @@ class FusedMoE(nn.Module):
         """x (T, H), router_logits (T, E) → (T, H)."""
         if self.executor is None:
             self.attach_executor(ResidentExecutor(self.expert_tensors, self.expert_weights))
-        topk_weights, topk_ids = kernels.route_topk(router_logits, self.top_k, self.renormalize)
+        if self.routing is None:
+            topk_weights, topk_ids = kernels.route_topk(router_logits, self.top_k, self.renormalize)
+        else:
+            topk_weights, topk_ids = self.routing(router_logits)
         return self.executor(x, topk_ids, topk_weights)

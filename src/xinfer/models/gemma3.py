@@ -104,6 +104,9 @@ class _HeadNorm:
 
 
 class Gemma3Attention(nn.Module):
+    tp_plan = {"qkv_proj": "column", "o_proj": "row"}  # tensor parallel: heads split
+    tp_output = "partial"
+
     def __init__(self, cfg: ModelConfig, extras: Gemma3Extras, rotary: RotaryEmbedding,
                  is_sliding: bool) -> None:  # fmt: skip
         super().__init__()
@@ -193,7 +196,11 @@ class Gemma3ForCausalLM(MoeForCausalLM):
         if cfg.num_layers != len(self.extras.layer_types):
             raise UserError("Gemma 3 config: layer_types must name every layer")
         self.model = Gemma3Model(cfg, self.extras, max_pos)
-        self.lm_head = None if cfg.tie_word_embeddings else Linear(cfg.hidden_size, cfg.vocab_size)
+        self.lm_head = (
+            None
+            if cfg.tie_word_embeddings
+            else Linear(cfg.hidden_size, cfg.vocab_size, quantizable=False)
+        )
 
     def compute_logits(self, hidden: torch.Tensor) -> torch.Tensor:
         logits = super().compute_logits(hidden)

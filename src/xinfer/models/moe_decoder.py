@@ -1,7 +1,10 @@
 """The decoder shared by our MoE architectures (pre-norm attention + MoE/dense MLP). Model
-files subclass `MoeForCausalLM` and only state how their HF config and checkpoint differ."""
+files subclass `MoeForCausalLM`, build their `ModelConfig` (`config_from_hf`) and state how
+their checkpoint differs."""
 
 from __future__ import annotations
+
+from collections.abc import Iterable
 
 import torch
 from torch import nn
@@ -14,9 +17,19 @@ from xinfer.layers.mlp import GatedMLP
 from xinfer.layers.moe import FusedMoE
 from xinfer.layers.norm import RMSNorm
 from xinfer.layers.rotary import RotaryEmbedding
+from xinfer.models.layer_stack import LayerStack
 
 
 class DecoderAttention(nn.Module):
+    tp_output = "partial"  # tensor parallel: heads split, o_proj's output summed over ranks
+
+    @property
+    def tp_plan(self) -> dict[str, str]:
+        plan = {"qkv_proj": "column", "o_proj": "row"}
+        if self.qk_norm == "full":  # normalised over all heads: statistics over the ranks
+            plan.update(q_norm="norm_over_heads", k_norm="norm_over_kv_heads")
+        return plan
+
     def __init__(self, cfg: ModelConfig, max_pos: int) -> None:
         super().__init__()
         hd, nh, nkv = cfg.head_dim, cfg.num_heads, cfg.num_kv_heads
@@ -50,6 +63,10 @@ class DecoderAttention(nn.Module):
 
 class SparseMoeBlock(nn.Module):
     """Routed experts, plus Qwen2-MoE's shared expert behind a sigmoid gate when configured."""
+
+    # Tensor parallel: the router and shared-expert gate are replicated; the experts and the
+    # shared expert give partial sums, added up once for the whole block.
+    tp_output = "partial"
 
     def __init__(self, cfg: ModelConfig, expert_device: torch.device | str | None) -> None:
         super().__init__()
@@ -108,6 +125,10 @@ class MoeModel(nn.Module):
         )
         self.norm = RMSNorm(cfg.hidden_size, cfg.rms_norm_eps)
 
+    def layer_stack(self) -> LayerStack:
+        """What `forward` chains, for a layer-by-layer driver (models/layer_stack.py)."""
+        return LayerStack(self.embed_tokens, list(self.layers), self.norm)
+
     def forward(self, input_ids: torch.Tensor, positions: torch.Tensor) -> torch.Tensor:
         x, residual = self.embed_tokens(input_ids), None
         for layer in self.layers:
@@ -119,22 +140,41 @@ class MoeModel(nn.Module):
 class MoeForCausalLM(nn.Module):
     """`forward(input_ids (T,), positions (T,)) → hidden (T, H)`; `compute_logits` → float32.
 
-    Batch metadata (KV slots, block tables) comes from the forward context."""
+    Batch metadata (KV slots, block tables) comes from the forward context. Subclasses state
+    how their checkpoint differs: `checkpoint_renames`, `merged_projections` and
+    `adapt_checkpoint` (tensors to skip or reshape), and may build another decoder stack."""
 
     # (old, new) substrings applied to checkpoint names before mapping; "{e}" = expert index.
     checkpoint_renames: tuple[tuple[str, str], ...] = ()
+    # checkpoint projection name → (merged parameter, part), beside the q/k/v and gate/up ones
+    merged_projections: dict[str, tuple[str, str]] = {}
+    # False for models with per-request state that cached KV blocks cannot restore (linear
+    # attention's recurrent state): the engine then turns prefix caching off.
+    supports_prefix_caching: bool = True
+    tp_plan = {"lm_head": "vocab"}  # tensor parallel: the embedding stays replicated
 
     def __init__(
         self, cfg: ModelConfig, max_pos: int, expert_device: torch.device | None = None
     ) -> None:
         super().__init__()
         self.config = cfg
-        self.model = MoeModel(cfg, max_pos, expert_device)
+        self.model = self.build_model(cfg, max_pos, expert_device)
         self.lm_head = (
             None
             if cfg.tie_word_embeddings
             else Linear(cfg.hidden_size, cfg.vocab_size, quantizable=False)
         )
+
+    def build_model(
+        self, cfg: ModelConfig, max_pos: int, expert_device: torch.device | None
+    ) -> nn.Module:
+        return MoeModel(cfg, max_pos, expert_device)
+
+    def adapt_checkpoint(
+        self, tensors: Iterable[tuple[str, torch.Tensor]]
+    ) -> Iterable[tuple[str, torch.Tensor]]:
+        """The checkpoint's (name, tensor) stream as this model loads it: unchanged here."""
+        return tensors
 
     def forward(self, input_ids: torch.Tensor, positions: torch.Tensor) -> torch.Tensor:
         return self.model(input_ids, positions)
@@ -144,8 +184,18 @@ class MoeForCausalLM(nn.Module):
             return kernels.linear(hidden, self.model.embed_tokens.weight).float()
         return self.lm_head(hidden).float()  # its format's kernels (a GGUF head stays raw)
 
+    def layer_stack(self) -> LayerStack | None:
+        """The decoder for a layer-by-layer driver (the long-prompt pass); None where the
+        decoder (a subclass's own) does not offer one."""
+        make = getattr(self.model, "layer_stack", None)
+        return make() if make is not None else None
+
     def moe_layers(self) -> list[FusedMoE]:
         return [m for m in self.modules() if isinstance(m, FusedMoE)]
 
     def attention_layers(self) -> list[PagedAttention]:
         return [m for m in self.modules() if isinstance(m, PagedAttention)]
+
+    def state_layers(self) -> list[nn.Module]:
+        """Layers with per-request recurrent state (`state_shapes`, `bind_state`): none."""
+        return []

@@ -1,7 +1,9 @@
 """Expert executors: the strategy that runs a MoE layer's routed experts. `ResidentExecutor`
 keeps the full `[E, ...]` set where the model runs; `OffloadExecutor` keeps a slot cache over
-a host store (lookup → fill → GEMM on slots, or the staging path for wide prefill calls).
-Both call the same `kernels.fused_moe`, which never knows which one it serves."""
+a host store: lookup → fill → GEMM on the layer's slot view, whatever the call's width (misses
+beyond the slots use the view's overflow rows), or, during a prompt pass, the layer streamed
+by offload/staging.py. All call the same `kernels.fused_moe`, which never knows which one it
+serves."""
 
 from __future__ import annotations
 
@@ -12,9 +14,7 @@ import torch
 
 from xinfer import kernels
 from xinfer.offload import kernels as offload_kernels
-from xinfer.offload.lookup import count_distinct
-from xinfer.offload.slot_cache import STAGING_COPIES, SlotCache
-from xinfer.offload.staging import StagingBuffer
+from xinfer.offload.slot_cache import SlotCache
 from xinfer.offload.stats import CallProfile
 from xinfer.quant.experts import ExpertWeights
 
@@ -60,7 +60,6 @@ class OffloadExecutor(ExpertExecutor):
         self,
         cache: SlotCache,
         host_tensors: dict[str, torch.Tensor],
-        staging: StagingBuffer,
         top_k: int,
         profile: CallProfile | None = None,
         store: object | None = None,
@@ -69,25 +68,17 @@ class OffloadExecutor(ExpertExecutor):
         self.cache, self.host_tensors, self.top_k = cache, host_tensors, top_k
         self.weights = weights  # the layer's format (None: plain {w13, w2})
         self.store = store  # the HostExpertStore: its pinning lives as long as we do
-        self.staging, self.profile = staging, profile
-
-    def needs_staging(self, topk_ids: torch.Tensor) -> bool:
-        """True when this call touches more distinct experts than there are slots. Needs no
-        device read when T*k <= S; otherwise reads one count (never inside a graph)."""
-        if topk_ids.numel() <= self.cache.num_slots:
-            return False
-        if topk_ids.is_cuda and torch.cuda.is_current_stream_capturing():
-            raise RuntimeError(
-                f"a MoE call with {topk_ids.numel()} routed ids cannot be graph-captured with "
-                f"{self.cache.num_slots} slots; capture only sizes OffloadManager.is_graph_safe"
-            )
-        return int(count_distinct(topk_ids, self.cache.num_experts)) > self.cache.num_slots
+        self.profile = profile
+        # Set by a prompt pass while it runs this layer: (row of each expert (E,) int32 on
+        # the device, the view those rows address); None = the lookup path.
+        self.streamed: tuple[torch.Tensor, dict[str, torch.Tensor]] | None = None
 
     def load_experts(self, topk_ids: torch.Tensor) -> tuple[torch.Tensor, dict]:
-        """Make this call's experts resident: (ids to use, expert set to run on)."""
-        if self.needs_staging(topk_ids):
-            self.cache.counters[STAGING_COPIES] += 1
-            return topk_ids, self.staging.load(self.host_tensors)
+        """Make this call's experts resident: (ids to use, expert set to run on). No host
+        decision and no device read: fixed shapes, graph-safe for every call size."""
+        if self.streamed is not None:
+            rows, tensors = self.streamed
+            return rows[topk_ids.long()], tensors
         slot_ids = offload_kernels.lookup(self.cache, topk_ids)
         offload_kernels.fill(self.cache, self.host_tensors)
         return slot_ids, self.cache.slots

@@ -14,7 +14,7 @@ from contextlib import nullcontext
 import torch
 
 from xinfer.kernels import use_triton
-from xinfer.offload.lookup import fill_reference, lookup_reference
+from xinfer.offload.lookup import check_call, check_id_range, fill_reference, lookup_reference
 from xinfer.offload.slot_cache import SlotCache
 
 FILL_BLOCK = 2048  # words per block of the fill's work list
@@ -40,12 +40,16 @@ def lookup(
     *,
     force_triton: bool = False,
     num_warps: int = LOOKUP_NUM_WARPS,
+    check_range: bool = True,
 ) -> torch.Tensor:
-    """(T, k) expert ids → (T, k) int32 slot ids; writes the miss list for `fill`."""
-    if topk_ids.dim() != 2:
-        raise ValueError(f"lookup: topk_ids must be (T, k), got {tuple(topk_ids.shape)}")
+    """(T, k) expert ids → (T, k) int32 rows of `cache.slots`; writes the miss list for
+    `fill`. Host-side ids are range-checked here (`check_range=False` lets a test hand bad
+    ids to the kernel, which clamps them); device ids are not read (see offload/lookup.py)."""
+    check_call(cache, topk_ids)
     if not (force_triton or use_triton(topk_ids)):
         return lookup_reference(cache, topk_ids)
+    if check_range and not topk_ids.is_cuda:
+        check_id_range(topk_ids, cache.num_experts)
     from xinfer.kernels.triton.offload import lookup_kernel
 
     ids = topk_ids.to(torch.int32).contiguous()
@@ -70,6 +74,7 @@ def lookup(
             cache.counters,
             cache.num_experts,
             cache.num_slots,
+            cache.overflow_base,
             BLOCK_E=block_e,
             BLOCK_S=_next_pow2(cache.num_slots),
             BLOCK_N=block_n,

@@ -1,33 +1,65 @@
 """The offload algorithm in plain torch: the reference twins of the Triton `lookup` and `fill`
 kernels (kernels/triton/offload.py). They run on CPU and are the ground truth the Triton
-kernels are tested against, so the LRU rules below are the contract for both:
+kernels are tested against, so the rules below are the contract of both, on every input.
 
+Inputs: `topk_ids` (T, k), any integer dtype, duplicates allowed (within a row too).
+- Ids must lie in [0, E). Where ids come from the host (CPU tensors, the reference path) an
+  id outside raises `ValueError` before any table changes. On the device nothing can raise:
+  ids come from `route_topk` (or a routing source), whose kernels only produce ids in range,
+  and the lookup kernel clamps any id into [0, E) as it loads it, so a bad id can never make
+  a kernel read or write out of bounds (it computes with expert clamp(id) instead).
+- A call may route to at most `cache.capacity` (= S + overflow rows) distinct experts. The
+  launcher checks this from the shape alone (T·k ≤ capacity, or capacity = E) and raises
+  `ValueError` otherwise; the engine sizes the overflow so that its calls always fit.
+
+Rules:
 - the call's distinct expert ids are taken in order of first appearance in the row-major
   flattened `topk_ids`; the clock advances by one per call;
 - a hit stamps `last_use[slot] = clock`;
 - misses, in order of first appearance, take the slot with the smallest
   `(last_use, slot index)` among slots not used by this call (empty slots have
   `last_use = -1`, so they go first, lowest index first); the victim's expert becomes absent;
-- the ids are rewritten to slot ids; `miss_ids[m]`, `miss_slots[m]` and `miss_count` are
-  written for `fill`; the counters gain the hits, the misses and one call.
+- when every slot is used by this call, the remaining misses (still in order of first
+  appearance) get overflow rows `overflow_base + j`, j = 0, 1, ...; they do not enter the
+  tables (the rows are reused by the next call);
+- the ids are rewritten to rows of `cache.slots`; `miss_ids[m]`, `miss_slots[m]` (m-th miss
+  in first-appearance order, slot or overflow row) and `miss_count` are written for `fill`;
+- counters: hits and misses (distinct experts), one call, the overflow misses, and the
+  largest number of misses of one call.
 """
 
 from __future__ import annotations
 
 import torch
 
-from xinfer.offload.slot_cache import CALLS, HITS, MISSES, SlotCache
+from xinfer.offload.slot_cache import CALLS, HITS, MAX_CALL_MISSES, MISSES, OVERFLOW, SlotCache
 
 
-def count_distinct(topk_ids: torch.Tensor, num_experts: int) -> torch.Tensor:
-    """Number of distinct ids in `topk_ids`, as a 0-dim device tensor (no host sync)."""
-    seen = torch.zeros(num_experts, dtype=torch.int32, device=topk_ids.device)
-    seen.index_fill_(0, topk_ids.reshape(-1).long(), 1)
-    return seen.sum()
+def check_call(cache: SlotCache, topk_ids: torch.Tensor) -> None:
+    """Host-side checks that need no device read: the shape, and that the call's distinct
+    experts cannot exceed the slots plus the overflow rows."""
+    if topk_ids.dim() != 2:
+        raise ValueError(f"lookup: topk_ids must be (T, k), got {tuple(topk_ids.shape)}")
+    if topk_ids.dtype.is_floating_point or topk_ids.dtype == torch.bool:
+        raise ValueError(f"lookup: topk_ids must be integers, got {topk_ids.dtype}")
+    if cache.capacity < cache.num_experts and topk_ids.numel() > cache.capacity:
+        raise ValueError(
+            f"lookup: a call of {topk_ids.numel()} routed ids may need more than the "
+            f"{cache.num_slots} slots and {cache.num_overflow} overflow rows of this layer"
+        )
+
+
+def check_id_range(topk_ids: torch.Tensor, num_experts: int) -> None:
+    """Reject ids outside [0, E) (reads the ids: host tensors, or eager-only paths)."""
+    if topk_ids.numel() and (int(topk_ids.min()) < 0 or int(topk_ids.max()) >= num_experts):
+        bad = topk_ids[(topk_ids < 0) | (topk_ids >= num_experts)].reshape(-1)[0]
+        raise ValueError(f"lookup: expert id {int(bad)} is outside [0, {num_experts})")
 
 
 def lookup_reference(cache: SlotCache, topk_ids: torch.Tensor) -> torch.Tensor:
-    """topk_ids (T, k) expert ids → (T, k) int32 slot ids; updates the cache's tables."""
+    """topk_ids (T, k) expert ids → (T, k) int32 rows of `cache.slots`; updates the tables."""
+    check_call(cache, topk_ids)
+    check_id_range(topk_ids, cache.num_experts)
     ids = topk_ids.reshape(-1).tolist()
     distinct = list(dict.fromkeys(ids))  # first-appearance order
     soe = cache.slot_of_expert.tolist()
@@ -38,24 +70,24 @@ def lookup_reference(cache: SlotCache, topk_ids: torch.Tensor) -> torch.Tensor:
     used = [False] * num_slots
     hits = [e for e in distinct if soe[e] >= 0]
     misses = [e for e in distinct if soe[e] < 0]
-    if len(misses) > num_slots - len(hits):
-        raise RuntimeError(
-            f"lookup: {len(distinct)} distinct experts do not fit in {num_slots} slots; "
-            "the caller should have used the staging path"
-        )
+    num_lru = min(len(misses), num_slots - len(hits))
     for e in hits:
         last_use[soe[e]] = clock
         used[soe[e]] = True
-    miss_slots = []
-    for e in misses:
+    rows = {e: soe[e] for e in hits}
+    miss_rows = []
+    for e in misses[:num_lru]:
         victim = min((last_use[s], s) for s in range(num_slots) if not used[s])[1]
         old = eos[victim]
         if old >= 0:
             soe[old] = -1
         eos[victim], soe[e], last_use[victim], used[victim] = e, victim, clock, True
-        miss_slots.append(victim)
+        rows[e] = victim
+        miss_rows.append(victim)
+    for j, e in enumerate(misses[num_lru:]):
+        rows[e] = cache.overflow_base + j
+        miss_rows.append(rows[e])
 
-    dev = cache.device
     cache.slot_of_expert.copy_(torch.tensor(soe, dtype=torch.int32))
     cache.expert_of_slot.copy_(torch.tensor(eos, dtype=torch.int32))
     cache.last_use.copy_(torch.tensor(last_use, dtype=torch.int64))
@@ -63,17 +95,19 @@ def lookup_reference(cache: SlotCache, topk_ids: torch.Tensor) -> torch.Tensor:
     num_misses = len(misses)
     if num_misses:
         cache.miss_ids[:num_misses].copy_(torch.tensor(misses, dtype=torch.int32))
-        cache.miss_slots[:num_misses].copy_(torch.tensor(miss_slots, dtype=torch.int32))
+        cache.miss_slots[:num_misses].copy_(torch.tensor(miss_rows, dtype=torch.int32))
     cache.miss_count.fill_(num_misses)
     cache.counters[HITS] += len(hits)
     cache.counters[MISSES] += num_misses
     cache.counters[CALLS] += 1
-    slot_ids = torch.tensor([soe[e] for e in ids], dtype=torch.int32, device=dev)
+    cache.counters[OVERFLOW] += num_misses - num_lru
+    cache.counters[MAX_CALL_MISSES].clamp_(min=num_misses)
+    slot_ids = torch.tensor([rows[e] for e in ids], dtype=torch.int32, device=cache.device)
     return slot_ids.view(topk_ids.shape)
 
 
 def fill_reference(cache: SlotCache, host_tensors: dict[str, torch.Tensor]) -> None:
-    """Copy every missed expert's tensors from the host store into its slot.
+    """Copy every missed expert's tensors from the host store into its row (slot or overflow).
 
     Reads the miss count on the host, so on CUDA this path is eager-only (not graphable);
     the copies themselves are async copy-engine transfers from pinned memory."""
@@ -81,8 +115,8 @@ def fill_reference(cache: SlotCache, host_tensors: dict[str, torch.Tensor]) -> N
     if num_misses == 0:
         return
     experts = cache.miss_ids[:num_misses].tolist()
-    slots = cache.miss_slots[:num_misses].tolist()
+    rows = cache.miss_slots[:num_misses].tolist()
     for name, host in host_tensors.items():
         dst = cache.slots[name]
-        for e, s in zip(experts, slots):
-            dst[s].copy_(host[e], non_blocking=True)
+        for e, r in zip(experts, rows):
+            dst[r].copy_(host[e], non_blocking=True)

@@ -11,11 +11,11 @@ from tqdm.auto import tqdm
 
 from xinfer import envs, kernels
 from xinfer.config import EngineConfig, OffloadConfig
-from xinfer.offload.executor import OffloadExecutor
+from xinfer.offload.executor import OffloadExecutor, ResidentExecutor
 from xinfer.offload.host_store import HostExpertStore
 from xinfer.offload.sizing import LayerShape, device_budget_bytes, plan_slots
-from xinfer.offload.slot_cache import SlotCache
-from xinfer.offload.staging import StagingBuffer, staging_bytes_for
+from xinfer.offload.slot_pool import SlotPool, build_slot_caches
+from xinfer.offload.staging import LayerStreamer
 from xinfer.offload.stats import CallProfile, OffloadStats, format_summary
 
 logger = logging.getLogger("xinfer")
@@ -23,21 +23,34 @@ GB = 1e9
 _PROGRESS_MIN_BYTES = 2 << 30  # show a progress bar when pinning at least this much
 
 
+def keeps_every_expert(offload: OffloadConfig) -> bool:
+    """Whether the plan is known before loading to give every layer all its experts
+    (fraction 1.0): the engine then builds the experts on the device directly."""
+    return offload.fraction == 1.0
+
+
 class OffloadManager:
-    """Owns the host store, the per-layer slot caches, the staging buffer and the stats."""
+    """Owns the host store, the per-layer slot caches and their pools, the prompt pass's
+    layer streamer and the stats. `executors` are the offloaded layers only;
+    `num_resident_layers` layers hold every expert on the device and run resident."""
 
     def __init__(
         self,
         store: HostExpertStore,
         executors: list[OffloadExecutor],
-        staging: StagingBuffer,
+        pools: list[SlotPool],
         stats: OffloadStats,
         config: OffloadConfig,
         device: torch.device,
+        max_call_tokens: int,
+        num_resident_layers: int = 0,
     ) -> None:
-        self.store, self.executors, self.staging = store, executors, staging
+        self.store, self.executors, self.pools = store, executors, pools
         self._stats, self.config, self.device = stats, config, device
+        self.num_resident_layers = num_resident_layers
         self.top_k = max((e.top_k for e in executors), default=0)
+        self.max_call_tokens = max_call_tokens  # tokens of the widest MoE call the caches fit
+        self.layer_streamer = LayerStreamer(device)
 
     @property
     def slots_per_layer(self) -> list[int]:
@@ -48,15 +61,18 @@ class OffloadManager:
         return min(self.slots_per_layer, default=0)
 
     def is_graph_safe(self, num_tokens: int) -> bool:
-        """Whether a MoE call of `num_tokens` tokens can be captured in a CUDA graph: the
-        decode path suffices (T*k <= slots of every layer) and it is the device-side one."""
+        """Whether a MoE call of `num_tokens` tokens can be captured in a CUDA graph: it fits
+        the slots plus overflow rows (no call the engine makes is wider) and the device-side
+        lookup and fill run it (no host read)."""
+        if not self.executors:
+            return True  # every layer is resident: nothing decides anything on the host
         if self.config.is_profile:
             return False
         if self.device.type == "cuda" and not (
             kernels.has_triton() and not envs.XINFER_DISABLE_TRITON()
         ):
             return False  # the reference fill reads the miss count on the host
-        return num_tokens * self.top_k <= self.min_slots
+        return num_tokens <= self.max_call_tokens
 
     def stats(self) -> dict:
         """Per-layer and total hit/miss/byte counters (see offload/stats.py for the keys)."""
@@ -90,45 +106,68 @@ def enable_offload(
         first = next(iter(layer.expert_tensors.values()))
         row_bytes = sum(t[0].numel() * t.element_size() for t in layer.expert_tensors.values())
         shapes.append(LayerShape(first.shape[0], layer.top_k, row_bytes))
-    staging_bytes = max((staging_bytes_for(la.expert_tensors) for la in layers), default=0)
-    resident = sum(p.numel() * p.element_size() for p in model.parameters())
-    resident += sum(b.numel() * b.element_size() for b in model.buffers())
-    budget = device_budget_bytes(device, engine_config.gpu_memory_limit_gb, resident)
-    num_slots = plan_slots(shapes, offload, budget, staging_bytes)
+    if any(_is_on(layer, device) for layer in layers):
+        num_slots = max((s.num_experts for s in shapes), default=0)  # built in place
+    else:
+        resident = sum(p.numel() * p.element_size() for p in model.parameters())
+        resident += sum(b.numel() * b.element_size() for b in model.buffers())
+        budget = device_budget_bytes(device, engine_config.gpu_memory_limit_gb, resident)
+        num_slots = plan_slots(shapes, offload, budget)
 
     store = HostExpertStore(device)
     stats = OffloadStats(len(layers), device)
     profile = CallProfile(device) if offload.is_profile else None
     stats.profile = profile
-    staging = StagingBuffer(device, staging_bytes)
-    total = sum(s.num_experts * s.expert_bytes for s in shapes)
-    executors = []
+    slots = [min(num_slots, sh.num_experts) for sh in shapes]
+    offloaded = []  # indices of the layers whose experts do not all fit
+    for i, (layer, shape) in enumerate(zip(layers, shapes)):
+        stats.expert_bytes.append(shape.expert_bytes)
+        stats.slots.append(slots[i])
+        stats.num_experts.append(shape.num_experts)
+        stats.is_resident.append(slots[i] == shape.num_experts)
+        if slots[i] == shape.num_experts:  # every expert fits: no host copy, no lookup
+            tensors = {k: t.to(device) for k, t in layer.expert_tensors.items()}
+            layer.attach_executor(ResidentExecutor(tensors, layer.expert_weights))
+        else:
+            offloaded.append(i)
+    total = sum(shapes[i].num_experts * shapes[i].expert_bytes for i in offloaded)
     pin = "pinning experts" if store.is_pinned else "moving experts"
-    for i, layer in enumerate(
-        tqdm(layers, desc=pin, unit="layer", disable=total < _PROGRESS_MIN_BYTES, leave=False)
-    ):
-        host = store.add_layer(layer.expert_tensors)
-        slots = min(num_slots, shapes[i].num_experts)
-        cache = SlotCache(host, slots, device, stats.counters[i])
-        executor = OffloadExecutor(
-            cache, host, staging, layer.top_k, profile, store, layer.expert_weights
+    hosts = [
+        store.add_layer(layers[i].expert_tensors)
+        for i in tqdm(
+            offloaded, desc=pin, unit="layer", disable=total < _PROGRESS_MIN_BYTES, leave=False
         )
+    ]
+    # The widest MoE call: a step's token budget, or a decode graph of max_num_seqs rows.
+    sched = engine_config.scheduler
+    max_call_tokens = max(sched.max_num_batched_tokens, sched.max_num_seqs)
+    top_k = max((sh.top_k for sh in shapes), default=1)
+    caches, pools = build_slot_caches(
+        hosts,
+        [slots[i] for i in offloaded],
+        device,
+        [stats.counters[i] for i in offloaded],  # each layer's row (a view) of the stats
+        max_call_tokens * top_k,
+    )  # allocated now, so that the KV cache sized next leaves room for them
+    executors = []
+    for i, host, cache in zip(offloaded, hosts, caches):
+        layer = layers[i]
+        executor = OffloadExecutor(cache, host, layer.top_k, profile, store, layer.expert_weights)
         layer.attach_executor(executor)
         executors.append(executor)
-        stats.expert_bytes.append(shapes[i].expert_bytes)
-        stats.layer_bytes.append(store.layer_bytes(i))
-        stats.slots.append(slots)
-        stats.num_experts.append(shapes[i].num_experts)
     stats.pinned_bytes = store.nbytes if store.is_pinned else 0
-    max_tokens = engine_config.scheduler.max_num_batched_tokens
-    needs_staging = any(
-        s < sh.num_experts and max_tokens * sh.top_k > s for s, sh in zip(stats.slots, shapes)
-    )
-    if needs_staging and device.type == "cuda":
-        staging.allocate()  # now, so that the KV cache sized next leaves room for it
-    stats.staging_bytes = staging_bytes if needs_staging else 0
+    stats.staging_bytes = sum(p.region_nbytes for p in pools)
     _log_summary(offload, shapes, stats, store)
-    return OffloadManager(store, executors, staging, stats, offload, device)
+    num_resident = len(layers) - len(executors)
+    return OffloadManager(
+        store, executors, pools, stats, offload, device, max_call_tokens, num_resident
+    )
+
+
+def _is_on(layer: torch.nn.Module, device: torch.device) -> bool:
+    """The layer's experts were built on `device` itself (not on the host)."""
+    first = next(iter(layer.expert_tensors.values()))
+    return first.device.type == device.type and device.type != "cpu"
 
 
 def _log_summary(
@@ -143,17 +182,31 @@ def _log_summary(
         "MoE offload: %d of %d experts per layer on the %s (%s), %d MoE layers",
         slots,
         experts,
-        "GPU" if store.is_pinned else "device",
+        "GPU" if store.is_pinned or all(stats.is_resident) else "device",
         how,
         len(shapes),
     )
+    num_resident = sum(stats.is_resident)
+    if num_resident:
+        logger.info(
+            "MoE offload: %d of %d MoE layers keep every expert on the device (resident: no "
+            "host copy, no lookup)",
+            num_resident,
+            len(shapes),
+        )
+    if num_resident == len(shapes):
+        return
     if store.is_pinned:
         logger.info("MoE offload: %.2f GB of experts pinned in host RAM", store.nbytes / GB)
     else:
         logger.info("MoE offload: %.2f GB of experts in host RAM (not pinned)", store.nbytes / GB)
-    slot_bytes = sum(s * sh.expert_bytes for s, sh in zip(stats.slots, shapes))
+    slot_bytes = sum(
+        s * sh.expert_bytes
+        for s, sh, resident in zip(stats.slots, shapes, stats.is_resident)
+        if not resident
+    )
     logger.info(
-        "MoE offload: %.2f GB of expert slots, %.2f GB staging buffer",
+        "MoE offload: %.2f GB of expert slots, %.2f GB of overflow / streaming rows",
         slot_bytes / GB,
         stats.staging_bytes / GB,
     )

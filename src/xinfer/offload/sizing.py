@@ -42,43 +42,45 @@ def device_budget_bytes(
     return max(0, int(limit_gb * GIB) - resident_bytes)
 
 
-def plan_slots(
-    layers: list[LayerShape],
-    offload: OffloadConfig,
-    budget_bytes: int | None,
-    staging_bytes: int,
-) -> int:
+def device_bytes_for(layers: list[LayerShape], slots: int) -> int:
+    """GPU bytes of `slots` slots in every layer plus, below E, the two shared regions of
+    E - S rows (call overflow and the prompt pass's second streaming buffer; slot_pool.py)."""
+    per_slot = sum(s.expert_bytes for s in layers)
+    regions = [max(0, s.num_experts - slots) * s.expert_bytes for s in layers]
+    return slots * per_slot + 2 * max(regions, default=0)
+
+
+def plan_slots(layers: list[LayerShape], offload: OffloadConfig, budget_bytes: int | None) -> int:
     """Slots per layer (the same for every layer). `budget_bytes` is the free device memory
-    (None = unbounded); `staging_bytes` the staging buffer that a plan below E slots needs."""
+    (None = unbounded)."""
     if not layers:
         return 0
     num_experts = min(s.num_experts for s in layers)
     top_k = max(s.top_k for s in layers)
-    per_slot = sum(s.expert_bytes for s in layers)  # one slot in every layer
     if offload.fraction is not None:
         slots = slots_for_fraction(offload.fraction, num_experts, top_k)
-        if budget_bytes is not None:
-            need = slots * per_slot + (staging_bytes if slots < num_experts else 0)
-            if need > budget_bytes:
-                raise UserError(
-                    f"MoE offload {offload.fraction} needs {need / GIB:.2f} GB of GPU memory "
-                    f"for expert slots but only {budget_bytes / GIB:.2f} GB is free; lower "
-                    "XINFER_MOE_OFFLOAD or use XINFER_MOE_OFFLOAD=auto"
-                )
+        need = device_bytes_for(layers, slots)
+        if budget_bytes is not None and need > budget_bytes:
+            raise UserError(
+                f"MoE offload {offload.fraction} needs {need / GIB:.2f} GB of GPU memory "
+                f"for expert slots but only {budget_bytes / GIB:.2f} GB is free; lower "
+                "XINFER_MOE_OFFLOAD or use XINFER_MOE_OFFLOAD=auto"
+            )
         return slots
     if not offload.is_auto:
         raise ValueError("plan_slots: offload is not enabled")
     if budget_bytes is None:
         return num_experts
     free = budget_bytes - int(offload.reserve_gb * GIB)
-    if num_experts * per_slot <= free:
-        return num_experts  # everything fits: no staging buffer needed either
-    slots = min(num_experts - 1, (free - staging_bytes) // per_slot)
-    if slots < top_k:
-        raise UserError(
-            f"MoE offload 'auto' cannot fit {top_k} experts per layer in "
-            f"{budget_bytes / GIB:.2f} GB of free GPU memory while keeping "
-            f"XINFER_MOE_OFFLOAD_RESERVE_GB={offload.reserve_gb} free; lower the reserve "
-            "or --max-model-len, or use a smaller model"
-        )
-    return int(slots)
+    if device_bytes_for(layers, num_experts) <= free:
+        return num_experts  # everything fits: no overflow regions needed either
+    # The most slots that fit with their regions (few candidates: E is at most a few hundred).
+    for slots in range(num_experts - 1, top_k - 1, -1):
+        if device_bytes_for(layers, slots) <= free:
+            return slots
+    raise UserError(
+        f"MoE offload 'auto' cannot fit {top_k} experts per layer in "
+        f"{budget_bytes / GIB:.2f} GB of free GPU memory while keeping "
+        f"XINFER_MOE_OFFLOAD_RESERVE_GB={offload.reserve_gb} free; lower the reserve "
+        "or --max-model-len, or use a smaller model"
+    )

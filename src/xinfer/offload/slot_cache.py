@@ -1,28 +1,43 @@
-"""Per-layer expert slot cache on the device: the slot tensors `[S, ...]` that the MoE kernel
-reads, the LRU tables that map experts to slots, and the miss list that `lookup` writes and
-`fill` reads. Everything lives in device memory so that decode needs no host sync."""
+"""Per-layer expert slot cache on the device: the LRU tables that map experts to slots, the
+miss list that `lookup` writes and `fill` reads, and the layer's view of the slot rows the MoE
+kernel reads. Everything lives in device memory so that decode needs no host sync.
+
+The view (`slots`, one tensor per expert tensor name) starts at the layer's first slot; its
+rows are ids the MoE kernel can address: `[0, S)` are this layer's LRU slots and
+`[overflow_base, overflow_base + num_overflow)` the call-local overflow rows that misses use
+when every slot is taken by the same call (see offload/slot_pool.py for the shared layout)."""
 
 from __future__ import annotations
 
 import torch
 
 # Columns of the per-layer counter row (int64, on the device; see offload/stats.py).
-HITS, MISSES, STAGING_COPIES, CALLS = range(4)
-NUM_COUNTERS = 4
+HITS, MISSES, STAGING_COPIES, CALLS, OVERFLOW, MAX_CALL_MISSES, STREAMED = range(7)
+NUM_COUNTERS = 7
 
 
 class SlotCache:
     """Slots of one MoE layer.
 
     Invariants: `slot_of_expert[e] == s >= 0` iff `expert_of_slot[s] == e`; an empty slot has
-    `expert_of_slot == -1` and `last_use == -1`, so it is the first choice for a miss."""
+    `expert_of_slot == -1` and `last_use == -1`, so it is the first choice for a miss. Experts
+    in overflow rows are never in the tables: the rows are reused by the next call.
+
+    `slots`, `overflow_base`: the layer's view and where its overflow rows start in it (from a
+    `SlotPool`); without them the cache allocates its own `[S + num_overflow, ...]` rows.
+    `num_overflow`: overflow rows a call may use (default E - S: any call fits)."""
 
     def __init__(
         self,
         host_tensors: dict[str, torch.Tensor],
         num_slots: int,
         device: torch.device,
-        counters: torch.Tensor,
+        counters: torch.Tensor | None = None,
+        *,
+        slots: dict[str, torch.Tensor] | None = None,
+        overflow_base: int | None = None,
+        num_overflow: int | None = None,
+        stream_bases: tuple[int, ...] = (),
     ) -> None:
         first = next(iter(host_tensors.values()))
         self.num_experts = first.shape[0]
@@ -32,20 +47,37 @@ class SlotCache:
             if t.shape[0] != self.num_experts:
                 raise ValueError(f"expert tensor {name!r} has {t.shape[0]} rows, not E")
         self.num_slots, self.device = num_slots, device
+        self.num_overflow = self.num_experts - num_slots if num_overflow is None else num_overflow
+        if not 0 <= self.num_overflow <= self.num_experts - num_slots:
+            raise ValueError(f"num_overflow must be in [0, E - S], got {self.num_overflow}")
+        # Distinct experts one call may route to: slots plus overflow rows.
+        self.capacity = num_slots + self.num_overflow
+        if counters is None:
+            counters = torch.zeros(NUM_COUNTERS, dtype=torch.int64, device=device)
+        if counters.shape != (NUM_COUNTERS,):
+            raise ValueError(f"counters must be one ({NUM_COUNTERS},) int64 row")
+        self.counters = counters  # a row of OffloadStats.counters
         i32 = dict(dtype=torch.int32, device=device)
         self.slot_of_expert = torch.full((self.num_experts,), -1, **i32)  # (E,) -1 = absent
         self.expert_of_slot = torch.full((num_slots,), -1, **i32)  # (S,) -1 = empty
         self.last_use = torch.full((num_slots,), -1, dtype=torch.int64, device=device)  # (S,)
         self.clock = torch.zeros(1, dtype=torch.int64, device=device)  # +1 per lookup
-        self.miss_ids = torch.full((num_slots,), -1, **i32)  # (S,) expert of the m-th miss
-        self.miss_slots = torch.full((num_slots,), -1, **i32)  # (S,) its slot
+        self.miss_ids = torch.full((self.capacity,), -1, **i32)  # expert of the m-th miss
+        self.miss_slots = torch.full((self.capacity,), -1, **i32)  # its row in `slots`
         self.miss_count = torch.zeros(1, **i32)
-        self.counters = counters  # (NUM_COUNTERS,) int64 row of OffloadStats.counters
-        # name → (S, ...) in the host tensors' dtype: what the MoE kernel reads.
-        self.slots = {
-            name: torch.empty((num_slots, *t.shape[1:]), dtype=t.dtype, device=device)
-            for name, t in host_tensors.items()
-        }
+        if slots is None:
+            rows = num_slots + self.num_overflow
+            slots = {
+                name: torch.empty((rows, *t.shape[1:]), dtype=t.dtype, device=device)
+                for name, t in host_tensors.items()
+            }
+            overflow_base = num_slots
+        self.overflow_base = num_slots if overflow_base is None else overflow_base
+        for name, view in slots.items():
+            if view.shape[0] < self.overflow_base + self.num_overflow:
+                raise ValueError(f"slot view {name!r} has too few rows for its overflow")
+        self.slots = slots  # name → (rows, ...) in the host tensors' dtype: what the kernel reads
+        self.stream_bases = stream_bases  # rows of the prompt pass's staging regions (slot_pool)
         self.expert_bytes = sum(t[0].numel() * t.element_size() for t in host_tensors.values())
 
     @property

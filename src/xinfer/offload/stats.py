@@ -1,17 +1,27 @@
 """Offload statistics: per-layer counters kept on the device (updated by the lookup kernel
-and the staging path, so reading them is the only sync), the stats dict behind
-`LLM.offload_stats()` and the server's metrics, and the opt-in per-call time profile.
+and the prompt pass's layer streaming, so reading them is the only sync), the stats dict
+behind `LLM.offload_stats()` and the server's metrics, and the opt-in per-call time profile.
 
 Keys of `OffloadStats.snapshot()` (totals at the top level, the same per layer in "layers"):
-  hits, misses          distinct experts per decode-path call found in / copied into slots
+  hits, misses          distinct experts per lookup call found in / copied into slots or
+                        overflow rows (the call's experts, never more)
   hit_rate              hits / (hits + misses), 0.0 before the first call
-  bytes_copied          misses * expert bytes (zero-copy fills host → slots)
-  staging_copies        calls that copied the whole layer into the staging buffer
-  staging_bytes         bytes those copies moved
+  overflow_misses       misses that went to the call-local overflow rows (every slot was
+                        taken by the same call)
+  max_call_misses       the most experts one lookup call copied (per layer: its maximum;
+                        total: the maximum over layers)
+  bytes_copied          misses * expert bytes (zero-copy fills host → slots / overflow)
+  staging_copies        whole-layer streams of prompt passes (once per long prompt and layer)
+  staging_bytes         bytes those streams moved host → device (experts already in slots
+                        are used in place and not counted)
   bytes_moved           bytes_copied + staging_bytes
-  calls                 decode-path (lookup) calls
-plus slots_per_layer, num_experts, num_layers, pinned_gb, slot_gb, staging_gb, device and,
-with XINFER_MOE_OFFLOAD_PROFILE=1, "profile" (seconds summed over calls, and call count)."""
+  calls                 lookup calls
+plus slots_per_layer (all E for a resident layer), num_experts, num_layers, resident_layers
+(layers whose every expert fits on the device: they run resident, with no slots, lookups or
+copies, so their counters stay 0), offloaded_layers, pinned_gb, slot_gb (offloaded layers'
+slots), resident_gb, staging_gb (the shared overflow / streaming regions), device and, with
+XINFER_MOE_OFFLOAD_PROFILE=1, "profile" (seconds summed over calls, and call count). Each
+entry of "layers" says `resident`."""
 
 from __future__ import annotations
 
@@ -20,35 +30,47 @@ import time
 
 import torch
 
-from xinfer.offload.slot_cache import CALLS, HITS, MISSES, NUM_COUNTERS, STAGING_COPIES
+from xinfer.offload.slot_cache import (
+    CALLS,
+    HITS,
+    MAX_CALL_MISSES,
+    MISSES,
+    NUM_COUNTERS,
+    OVERFLOW,
+    STAGING_COPIES,
+    STREAMED,
+)
 
 logger = logging.getLogger("xinfer")
 GB = 1e9
 _PROFILE_KEYS = ("launch_gap", "gpu_wait", "host", "copy")
 
 
-def _rates(hits: int, misses: int, staging: int, calls: int, eb: int, lb: int) -> dict:
+def _rates(row: list[int], expert_bytes: int) -> dict:
+    hits, misses, streamed = row[HITS], row[MISSES], row[STREAMED]
     return {
         "hits": hits,
         "misses": misses,
         "hit_rate": hits / (hits + misses) if hits + misses else 0.0,
-        "bytes_copied": misses * eb,
-        "staging_copies": staging,
-        "staging_bytes": staging * lb,
-        "bytes_moved": misses * eb + staging * lb,
-        "calls": calls,
+        "overflow_misses": row[OVERFLOW],
+        "max_call_misses": row[MAX_CALL_MISSES],
+        "bytes_copied": misses * expert_bytes,
+        "staging_copies": row[STAGING_COPIES],
+        "staging_bytes": streamed * expert_bytes,
+        "bytes_moved": (misses + streamed) * expert_bytes,
+        "calls": row[CALLS],
     }
 
 
 class OffloadStats:
     def __init__(self, num_layers: int, device: torch.device) -> None:
         self.device = device
-        # (L, NUM_COUNTERS) int64: hits, misses, staging copies, calls — row i is layer i's.
+        # (L, NUM_COUNTERS) int64, columns as in slot_cache.py — row i is layer i's.
         self.counters = torch.zeros(num_layers, NUM_COUNTERS, dtype=torch.int64, device=device)
         self.expert_bytes: list[int] = []  # per layer
-        self.layer_bytes: list[int] = []  # per layer: all E experts
         self.slots: list[int] = []
         self.num_experts: list[int] = []
+        self.is_resident: list[bool] = []  # per layer: all experts on the device
         self.pinned_bytes = 0
         self.staging_bytes = 0
         self.profile: CallProfile | None = None
@@ -62,27 +84,31 @@ class OffloadStats:
         rows = self.counters.cpu().tolist()  # the one device read
         layers = []
         for i, row in enumerate(rows):
-            r = _rates(
-                row[HITS],
-                row[MISSES],
-                row[STAGING_COPIES],
-                row[CALLS],
-                self.expert_bytes[i],
-                self.layer_bytes[i],
+            layers.append(
+                {
+                    "layer": i,
+                    "slots": self.slots[i],
+                    "resident": self.is_resident[i],
+                    **_rates(row, self.expert_bytes[i]),
+                }
             )
-            layers.append({"layer": i, "slots": self.slots[i], **r})
-        total = {k: sum(layer[k] for layer in layers) for k in ("hits", "misses", "calls")}
-        for k in ("bytes_copied", "staging_copies", "staging_bytes", "bytes_moved"):
-            total[k] = sum(layer[k] for layer in layers)
+        summed = ("hits", "misses", "calls", "overflow_misses", "bytes_copied")
+        summed += ("staging_copies", "staging_bytes", "bytes_moved")
+        total = {k: sum(layer[k] for layer in layers) for k in summed}
+        total["max_call_misses"] = max((la["max_call_misses"] for la in layers), default=0)
         seen = total["hits"] + total["misses"]
         total["hit_rate"] = total["hits"] / seen if seen else 0.0
+        per_layer = list(zip(self.slots, self.expert_bytes, self.is_resident))
         out = {
             **total,
             "num_layers": len(layers),
+            "resident_layers": sum(self.is_resident),
+            "offloaded_layers": len(layers) - sum(self.is_resident),
             "slots_per_layer": list(self.slots),
             "num_experts": list(self.num_experts),
             "pinned_gb": self.pinned_bytes / GB,
-            "slot_gb": sum(s * b for s, b in zip(self.slots, self.expert_bytes)) / GB,
+            "slot_gb": sum(s * b for s, b, resident in per_layer if not resident) / GB,
+            "resident_gb": sum(s * b for s, b, resident in per_layer if resident) / GB,
             "staging_gb": self.staging_bytes / GB,
             "device": str(self.device),
             "layers": layers,
@@ -95,12 +121,17 @@ class OffloadStats:
 def format_summary(stats: dict, elapsed_s: float | None = None) -> str:
     """One line for the end of a CLI generation: hit rate, GB moved and (given the elapsed
     time) the host → GPU rate."""
+    if stats["num_layers"] and not stats["offloaded_layers"]:
+        return (
+            f"MoE offload: every expert fits on the device; all {stats['num_layers']} MoE "
+            "layers run resident (no lookups, nothing moved)"
+        )
     moved = stats["bytes_moved"] / GB
     line = (
         f"MoE offload: hit rate {100 * stats['hit_rate']:.1f}% "
         f"({stats['hits']} hits, {stats['misses']} misses), {moved:.2f} GB moved host→device "
-        f"({stats['bytes_copied'] / GB:.2f} GB slot fills, {stats['staging_copies']} staging "
-        f"copies of {stats['staging_bytes'] / GB:.2f} GB)"
+        f"({stats['bytes_copied'] / GB:.2f} GB slot fills, {stats['staging_copies']} layer "
+        f"streams of {stats['staging_bytes'] / GB:.2f} GB for long prompts)"
     )
     if elapsed_s:
         line += f", {moved / elapsed_s:.2f} GB/s over {elapsed_s:.1f} s"
@@ -119,7 +150,7 @@ class CallProfile:
 
     launch_gap: host time between the end of the previous MoE call and this one;
     gpu_wait: syncs waiting for earlier and for this call's GEMM work; host: launching the
-    expert GEMM; copy: lookup + fill (or staging copy) from launch to completion."""
+    expert GEMM; copy: lookup + fill from launch to completion."""
 
     def __init__(self, device: torch.device, log_every: int = 2000) -> None:
         self.device, self.log_every = device, log_every

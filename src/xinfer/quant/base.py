@@ -37,6 +37,22 @@ class TensorSpec:
         return math.prod(self.shape) * torch.empty((), dtype=self.dtype).element_size()
 
 
+@dataclass(frozen=True)
+class KernelWeights:
+    """What the shared quantized kernels (`kernels/quant_launch.py`) read of one weight (or
+    one `[E, ...]` expert set): `fmt_code` selects the tile decoder of
+    `kernels/triton/quant_dequant.py`; `w`, `s`, `z` are the packed weight, its scales and the
+    optional third tensor; scales cover `scale_bn` rows x `scale_bk` columns each."""
+
+    fmt_code: int
+    w: torch.Tensor
+    s: torch.Tensor
+    z: torch.Tensor | None = None
+    scale_bn: int = 1
+    scale_bk: int = 1
+    has_zero: bool = False
+
+
 def expert_key(proj: str, name: str) -> str:
     """Key of an engine tensor in an expert set: `w13`, `w2` for the weight itself (so an
     unquantized set is {w13, w2}), `w13_<name>` / `w2_<name>` for the others."""
@@ -103,6 +119,11 @@ class WeightFormat(ABC):
         the generator's device."""
         w = torch.empty(n, k, dtype=torch.float32, device=generator.device)
         return self.engine_tensors(w.normal_(0, std, generator=generator))
+
+    def kernel_weights(self, tensors: dict[str, torch.Tensor], k: int) -> KernelWeights:
+        """This weight's tensors (or `[E, ...]` set, K = `k`) as the shared quantized kernels
+        read them; a format with kernels of its own overrides `triton_*` instead."""
+        raise NotImplementedError(f"{self.name} has no shared-kernel description")
 
     # --- numerics -----------------------------------------------------------------------
     @abstractmethod

@@ -86,7 +86,8 @@ class QuantConfig:
         return replace(self, ignore=replace(self.ignore, patterns=patterns))
 
 
-ConfigParser = Callable[[dict[str, Any], torch.dtype], QuantConfig]
+# (quantization_config, the whole config.json, the model's activation dtype) → QuantConfig
+ConfigParser = Callable[[dict[str, Any], dict[str, Any], torch.dtype], QuantConfig]
 
 
 def read_quantization_config(model_dir: str | Path | None, hf: dict[str, Any]) -> dict | None:
@@ -124,4 +125,4 @@ def resolve_quant_config(
         return None
     method = str(qc.get("quant_method", "")).lower()
     parser = registry.parser_for(method)
-    return parser(qc, act_dtype)
+    return parser(qc, hf, act_dtype)

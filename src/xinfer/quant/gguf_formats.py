@@ -104,7 +104,7 @@ class GGUFQuantConfig(QuantConfig):
         return replace(self, raw_modules=raw)
 
 
-def parse_config(qc: dict[str, Any], act_dtype: torch.dtype) -> QuantConfig:
+def parse_config(qc: dict[str, Any], hf: dict[str, Any], act_dtype: torch.dtype) -> QuantConfig:
     """`{"quant_method": "gguf", "path": file}`, which `weights/gguf_config.py` writes into
     the HF config of a GGUF file."""
     from xinfer.weights.gguf_loader import cached_gguf

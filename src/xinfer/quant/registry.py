@@ -9,6 +9,14 @@ from xinfer.errors import UserError
 
 # quant_method (lower case) → (module under xinfer.quant, what we call it in messages)
 _METHODS: dict[str, tuple[str, str]] = {
+    "fp8": ("fp8", "fp8 (block scales)"),
+    "modelopt": ("modelopt", "modelopt (nvfp4, fp8)"),
+    "gptq": ("gptq", "gptq (4-bit)"),
+    "awq": ("awq", "awq (4-bit gemm)"),
+    "compressed-tensors": (
+        "compressed_tensors",
+        "compressed-tensors (pack-quantized w4a16, float-quantized fp8)",
+    ),
     "gguf": ("gguf_formats", "GGUF block types (--m file.gguf)"),
 }
 

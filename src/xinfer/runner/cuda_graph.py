@@ -30,12 +30,16 @@ def capture_sizes(max_batch: int) -> list[int]:
 class CudaGraphRunner:
     """Each graph runs the model and the LM head: a replay turns the static inputs into the
     float32 logits of every row. The inputs live in two packed device buffers, each
-    refilled from pinned memory with one copy per step:
-    int64 [input_ids | positions | slot_mapping] and int32 [seq_lens | block_tables]."""
+    refilled from pinned memory with one copy per step: int64 [input_ids | positions |
+    slot_mapping | request_rows | request_keys] and int32 [seq_lens | state_ids |
+    block_tables] (state_ids: hybrid models' recurrent-state slots; request rows and keys:
+    runner/request_slots.py; padding rows -1, or the scratch row)."""
 
     def __init__(self, runner: ModelRunner) -> None:
         # the model and bounds, not the runner itself (which holds this object: no cycle)
         self.model, self.max_model_len = runner.model, runner.max_model_len
+        self.scratch_row = runner.request_slots.scratch_row  # padding rows' state row
+        self.has_state = bool(runner.state_caches)
         device = runner.device
         sizes = [b for b in capture_sizes(runner.max_num_seqs) if runner.is_graph_safe(b)]
         self.graphs: dict[int, torch.cuda.CUDAGraph] = {}
@@ -48,19 +52,24 @@ class CudaGraphRunner:
         # Two pinned buffer pairs, used in turn; an event says when a pair's copy is done.
         self.host = [
             (
-                torch.zeros(3 * n, dtype=torch.int64, pin_memory=True),
-                torch.zeros(n + n * w, dtype=torch.int32, pin_memory=True),
+                torch.zeros(5 * n, dtype=torch.int64, pin_memory=True),
+                torch.zeros(2 * n + n * w, dtype=torch.int32, pin_memory=True),
             )
             for _ in range(2)
         ]
         self.copied: list[torch.cuda.Event | None] = [None, None]
         self.turn = 0
-        self.dev64 = torch.zeros(3 * n, dtype=torch.int64, device=device)
-        self.dev32 = torch.zeros(n + n * w, dtype=torch.int32, device=device)
+        self.dev64 = torch.zeros(5 * n, dtype=torch.int64, device=device)
+        self.dev32 = torch.zeros(2 * n + n * w, dtype=torch.int32, device=device)
         self.input_ids, self.positions = self.dev64[:n], self.dev64[n : 2 * n]
-        self.slot_mapping = self.dev64[2 * n :]
+        self.slot_mapping = self.dev64[2 * n : 3 * n]
+        self.request_rows, self.request_keys = self.dev64[3 * n : 4 * n], self.dev64[4 * n :]
+        self.request_rows.fill_(self.scratch_row)  # captures run on padding-like rows
+        self.request_keys.fill_(-1)
         self.seq_lens = self.dev32[:n]
-        self.block_tables = self.dev32[n:].view(n, w)
+        self.state_ids = self.dev32[n : 2 * n]
+        self.state_ids.fill_(-1)  # captures (and padding rows) touch no request's state
+        self.block_tables = self.dev32[2 * n :].view(n, w)
         self.query_start_loc = torch.arange(n + 1, dtype=torch.int32, device=device)
         self.pool = torch.cuda.graph_pool_handle()
         for bs in tqdm(sorted(sizes, reverse=True), desc="Capturing CUDA graphs"):
@@ -74,6 +83,9 @@ class CudaGraphRunner:
             query_start_loc=self.query_start_loc[: bs + 1],
             max_query_len=1,
             max_seq_len=self.max_model_len,
+            state_ids=self.state_ids[:bs] if self.has_state else None,
+            request_rows=self.request_rows[:bs],
+            request_keys=self.request_keys[:bs],
         )
 
     @torch.inference_mode()
@@ -101,7 +113,8 @@ class CudaGraphRunner:
 
     def _load_inputs(self, hb: HostBatch, bs: int) -> None:
         """Write the batch (padding rows: slot -1 writes no KV, seq_len 0 attends to
-        nothing) into a pinned buffer pair and send what the graph of size `bs` reads."""
+        nothing, key -1 on the scratch state row) into a pinned buffer pair and send what
+        the graph of size `bs` reads."""
         n, num = self.max_rows, len(hb.seq_lens)
         turn, self.turn = self.turn, 1 - self.turn
         if self.copied[turn] is not None:
@@ -112,12 +125,20 @@ class CudaGraphRunner:
         np64[n : n + num] = hb.positions
         np64[2 * n : 2 * n + num] = hb.slots
         np64[2 * n + num : 2 * n + bs] = -1
+        np64[3 * n : 3 * n + num] = hb.request_rows
+        np64[3 * n + num : 3 * n + bs] = self.scratch_row
+        np64[4 * n : 4 * n + num] = hb.request_keys
+        np64[4 * n + num : 4 * n + bs] = -1
         np32[:num] = hb.seq_lens
         np32[num:bs] = 0
+        if self.has_state:
+            np32[n : n + num] = hb.state_ids
+            np32[n + num : n + bs] = -1
+        tables = 2 * n
         for row, table in enumerate(hb.block_tables):
-            np32[n + row * self.width : n + row * self.width + len(table)] = table
+            np32[tables + row * self.width : tables + row * self.width + len(table)] = table
         self.dev64.copy_(host64, non_blocking=True)
-        end = n + bs * self.width
+        end = tables + bs * self.width
         self.dev32[:end].copy_(host32[:end], non_blocking=True)
         event = torch.cuda.Event()
         event.record()

@@ -20,6 +20,12 @@ class ForwardContext:
     query_start_loc: torch.Tensor  # (B+1,) int32 offsets of each sequence's new tokens
     max_query_len: int  # host-side: 1 for a pure decode step
     max_seq_len: int  # host-side upper bound of seq_lens (graphs: the captured bound)
+    # (B,) int32 recurrent-state slot of each sequence (linear-attention layers); -1 = padding
+    state_ids: torch.Tensor | None = None
+    # Per-request device state (runner/request_slots.py): each sequence's row and its
+    # request's key (the order the engine first saw it; -1 = a graph's padding row).
+    request_rows: torch.Tensor | None = None  # (B,) int64
+    request_keys: torch.Tensor | None = None  # (B,) int64
 
     @property
     def is_decode(self) -> bool:

@@ -13,9 +13,13 @@ from pathlib import Path
 import torch
 
 from xinfer.config import ModelConfig, parse_dtype
+from xinfer.engine.memory import WeightPlan
 from xinfer.errors import UserError
 from xinfer.models.moe_decoder import MoeForCausalLM
 from xinfer.models.registry import get_model_class
+from xinfer.parallel.group import current_group
+from xinfer.parallel.model import rank_model_class
+from xinfer.parallel.weights import init_dummy_shard, rank_shard
 from xinfer.quant.assign import assign_formats, deferred_weights
 from xinfer.quant.config import QuantConfig, resolve_quant_config
 from xinfer.weights.checkpoint import iter_checkpoint
@@ -80,7 +84,7 @@ def _construct(
     expert_device: torch.device,
     quant: QuantConfig | None,
 ) -> MoeForCausalLM:
-    cls = get_model_class(cfg.architecture)
+    cls = rank_model_class(get_model_class(cfg.architecture))  # the TP wrapper, if any
     with _default_dtype(dtype), torch.device(device):
         with deferred_weights():
             model = cls(cfg, max_pos, expert_device)
@@ -93,6 +97,32 @@ def _construct(
     return model
 
 
+def plan_weights(
+    cfg: ModelConfig,
+    dtype: torch.dtype,
+    max_pos: int,
+    offload: bool,
+    model_dir: str | Path | None = None,
+    isq: QuantConfig | None = None,
+) -> WeightPlan:
+    """The weights' bytes as stored in the checkpoint's formats, from a copy of the model
+    built on the meta device (no memory): what stays on the device and what the host store
+    will hold when the experts are offloaded."""
+    meta = torch.device("meta")
+    model = _construct(cfg, meta, dtype, max_pos, meta, quant_config(model_dir, cfg, dtype, isq))
+    nbytes = lambda ts: sum(t.numel() * t.element_size() for t in ts)  # noqa: E731
+    rest = nbytes(list(model.parameters()) + list(model.buffers()))
+    moe = model.moe_layers()
+    experts = sum(nbytes(layer.expert_tensors.values()) for layer in moe)
+    return WeightPlan(
+        device_bytes=rest if offload else rest + experts,
+        expert_bytes=max((layer.expert_weights.expert_bytes for layer in moe), default=0),
+        host_expert_bytes=experts,
+        num_moe_layers=len(moe),
+        is_offloaded=offload,
+    )
+
+
 def resident_weight_bytes(
     cfg: ModelConfig,
     dtype: torch.dtype,
@@ -101,15 +131,9 @@ def resident_weight_bytes(
     model_dir: str | Path | None = None,
     isq: QuantConfig | None = None,
 ) -> int:
-    """Bytes the model will hold on its device (parameters and buffers; the routed experts
-    only when `include_experts`), in the checkpoint's formats, from a copy built on the meta
-    device (no memory)."""
-    meta = torch.device("meta")
-    model = _construct(cfg, meta, dtype, max_pos, meta, quant_config(model_dir, cfg, dtype, isq))
-    tensors = list(model.parameters()) + list(model.buffers())
-    if include_experts:
-        tensors += [t for moe in model.moe_layers() for t in moe.expert_tensors.values()]
-    return sum(t.numel() * t.element_size() for t in tensors)
+    """Bytes the model holds on its device (the routed experts only when
+    `include_experts`): `plan_weights(...).device_bytes`."""
+    return plan_weights(cfg, dtype, max_pos, not include_experts, model_dir, isq).device_bytes
 
 
 def build_model(
@@ -127,10 +151,23 @@ def build_model(
     quant = quant_config(model_dir, cfg, dtype, isq)
     model = _construct(cfg, device, dtype, max_pos, expert_device, quant)
     model.eval().requires_grad_(False)
-    if load_format == "dummy":
+    shard = rank_shard(model, lambda: _full_model(dtype, max_pos))  # None without TP
+    if load_format == "dummy" and shard is not None:
+        full = _full_model(dtype, max_pos)
+        init_dummy_shard(model, shard, full, seed, device, show_progress)
+    elif load_format == "dummy":
         init_dummy_weights(model, seed=seed, gen_device=device, show_progress=show_progress)
     else:
         cls = get_model_class(cfg.architecture)
         tensors = iter_checkpoint(model_dir, cfg.hf_config, show_progress, device)
-        load_weights(model, tensors, cls.checkpoint_renames)
+        tensors = model.adapt_checkpoint(tensors)  # the model's own skips and reshapes
+        load_weights(model, tensors, cls.checkpoint_renames, cls.merged_projections, shard)
     return model
+
+
+def _full_model(dtype: torch.dtype, max_pos: int) -> MoeForCausalLM:
+    """The unsharded model of this tensor-parallel run on the meta device (its layers' full
+    sizes and its parameters' order, no memory)."""
+    full_cfg = current_group().full_config
+    with _default_dtype(dtype), torch.device("meta"):
+        return get_model_class(full_cfg.architecture)(full_cfg, max_pos, torch.device("meta"))

@@ -10,9 +10,10 @@ from typing import Any
 
 from fastapi import APIRouter, Request
 from fastapi.responses import JSONResponse, Response, StreamingResponse
+from starlette.concurrency import run_in_threadpool
 
 from xinfer.engine.async_engine import AsyncEngine
-from xinfer.server.errors import as_api_error
+from xinfer.server.errors import ApiError, as_api_error
 from xinfer.server.protocol import ChatCompletionRequest, CompletionRequest
 from xinfer.server.serving import Job, chat_job, completion_job, full_response, run_to_end
 from xinfer.server.streaming import event_stream
@@ -73,25 +74,35 @@ async def _respond(request: Request, engine: AsyncEngine, job: Job) -> Response:
     )
 
 
+def serving_engine(request: Request) -> AsyncEngine:
+    """The app's engine; 503 while the model is still loading (the port is open early)."""
+    engine = request.app.state.engine
+    if engine is None:
+        raise ApiError(503, "the model is still loading; retry shortly.", code="model_loading")
+    return engine
+
+
 def build_router() -> APIRouter:
     router = APIRouter()
 
     @router.post("/v1/chat/completions")
     async def chat(body: ChatCompletionRequest, request: Request) -> Response:
         state = request.app.state
-        try:
-            job = chat_job(state.engine, body, state.model_name)
+        engine = serving_engine(request)
+        try:  # tokenizing and the chat template run in a worker thread, not on the loop
+            job = await run_in_threadpool(chat_job, engine, body, state.model_name)
         except Exception as e:  # noqa: BLE001
             raise as_api_error(e) from None
-        return await _respond(request, state.engine, job)
+        return await _respond(request, engine, job)
 
     @router.post("/v1/completions")
     async def completions(body: CompletionRequest, request: Request) -> Response:
         state = request.app.state
+        engine = serving_engine(request)
         try:
-            job = completion_job(state.engine, body, state.model_name)
+            job = await run_in_threadpool(completion_job, engine, body, state.model_name)
         except Exception as e:  # noqa: BLE001
             raise as_api_error(e) from None
-        return await _respond(request, state.engine, job)
+        return await _respond(request, engine, job)
 
     return router

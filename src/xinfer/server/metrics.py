@@ -1,7 +1,8 @@
 """Prometheus metrics on a registry of the app's own: request and token counters, time to
 first token and inter-token histograms (fed by the AsyncEngine as its observer), and, read
 from an engine snapshot at scrape time, running/waiting requests, KV usage and the expert
-cache's hits, misses and bytes copied."""
+cache's hits, misses and bytes copied. Beside them, the vLLM-style set with a `model_name`
+label (`engine_metrics.py`)."""
 
 from __future__ import annotations
 
@@ -9,6 +10,8 @@ from prometheus_client import CollectorRegistry, Counter, Histogram, generate_la
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily
 
 from xinfer.engine.async_engine import EngineSnapshot
+from xinfer.engine.request import RequestMetrics
+from xinfer.server.engine_metrics import EngineMetrics, snapshot_families
 
 _LATENCY_BUCKETS = (0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30)
 
@@ -30,13 +33,15 @@ def expert_cache_counts(stats: dict | None) -> dict[str, float] | None:
 class _SnapshotCollector:
     """Emits the engine-state metrics from the last snapshot taken by the /metrics route."""
 
-    def __init__(self) -> None:
+    def __init__(self, model_name: str) -> None:
         self.snapshot: EngineSnapshot | None = None
+        self.model_name = model_name
 
     def collect(self):
         snap = self.snapshot
         if snap is None:
             return
+        yield from snapshot_families(snap, self.model_name)
         yield GaugeMetricFamily(
             "xinfer_requests_running", "Requests in the decode batch", value=snap.num_running
         )
@@ -57,8 +62,8 @@ class _SnapshotCollector:
                 ("hits", "Expert-cache lookups that found the expert in a GPU slot"),
                 ("misses", "Expert-cache lookups that had to fill a slot from host memory"),
                 ("bytes", "Bytes copied from host memory into expert slots"),
-                ("staging_copies", "Whole-layer copies for calls wider than the slots"),
-                ("staging_bytes", "Bytes of those whole-layer staging copies"),
+                ("staging_copies", "Whole-layer expert streams of long prompts (one per layer)"),
+                ("staging_bytes", "Bytes those long-prompt layer streams copied"),
             ):
                 yield CounterMetricFamily(f"xinfer_expert_cache_{name}", doc, value=counts[name])
 
@@ -66,8 +71,9 @@ class _SnapshotCollector:
 class ServerMetrics:
     """The app's metrics; also the AsyncEngine's `EngineObserver`."""
 
-    def __init__(self) -> None:
+    def __init__(self, model_name: str = "xinfer") -> None:
         self.registry = r = CollectorRegistry()
+        self.engine_metrics = EngineMetrics(r, model_name)
         self.requests = Counter(
             "xinfer_requests", "Generation requests finished", ["finish_reason"], registry=r
         )
@@ -88,7 +94,7 @@ class ServerMetrics:
             buckets=_LATENCY_BUCKETS,
             registry=r,
         )
-        self._snapshot = _SnapshotCollector()
+        self._snapshot = _SnapshotCollector(model_name)
         r.register(self._snapshot)
 
     # EngineObserver
@@ -97,11 +103,16 @@ class ServerMetrics:
 
     def on_inter_token(self, seconds: float) -> None:
         self.itl.observe(seconds)
+        self.engine_metrics.observe_inter_token(seconds)
 
     def on_finish(self, num_prompt: int, num_output: int, reason: str | None) -> None:
         self.requests.labels(finish_reason=reason or "unknown").inc()
         self.prompt_tokens.inc(num_prompt)
         self.generation_tokens.inc(num_output)
+        self.engine_metrics.observe_finish(num_prompt, num_output, reason)
+
+    def on_request_metrics(self, metrics: RequestMetrics) -> None:
+        self.engine_metrics.observe_request(metrics)
 
     def render(self, snapshot: EngineSnapshot) -> bytes:
         self._snapshot.snapshot = snapshot

@@ -1,6 +1,7 @@
 """Turns a chat or text completion request into a `Job` (token ids and validated
-`SamplingParams` per choice), runs it to the end for non-streamed answers, and converts the
-engine's logprobs into the OpenAI shapes."""
+`SamplingParams` per choice, a grammar for structured output or a forced tool call), runs it
+to the end for non-streamed answers, and converts the engine's logprobs and tool calls into
+the OpenAI shapes. Building a job tokenizes: routes call it off the event loop."""
 
 from __future__ import annotations
 
@@ -11,15 +12,23 @@ from typing import Any
 
 from xinfer.engine.async_engine import AsyncEngine
 from xinfer.errors import UserError
-from xinfer.sampling import SamplingParams
+from xinfer.sampling import SEED_RANGE, SamplingParams
 from xinfer.server.errors import ApiError
 from xinfer.server.protocol import (
     MAX_N,
+    MAX_STOP,
+    MAX_STOP_CHARS,
+    MAX_STOP_TOKEN_IDS,
     ChatCompletionRequest,
     CompletionRequest,
+    ResponseFormat,
     SamplingFields,
+    check_fields,
     usage,
 )
+from xinfer.server.tools import message_dicts, plan_tools, template_kwargs
+from xinfer.structured import GrammarSpec
+from xinfer.tool_parsers import ToolCall, ToolParser
 
 _SAMPLING_FIELDS = (
     "temperature",
@@ -49,6 +58,7 @@ class Job:
     include_usage: bool
     echo: list[str] | None = None  # per choice: the prompt text to put before the output
     is_stream: bool = False
+    tool_parser: type[ToolParser] | None = None  # tool calls are parsed out of the answer
     created: int = field(default_factory=lambda: int(time.time()))
 
 
@@ -61,12 +71,21 @@ class Choice:
 
 
 def _sampling_params(
-    req: SamplingFields, max_tokens: int, logprobs: int | None, offset: int
+    req: SamplingFields,
+    max_tokens: int,
+    logprobs: int | None,
+    offset: int,
+    grammar: GrammarSpec | None = None,
+    skip_special_tokens: bool | None = None,
 ) -> SamplingParams:
     kw = {name: getattr(req, name) for name in _SAMPLING_FIELDS if getattr(req, name) is not None}
+    if skip_special_tokens is not None:
+        kw["skip_special_tokens"] = skip_special_tokens
     seed = None if req.seed is None else req.seed + offset  # n > 1: each choice its own seed
     try:
-        return SamplingParams(max_tokens=max_tokens, seed=seed, logprobs=logprobs, **kw)
+        return SamplingParams(
+            max_tokens=max_tokens, seed=seed, logprobs=logprobs, grammar=grammar, **kw
+        )
     except UserError as e:
         param = str(e).split(" ", 1)[0]
         raise ApiError(
@@ -75,6 +94,67 @@ def _sampling_params(
             param=param if param in kw or param in ("max_tokens", "seed", "logprobs") else None,
             code="invalid_value",
         ) from None
+
+
+def _check_request_limits(req: SamplingFields) -> None:
+    """Bounds that keep one request from costing the server more than a request should."""
+    stops = [req.stop] if isinstance(req.stop, str) else list(req.stop or [])
+    if len(stops) > MAX_STOP:
+        message = f"at most {MAX_STOP} stop strings are allowed."
+        raise ApiError(400, message, "stop", "invalid_value")
+    if any(len(s) > MAX_STOP_CHARS for s in stops):
+        message = f"stop strings may be at most {MAX_STOP_CHARS} characters."
+        raise ApiError(400, message, "stop", "invalid_value")
+    if len(req.stop_token_ids or []) > MAX_STOP_TOKEN_IDS:
+        raise ApiError(
+            400,
+            f"at most {MAX_STOP_TOKEN_IDS} stop_token_ids are allowed.",
+            "stop_token_ids",
+            "invalid_value",
+        )
+    if req.seed is not None and not (
+        SEED_RANGE[0] <= req.seed and req.seed + req.n - 1 <= SEED_RANGE[1]
+    ):
+        raise ApiError(
+            400,
+            f"seed must be between {SEED_RANGE[0]} and {SEED_RANGE[1] - req.n + 1} (64 bits; "
+            "choice i of n uses seed + i).",
+            "seed",
+            "invalid_value",
+        )
+    if req.logit_bias:
+        raise ApiError(400, "logit_bias is not supported.", "logit_bias", "unsupported_parameter")
+
+
+def grammar_for(rf: ResponseFormat | None) -> GrammarSpec | None:
+    """The grammar `response_format` asks for (None for plain text)."""
+    if rf is None or rf.type == "text":
+        if rf is not None and rf.json_schema is not None:
+            raise ApiError(400, "json_schema needs type 'json_schema'.", "response_format")
+        return None
+    if rf.type == "json_object":
+        return GrammarSpec("json_object")
+    if rf.json_schema is None or rf.json_schema.json_schema is None:
+        raise ApiError(
+            400,
+            "response_format of type 'json_schema' needs json_schema.schema.",
+            "response_format.json_schema",
+            "invalid_value",
+        )
+    try:
+        return GrammarSpec.json_schema(rf.json_schema.json_schema)
+    except UserError as e:
+        raise ApiError(400, str(e), "response_format.json_schema", "invalid_value") from None
+
+
+def _check_grammar(engine: AsyncEngine, grammar: GrammarSpec | None, param: str) -> None:
+    """Compile the grammar once here (off the event loop), so a bad schema is a 400."""
+    if grammar is None:
+        return
+    try:
+        engine.engine.grammar_compiler.matcher(grammar)
+    except UserError as e:
+        raise ApiError(400, str(e), param, "invalid_value") from None
 
 
 def _max_tokens(
@@ -105,6 +185,8 @@ def _max_tokens(
 
 
 def _check_common(engine: AsyncEngine, req: SamplingFields, model: str) -> None:
+    check_fields(req)
+    _check_request_limits(req)
     if req.model is not None and req.model != model:
         raise ApiError(
             404,
@@ -122,23 +204,39 @@ def _tokenizer(engine: AsyncEngine, what: str):
     return engine.tokenizer
 
 
-def chat_prompt_ids(engine: AsyncEngine, messages: list, add_generation_prompt: bool) -> list[int]:
+def chat_prompt_ids(
+    engine: AsyncEngine, messages: list, add_generation_prompt: bool, **kwargs: Any
+) -> list[int]:
+    """The chat's token ids; only the template's own control tokens are special."""
     if not messages:
         raise ApiError(400, "messages must not be empty.", "messages", "invalid_value")
     tok = _tokenizer(engine, "chat")
     try:
-        text = tok.apply_chat_template(
-            [{"role": m.role, "content": m.text()} for m in messages],
-            add_generation_prompt=add_generation_prompt,
-        )
+        return tok.encode_chat(message_dicts(messages), add_generation_prompt, **kwargs)
     except UserError as e:
         raise ApiError(400, str(e), "messages") from None
-    return tok.encode(text, add_special_tokens=False)
+    except Exception as e:  # noqa: BLE001 - a template failing on these messages
+        raise ApiError(400, f"the chat template failed on these messages: {e}", "messages") from e
 
 
 def chat_job(engine: AsyncEngine, req: ChatCompletionRequest, model: str) -> Job:
     _check_common(engine, req, model)
-    ids = chat_prompt_ids(engine, req.messages, req.add_generation_prompt)
+    plan = plan_tools(req, _tokenizer(engine, "chat"))
+    grammar = grammar_for(req.response_format)
+    if grammar is not None and plan.grammar is not None:
+        raise ApiError(
+            400,
+            "response_format and a forced tool call (tool_choice required or named) cannot "
+            "both constrain one answer.",
+            "response_format",
+            "invalid_value",
+        )
+    grammar = grammar or plan.grammar
+    _check_grammar(engine, grammar, "tools" if plan.grammar else "response_format")
+    kwargs = template_kwargs(req)
+    if plan.tools is not None:
+        kwargs["tools"] = plan.tools
+    ids = chat_prompt_ids(engine, req.messages, req.add_generation_prompt, **kwargs)
     asked, param = req.max_completion_tokens, "max_completion_tokens"
     if asked is None:
         asked, param = req.max_tokens, "max_tokens"
@@ -148,7 +246,11 @@ def chat_job(engine: AsyncEngine, req: ChatCompletionRequest, model: str) -> Job
         logprobs = req.top_logprobs or 0
     elif req.top_logprobs is not None:
         raise ApiError(400, "top_logprobs needs logprobs: true.", "top_logprobs", "invalid_value")
-    params = [_sampling_params(req, max_tokens, logprobs, i) for i in range(req.n)]
+    # Tool-call markers may be special tokens: keep them in the text the parser reads.
+    skip_special = False if plan.parser is not None else None
+    params = [
+        _sampling_params(req, max_tokens, logprobs, i, grammar, skip_special) for i in range(req.n)
+    ]
     return Job(
         True,
         f"chatcmpl-{uuid.uuid4().hex}",
@@ -159,6 +261,7 @@ def chat_job(engine: AsyncEngine, req: ChatCompletionRequest, model: str) -> Job
         logprobs,
         bool(req.stream_options and req.stream_options.include_usage),
         is_stream=req.stream,
+        tool_parser=plan.parser,
     )
 
 
@@ -171,6 +274,8 @@ def completion_job(engine: AsyncEngine, req: CompletionRequest, model: str) -> J
         raw = [raw]
     if not raw:
         raise ApiError(400, "prompt must not be empty.", "prompt", "invalid_value")
+    grammar = grammar_for(req.response_format)
+    _check_grammar(engine, grammar, "response_format")
     vocab = engine.engine.model_config.vocab_size
     prompts, echo, params = [], [], []
     total = 0
@@ -190,7 +295,7 @@ def completion_job(engine: AsyncEngine, req: CompletionRequest, model: str) -> J
         )
         total += len(ids)
         for i in range(req.n):
-            params.append(_sampling_params(req, max_tokens, req.logprobs, i))
+            params.append(_sampling_params(req, max_tokens, req.logprobs, i, grammar))
             prompts.append(ids)
             echo.append(text)
     return Job(
@@ -265,10 +370,8 @@ def full_response(engine: AsyncEngine, job: Job, choices: list[Choice]) -> dict[
         if job.is_chat:
             if job.logprobs is not None:
                 lp = chat_logprobs(engine, c.logprobs)
-            msg = {"role": "assistant", "content": c.text}
-            items.append(
-                {"index": i, "message": msg, "logprobs": lp, "finish_reason": c.finish_reason}
-            )
+            msg, reason = chat_message(job, c.text, c.finish_reason)
+            items.append({"index": i, "message": msg, "logprobs": lp, "finish_reason": reason})
         else:
             prefix = job.echo[i] if job.echo else ""
             if job.logprobs is not None:
@@ -289,3 +392,20 @@ def full_response(engine: AsyncEngine, job: Job, choices: list[Choice]) -> dict[
         "choices": items,
         "usage": usage(job.num_prompt_tokens, num_completion),
     }
+
+
+def chat_message(job: Job, text: str, reason: str | None) -> tuple[dict[str, Any], str | None]:
+    """The assistant message of a whole answer and its finish reason ("tool_calls" when the
+    model called tools)."""
+    if job.tool_parser is None:
+        return {"role": "assistant", "content": text}, reason
+    content, calls = job.tool_parser().extract(text)
+    msg: dict[str, Any] = {"role": "assistant", "content": content}
+    if calls:
+        msg["tool_calls"] = [c.to_openai() for c in calls]
+        reason = "tool_calls" if reason == "stop" else reason
+    return msg, reason
+
+
+def tool_call_delta(call: ToolCall, index: int) -> dict[str, Any]:
+    return {"tool_calls": [call.to_openai(index)]}

@@ -1,5 +1,6 @@
 """Server-sent events for streamed chat and text completions: one `data: {json}` chunk per
-engine delta, a finish chunk per choice, an optional usage chunk, then `data: [DONE]`.
+engine delta (with tools: text as `content`, each parsed call as a `tool_calls` delta), a
+finish chunk per choice, an optional usage chunk, then `data: [DONE]`.
 Closing the stream (client disconnect) closes the engine iterator, which aborts the request
 and frees its KV blocks."""
 
@@ -13,7 +14,8 @@ from xinfer.engine.async_engine import AsyncEngine
 from xinfer.engine.request import RequestOutput
 from xinfer.server.errors import as_api_error, error_body
 from xinfer.server.protocol import usage
-from xinfer.server.serving import Job, chat_logprobs, completion_logprobs
+from xinfer.server.serving import Job, chat_logprobs, completion_logprobs, tool_call_delta
+from xinfer.tool_parsers import StreamEvent
 
 
 def sse(data: dict[str, Any] | str) -> bytes:
@@ -26,6 +28,10 @@ class _ChunkMaker:
         self.engine, self.job = engine, job
         self.object = "chat.completion.chunk" if job.is_chat else "text_completion"
         self.offsets = [len(e) for e in job.echo] if job.echo else [0] * len(job.params)
+        num = len(job.params)
+        # Per choice: the tool-call parser following its text, and the calls it has sent.
+        self.parsers = [job.tool_parser() for _ in range(num)] if job.tool_parser else None
+        self.num_calls = [0] * num
 
     def chunk(self, choices: list[dict[str, Any]], **extra: Any) -> bytes:
         j = self.job
@@ -58,17 +64,45 @@ class _ChunkMaker:
                     else completion_logprobs(self.engine, out.new_logprobs, self.offsets[i])
                 )
             self.offsets[i] += len(out.new_text)
-            if self.job.is_chat:
+            if self.parsers is not None:
+                chunks += self._tool_deltas(i, self.parsers[i].feed(out.new_text), lp)
+            elif self.job.is_chat:
                 choice = {"index": i, "delta": {"content": out.new_text}, "logprobs": lp}
+                chunks.append(self.chunk([{**choice, "finish_reason": None}]))
             else:
                 choice = {"index": i, "text": out.new_text, "logprobs": lp}
-            chunks.append(self.chunk([{**choice, "finish_reason": None}]))
+                chunks.append(self.chunk([{**choice, "finish_reason": None}]))
         if out.finished:
+            reason = out.finish_reason
+            if self.parsers is not None:
+                chunks += self._tool_deltas(i, self.parsers[i].finish(), None)
+                if self.num_calls[i] and reason == "stop":
+                    reason = "tool_calls"
             if self.job.is_chat:
                 choice = {"index": i, "delta": {}, "logprobs": None}
             else:
                 choice = {"index": i, "text": "", "logprobs": None}
-            chunks.append(self.chunk([{**choice, "finish_reason": out.finish_reason}]))
+            chunks.append(self.chunk([{**choice, "finish_reason": reason}]))
+        return chunks
+
+    def _tool_deltas(self, i: int, events: list[StreamEvent], lp: Any) -> list[bytes]:
+        """Chat deltas for what the tool-call parser let through: text as `content`, each
+        complete call as one `tool_calls` entry (id, name and all its arguments)."""
+        chunks = []
+        for event in events:
+            if event.call is not None:
+                delta = tool_call_delta(event.call, self.num_calls[i])
+                self.num_calls[i] += 1
+            elif event.text:
+                delta = {"content": event.text}
+            else:
+                continue
+            choice = {"index": i, "delta": delta, "logprobs": lp, "finish_reason": None}
+            chunks.append(self.chunk([choice]))
+            lp = None  # the logprobs of this engine delta go with its first chunk
+        if not chunks and lp is not None:  # text held back, but its logprobs are due now
+            choice = {"index": i, "delta": {}, "logprobs": lp, "finish_reason": None}
+            chunks.append(self.chunk([choice]))
         return chunks
 
 

@@ -108,9 +108,22 @@ def _copy(views: dict[str, torch.Tensor], engine: dict[str, torch.Tensor], ckpt_
             dst.copy_(src)
 
 
+def _convert(fmt: WeightFormat, kind: str, tensor, n: int, k: int, ckpt_name: str) -> dict:
+    try:
+        return fmt.convert(kind, tensor, n, k)
+    except UserError as e:  # name the checkpoint tensor in full
+        raise UserError(str(e).replace(f"tensor {kind!r}", f"tensor {ckpt_name!r}", 1)) from None
+
+
 def load_weights(
-    model: nn.Module, tensors: Iterable[tuple[str, torch.Tensor]], renames: tuple = ()
+    model: nn.Module,
+    tensors: Iterable[tuple[str, torch.Tensor]],
+    renames: tuple = (),
+    merged: dict[str, tuple[str, str]] | None = None,
+    shard=None,
 ) -> LoadReport:
+    """`shard` (a tensor-parallel rank's `parallel.weights.RankShard`) gives each tensor's
+    share for this rank; None loads every tensor whole."""
     targets = named_targets(model)
     modules = dict(model.named_modules())
     tie = getattr(model, "lm_head", 0) is None
@@ -118,7 +131,7 @@ def load_weights(
     for ckpt_name, tensor in tensors:
         if ckpt_name.endswith(_IGNORED_SUFFIXES) or (tie and ckpt_name == "lm_head.weight"):
             continue
-        t = map_name(ckpt_name, renames)
+        t = map_name(ckpt_name, renames, merged)
         module = modules.get(t.module)
         if module is not None and (_is_linear(module) or _is_expert_layer(module)):
             if t.proj is None and _is_expert_layer(module):
@@ -132,11 +145,17 @@ def load_weights(
                 continue
             for target, key, fmt, views, n, k in dests:
                 if fmt is None:  # bias: a plain tensor
+                    if shard is not None:
+                        tensor = shard.plain(t, tensor, tuple(views["bias"].shape), ckpt_name)
                     _copy(views, {"bias": tensor}, ckpt_name)
                     report.loaded.setdefault(target, set()).add(key)
                     continue
                 src = tensor if t.proj is None or t.expert is not None else tensor[key]
-                _copy(views, fmt.convert(t.kind, src, n, k), ckpt_name)
+                if shard is None:
+                    engine = _convert(fmt, t.kind, src, n, k, ckpt_name)
+                else:
+                    engine = shard.convert(t, fmt, src, n, k, ckpt_name, _convert)
+                _copy(views, engine, ckpt_name)
                 got = report.loaded.setdefault(f"{target}.{t.kind}", set())
                 if t.proj is None:
                     got.add(key)
@@ -151,6 +170,8 @@ def load_weights(
         if t.name not in targets:
             report.unexpected.append(ckpt_name)
             continue
+        if shard is not None:
+            tensor = shard.plain(t, tensor, tuple(targets[t.name].shape), ckpt_name)
         _copy({"w": targets[t.name]}, {"w": tensor}, ckpt_name)
         report.loaded.setdefault(t.name, set()).add(None)
     _check_complete(model, targets, report)

@@ -1,6 +1,8 @@
 """Checkpoint name → (module, tensor name, where in it). One declarative table covers the
 merged projections (q|k|v, gate|up), per-expert tensors stacked into `[E, ...]` sets, and
-transformers 5's fused expert tensors; model classes add their renames (`checkpoint_renames`).
+transformers 5's fused expert tensors; model classes add their renames (`checkpoint_renames`)
+and merged projections of their own (`merged_projections`: checkpoint projection → (merged
+module, part), the part named after the checkpoint projection).
 The tensor name after the module (`weight`, `bias`, `weight_scale_inv`, `qweight`, ...) is
 kept as is: which names a module reads is declared by its weight format."""
 
@@ -23,6 +25,7 @@ _EXPERT_PROJ = {"gate_proj": ("w13", 0), "up_proj": ("w13", 1), "down_proj": ("w
 _PER_EXPERT = re.compile(r"^(?P<prefix>.*\.experts)\.(?P<e>\d+)\.(?P<proj>\w+)\.(?P<kind>\w+)$")
 _FUSED_EXPERT = re.compile(r"^(?P<prefix>.*\.experts)\.(?P<proj>gate_up_proj|down_proj)$")
 _PROJ = re.compile(r"^(?P<prefix>.*)\.(?P<proj>[a-z_]+_proj)\.(?P<kind>\w+)$")
+_ANY_PROJ = re.compile(r"^(?P<prefix>.*)\.(?P<proj>\w+)\.(?P<kind>\w+)$")
 
 
 @dataclass(frozen=True)
@@ -54,7 +57,12 @@ def apply_renames(name: str, renames: tuple[tuple[str, str], ...]) -> str:
     return name
 
 
-def map_name(name: str, renames: tuple[tuple[str, str], ...] = ()) -> Target:
+def map_name(
+    name: str,
+    renames: tuple[tuple[str, str], ...] = (),
+    merged: dict[str, tuple[str, str]] | None = None,
+) -> Target:
+    """`merged`: a model's own projection → (merged module, part) entries."""
     name = apply_renames(name, renames)
     if m := _PER_EXPERT.match(name):
         if m["proj"] in _EXPERT_PROJ:
@@ -63,8 +71,11 @@ def map_name(name: str, renames: tuple[tuple[str, str], ...] = ()) -> Target:
     if m := _FUSED_EXPERT.match(name):
         return Target(m["prefix"], "weight", proj="w13" if m["proj"] == "gate_up_proj" else "w2")
     if (m := _PROJ.match(name)) and m["proj"] in _MERGED:
-        merged, part = _MERGED[m["proj"]]
-        return Target(f"{m['prefix']}.{merged}", m["kind"], part=part)
+        module, part = _MERGED[m["proj"]]
+        return Target(f"{m['prefix']}.{module}", m["kind"], part=part)
+    if merged and (m := _ANY_PROJ.match(name)) and m["proj"] in merged:
+        module, part = merged[m["proj"]]
+        return Target(f"{m['prefix']}.{module}", m["kind"], part=part)
     module, _, kind = name.rpartition(".")
     return Target(module, kind)
 
@@ -72,7 +83,8 @@ def map_name(name: str, renames: tuple[tuple[str, str], ...] = ()) -> Target:
 def checkpoint_part_name(module: str, part: str) -> str:
     """Our merged module + part → the checkpoint module (`...qkv_proj`, q → `...q_proj`)."""
     prefix, _, merged = module.rpartition(".")
-    return f"{prefix}.{_PART_NAME[(merged, part)]}"
+    # a model's own merged projections name their parts after the checkpoint's projections
+    return f"{prefix}.{_PART_NAME.get((merged, part), part)}"
 
 
 def expert_module_names(module: str, num_experts: int) -> list[str]:

@@ -9,20 +9,31 @@ import triton.language as tl
 
 
 @triton.jit
+def _load_ids(ids_ptr, offs, num_ids, num_experts):
+    """Routed ids of one block; lanes past the call hold -2 (no expert). Ids outside
+    [0, E) are clamped into it: a bad id can never address memory outside the tables."""
+    mask = offs < num_ids
+    ids = tl.load(ids_ptr + offs, mask=mask, other=0)
+    ids = tl.minimum(tl.maximum(ids, 0), num_experts - 1)
+    return tl.where(mask, ids, -2)
+
+
+@triton.jit
 def lookup_kernel(
     ids_ptr,  # (N,) int32 routed expert ids, row-major (T, k)
-    slot_ids_ptr,  # (N,) int32 out: slot ids
+    slot_ids_ptr,  # (N,) int32 out: rows of the layer's slot view
     num_ids,
     slot_of_expert_ptr,  # (E,) int32, -1 = absent
     expert_of_slot_ptr,  # (S,) int32, -1 = empty
     last_use_ptr,  # (S,) int64
     clock_ptr,  # (1,) int64
-    miss_ids_ptr,  # (S,) int32 out
-    miss_slots_ptr,  # (S,) int32 out
+    miss_ids_ptr,  # (capacity,) int32 out
+    miss_slots_ptr,  # (capacity,) int32 out: slot or overflow row of each miss
     miss_count_ptr,  # (1,) int32 out
-    counters_ptr,  # (4,) int64: hits, misses, staging copies, calls
+    counters_ptr,  # (7,) int64: hits, misses, staging, calls, overflow, max misses, streamed
     num_experts,
     num_slots,
+    overflow_base,  # row of the first overflow row in the slot view
     BLOCK_E: tl.constexpr,
     BLOCK_S: tl.constexpr,
     BLOCK_N: tl.constexpr,
@@ -36,7 +47,7 @@ def lookup_kernel(
     s_offs = tl.arange(0, BLOCK_S)
     s_mask = s_offs < num_slots
     n_offs = tl.arange(0, BLOCK_N)
-    ids0 = tl.load(ids_ptr + n_offs, mask=n_offs < num_ids, other=-2)
+    ids0 = _load_ids(ids_ptr, n_offs, num_ids, num_experts)
     soe = tl.load(slot_of_expert_ptr + e_offs, mask=e_mask, other=-1)
     eos = tl.load(expert_of_slot_ptr + s_offs, mask=s_mask, other=-1)
     last_use = tl.load(last_use_ptr + s_offs, mask=s_mask, other=0)
@@ -44,6 +55,8 @@ def lookup_kernel(
     hits_total = tl.load(counters_ptr + 0)
     misses_total = tl.load(counters_ptr + 1)
     calls_total = tl.load(counters_ptr + 3)
+    overflow_total = tl.load(counters_ptr + 4)
+    max_misses = tl.load(counters_ptr + 5)
 
     # 1. First position of every expert in the call (NONE if it is not routed to), and
     #    which slots hold a routed expert (those are the hits).
@@ -53,22 +66,42 @@ def lookup_kernel(
     hit_s = tl.max(held.to(tl.int32), axis=1) > 0
     for start in range(BLOCK_N, num_ids, BLOCK_N):
         offs = start + n_offs
-        ids = tl.load(ids_ptr + offs, mask=offs < num_ids, other=-2)
+        ids = _load_ids(ids_ptr, offs, num_ids, num_experts)
         pos = tl.where(ids[None, :] == e_offs[:, None], offs[None, :], NONE)
         first = tl.minimum(first, tl.min(pos, axis=1))
         held = (ids[None, :] == eos[:, None]) & (eos[:, None] >= 0)
         hit_s = hit_s | (tl.max(held.to(tl.int32), axis=1) > 0)
     is_hit_e = (first < NONE) & (soe >= 0)
-    todo = (first < NONE) & (soe < 0)  # misses not yet given a slot
+    todo = (first < NONE) & (soe < 0)  # the misses
     num_hits = tl.sum(is_hit_e.to(tl.int32))
-    num_misses = tl.minimum(tl.sum(todo.to(tl.int32)), num_slots - num_hits)
+    num_todo = tl.sum(todo.to(tl.int32))
+    num_lru = tl.minimum(num_todo, num_slots - num_hits)  # misses that get an LRU slot
     last_use = tl.where(hit_s, clock, last_use)
     used = hit_s | (s_offs >= num_slots)
 
-    # 2. Misses in order of first appearance take the (last_use, index)-smallest free slot.
-    for m in range(0, num_misses):
-        first_todo = tl.min(tl.where(todo, first, NONE))
-        sel_e = todo & (first == first_todo)
+    # 2. Rank of every miss in first-appearance order (only needed when some overflow):
+    #    an exclusive running count over the positions that first route to a miss.
+    rank = tl.zeros((BLOCK_E,), dtype=tl.int32)
+    if num_todo > num_lru:
+        carry = num_todo * 0  # int32 scalar
+        for start in range(0, num_ids, BLOCK_N):
+            offs = start + n_offs
+            ids = _load_ids(ids_ptr, offs, num_ids, num_experts)
+            match = ids[None, :] == e_offs[:, None]  # (E, N)
+            first_n = tl.sum(tl.where(match, first[:, None], 0), axis=0)
+            todo_n = tl.sum(tl.where(match, todo[:, None].to(tl.int32), 0), axis=0)
+            is_new = (first_n == offs) & (todo_n > 0) & (offs < num_ids)
+            new_i = is_new.to(tl.int32)
+            rank_n = carry + tl.cumsum(new_i, axis=0) - new_i
+            rank += tl.sum(tl.where(match & is_new[None, :], rank_n[None, :], 0), axis=1)
+            carry += tl.sum(new_i)
+    lru_todo = todo & (rank < num_lru)
+    over = todo & (rank >= num_lru)
+
+    # 3. LRU misses in order of first appearance take the (last_use, index)-smallest free slot.
+    for m in range(0, num_lru):
+        first_todo = tl.min(tl.where(lru_todo, first, NONE))
+        sel_e = lru_todo & (first == first_todo)
         expert = tl.sum(tl.where(sel_e, e_offs, 0))
         key = tl.where(used, 0x7FFFFFFFFFFFFFFF, (last_use + 1) * BLOCK_S + s_offs)
         slot = (tl.min(key) % BLOCK_S).to(tl.int32)
@@ -79,26 +112,33 @@ def lookup_kernel(
         eos = tl.where(sel_s, expert, eos)
         last_use = tl.where(sel_s, clock, last_use)
         used = used | sel_s
-        todo = todo & (e_offs != expert)
+        lru_todo = lru_todo & (e_offs != expert)
         tl.store(miss_ids_ptr + m, expert)
         tl.store(miss_slots_ptr + m, slot)
+    # The rest take overflow rows; a miss's place in the miss list is its rank.
+    over_row = overflow_base + rank - num_lru
+    tl.store(miss_ids_ptr + rank, e_offs, mask=over)
+    tl.store(miss_slots_ptr + rank, over_row, mask=over)
+    row_of_e = tl.where(over, over_row, soe)
 
     tl.store(slot_of_expert_ptr + e_offs, soe, mask=e_mask)
     tl.store(expert_of_slot_ptr + s_offs, eos, mask=s_mask)
     tl.store(last_use_ptr + s_offs, last_use, mask=s_mask)
     tl.store(clock_ptr, clock)
-    tl.store(miss_count_ptr, num_misses)
+    tl.store(miss_count_ptr, num_todo)
     tl.store(counters_ptr + 0, hits_total + num_hits)
-    tl.store(counters_ptr + 1, misses_total + num_misses)
+    tl.store(counters_ptr + 1, misses_total + num_todo)
     tl.store(counters_ptr + 3, calls_total + 1)
+    tl.store(counters_ptr + 4, overflow_total + (num_todo - num_lru))
+    tl.store(counters_ptr + 5, tl.maximum(max_misses, num_todo.to(tl.int64)))
 
-    # 3. Rewrite expert ids to slot ids, from the table in registers.
-    slots = tl.sum(tl.where(ids0[None, :] == e_offs[:, None], soe[:, None], 0), axis=0)
+    # 4. Rewrite expert ids to rows, from the table in registers.
+    slots = tl.sum(tl.where(ids0[None, :] == e_offs[:, None], row_of_e[:, None], 0), axis=0)
     tl.store(slot_ids_ptr + n_offs, slots, mask=n_offs < num_ids)
     for start in range(BLOCK_N, num_ids, BLOCK_N):
         offs = start + n_offs
-        ids = tl.load(ids_ptr + offs, mask=offs < num_ids, other=-2)
-        slots = tl.sum(tl.where(ids[None, :] == e_offs[:, None], soe[:, None], 0), axis=0)
+        ids = _load_ids(ids_ptr, offs, num_ids, num_experts)
+        slots = tl.sum(tl.where(ids[None, :] == e_offs[:, None], row_of_e[:, None], 0), axis=0)
         tl.store(slot_ids_ptr + offs, slots, mask=offs < num_ids)
 
 
@@ -126,8 +166,8 @@ def fill_kernel(
     src3,
     dst3,
     words3,
-    miss_ids_ptr,  # (S,) int32
-    miss_slots_ptr,  # (S,) int32
+    miss_ids_ptr,  # (capacity,) int32
+    miss_slots_ptr,  # (capacity,) int32: rows of the slot view (slots or overflow)
     miss_count_ptr,  # (1,) int32, read on the device: the grid is fixed
     NUM_TENSORS: tl.constexpr,
     BLOCK: tl.constexpr,

@@ -24,8 +24,11 @@ def route_topk_kernel(
     num = tl.exp(x - tl.max(x, axis=0))
     num = tl.where(mask, num, 0.0)
     probs = num / tl.sum(num, axis=0)
-    # padding lanes rank below every real probability (>= 0); taken lanes below those
-    key = tl.where(mask, probs, -1.0)
+    # padding lanes rank below every real probability (>= 0); taken lanes below those. A NaN
+    # probability ranks with the padding but before it (lower index), so every id chosen is
+    # a real expert in [0, E) whatever the logits hold: no offload or MoE kernel can be
+    # handed an id out of range.
+    key = tl.where(mask & (probs == probs), probs, -1.0)
     offs_k = tl.arange(0, BLOCK_K)
     top_w = tl.zeros((BLOCK_K,), dtype=tl.float32)
     top_i = tl.zeros((BLOCK_K,), dtype=tl.int32)

@@ -1,0 +1,142 @@
+"""Quantized-format kernels on the Qwen3-30B-A3B shapes: GB/s of stored bytes per format for
+the MoE decode GEMV (T = 1 and 8, top-8 of 128 experts), the decode linears (qkv, o_proj)
+and the prefill paths, with the default tiles or a sweep over them.
+
+    python3 bench/bench_quant_kernel.py --formats fp8,nvfp4,gptq --sweep
+
+Each timing is checked against the twin first. A sweep prints the best tiles per case; put
+them in `kernels/quant_launch.py` (decode tiles must stay shape-only: batch invariance)."""
+
+from __future__ import annotations
+
+import argparse
+import itertools
+import sys
+from pathlib import Path
+
+import torch
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "src"))
+
+from cuda_timing import cuda_seconds  # noqa: E402
+
+from xinfer.kernels import quant_launch as ql  # noqa: E402
+from xinfer.kernels import reference  # noqa: E402
+from xinfer.quant.awq import AwqInt4  # noqa: E402
+from xinfer.quant.compressed_tensors import PackQuantizedInt4  # noqa: E402
+from xinfer.quant.fp8 import Fp8Block  # noqa: E402
+from xinfer.quant.gptq import GptqInt4  # noqa: E402
+from xinfer.quant.nvfp4 import Nvfp4  # noqa: E402
+from xinfer.quant.unquantized import Unquantized  # noqa: E402
+
+DEV = torch.device("cuda", 0)
+FORMATS = {
+    "bf16": Unquantized(torch.bfloat16),
+    "fp8": Fp8Block(128, 128),
+    "nvfp4": Nvfp4(),
+    "gptq": GptqInt4(group_size=128, has_zero=False),
+    "awq": AwqInt4(group_size=128, has_zero=True),
+    "ct": PackQuantizedInt4(128, False, torch.bfloat16),
+}
+HIDDEN, INTER, NUM_EXPERTS, TOP_K = 2048, 768, 128, 8
+
+
+def stack(fmt, n, k, count, g):
+    parts = [fmt.dummy(n, k, g, 0.02) for _ in range(count)]
+    return {name: torch.stack([p[name] for p in parts]) for name in parts[0]}
+
+
+def nbytes(tensors: dict, rows: int | None = None) -> int:
+    per = sum(t[0].numel() * t.element_size() for t in tensors.values())
+    return per * (rows if rows is not None else 1)
+
+
+def moe_case(name, fmt, tokens, sweep):
+    g = torch.Generator(device=DEV).manual_seed(0)
+    w13, w2 = (
+        stack(fmt, 2 * INTER, HIDDEN, NUM_EXPERTS, g),
+        stack(fmt, HIDDEN, INTER, NUM_EXPERTS, g),
+    )
+    hidden = torch.randn(tokens, HIDDEN, device=DEV, dtype=torch.bfloat16)
+    weights, ids = reference.route_topk(torch.randn(tokens, NUM_EXPERTS, device=DEV), TOP_K, True)
+    touched = len(set(ids.flatten().tolist()))
+    moved = touched * (nbytes(w13) + nbytes(w2))
+    if name == "bf16":
+        from xinfer.kernels import moe_launch
+
+        run = lambda **kw: moe_launch.fused_moe(hidden, ids, weights, w13["weight"], w2["weight"])
+        sweep = False
+    else:
+        run = lambda **kw: ql.fused_moe(hidden, ids, weights, fmt, w13, w2, INTER, **kw)
+        ref = fmt.reference_moe(hidden, ids, weights, w13, w2, INTER).float()
+        err = (run().float() - ref).norm() / ref.norm()
+        assert err < 1e-2, f"{name} moe T={tokens}: relative error {err:.2e}"
+    configs = [None]
+    if sweep:
+        configs += [ql.QuantTiles(1, bn, bk, nw) for bn, bk, nw in
+                    itertools.product((8, 16, 32, 64), (64, 128, 256), (2, 4, 8))]  # fmt: skip
+    best = None
+    for cfg in configs:
+        try:
+            sec = cuda_seconds(lambda cfg=cfg: run(tiles=cfg) if cfg else run(), 50)
+        except Exception as e:  # a tile the compiler refuses (registers, shared memory)
+            print(f"  {cfg}: {type(e).__name__}")
+            continue
+        if best is None or sec < best[0]:
+            best = (sec, cfg)
+        if cfg is None:
+            print(f"{name:6s} moe decode T={tokens}: {sec * 1e6:7.1f} us, "
+                  f"{moved / sec / 1e12:.2f} TB/s of stored bytes ({touched} experts)")  # fmt: skip
+    if sweep and best and best[1] is not None:
+        print(f"  best {best[1]}: {best[0] * 1e6:.1f} us, {moved / best[0] / 1e12:.2f} TB/s")
+
+
+def linear_case(name, fmt, n, k, m, sweep):
+    g = torch.Generator(device=DEV).manual_seed(1)
+    t = fmt.dummy(n, k, g, 0.02)
+    x = torch.randn(m, k, device=DEV, dtype=torch.bfloat16)
+    moved = sum(v.numel() * v.element_size() for v in t.values())
+    if name == "bf16":
+        from xinfer import kernels
+
+        run = lambda **kw: kernels.linear(x, t["weight"])
+        sweep = False
+    else:
+        run = lambda **kw: ql.linear(x, fmt, t, None, n, k, **kw)
+    configs = [None]
+    if sweep:
+        configs += [ql.QuantTiles(16 if m <= 16 else 64, bn, bk, nw) for bn, bk, nw in
+                    itertools.product((16, 32, 64, 128), (64, 128, 256), (4, 8))]  # fmt: skip
+    best = None
+    for cfg in configs:
+        try:
+            sec = cuda_seconds(lambda cfg=cfg: run(tiles=cfg) if cfg else run(), 50)
+        except Exception as e:
+            print(f"  {cfg}: {type(e).__name__}")
+            continue
+        if best is None or sec < best[0]:
+            best = (sec, cfg)
+        if cfg is None:
+            print(f"{name:6s} linear {m}x{n}x{k}: {sec * 1e6:7.1f} us, "
+                  f"{moved / sec / 1e12:.2f} TB/s of stored weight bytes")  # fmt: skip
+    if sweep and best and best[1] is not None:
+        print(f"  best {best[1]}: {best[0] * 1e6:.1f} us")
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser()
+    ap.add_argument("--formats", default="bf16,fp8,nvfp4,gptq,awq,ct")
+    ap.add_argument("--sweep", action="store_true")
+    args = ap.parse_args()
+    for name in args.formats.split(","):
+        fmt = FORMATS[name]
+        for tokens in (1, 8):
+            moe_case(name, fmt, tokens, args.sweep)
+        moe_case(name, fmt, 2048, False)  # prefill: grouped GEMM
+        for n, k in ((5120, 2048), (2048, 4096)):
+            linear_case(name, fmt, n, k, 1, args.sweep)
+        linear_case(name, fmt, 5120, 2048, 2048, False)
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,174 @@
+"""Launchers of the quantized-format kernels (`triton/quant_gemm.py`): `linear` and
+`fused_moe` for any format that describes its tensors as `KernelWeights`. Called through
+`xinfer.kernels.format_linear` / `format_moe` on CUDA tensors (and by the tests on CPU
+tensors under TRITON_INTERPRET=1). No host sync: safe in CUDA graphs.
+
+Determinism: tile sizes depend only on (M bucket, N, K, dtype) for linears and on
+(T*k bucket, H, I, dtype) for experts, never on ids, so an expert's bits do not depend on
+which slot holds it; decode linears (M <= 16) use one config, so a row's bits do not
+depend on the batch."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import torch
+import triton
+
+from xinfer.kernels import moe_launch
+from xinfer.kernels.triton import quant_gemm as jit
+from xinfer.quant.base import KernelWeights, WeightFormat
+
+DECODE_M = 16  # linears with at most this many rows use the decode tile (one BLOCK_M)
+
+
+@dataclass(frozen=True)
+class QuantTiles:
+    block_m: int
+    block_n: int
+    block_k: int
+    num_warps: int = 4
+    num_stages: int = 3
+
+
+def linear_tiles(m: int, dtype: torch.dtype) -> QuantTiles:
+    if m <= DECODE_M:  # weight-bound: narrow N tiles give every SM work
+        return QuantTiles(block_m=16, block_n=32, block_k=128, num_warps=4)
+    if dtype == torch.float32:
+        return QuantTiles(block_m=32, block_n=32, block_k=32, num_warps=4, num_stages=2)
+    return QuantTiles(block_m=64, block_n=64, block_k=64, num_warps=4)
+
+
+def _precision(dtype: torch.dtype) -> str:
+    return "ieee" if dtype == torch.float32 else "tf32"
+
+
+def _args(kw: KernelWeights, expert_dim: bool) -> tuple:
+    """(w, s, z, strides...) with the expert stride first when `expert_dim`."""
+    z = kw.z if kw.z is not None else kw.s
+    if expert_dim:
+        return (kw.w, kw.s, z), (
+            kw.w.stride(0), kw.w.stride(1), kw.s.stride(0), kw.s.stride(1),
+            z.stride(0), z.stride(1),
+        )  # fmt: skip
+    return (kw.w, kw.s, z), (kw.w.stride(0), kw.s.stride(0), z.stride(0) if z.dim() > 1 else 1)
+
+
+def _fmt_kw(kw: KernelWeights) -> dict:
+    return dict(FMT=kw.fmt_code, SCALE_BN=kw.scale_bn, SCALE_BK=kw.scale_bk, HAS_ZERO=kw.has_zero)
+
+
+def _packed(kw: KernelWeights) -> bool:
+    """4-bit codes two per byte (int4, NVFP4): the GEMV reads whole bytes."""
+    return kw.fmt_code in (2, 3)
+
+
+def linear(
+    x: torch.Tensor,
+    fmt: WeightFormat,
+    tensors: dict[str, torch.Tensor],
+    bias: torch.Tensor | None,
+    n: int,
+    k: int,
+    tiles: QuantTiles | None = None,
+) -> torch.Tensor:
+    """x (..., K) @ W^T (+ bias) in x's dtype, W (N, K) stored in `fmt`."""
+    kw = fmt.kernel_weights(tensors, k)
+    x2 = x.reshape(-1, k)
+    if x2.stride(-1) != 1:
+        x2 = x2.contiguous()
+    m = x2.shape[0]
+    out = x.new_empty(m, n)
+    if m == 0:
+        return out.view(*x.shape[:-1], n)
+    tiles = tiles or linear_tiles(m, x.dtype)
+    (w, s, z), (swn, ssn, szn) = _args(kw, expert_dim=False)
+    grid = (triton.cdiv(m, tiles.block_m), triton.cdiv(n, tiles.block_n))
+    jit.quant_linear_kernel[grid](
+        x2, w, s, z, bias if bias is not None else s, out,
+        m, n, k,
+        x2.stride(0), swn, ssn, szn, out.stride(0),
+        **_fmt_kw(kw), HAS_BIAS=bias is not None,
+        BLOCK_M=tiles.block_m, BLOCK_N=tiles.block_n, BLOCK_K=tiles.block_k,
+        DOT_PRECISION=_precision(x.dtype), num_warps=tiles.num_warps,
+        num_stages=tiles.num_stages,
+    )  # fmt: skip
+    return out.view(*x.shape[:-1], n)
+
+
+def fused_moe(
+    hidden: torch.Tensor,
+    topk_ids: torch.Tensor,
+    topk_weights: torch.Tensor,
+    fmt: WeightFormat,
+    w13: dict[str, torch.Tensor],
+    w2: dict[str, torch.Tensor],
+    inter: int,
+    use_gemv: bool | None = None,
+    tiles: QuantTiles | None = None,
+) -> torch.Tensor:
+    """Routed experts on `[N, ...]` expert sets stored in `fmt` (N experts or slots)."""
+    if hidden.dim() != 2 or topk_ids.shape != topk_weights.shape:
+        raise ValueError("fused_moe: expected hidden (T, H) and topk_ids/weights (T, k)")
+    num_tokens, top_k = topk_ids.shape
+    hidden_dim = hidden.shape[1]
+    num_pairs = num_tokens * top_k
+    kw13, kw2 = fmt.kernel_weights(w13, hidden_dim), fmt.kernel_weights(w2, inter)
+    hidden = hidden.contiguous()
+    topk_ids = topk_ids.to(torch.int32).contiguous()
+    topk_weights = topk_weights.to(torch.float32).contiguous()
+    out = torch.empty_like(hidden)
+    if num_pairs == 0:
+        return out
+    if use_gemv is None:
+        use_gemv = num_pairs <= moe_launch.MAX_GEMV_PAIRS
+    inter_buf = hidden.new_empty(num_pairs, inter)  # (T*k, I)
+    y = hidden.new_empty(num_pairs, hidden_dim)  # (T*k, H) unweighted expert outputs
+    (a13, s13), (a2, s2) = _args(kw13, True), _args(kw2, True)
+    if use_gemv:
+        t = tiles or QuantTiles(block_m=1, block_n=16, block_k=128, num_warps=4)
+        grid = (num_pairs, triton.cdiv(inter, t.block_n))
+        jit.quant_moe_gate_up_gemv_kernel[grid](
+            hidden, topk_ids, *a13, inter_buf, hidden_dim, inter,
+            hidden.stride(0), *s13, inter_buf.stride(0),
+            **_fmt_kw(kw13), PACKED=_packed(kw13), TOP_K=top_k, BLOCK_N=t.block_n,
+            BLOCK_K=t.block_k, num_warps=t.num_warps,
+        )  # fmt: skip
+        grid = (num_pairs, triton.cdiv(hidden_dim, t.block_n))
+        jit.quant_moe_down_gemv_kernel[grid](
+            inter_buf, topk_ids, *a2, y, hidden_dim, inter,
+            inter_buf.stride(0), *s2, y.stride(0),
+            **_fmt_kw(kw2), PACKED=_packed(kw2), BLOCK_N=t.block_n,
+            BLOCK_K=min(t.block_k, triton.next_power_of_2(inter)), num_warps=t.num_warps,
+        )  # fmt: skip
+    else:
+        t = tiles or _grouped_tiles(num_pairs, hidden.dtype)
+        num_ids = kw13.w.shape[0]
+        sorted_pairs, block_ids, num_rows = moe_launch.align_pairs(topk_ids, num_ids, t.block_m)
+        common = dict(BLOCK_M=t.block_m, BLOCK_N=t.block_n, BLOCK_K=t.block_k,
+                      DOT_PRECISION=_precision(hidden.dtype), num_warps=t.num_warps,
+                      num_stages=t.num_stages)  # fmt: skip
+        grid = (block_ids.numel() * triton.cdiv(inter, t.block_n),)
+        jit.quant_moe_gate_up_grouped_kernel[grid](
+            hidden, sorted_pairs, block_ids, num_rows, *a13, inter_buf,
+            num_pairs, hidden_dim, inter,
+            hidden.stride(0), *s13, inter_buf.stride(0),
+            **_fmt_kw(kw13), TOP_K=top_k, **common,
+        )  # fmt: skip
+        grid = (block_ids.numel() * triton.cdiv(hidden_dim, t.block_n),)
+        jit.quant_moe_down_grouped_kernel[grid](
+            inter_buf, sorted_pairs, block_ids, num_rows, *a2, y,
+            num_pairs, hidden_dim, inter,
+            inter_buf.stride(0), *s2, y.stride(0),
+            **_fmt_kw(kw2), **common,
+        )  # fmt: skip
+    moe_launch._combine(y, topk_weights, out, top_k)
+    return out
+
+
+def _grouped_tiles(num_pairs: int, dtype: torch.dtype) -> QuantTiles:
+    if dtype == torch.float32:
+        return QuantTiles(block_m=32, block_n=32, block_k=32, num_warps=4, num_stages=2)
+    if num_pairs <= 1024:
+        return QuantTiles(block_m=16, block_n=64, block_k=128, num_warps=4, num_stages=4)
+    return QuantTiles(block_m=64, block_n=64, block_k=64, num_warps=4)

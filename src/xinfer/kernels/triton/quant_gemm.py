@@ -1,0 +1,231 @@
+"""Triton kernels of the quantized weight formats (launched from `xinfer.kernels.quant_launch`):
+a linear (tiles of rows against dequantized weight tiles, `tl.dot` in float32), and the
+routed-expert MLP as GEMV kernels over (token, k) pairs for decode and grouped GEMMs over
+rows sorted by expert for prefill. Weights are read in their stored bytes and dequantized
+in registers by `quant_dequant.load_weight_tile`, then rounded to the activation dtype as
+the twins do (they dequantize to it before multiplying). Experts and slots are addressed
+only through `ids`, so an expert's bits do not depend on where it is held."""
+
+from __future__ import annotations
+
+import triton
+import triton.language as tl
+
+from xinfer.kernels.triton.fused_moe import _silu_mul
+from xinfer.kernels.triton.quant_dequant import load_weight_pairs, load_weight_tile
+
+
+@triton.jit
+def _row_dot(
+    x_ptr, w_ptr, s_ptr, z_ptr, offs_n, mask_n, row_offset, k_dim,
+    stride_wn, stride_sn, stride_zn,
+    FMT: tl.constexpr, SCALE_BN: tl.constexpr, SCALE_BK: tl.constexpr, HAS_ZERO: tl.constexpr,
+    PACKED: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr,
+):  # fmt: skip
+    """(BLOCK_N,) float32: x (k_dim,) · dequant(W[row_offset + offs_n]), each weight rounded to
+    x's dtype first (as the twin dequantizes to it). 4-bit formats (PACKED) read whole bytes
+    and multiply the even and odd columns of x."""
+    dtype = x_ptr.dtype.element_ty
+    rows = offs_n + row_offset
+    if PACKED:
+        offs_p = tl.arange(0, BLOCK_K // 2)
+        acc = tl.zeros((BLOCK_N, BLOCK_K // 2), dtype=tl.float32)
+        for k0 in range(0, k_dim, BLOCK_K):
+            ke = k0 + 2 * offs_p
+            mask_p = ke < k_dim  # K is even for 4-bit formats: the odd column follows
+            xe = tl.load(x_ptr + ke, mask=mask_p, other=0.0).to(tl.float32)
+            xo = tl.load(x_ptr + ke + 1, mask=mask_p, other=0.0).to(tl.float32)
+            lo, hi = load_weight_pairs(
+                w_ptr, s_ptr, z_ptr, rows, k0 // 2 + offs_p, mask_n, mask_p,
+                stride_wn, stride_sn, stride_zn, FMT, SCALE_BK, HAS_ZERO,
+            )  # fmt: skip
+            acc += lo.to(dtype).to(tl.float32) * xe[None, :]
+            acc += hi.to(dtype).to(tl.float32) * xo[None, :]
+    else:
+        offs_k = tl.arange(0, BLOCK_K)
+        acc = tl.zeros((BLOCK_N, BLOCK_K), dtype=tl.float32)
+        for k0 in range(0, k_dim, BLOCK_K):
+            ks = k0 + offs_k
+            mask_k = ks < k_dim
+            x = tl.load(x_ptr + ks, mask=mask_k, other=0.0).to(tl.float32)
+            w = load_weight_tile(
+                w_ptr, s_ptr, z_ptr, rows, ks, mask_n, mask_k, stride_wn, stride_sn, stride_zn,
+                FMT, SCALE_BN, SCALE_BK, HAS_ZERO,
+            )  # fmt: skip
+            acc += w.to(dtype).to(tl.float32) * x[None, :]
+    return tl.sum(acc, axis=1)
+
+
+@triton.jit(do_not_specialize=["M"])
+def quant_linear_kernel(
+    x_ptr, w_ptr, s_ptr, z_ptr, bias_ptr, out_ptr,
+    M, N, K,
+    stride_xm, stride_wn, stride_sn, stride_zn, stride_om,
+    FMT: tl.constexpr, SCALE_BN: tl.constexpr, SCALE_BK: tl.constexpr, HAS_ZERO: tl.constexpr,
+    HAS_BIAS: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr,
+    DOT_PRECISION: tl.constexpr,
+):  # fmt: skip
+    """grid (cdiv(M, BLOCK_M), cdiv(N, BLOCK_N)): out = x @ dequant(w)^T (+ bias). A row's
+    bits depend on its x row and BLOCK_K only (the k order of the float32 accumulation)."""
+    pid_m = tl.program_id(0)
+    pid_n = tl.program_id(1)
+    offs_m = pid_m * BLOCK_M + tl.arange(0, BLOCK_M)
+    offs_n = pid_n * BLOCK_N + tl.arange(0, BLOCK_N)
+    offs_k = tl.arange(0, BLOCK_K)
+    mask_m = offs_m < M
+    mask_n = offs_n < N
+    dtype = x_ptr.dtype.element_ty
+    acc = tl.zeros((BLOCK_M, BLOCK_N), dtype=tl.float32)
+    for k0 in range(0, K, BLOCK_K):
+        ks = k0 + offs_k
+        mask_k = ks < K
+        x_ptrs = x_ptr + offs_m.to(tl.int64)[:, None] * stride_xm + ks[None, :]
+        x = tl.load(x_ptrs, mask=mask_m[:, None] & mask_k[None, :], other=0.0)
+        w = load_weight_tile(
+            w_ptr, s_ptr, z_ptr, offs_n, ks, mask_n, mask_k, stride_wn, stride_sn, stride_zn,
+            FMT, SCALE_BN, SCALE_BK, HAS_ZERO,
+        )  # fmt: skip
+        acc = tl.dot(x, tl.trans(w.to(dtype)), acc, input_precision=DOT_PRECISION)
+    if HAS_BIAS:
+        acc += tl.load(bias_ptr + offs_n, mask=mask_n, other=0.0).to(tl.float32)[None, :]
+    out_ptrs = out_ptr + offs_m.to(tl.int64)[:, None] * stride_om + offs_n[None, :]
+    tl.store(out_ptrs, acc.to(out_ptr.dtype.element_ty), mask=mask_m[:, None] & mask_n[None, :])
+
+
+@triton.jit
+def quant_moe_gate_up_gemv_kernel(
+    x_ptr, ids_ptr, w_ptr, s_ptr, z_ptr, inter_ptr,
+    hidden_dim, inter_dim,
+    stride_xt, stride_we, stride_wn, stride_se, stride_sn, stride_ze, stride_zn, stride_it,
+    FMT: tl.constexpr, SCALE_BN: tl.constexpr, SCALE_BK: tl.constexpr, HAS_ZERO: tl.constexpr,
+    PACKED: tl.constexpr, TOP_K: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr,
+):  # fmt: skip
+    """grid (T*k, cdiv(I, BLOCK_N)): inter[pair, n] = silu(x·W13[e, n]) * (x·W13[e, I + n])."""
+    pair = tl.program_id(0)
+    pid_n = tl.program_id(1)
+    tok = (pair // TOP_K).to(tl.int64)
+    e = tl.load(ids_ptr + pair).to(tl.int64)
+    offs_n = pid_n * BLOCK_N + tl.arange(0, BLOCK_N)
+    mask_n = offs_n < inter_dim
+    w_e, s_e, z_e = w_ptr + e * stride_we, s_ptr + e * stride_se, z_ptr + e * stride_ze
+    x_row = x_ptr + tok * stride_xt
+    g = _row_dot(
+        x_row, w_e, s_e, z_e, offs_n, mask_n, 0, hidden_dim, stride_wn, stride_sn, stride_zn,
+        FMT, SCALE_BN, SCALE_BK, HAS_ZERO, PACKED, BLOCK_N, BLOCK_K,
+    )  # fmt: skip
+    u = _row_dot(
+        x_row, w_e, s_e, z_e, offs_n, mask_n, inter_dim, hidden_dim, stride_wn, stride_sn,
+        stride_zn, FMT, SCALE_BN, SCALE_BK, HAS_ZERO, PACKED, BLOCK_N, BLOCK_K,
+    )  # fmt: skip
+    h = _silu_mul(g, u, inter_ptr.dtype.element_ty)
+    tl.store(inter_ptr + pair.to(tl.int64) * stride_it + offs_n, h, mask=mask_n)
+
+
+@triton.jit
+def quant_moe_down_gemv_kernel(
+    inter_ptr, ids_ptr, w_ptr, s_ptr, z_ptr, y_ptr,
+    hidden_dim, inter_dim,
+    stride_it, stride_we, stride_wn, stride_se, stride_sn, stride_ze, stride_zn, stride_yt,
+    FMT: tl.constexpr, SCALE_BN: tl.constexpr, SCALE_BK: tl.constexpr, HAS_ZERO: tl.constexpr,
+    PACKED: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr,
+):  # fmt: skip
+    """grid (T*k, cdiv(H, BLOCK_N)): y[pair, n] = inter[pair]·W2[e, n] in the dtype."""
+    pair = tl.program_id(0).to(tl.int64)
+    pid_n = tl.program_id(1)
+    e = tl.load(ids_ptr + pair).to(tl.int64)
+    offs_n = pid_n * BLOCK_N + tl.arange(0, BLOCK_N)
+    mask_n = offs_n < hidden_dim
+    w_e, s_e, z_e = w_ptr + e * stride_we, s_ptr + e * stride_se, z_ptr + e * stride_ze
+    y = _row_dot(
+        inter_ptr + pair * stride_it, w_e, s_e, z_e, offs_n, mask_n, 0, inter_dim,
+        stride_wn, stride_sn, stride_zn, FMT, SCALE_BN, SCALE_BK, HAS_ZERO, PACKED, BLOCK_N,
+        BLOCK_K,
+    )  # fmt: skip
+    tl.store(y_ptr + pair * stride_yt + offs_n, y.to(y_ptr.dtype.element_ty), mask=mask_n)
+
+
+@triton.jit
+def quant_moe_gate_up_grouped_kernel(
+    x_ptr, sorted_pairs_ptr, block_ids_ptr, num_rows_ptr, w_ptr, s_ptr, z_ptr, inter_ptr,
+    num_pairs, hidden_dim, inter_dim,
+    stride_xt, stride_we, stride_wn, stride_se, stride_sn, stride_ze, stride_zn, stride_it,
+    FMT: tl.constexpr, SCALE_BN: tl.constexpr, SCALE_BK: tl.constexpr, HAS_ZERO: tl.constexpr,
+    TOP_K: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr,
+    DOT_PRECISION: tl.constexpr,
+):  # fmt: skip
+    """grid (max_blocks * cdiv(I, BLOCK_N),): one BLOCK_M tile of rows sharing one id."""
+    pid = tl.program_id(0)
+    num_pid_n = tl.cdiv(inter_dim, BLOCK_N)
+    pid_m = pid // num_pid_n
+    pid_n = pid % num_pid_n
+    if pid_m * BLOCK_M >= tl.load(num_rows_ptr):
+        return
+    e = tl.load(block_ids_ptr + pid_m).to(tl.int64)
+    pairs = tl.load(sorted_pairs_ptr + pid_m * BLOCK_M + tl.arange(0, BLOCK_M))
+    mask_m = pairs < num_pairs
+    toks = (pairs // TOP_K).to(tl.int64)
+    offs_n = pid_n * BLOCK_N + tl.arange(0, BLOCK_N)
+    offs_k = tl.arange(0, BLOCK_K)
+    mask_n = offs_n < inter_dim
+    w_e, s_e, z_e = w_ptr + e * stride_we, s_ptr + e * stride_se, z_ptr + e * stride_ze
+    dtype = x_ptr.dtype.element_ty
+    acc_g = tl.zeros((BLOCK_M, BLOCK_N), dtype=tl.float32)
+    acc_u = tl.zeros((BLOCK_M, BLOCK_N), dtype=tl.float32)
+    for k0 in range(0, hidden_dim, BLOCK_K):
+        ks = k0 + offs_k
+        mask_k = ks < hidden_dim
+        a_ptrs = x_ptr + toks[:, None] * stride_xt + ks[None, :]
+        a = tl.load(a_ptrs, mask=mask_m[:, None] & mask_k[None, :], other=0.0)
+        wg = load_weight_tile(
+            w_e, s_e, z_e, offs_n, ks, mask_n, mask_k, stride_wn, stride_sn, stride_zn,
+            FMT, SCALE_BN, SCALE_BK, HAS_ZERO,
+        )  # fmt: skip
+        wu = load_weight_tile(
+            w_e, s_e, z_e, offs_n + inter_dim, ks, mask_n, mask_k, stride_wn, stride_sn,
+            stride_zn, FMT, SCALE_BN, SCALE_BK, HAS_ZERO,
+        )  # fmt: skip
+        acc_g = tl.dot(a, tl.trans(wg.to(dtype)), acc_g, input_precision=DOT_PRECISION)
+        acc_u = tl.dot(a, tl.trans(wu.to(dtype)), acc_u, input_precision=DOT_PRECISION)
+    h = _silu_mul(acc_g, acc_u, inter_ptr.dtype.element_ty)
+    out_ptrs = inter_ptr + pairs.to(tl.int64)[:, None] * stride_it + offs_n[None, :]
+    tl.store(out_ptrs, h, mask=mask_m[:, None] & mask_n[None, :])
+
+
+@triton.jit
+def quant_moe_down_grouped_kernel(
+    inter_ptr, sorted_pairs_ptr, block_ids_ptr, num_rows_ptr, w_ptr, s_ptr, z_ptr, y_ptr,
+    num_pairs, hidden_dim, inter_dim,
+    stride_it, stride_we, stride_wn, stride_se, stride_sn, stride_ze, stride_zn, stride_yt,
+    FMT: tl.constexpr, SCALE_BN: tl.constexpr, SCALE_BK: tl.constexpr, HAS_ZERO: tl.constexpr,
+    BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr,
+    DOT_PRECISION: tl.constexpr,
+):  # fmt: skip
+    """grid (max_blocks * cdiv(H, BLOCK_N),): y[pair] = inter[pair] @ W2[e]^T in the dtype."""
+    pid = tl.program_id(0)
+    num_pid_n = tl.cdiv(hidden_dim, BLOCK_N)
+    pid_m = pid // num_pid_n
+    pid_n = pid % num_pid_n
+    if pid_m * BLOCK_M >= tl.load(num_rows_ptr):
+        return
+    e = tl.load(block_ids_ptr + pid_m).to(tl.int64)
+    pairs = tl.load(sorted_pairs_ptr + pid_m * BLOCK_M + tl.arange(0, BLOCK_M))
+    mask_m = pairs < num_pairs
+    rows = pairs.to(tl.int64)
+    offs_n = pid_n * BLOCK_N + tl.arange(0, BLOCK_N)
+    offs_k = tl.arange(0, BLOCK_K)
+    mask_n = offs_n < hidden_dim
+    w_e, s_e, z_e = w_ptr + e * stride_we, s_ptr + e * stride_se, z_ptr + e * stride_ze
+    dtype = inter_ptr.dtype.element_ty
+    acc = tl.zeros((BLOCK_M, BLOCK_N), dtype=tl.float32)
+    for k0 in range(0, inter_dim, BLOCK_K):
+        ks = k0 + offs_k
+        mask_k = ks < inter_dim
+        a_ptrs = inter_ptr + rows[:, None] * stride_it + ks[None, :]
+        a = tl.load(a_ptrs, mask=mask_m[:, None] & mask_k[None, :], other=0.0)
+        w = load_weight_tile(
+            w_e, s_e, z_e, offs_n, ks, mask_n, mask_k, stride_wn, stride_sn, stride_zn,
+            FMT, SCALE_BN, SCALE_BK, HAS_ZERO,
+        )  # fmt: skip
+        acc = tl.dot(a, tl.trans(w.to(dtype)), acc, input_precision=DOT_PRECISION)
+    y_ptrs = y_ptr + rows[:, None] * stride_yt + offs_n[None, :]
+    tl.store(y_ptrs, acc.to(y_ptr.dtype.element_ty), mask=mask_m[:, None] & mask_n[None, :])

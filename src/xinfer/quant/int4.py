@@ -1,0 +1,85 @@
+"""The engine's int4 weight-only layout, shared by GPTQ, AWQ and compressed-tensors
+`pack-quantized` (each converts its own checkpoint packing into it at load):
+`qweight` (N, K/2) uint8 codes 0..15 (even k in the low nibble), `scales` (N, K/g) and,
+when asymmetric, `zeros` (N, K/g) uint8 codes (symmetric: 8). W = (q - z) * s."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import torch
+
+from xinfer.quant.base import KernelWeights, TensorSpec, WeightFormat
+from xinfer.quant.checks import cdiv
+from xinfer.quant.packing import unpack_nibbles
+
+SYM_ZERO = 8
+
+
+@dataclass(frozen=True, repr=False)
+class Int4Grouped(WeightFormat):
+    """`group_size` 0 means one group per row (per-channel scales)."""
+
+    group_size: int = 128
+    has_zero: bool = False
+    scale_dtype: torch.dtype = torch.float16
+    producer: str = "int4"
+
+    @property
+    def name(self) -> str:  # type: ignore[override]
+        kind = "asym" if self.has_zero else "sym"
+        return f"{self.producer}-int4-g{self.group_size or 'row'}-{kind}"
+
+    def group(self, k: int) -> int:
+        return self.group_size or k
+
+    def tensor_specs(self, n: int, k: int) -> dict[str, TensorSpec]:
+        g = self.group(k)
+        specs = {
+            "qweight": TensorSpec((n, cdiv(k, 2)), torch.uint8, n_block=1, k_block=2),
+            "scales": TensorSpec((n, cdiv(k, g)), self.scale_dtype, n_block=1, k_block=g),
+        }
+        if self.has_zero:
+            specs["zeros"] = TensorSpec((n, cdiv(k, g)), torch.uint8, n_block=1, k_block=g)
+        return specs
+
+    def dequantize(self, tensors: dict[str, torch.Tensor], n: int, k: int) -> torch.Tensor:
+        g = self.group(k)
+        q = unpack_nibbles(tensors["qweight"])[:, :k].float()
+        s = tensors["scales"].float().repeat_interleave(g, dim=1)[:, :k]
+        if self.has_zero:
+            z = tensors["zeros"].float().repeat_interleave(g, dim=1)[:, :k]
+        else:
+            z = torch.full_like(q, SYM_ZERO)
+        return (q - z) * s
+
+    def quantize_codes(self, weight: torch.Tensor):
+        """Round-to-nearest group quantization of (N, K) → (codes (N, K) 0..15 uint8,
+        scales (N, K/g) fp32, zero codes (N, K/g) uint8)."""
+        n, k = weight.shape
+        g = self.group(k)
+        w = weight.float().reshape(n, k // g, g)
+        if self.has_zero:
+            lo, hi = w.amin(-1).clamp(max=0), w.amax(-1).clamp(min=0)
+            scale = ((hi - lo) / 15).clamp(min=1e-8)
+            zero = torch.round(-lo / scale).clamp(0, 15)
+        else:
+            scale = (w.abs().amax(-1) / 7).clamp(min=1e-8)
+            zero = torch.full_like(scale, SYM_ZERO)
+        scale = scale.to(self.scale_dtype).float()  # the stored scale is what dequant uses
+        q = torch.round(w / scale[..., None] + zero[..., None]).clamp(0, 15)
+        return q.reshape(n, k).to(torch.uint8), scale, zero.to(torch.uint8)
+
+    def kernel_weights(self, tensors, k):
+        w, s, z = tensors["qweight"], tensors["scales"], tensors.get("zeros")
+        return KernelWeights(2, w, s, z, 1, self.group(k), self.has_zero)
+
+    def triton_linear(self, x, tensors, bias, n, k):
+        from xinfer.kernels import quant_launch
+
+        return quant_launch.linear(x, self, tensors, bias, n, k)
+
+    def triton_moe(self, hidden, topk_ids, topk_weights, w13, w2, inter):
+        from xinfer.kernels import quant_launch
+
+        return quant_launch.fused_moe(hidden, topk_ids, topk_weights, self, w13, w2, inter)

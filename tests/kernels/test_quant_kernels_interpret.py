@@ -1,0 +1,126 @@
+"""The quantized-format kernels (`kernels/quant_launch.py`) run by Triton's CPU interpreter
+against each format's pure-torch twin: linears on the decode and prefill tiles, routed
+experts on the GEMV and grouped paths, on fresh random weights whose sizes are not tile or
+block multiples; and an expert's bits do not depend on which slot holds it.
+
+Runs in a child pytest with TRITON_INTERPRET=1 (see interpreter_child.py)."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+from interpreter_child import child_only, interpreter_child_test
+
+pytest.importorskip("triton")
+
+test_interpreter_child = interpreter_child_test(__file__)
+
+
+def _formats():
+    from xinfer.quant.awq import AwqInt4
+    from xinfer.quant.compressed_tensors import PackQuantizedInt4
+    from xinfer.quant.fp8 import Fp8Block, Fp8Scaled
+    from xinfer.quant.gptq import GptqInt4
+    from xinfer.quant.nvfp4 import Nvfp4
+
+    return {
+        "fp8-16x32": Fp8Block(16, 32),
+        "fp8-per-channel": Fp8Scaled(),
+        "gptq-g32-sym": GptqInt4(group_size=32, has_zero=False),
+        "awq-g64-asym": AwqInt4(group_size=64, has_zero=True),
+        "ct-g32-asym-bf16": PackQuantizedInt4(32, True, torch.bfloat16),
+        "nvfp4": Nvfp4(),
+    }
+
+
+FORMATS = [
+    "fp8-16x32",
+    "fp8-per-channel",
+    "gptq-g32-sym",
+    "awq-g64-asym",
+    "ct-g32-asym-bf16",
+    "nvfp4",
+]
+# (N, K): N off every tile; K a multiple of the group (int4, nvfp4), off the fp8 blocks
+# (GPTQ and AWQ pack along N: their checkpoints have N % 8 == 0)
+SHAPES = {"fp8-16x32": (37, 80), "nvfp4": (37, 96), "gptq-g32-sym": (40, 96)}
+DEFAULT_SHAPE = (37, 128)
+SHAPES["awq-g64-asym"] = (40, 128)
+
+
+@pytest.fixture(scope="module")
+def ql():
+    from triton.runtime.interpreter import InterpretedFunction
+
+    from xinfer.kernels import quant_launch
+    from xinfer.kernels.triton import quant_gemm
+
+    if not isinstance(quant_gemm.quant_linear_kernel, InterpretedFunction):
+        pytest.skip("kernels were compiled before TRITON_INTERPRET=1 was set in this process")
+    return quant_launch
+
+
+def _weights(fmt, n, k, seed, count=None):
+    g = torch.Generator().manual_seed(seed)
+    if count is None:
+        return fmt.engine_tensors(torch.randn(n, k, generator=g) / k**0.5)
+    parts = [fmt.engine_tensors(torch.randn(n, k, generator=g) / k**0.5) for _ in range(count)]
+    return {name: torch.stack([p[name] for p in parts]) for name in parts[0]}
+
+
+def _tol(dtype):
+    return dict(rtol=1e-5, atol=1e-5) if dtype == torch.float32 else dict(rtol=3e-3, atol=3e-3)
+
+
+@child_only
+@pytest.mark.parametrize("name", FORMATS)
+@pytest.mark.parametrize("dtype", [torch.float32, torch.float16])
+@pytest.mark.parametrize("m", [1, 5, 21])
+def test_linear_matches_twin(ql, name, dtype, m):
+    fmt = _formats()[name]
+    n, k = SHAPES.get(name, DEFAULT_SHAPE)
+    tensors = _weights(fmt, n, k, seed=m)
+    g = torch.Generator().manual_seed(100 + m)
+    x = torch.randn(m, k, generator=g).to(dtype)
+    bias = torch.randn(n, generator=g).to(dtype)
+    out = ql.linear(x, fmt, tensors, bias, n, k)
+    ref = fmt.reference_linear(x, tensors, bias, n, k)
+    assert out.dtype == dtype and out.shape == (m, n)
+    torch.testing.assert_close(out.float(), ref.float(), **_tol(dtype))
+
+
+@child_only
+@pytest.mark.parametrize("name", FORMATS)
+@pytest.mark.parametrize("use_gemv", [True, False], ids=["gemv", "grouped"])
+def test_fused_moe_matches_twin(ql, name, use_gemv):
+    from xinfer.kernels import reference
+
+    fmt = _formats()[name]
+    num_experts, top_k, tokens = 5, 2, 7
+    _, k = SHAPES.get(name, DEFAULT_SHAPE)
+    hidden_dim, inter = k, 32 if name != "awq-g64-asym" else 64
+    w13 = _weights(fmt, 2 * inter, hidden_dim, seed=1, count=num_experts)
+    w2 = _weights(fmt, hidden_dim, inter, seed=2, count=num_experts)
+    g = torch.Generator().manual_seed(3)
+    hidden = torch.randn(tokens, hidden_dim, generator=g)
+    weights, ids = reference.route_topk(torch.randn(tokens, num_experts, generator=g), top_k, True)
+    tiles = None if use_gemv else ql.QuantTiles(block_m=16, block_n=16, block_k=32)
+    out = ql.fused_moe(hidden, ids, weights, fmt, w13, w2, inter, use_gemv=use_gemv, tiles=tiles)
+    ref = fmt.reference_moe(hidden, ids, weights, w13, w2, inter)
+    torch.testing.assert_close(out, ref, rtol=1e-5, atol=1e-5)
+
+    # the same experts at permuted slot ids of a larger [S, ...] set: identical bits
+    slots = 8
+    perm = torch.randperm(slots, generator=g)[:num_experts]
+
+    def to_slots(t):  # noqa: E306
+        s = torch.zeros((slots, *t.shape[1:]), dtype=t.dtype)
+        s[perm] = t
+        return s
+
+    s13 = {n: to_slots(t) for n, t in w13.items()}
+    s2 = {n: to_slots(t) for n, t in w2.items()}
+    slot_ids = perm[ids.long()].to(torch.int32)
+    out_s = ql.fused_moe(hidden, slot_ids, weights, fmt, s13, s2, inter, use_gemv=use_gemv,
+                         tiles=tiles)  # fmt: skip
+    assert torch.equal(out, out_s)

@@ -1,0 +1,82 @@
+"""Offload per rank under tensor parallelism (2 CPU ranks, gloo): each rank's host store
+holds its shard of every expert (so a miss moves half the bytes), its slots and counters are
+its own, `auto` sizes each rank from its own memory, and greedy output stays byte-identical
+for every offload setting — and equal to one rank without offload."""
+
+from __future__ import annotations
+
+import pytest
+import tiny_models as tm
+from conftest import checkpoint
+
+from xinfer import LLM, SamplingParams
+
+GIB = 1 << 30
+GREEDY = SamplingParams(temperature=0, max_tokens=32, ignore_eos=True)
+PROMPTS = tm.prompts(3, seed=1)  # 5, 17 and 9 tokens: wide prefills stage, decode fills
+
+
+@pytest.fixture(scope="module")
+def path(tmp_path_factory):
+    return checkpoint(tmp_path_factory, "qwen3_moe", num_experts=16)  # MoE layers 0 and 2
+
+
+@pytest.fixture(scope="module")
+def one_rank(path):
+    """TP=1 tokens without offload, and TP=1 stats at 0.25."""
+    tokens = [r.token_ids for r in LLM(str(path), device="cpu").generate(PROMPTS, GREEDY)]
+    llm = LLM(str(path), device="cpu", moe_offload=0.25)
+    llm.generate(PROMPTS, GREEDY)
+    return tokens, llm.offload_stats()
+
+
+def _generate(llm: LLM) -> list[list[int]]:
+    return [r.token_ids for r in llm.generate(PROMPTS, GREEDY)]
+
+
+@pytest.mark.parametrize("fraction", [None, 0.25, 1.0])
+def test_tp2_output_identical_across_fractions(path, one_rank, tp_llm, fraction):
+    llm = tp_llm(path, dtype=None, moe_offload=fraction)
+    assert _generate(llm) == one_rank[0], f"TP=2 output changed at offload {fraction}"
+    stats = llm.offload_stats()
+    if fraction is None:
+        assert stats is None
+        return
+    assert stats["tp_size"] == 2 and len(stats["ranks"]) == 2
+    r0, r1 = stats["ranks"]
+    assert r0["slots_per_layer"] == r1["slots_per_layer"] == [round(16 * fraction)] * 2
+    # the router is replicated and the all-reduce gives every rank the same bits: both
+    # ranks route alike, so their caches see the same hits and misses
+    assert (r0["hits"], r0["misses"], r0["calls"]) == (r1["hits"], r1["misses"], r1["calls"])
+    assert stats["hits"] == 2 * r0["hits"] and stats["bytes_moved"] == 2 * r0["bytes_moved"]
+    if fraction == 0.25:
+        assert r0["misses"] > 0 and r0["staging_copies"] > 0
+
+
+def test_bytes_per_miss_divide_by_tp_size(path, one_rank, tp_llm):
+    _, single = one_rank
+    llm = tp_llm(path, dtype=None, moe_offload=0.25)
+    _generate(llm)
+    rank = llm.offload_stats()["ranks"][0]
+    per_miss_1 = single["bytes_copied"] / single["misses"]
+    per_miss_2 = rank["bytes_copied"] / rank["misses"]
+    assert per_miss_2 * 2 == per_miss_1
+    assert rank["pinned_gb"] * 2 == pytest.approx(single["pinned_gb"])
+
+
+def test_auto_sizes_each_rank_from_its_own_memory(path, one_rank, tp_llm):
+    """The same memory limit per rank holds more slots of a half-width shard."""
+    model = LLM(str(path), device="cpu").engine.model
+    resident = sum(t.numel() * t.element_size() for t in [*model.parameters(), *model.buffers()])
+    experts = 2 * 16 * 3 * 64 * 32 * 4  # 2 MoE layers x 16 experts, float32
+    options = dict(moe_offload="auto", moe_offload_reserve_gb=0.0)
+    # one rank: ~6 of 16 slots beside its staging buffer; half-width shards: all 16 fit
+    options["gpu_memory_limit_gb"] = (resident + 0.9 * experts) / GIB
+    single = LLM(str(path), device="cpu", **options)
+    assert _generate(single) == one_rank[0]
+    slots_1 = single.offload_stats()["slots_per_layer"]
+    llm = tp_llm(path, dtype=None, **options)
+    assert _generate(llm) == one_rank[0]
+    ranks = llm.offload_stats()["ranks"]
+    assert 2 <= slots_1[0] < 16
+    assert all(r["slots_per_layer"][0] > slots_1[0] for r in ranks)
