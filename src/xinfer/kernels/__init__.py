@@ -201,22 +201,15 @@ def paged_attention(
     """`max_query_len`/`max_seq_len` are host-side bounds that let the GPU path pick its
     decode or prefill kernel and grid without reading device memory. `sliding_window` W:
     a query at position p sees keys in (p - W, p] only (Gemma 3's local layers)."""
-    if sliding_window is not None and (max_seq_len is None or max_seq_len > sliding_window):
-        if use_triton(q):
-            raise NotImplementedError(
-                "sliding-window attention past the window is not implemented in the Triton "
-                f"kernels yet; use --max-model-len {sliding_window} on the GPU"
-            )
-        return reference.paged_attention(
-            q, k_cache, v_cache, block_tables, seq_lens, query_start_loc, scale, sliding_window
-        )
+    if sliding_window is not None and max_seq_len is not None and max_seq_len <= sliding_window:
+        sliding_window = None  # every key is inside the window
     if use_triton(q):
         from xinfer.kernels import attn_launch
 
         return attn_launch.paged_attention(
             q, k_cache, v_cache, block_tables, seq_lens, query_start_loc, scale,
-            max_query_len=max_query_len, max_seq_len=max_seq_len,
+            max_query_len=max_query_len, max_seq_len=max_seq_len, sliding_window=sliding_window,
         )  # fmt: skip
     return reference.paged_attention(
-        q, k_cache, v_cache, block_tables, seq_lens, query_start_loc, scale
+        q, k_cache, v_cache, block_tables, seq_lens, query_start_loc, scale, sliding_window
     )
