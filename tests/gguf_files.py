@@ -5,9 +5,16 @@ of every block type, and a tiny HF model converted the way llama.cpp's converter
 from __future__ import annotations
 
 import re
+import sys
+import types
 from pathlib import Path
 
-import gguf
+try:  # gguf imports yaml at import time; its writer and dequantizers never use it
+    import yaml  # noqa: F401
+except ImportError:  # (the GPU machine has no PyYAML)
+    sys.modules["yaml"] = types.ModuleType("yaml")
+
+import gguf  # noqa: E402
 import numpy as np
 import torch
 

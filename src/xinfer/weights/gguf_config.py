@@ -7,6 +7,7 @@ from __future__ import annotations
 from typing import Any
 
 from xinfer.errors import UserError
+from xinfer.weights import gguf_names
 from xinfer.weights.gguf_file import GGUFCheckpoint
 
 # GGUF `general.architecture` → (HF architecture, HF model_type, fixed HF keys)
@@ -97,8 +98,8 @@ def hf_config_from_gguf(ckpt: GGUFCheckpoint) -> dict[str, Any]:
     hf["tie_word_embeddings"] = "output.weight" not in names
     hf["attention_bias"] = "blk.0.attn_q.bias" in names
     hf["dtype"] = "auto"  # quantized weights: run in the engine's default dtype
-    # the layers' formats follow the file's block types (quant/gguf_formats.py)
-    hf["quantization_config"] = {"quant_method": "gguf", "path": str(ckpt.paths[0])}
+    if _has_quantized_weights(ckpt):  # the layers' formats follow its block types
+        hf["quantization_config"] = {"quant_method": "gguf", "path": str(ckpt.paths[0])}
     meta = ckpt.metadata
     if (bos := meta.get("tokenizer.ggml.bos_token_id")) is not None:
         hf["bos_token_id"] = int(bos)
@@ -107,3 +108,13 @@ def hf_config_from_gguf(ckpt: GGUFCheckpoint) -> dict[str, Any]:
     if eos_ids:
         hf["eos_token_id"] = eos_ids
     return hf
+
+
+def _has_quantized_weights(ckpt: GGUFCheckpoint) -> bool:
+    """Whether a linear or expert weight is stored in a quantized block type (a float file
+    is a float checkpoint: `--isq` may quantize it)."""
+    return any(
+        not t.btype.is_float
+        and (gguf_names.is_linear_weight(t.name) or gguf_names.expert_names(t.name, 1))
+        for t in ckpt.tensors.values()
+    )
