@@ -126,9 +126,11 @@ def write_gguf(
     qtype: str = "Q8_0",
     meta: dict | None = None,
     types: dict[str, str] | None = None,
+    extra: dict[str, np.ndarray] | None = None,
 ) -> Path:
     """Convert a tiny transformers model to GGUF: 2-D weights in `qtype` (or `types[part]`
-    for GGUF names containing `part`, e.g. {"ffn_down_exps": "Q8_0"}), norms F32."""
+    for GGUF names containing `part`, e.g. {"ffn_down_exps": "Q8_0"}), norms F32; `extra`
+    tensors are written F32 as they are (e.g. `rope_freqs.weight`)."""
     cfg = model.config
     sd = {k: v.detach().float() for k, v in model.state_dict().items()}
     if cfg.tie_word_embeddings:
@@ -170,6 +172,8 @@ def write_gguf(
         _store(w, g, arr, qtype, types)
     for g, arr in experts.items():
         _store(w, g, arr, qtype, types)
+    for g, arr in (extra or {}).items():
+        _store(w, g, arr, "F32")
     w.write_header_to_file()
     w.write_kv_data_to_file()
     w.write_tensors_to_file()

@@ -73,6 +73,9 @@ class RopeConfig:
     mscale_all_dim: float | None = None
     low_freq_factor: float = 1.0
     high_freq_factor: float = 4.0
+    # per-frequency divisors of the inverse frequencies (GGUF's `rope_freqs` tensor, which
+    # llama.cpp's converter writes for llama3 scaling); () = none
+    freq_factors: tuple[float, ...] = ()
 
     _SUPPORTED = ("default", "linear", "yarn", "llama3")
 
@@ -104,6 +107,8 @@ class RopeConfig:
         ):
             if params.get(key) is not None:
                 kw[key] = params[key]
+        if params.get("freq_factors"):
+            kw["freq_factors"] = tuple(float(f) for f in params["freq_factors"])
         return cls(**kw)
 
 

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import dense_models as dm
 import gguf_files as gf
+import numpy as np
 import pytest
 import tiny_models as tm
 import torch
@@ -121,3 +122,40 @@ def test_gguf_moe_offload_is_byte_identical_across_fractions(tmp_path):
             assert layer["bytes_copied"] == layer["misses"] * stored
             assert layer["staging_bytes"] == layer["staging_copies"] * 8 * stored
         assert stats["bytes_moved"] > 0  # cold slots fill even at 1.0
+
+
+def _llama3_rope_factors(cfg) -> np.ndarray:
+    """What llama.cpp's converter writes as `rope_freqs.weight` for llama3 RoPE scaling."""
+    rp = cfg.rope_parameters
+    head_dim = cfg.hidden_size // cfg.num_attention_heads
+    freqs = 1.0 / (rp["rope_theta"] ** (np.arange(0, head_dim, 2, dtype=np.float32) / head_dim))
+    orig, factor = rp["original_max_position_embeddings"], rp["factor"]
+    low, high = rp["low_freq_factor"], rp["high_freq_factor"]
+    out = []
+    for freq in freqs:
+        wavelen = 2 * np.pi / freq
+        if wavelen < orig / high:
+            out.append(1.0)
+        elif wavelen > orig / low:
+            out.append(factor)
+        else:
+            smooth = (orig / wavelen - low) / (high - low)
+            out.append(1 / ((1 - smooth) / factor + smooth))
+    return np.array(out, dtype=np.float32)
+
+
+def test_llama3_rope_factors_from_the_file(tmp_path):
+    """A llama GGUF with `rope_freqs.weight` (llama3 scaling, as llama.cpp's converter writes
+    it) runs with those factors: greedy tokens equal transformers' model with llama3 RoPE."""
+    rope = dict(rope_type="llama3", rope_theta=10000.0, factor=8.0, low_freq_factor=1.0,
+                high_freq_factor=4.0, original_max_position_embeddings=64)  # fmt: skip
+    hf = dm.make_dense("llama", rope_parameters=rope)
+    extra = {"rope_freqs.weight": _llama3_rope_factors(hf.config)}
+    path = gf.write_gguf(hf, tmp_path / "l3.gguf", "llama", "Q8_0", extra=extra)
+    llm = LLM(str(path), device="cpu", dtype="float32")
+    assert llm.engine.model_config.rope.freq_factors  # read from the file, not ignored
+    ref = _transformers_on_file(hf, path)  # the file's weights, llama3 RoPE from hf.config
+    prompts = tm.prompts(3, seed=4)
+    for prompt, result in zip(prompts, llm.generate(prompts, GREEDY)):
+        want = ref.generate(torch.tensor([prompt]), max_new_tokens=16, do_sample=False)
+        assert result.token_ids == want[0, len(prompt) :].tolist()

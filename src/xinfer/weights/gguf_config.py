@@ -6,6 +6,8 @@ from __future__ import annotations
 
 from typing import Any
 
+import torch
+
 from xinfer.errors import UserError
 from xinfer.weights import gguf_names
 from xinfer.weights.gguf_file import GGUFCheckpoint
@@ -92,6 +94,12 @@ def hf_config_from_gguf(ckpt: GGUFCheckpoint) -> dict[str, Any]:
         raise UserError("the GGUF file's vocabulary is larger than its vocab_size")
     if (scaling := _rope_scaling(ckpt)) is not None:
         hf["rope_scaling"] = scaling
+    if (freqs := ckpt.tensors.get("rope_freqs.weight")) is not None:
+        factors = freqs.raw.reshape(-1).view(torch.float32) if freqs.btype.name == "F32" else None
+        if factors is None:
+            raise UserError(f"rope_freqs.weight is {freqs.btype.name}; llama.cpp writes it F32")
+        hf["rope_scaling"] = {"rope_type": "default", **(scaling or {})}
+        hf["rope_scaling"]["freq_factors"] = factors.tolist()
     if model_type == "gemma3_text":
         hf["query_pre_attn_scalar"] = hf.get("head_dim", 256)
     names = ckpt.tensors

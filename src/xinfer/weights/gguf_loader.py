@@ -71,7 +71,7 @@ def iter_gguf(
             continue
         name = gguf_names.hf_name(t.name, ckpt.arch)
         if name is None:
-            if t.name.startswith("rope_"):  # llama.cpp's precomputed RoPE factors
+            if t.name.startswith("rope_"):  # RoPE factors: gguf_config put them in the config
                 continue
             raise UserError(f"GGUF tensor {t.name!r} is not one a {ckpt.arch} model uses")
         if plan.is_raw(name):
