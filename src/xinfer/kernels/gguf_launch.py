@@ -35,7 +35,7 @@ class GGUFTiles:
 
 def linear_tiles(m: int, dtype: torch.dtype) -> GGUFTiles:
     if m <= DECODE_M:  # weight-bound: narrow N tiles give every SM work
-        return GGUFTiles(block_m=16, block_n=32, subs=8, num_warps=4)
+        return GGUFTiles(block_m=16, block_n=16, subs=8, num_warps=4)
     if dtype == torch.float32:
         return GGUFTiles(block_m=32, block_n=32, subs=2, num_warps=4)
     return GGUFTiles(block_m=64, block_n=64, subs=2, num_warps=8)
