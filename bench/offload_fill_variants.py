@@ -54,8 +54,8 @@ def fill_vec4(
         e = tl.load(miss_ids + m).to(tl.int64)
         s = tl.load(miss_slots + m).to(tl.int64)
         start = (b - m * per) * BLOCK
-        src_row = tl.multiple_of(src + e * row_words + start, 4)
-        dst_row = tl.multiple_of(dst + s * row_words + start, 4)
+        src_row = tl.multiple_of(src + e * row_words + start, 16)  # bytes
+        dst_row = tl.multiple_of(dst + s * row_words + start, 16)
         mask = start + r < row_words
         v = tl.load(src_row + r, mask=mask, cache_modifier=CACHE, eviction_policy=EVICT)
         tl.store(dst_row + r, v, mask=mask)

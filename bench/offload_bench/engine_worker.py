@@ -67,7 +67,7 @@ def prompt_ids(seed: int, num_tokens: int, vocab: int) -> list[int]:
 
 def counters(llm: LLM) -> dict:
     st = llm.offload_stats() or {}
-    keys = ("hits", "misses", "bytes_copied", "bytes_moved", "staging_copies")
+    keys = ("hits", "misses", "overflow_misses", "bytes_copied", "bytes_moved", "staging_copies")
     return {k: st.get(k, 0) for k in keys}
 
 

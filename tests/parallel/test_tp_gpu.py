@@ -2,7 +2,8 @@
 tiny checkpoint of every architecture in float32 (greedy tokens equal, logprobs within 1e-4,
 the reasons in test_tp_parity.py); CUDA graphs that hold the all-reduces replay the eager
 result and the decode look-ahead is used; offload per rank keeps the output byte-identical
-across fractions, with graphs; bfloat16 TP=2 stays within bf16's tolerance of one GPU."""
+across fractions, with graphs; bfloat16 TP=2 stays within bf16's tolerance of one GPU; the
+routing model routes alike on every rank after the CUDA warm-up."""
 
 from __future__ import annotations
 
@@ -102,3 +103,17 @@ def test_bfloat16_tp2_within_tolerance(tmp_path_factory, gpu_tp):
         x = torch.tensor([ref[i] for i in common])
         y = torch.tensor([got[i] for i in common])
         assert (x - y).norm() / x.norm() < 3e-2
+
+
+def test_routing_model_after_warm_up_routes_alike(tmp_path_factory, gpu_tp):
+    """On CUDA the engine warms up before the user's requests; the routing model's state is
+    reset on every rank after it, so TP=2 routes (and decodes) as one GPU."""
+    path = checkpoint(tmp_path_factory, "qwen3_moe", num_experts=16)
+    options = dict(load_format="dummy", routing_source="model:2.0,2.0,0.98", moe_offload=0.25)
+    params = SamplingParams(temperature=1.0, seed=5, max_tokens=32, ignore_eos=True)
+    one = LLM(str(path), device="cuda:0", dtype="float32", **options)
+    expected = [r.token_ids for r in one.generate(PROMPTS, params)]
+    llm = gpu_tp(path, dtype="float32", **options)
+    assert [r.token_ids for r in llm.generate(PROMPTS, params)] == expected
+    r0, r1 = llm.offload_stats()["ranks"]
+    assert (r0["hits"], r0["misses"]) == (r1["hits"], r1["misses"]) and r0["misses"] > 0

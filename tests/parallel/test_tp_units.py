@@ -52,6 +52,8 @@ def test_batch_round_trip(query_lens, extra_blocks, has_ids):
         hb.block_tables.append(rng.integers(0, 99, 1 + extra_blocks + n % 3).tolist())
         if has_ids:  # a hybrid model's recurrent-state slot per request
             hb.state_ids.append(int(rng.integers(0, 64)))
+        hb.request_rows.append(int(rng.integers(0, 64)))  # routing: per-request rows, keys
+        hb.request_keys.append(int(rng.integers(0, 1 << 40)))
     out, out_has_ids = unpack_batch(pack_batch(hb, has_ids))
     assert out == hb and out_has_ids == has_ids
 

@@ -1,7 +1,8 @@
 """Routing sources through the whole engine (CPU): the routing model keeps greedy output
-byte-identical across offload settings (batched, a prompt over several chunks); recording
-writes exactly the ids the router chose (replaying the trace reproduces the router's run);
-the default installs nothing; bad options fail with one sentence."""
+byte-identical across offload settings (batched, prompts longer than a step: prompt passes);
+recording writes exactly the ids the router chose, prompt passes included (replaying the
+trace reproduces the router's run); the default installs nothing; bad options fail with one
+sentence."""
 
 from __future__ import annotations
 
@@ -14,7 +15,8 @@ from xinfer.routing.trace import read_trace, request_streams
 
 GREEDY = SamplingParams(max_tokens=12, temperature=0.0, ignore_eos=True)
 NUM_EXPERTS = 16
-# three short prompts and one of 45 tokens: with 16 tokens a step it takes three chunks
+# prompts of 5, 17, 9 and 45 tokens: with 16 tokens a step, the 17 and the 45 run as prompt
+# passes
 PROMPTS = prompts(3, seed=1) + [list(range(3, 48))]
 
 
@@ -60,8 +62,10 @@ def test_record_then_replay_reproduces_the_router(ckpt, tmp_path):
     lengths = [len(p) + GREEDY.max_tokens - 1 for p in PROMPTS]  # the last token is not fed
     assert [streams[f"req-{i}"].shape for i in range(4)] == [(2, n, 2) for n in lengths]
     assert all(0 <= s.ids.min() and s.ids.max() < NUM_EXPERTS for s in steps)
-    chunks = [(first, n) for s in steps for rid, first, n in s.requests if rid == "req-3"]
-    assert chunks[0][0] == 0 and sum(n > 1 for _, n in chunks) >= 3  # the prompt in chunks
+    # prompts longer than a step's 16 tokens ran as prompt passes (layer by layer over their
+    # chunks, across steps): one record each, the whole prompt
+    records = [(first, n) for s in steps for rid, first, n in s.requests if rid == "req-3"]
+    assert records[0] == (0, 45) and all(n == 1 for _, n in records[1:])
     _, replayed = _run(ckpt, routing_source=f"replay:{path}", moe_offload=0.25)
     assert replayed == plain  # the trace holds exactly the experts the router chose
 

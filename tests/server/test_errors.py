@@ -199,3 +199,13 @@ def test_server_still_serves_after_bad_requests(server):
     )
     assert chunks
     assert httpx.get(f"{server.base}/health").status_code == 200
+
+
+def test_requests_cut_by_shutdown_are_503_not_500():
+    """A request the engine could not finish because the server is shutting down (its grace
+    period ended) is a 503 the client may retry, not an internal error."""
+    from xinfer.engine.async_engine import EngineError, EngineStopped
+    from xinfer.server.errors import as_api_error
+
+    assert as_api_error(EngineStopped("the server is shutting down")).status == 503
+    assert as_api_error(EngineError("a step failed")).status == 500

@@ -30,6 +30,10 @@ class EngineError(RuntimeError):
     """An internal error in the engine step failed this request; the server answers 500."""
 
 
+class EngineStopped(EngineError):
+    """The engine was stopped (server shutdown) before this request finished: 503."""
+
+
 class EngineObserver(Protocol):
     """Receives per-request timings (the server's Prometheus metrics implement it)."""
 
@@ -211,7 +215,7 @@ class AsyncEngine:
                 while not self._commands and not self._is_stopped and not self._has_work():
                     self._cv.wait()
                 if self._is_stopped:
-                    self._fail_all(EngineError("the engine stopped"))
+                    self._fail_all(EngineStopped("the server is shutting down"))
                     return
                 commands, self._commands = self._commands, []
             for kind, payload in commands:

@@ -64,8 +64,9 @@ class Engine:
         self.max_model_len = resolve_max_model_len(cfg, config)
         self.dtype = resolve_dtype(cfg, config.dtype, self.device)
         self.tp = start_tensor_parallel(config, self)  # None with one device
-        if self.tp is not None:  # this rank's heads and intermediate sizes
+        if self.tp is not None:  # this rank's heads and intermediate sizes and options
             self.model_config = cfg = self.tp.shard_config(cfg)
+            config = self.config = self.tp.rank_engine_config(config)
         offload = config.offload
         if offload.is_enabled and not cfg.is_moe:
             logger.info("model has no routed experts; MoE offload is ignored")
@@ -159,7 +160,7 @@ class Engine:
         )
         slots = StateSlotAllocator(self.num_state_slots) if self.num_state_slots else None
         # Long prompts run as layer-by-layer passes where the model offers a layer stack.
-        layered = self.runner.prompt_pass.stack is not None
+        layered = self.runner.prompt_pass.stack is not None and self.tp is None
         self.scheduler = Scheduler(config.scheduler, self.allocator, slots, layered)
         self.eos_ids = set(self.tokenizer.eos_token_ids) if self.tokenizer else set()
         self.eos_ids |= set(cfg.eos_token_ids)
@@ -179,6 +180,8 @@ class Engine:
         self.runner.request_slots.reset()  # request keys (routing streams) start at 0
         if self.routing is not None:
             self.routing.start()
+        if self.tp is not None:
+            self.tp.end_warm_up()  # the followers forget the warm-up's routing state too
         self.stats_logger.reset(self)
         load_s = time.monotonic() - t_start
         plan = self.weight_plan

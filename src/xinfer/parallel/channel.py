@@ -11,27 +11,30 @@ import torch
 from xinfer.parallel.group import TensorParallelGroup
 from xinfer.runner.model_runner import HostBatch
 
-STEP, STATS, RESET_STATS, STOP = 1, 2, 3, 4
+STEP, STATS, RESET_STATS, STOP, END_WARM_UP = 1, 2, 3, 4, 5
 _CAPACITY = 4096  # int64 words of the first broadcast (header included)
 _HEADER = 2
 
 
-_HEAD = 6  # T, B, S, max_query_len, has_device_ids, number of state ids
+_HEAD = 7  # T, B, S, max_query_len, has_device_ids, state ids, request rows
 
 
 def pack_batch(hb: HostBatch, has_device_ids: bool) -> np.ndarray:
-    """The header, then the lists back to back (block tables ragged: their lengths first)."""
+    """The header, then the lists back to back (block tables ragged: their lengths first).
+    Request ids (strings) stay behind: only rank 0's routing recorder reads them."""
     num_tokens, num_seqs = len(hb.input_ids), len(hb.seq_lens)
     head = [num_tokens, num_seqs, len(hb.logits_indices), hb.max_query_len, int(has_device_ids)]
-    head.append(len(hb.state_ids))
+    head += [len(hb.state_ids), len(hb.request_rows)]
     table_lens = [len(t) for t in hb.block_tables]
     parts = [head, hb.input_ids, hb.positions, hb.slots, hb.seq_lens, hb.query_start_loc]
-    parts += [hb.logits_indices, hb.state_ids, table_lens, *hb.block_tables]
+    parts += [hb.logits_indices, hb.state_ids, hb.request_rows, hb.request_keys]
+    parts += [table_lens, *hb.block_tables]
     return np.fromiter((x for p in parts for x in p), dtype=np.int64)
 
 
 def unpack_batch(words: np.ndarray) -> tuple[HostBatch, bool]:
-    num_tokens, num_seqs, num_sample, max_query_len, has_ids, num_states = words[:_HEAD].tolist()
+    head = words[:_HEAD].tolist()
+    num_tokens, num_seqs, num_sample, max_query_len, has_ids, num_states, num_rows = head
     pos = _HEAD
 
     def take(n: int) -> list[int]:
@@ -42,11 +45,12 @@ def unpack_batch(words: np.ndarray) -> tuple[HostBatch, bool]:
 
     input_ids, positions, slots = take(num_tokens), take(num_tokens), take(num_tokens)
     seq_lens, query_start_loc = take(num_seqs), take(num_seqs + 1)
-    logits_indices, state_ids, table_lens = take(num_sample), take(num_states), take(num_seqs)
+    logits_indices, state_ids = take(num_sample), take(num_states)
+    request_rows, request_keys, table_lens = take(num_rows), take(num_rows), take(num_seqs)
     tables = [take(n) for n in table_lens]
     hb = HostBatch(
         input_ids, positions, slots, seq_lens, query_start_loc, logits_indices, tables,
-        max_query_len, state_ids,
+        max_query_len, state_ids, request_rows=request_rows, request_keys=request_keys,
     )  # fmt: skip
     return hb, bool(has_ids)
 

@@ -13,13 +13,14 @@ import logging
 import time
 import weakref
 from collections.abc import Callable
+from dataclasses import replace
 
 import torch
 import torch.distributed as dist
 
 from xinfer.config import EngineConfig, ModelConfig
 from xinfer.errors import UserError
-from xinfer.parallel.channel import STOP, StepChannel
+from xinfer.parallel.channel import END_WARM_UP, STOP, StepChannel
 from xinfer.parallel.group import (
     TensorParallelGroup,
     current_group,
@@ -58,6 +59,19 @@ class TensorParallelRun:
 
     def shard_config(self, cfg: ModelConfig) -> ModelConfig:
         return self.group.shard_config(cfg)
+
+    def rank_engine_config(self, config: EngineConfig) -> EngineConfig:
+        """A follower's options: it records no routing trace (rank 0 writes the one file)
+        but keeps rank 0's look-ahead decision, which recording turns off."""
+        if self.is_first or config.routing.record_path is None:
+            return config
+        routing = replace(config.routing, record_path=None)
+        return replace(config, routing=routing, decode_look_ahead=False)
+
+    def end_warm_up(self) -> None:
+        """Rank 0, after its warm-up steps: the followers reset what rank 0 resets."""
+        if self.is_first:
+            self.channel.send(END_WARM_UP)
 
     def agree_min(self, count: int) -> int:
         """The smallest of every rank's `count` (KV blocks, state slots: rank 0's ids index

@@ -10,7 +10,15 @@ import logging
 
 import torch
 
-from xinfer.parallel.channel import RESET_STATS, STATS, STEP, STOP, StepChannel, unpack_batch
+from xinfer.parallel.channel import (
+    END_WARM_UP,
+    RESET_STATS,
+    STATS,
+    STEP,
+    STOP,
+    StepChannel,
+    unpack_batch,
+)
 from xinfer.runner.model_runner import HostBatch, ModelRunner
 
 logger = logging.getLogger("xinfer")
@@ -43,6 +51,9 @@ def follow(engine, channel: StepChannel) -> None:
         elif op == RESET_STATS:
             if manager is not None:
                 manager.reset_stats()
+        elif op == END_WARM_UP:
+            if engine.routing is not None:
+                engine.routing.start()  # the routing model's per-request state, from now
         elif op == STOP:
             return
         else:

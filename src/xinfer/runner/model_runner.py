@@ -115,8 +115,9 @@ class ModelRunner:
         `num_state_slots` requests' recurrent state is allocated for hybrid models' state
         layers (conv state in `state_dtype`; `state_copies` rows per request, 2 to allow
         look-ahead); `observer` (the routing recorder) hears `after_forward(request_ids,
-        positions, query_start_loc)` after each forward and `after_step()` once its tokens
-        are read."""
+        positions, query_start_loc)` after each forward, `pass_chunk(ctx, request_id, start,
+        n)` for each chunk of a prompt pass and `end_pass()` after its last slice, and
+        `after_step()` once a step's tokens are read."""
         self.model, self.cfg, self.device = model, cfg, device
         self.block_size, self.max_model_len = block_size, max_model_len
         self.max_num_seqs = max_num_seqs
@@ -176,7 +177,10 @@ class ModelRunner:
         [start, start + n) of `s.request` (it samples when they end its known tokens)."""
         hb = HostBatch([], [], [], [], [0], [], [], 0)
         self._add_rows(hb, s.request, start, n, start + n == s.request.num_tokens)
-        return self.to_device(hb)
+        inp = self.to_device(hb)
+        if self.observer is not None:
+            self.observer.pass_chunk(inp.ctx, s.request.request_id, start, n)
+        return inp
 
     def to_device(self, hb: HostBatch) -> StepInputs:
         # Block tables padded to a multiple of 16 columns: Triton specialises integer
@@ -307,8 +311,12 @@ class ModelRunner:
         hidden = self.prompt_pass.run(cut)
         if hidden is None:
             return tokens, logprobs
+        if self.observer is not None:
+            self.observer.end_pass()
         logits = self.model.compute_logits(hidden)
         result = self._sample([cut.request], logits, eos_ids).result()
+        if self.observer is not None:
+            self.observer.after_step()
         others = iter(zip(tokens, logprobs))
         merged = [
             (result.token_ids[0], result.logprobs[0]) if s is cut else next(others)

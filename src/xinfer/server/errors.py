@@ -12,7 +12,7 @@ from fastapi.exceptions import RequestValidationError
 from fastapi.responses import JSONResponse
 from starlette.exceptions import HTTPException as StarletteHTTPException
 
-from xinfer.engine.async_engine import EngineError, QueueFullError
+from xinfer.engine.async_engine import EngineError, EngineStopped, QueueFullError
 from xinfer.errors import UserError
 
 logger = logging.getLogger("xinfer.server")
@@ -56,6 +56,8 @@ def as_api_error(e: Exception) -> ApiError:
         return ApiError(400, message, code=code)
     if isinstance(e, QueueFullError):
         return ApiError(503, str(e), code="queue_full")
+    if isinstance(e, EngineStopped):  # a shutdown's grace period ended: retry elsewhere
+        return ApiError(503, str(e), code="shutting_down")
     if isinstance(e, EngineError):
         return ApiError(500, str(e), code="engine_error")
     logger.exception("unexpected error", exc_info=e)
