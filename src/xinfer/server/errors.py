@@ -65,7 +65,7 @@ def as_api_error(e: Exception) -> ApiError:
 
 
 def _param_path(loc: list) -> str | None:
-    """pydantic's loc ('messages', 0, 'content') as the server writes params: messages[0].content."""
+    """pydantic's loc ('messages', 0, 'content') as the server writes it: messages[0].content."""
     path = ""
     for part in loc:
         path += f"[{part}]" if isinstance(part, int) else (f".{part}" if path else str(part))
