@@ -9,12 +9,12 @@ from __future__ import annotations
 import triton
 import triton.language as tl
 
-Q4_0: tl.constexpr = 2
-Q5_0: tl.constexpr = 6
-Q8_0: tl.constexpr = 8
-Q4_K: tl.constexpr = 12
-Q5_K: tl.constexpr = 13
-Q6_K: tl.constexpr = 14
+Q4_0 = tl.constexpr(2)
+Q5_0 = tl.constexpr(6)
+Q8_0 = tl.constexpr(8)
+Q4_K = tl.constexpr(12)
+Q5_K = tl.constexpr(13)
+Q6_K = tl.constexpr(14)
 
 
 @triton.jit
