@@ -26,19 +26,18 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "src"))
 from xinfer import LLM, SamplingParams  # noqa: E402
 
 
-def floor_bytes(llm: LLM, batch: int, context: int) -> float:
+def floor_bytes(model, cfg, dtype: torch.dtype, batch: int, context: int) -> float:
     """Bytes one decode step of `batch` sequences at `context` tokens must move."""
-    engine, cfg = llm.engine, llm.engine.model_config
     weights = sum(
         p.numel() * p.element_size()
-        for name, p in engine.model.named_parameters()
+        for name, p in model.named_parameters()
         if "embed_tokens" not in name or cfg.tie_word_embeddings
     )
     e, k = cfg.num_experts, cfg.num_experts_per_tok
     touched = e * (1 - (1 - k / e) ** batch)
-    experts = len(cfg.moe_layer_ids) * touched * cfg.expert_bytes(engine.dtype)
-    kv = batch * context * cfg.kv_bytes_per_token(engine.dtype)
-    state = 2 * batch * cfg.state_bytes_per_seq(engine.dtype)  # read and written back
+    experts = len(cfg.moe_layer_ids) * touched * cfg.expert_bytes(dtype)
+    kv = batch * context * cfg.kv_bytes_per_token(dtype)
+    state = 2 * batch * cfg.state_bytes_per_seq(dtype)  # read and written back
     return weights + experts + kv + state
 
 
@@ -89,7 +88,9 @@ def main() -> None:
     rows = []
     for b in batches:
         sec = time_engine_decode(llm, b, args.prompt_len, args.steps)
-        floor = floor_bytes(llm, b, args.prompt_len + args.steps // 2) / bw
+        engine = llm.engine
+        context = args.prompt_len + args.steps // 2
+        floor = floor_bytes(engine.model, engine.model_config, engine.dtype, b, context) / bw
         rows.append(
             dict(
                 batch=b,

@@ -1,10 +1,12 @@
 """xinfer's half of the llama.cpp comparison (`bench_vs_llamacpp.sh`): one GGUF file, batch-1
-decode tok/s (128 tokens after a 32-token prompt) and the prefill rate of one long prompt,
-fully resident and under a GPU memory budget (`--moe-offload auto`). Prints one JSON line
-per placement. xinfer dequantizes GGUF blocks to bf16 at load (no raw-block kernels yet),
-so its experts weigh bf16 bytes whatever the file's type: say so beside every row.
+decode tok/s (128 tokens after a 32-token prompt, as llama-bench's tg128) and the prefill
+rate of one long prompt (pp8192), per placement: fully resident, and under a GPU budget
+(`--moe-offload auto --gpu-memory-limit-gb G`) with a model of real routing
+(`--routing-source`, since random weights route unrealistically). Quantized GGUF weights run
+in their blocks; `--isq` quantizes a float file's experts at load. One JSON line per run.
 
-    python3 bench/bench_vs_llamacpp.py --gguf /tmp/q3-q4_k.gguf --budget-gb 12 --label q4_k"""
+    python3 bench/bench_vs_llamacpp.py --gguf /tmp/q3-q4_k.gguf --label "qwen3-30b-a3b q4_k" \\
+        --budget-gb 12 --routing-source qwen3-30b-a3b"""
 
 from __future__ import annotations
 
@@ -46,32 +48,61 @@ def measure(llm: LLM, prompt_len: int, decode_tokens: int) -> dict:
     }
 
 
+def _offload_summary(llm: LLM) -> dict:
+    manager = llm.engine.offload_manager
+    if manager is None:
+        return {}
+    s = manager.stats()
+    return {
+        "slots_per_layer": min(s["slots_per_layer"]),
+        "num_experts": max(s["num_experts"]),
+        "hit_rate": round(s["hit_rate"], 3),
+        "gb_moved": round(s["bytes_moved"] / 1e9, 2),
+    }
+
+
+def _formats(llm: LLM) -> str:
+    moe = llm.engine.model.moe_layers()
+    if not moe:
+        return ""
+    ew = moe[0].expert_weights
+    w13, w2 = ew.proj_fmt("w13").name, ew.proj_fmt("w2").name
+    return w13 if w13 == w2 else f"{w13}+{w2}"
+
+
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__)
     ap.add_argument("--gguf", required=True)
-    ap.add_argument("--label", required=True, help="row name, e.g. qwen3-30b-a3b q4_k")
+    ap.add_argument("--label", required=True, help="row name, e.g. 'qwen3-30b-a3b q4_k'")
     ap.add_argument("--budget-gb", type=float, default=None, help="also run under this budget")
-    ap.add_argument("--skip-resident", action="store_true", help="bf16 of the file > the GPU")
+    ap.add_argument("--skip-resident", action="store_true", help="the file does not fit the GPU")
+    ap.add_argument("--routing-source", default="qwen3-30b-a3b",
+                    help="routing model for the budget runs ('router': the weights' own)")  # fmt: skip
+    ap.add_argument("--isq", default=None, help="quantize the experts at load (q8_0, q4k, ...)")
     ap.add_argument("--prompt-len", type=int, default=8192)
     ap.add_argument("--decode-tokens", type=int, default=128)
     args = ap.parse_args()
     runs = [] if args.skip_resident else [("resident", {})]
     if args.budget_gb:
-        runs.append(
-            (
-                f"{args.budget_gb:g} GB auto",
-                {"moe_offload": "auto", "gpu_memory_limit_gb": args.budget_gb},
-            )
-        )
+        budget = {"moe_offload": "auto", "gpu_memory_limit_gb": args.budget_gb}
+        if args.routing_source != "router":
+            budget["routing_source"] = args.routing_source
+        runs.append((f"{args.budget_gb:g} GB auto", budget))
+    label = args.label + (f" isq {args.isq}" if args.isq else "")
     for placement, options in runs:
         start = time.perf_counter()
-        llm = LLM(args.gguf, max_model_len=args.prompt_len + 256, **options)
-        row = {"engine": "xinfer", "model": args.label, "placement": placement}
+        llm = LLM(
+            args.gguf,
+            max_model_len=args.prompt_len + 256,
+            max_num_batched_tokens=args.prompt_len,  # one chunk: experts stream once per layer
+            isq=args.isq,
+            **options,
+        )
+        row = {"engine": "xinfer", "model": label, "placement": placement}
         row["load_s"] = round(time.perf_counter() - start, 1)
+        row["experts"] = _formats(llm)
         row.update(measure(llm, args.prompt_len, args.decode_tokens))
-        stats = llm.engine.offload_manager.stats() if llm.engine.offload_manager else None
-        if stats is not None:
-            row["offload"] = str(stats)[:300]
+        row.update(_offload_summary(llm))
         print(json.dumps(row), flush=True)
         del llm
         gc.collect()

@@ -1,19 +1,27 @@
 #!/usr/bin/env bash
-# xinfer and llama.cpp on the same random-weight GGUF files, one run on the GPU machine.
+# xinfer and llama.cpp on the same random-weight GGUF files, on the GPU machine (issue 16).
 #
 # The llama.cpp kit (../shared/peers/llamacpp/) does not travel to the GPU machine: stage it
 # into the ignored folder bench/.llamacpp_kit/ first, on this machine, and carry that folder:
-#     bash bench/bench_vs_llamacpp.sh --stage-kit            # copies the 4.8 MB tarball + scripts
-#     (device run, carry ["bench/.llamacpp_kit"]):  bash bench/bench_vs_llamacpp.sh
-# On the GPU machine it unpacks llama.cpp to /tmp/lcp, starts its build in the background
-# (242 s on 16 cores), writes each GGUF to /tmp (one at a time: the disk holds ~60 GB),
-# runs xinfer (bench_vs_llamacpp.py) while llama.cpp builds, then llama-bench with the kit's
-# -ncmoe for the same budget, and prints one table (also in bench/results/vs_llamacpp.jsonl).
-# Rows: Qwen3-30B-A3B q4_k (resident; 12 GB), q8_0 (resident; 24 GB), Qwen1.5-MoE bf16 (12 GB).
-# Env: ONLY="q4_k q8_0 q15_bf16" picks rows; PP=8192 prompt length; LCP=/tmp/lcp.
+#     bash bench/bench_vs_llamacpp.sh --stage-kit
+# Then on the GPU machine (carry ["bench/.llamacpp_kit"]), each line one command < 10 min:
+#     bash bench/bench_vs_llamacpp.sh --start-build   # unpack to /tmp/lcp, build in background
+#     ONLY=q4_k bash bench/bench_vs_llamacpp.sh       # ~6 min: Qwen3-30B-A3B Q4_K, resident + 12 GB
+#     ONLY=q8_0 bash bench/bench_vs_llamacpp.sh       # ~7 min: Q8_0, resident + 24 GB
+#     ONLY=q15 bash bench/bench_vs_llamacpp.sh        # ~6 min: Qwen1.5-MoE bf16, resident + 12 GB
+#     ONLY=q15_isq bash bench/bench_vs_llamacpp.sh    # ~5 min: the same file, --isq q8_0 / q4k at 12 GB
+#     python3 bench/bench_vs_llamacpp_table.py         # the table (also printed after each row)
+# Each row writes its GGUF to /tmp with the kit's writer (the disk holds ~60 GB: q15 keeps its
+# file for q15_isq, the others delete theirs), runs xinfer (bench_vs_llamacpp.py; budget runs
+# use --moe-offload auto with the routing model --routing-source qwen3-30b-a3b), then
+# llama-bench at -ngl 99 with -ncmoe 0 and the kit's -ncmoe for the same budget.
+# Results append to bench/results/vs_llamacpp.jsonl (RESET=1 empties it first).
+# Env: ONLY (rows), PP=8192 (prompt length), LCP=/tmp/lcp, NO_LLAMACPP=1 (xinfer only).
 set -euo pipefail
 cd "$(dirname "$0")/.."
 KIT=bench/.llamacpp_kit
+PY=${PYTHON:-python3}
+LCP=${LCP:-/tmp/lcp}
 if [ "${1:-}" = "--stage-kit" ]; then
   SRC=${KIT_SRC:-../shared/peers/llamacpp}
   [ -d "$SRC" ] || SRC=/work/shared/peers/llamacpp
@@ -21,56 +29,61 @@ if [ "${1:-}" = "--stage-kit" ]; then
   echo "staged $(du -sh "$KIT" | cut -f1) in $KIT; carry it with the device run"; exit 0
 fi
 [ -f "$KIT/llama.cpp-src.tar.gz" ] || { echo "run 'bash $0 --stage-kit' here first and carry $KIT" >&2; exit 2; }
-PY=${PYTHON:-python3}
-LCP=${LCP:-/tmp/lcp}; PP=${PP:-8192}; ONLY=${ONLY:-"q4_k q8_0 q15_bf16"}
-OUT=bench/results/vs_llamacpp.jsonl; mkdir -p bench/results; : > "$OUT"
-if [ ! -x "$LCP/llama.cpp/build/bin/llama-bench" ]; then
+if [ ! -d "$LCP/llama.cpp" ]; then
   mkdir -p "$LCP" && tar xzf "$KIT/llama.cpp-src.tar.gz" -C "$LCP"
-  (cd "$LCP/llama.cpp" && nohup bash peer-kit/build.sh > "$LCP/build.log" 2>&1 &)
 fi
+if [ "${1:-}" = "--start-build" ]; then  # 242 s on 16 cores; survives this command
+  if [ ! -x "$LCP/llama.cpp/build/bin/llama-bench" ]; then
+    (cd "$LCP/llama.cpp" && nohup setsid bash peer-kit/build.sh > "$LCP/build.log" 2>&1 &)
+  fi
+  echo "llama.cpp unpacked in $LCP (gguf-py: $LCP/llama.cpp/gguf-py); build log $LCP/build.log"
+  exit 0
+fi
+PP=${PP:-8192}; ONLY=${ONLY:-"q4_k q8_0 q15 q15_isq"}
+OUT=bench/results/vs_llamacpp.jsonl; mkdir -p bench/results
+[ "${RESET:-0}" = 1 ] && : > "$OUT"
+export PYTHONPATH="$PWD/src:$LCP/llama.cpp/gguf-py:${PYTHONPATH:-}"
 WRITER="$KIT/write_random_gguf.py"
-# row: name preset type budget_gb ncmoe (the kit's README table for that budget)
+# row preset type budget_gb ncmoe xinfer-extra keep-file
 rows() {
-  echo "q4_k qwen3-30b-a3b q4_k 12 17"
-  echo "q8_0 qwen3-30b-a3b q8_0 24 13"
-  echo "q15_bf16 qwen1.5-moe-a2.7b bf16 12 17"
+  echo "q4_k qwen3-30b-a3b q4_k 12 17 - 0"
+  echo "q8_0 qwen3-30b-a3b q8_0 24 13 - 0"
+  echo "q15 qwen1.5-moe-a2.7b bf16 12 17 - 1"
+  echo "q15_isq qwen1.5-moe-a2.7b bf16 12 - isq 0"
 }
-wait_build() {
-  for _ in $(seq 1 120); do [ -x "$LCP/llama.cpp/build/bin/llama-bench" ] && return 0; sleep 5; done
-  echo "llama.cpp build not done: tail $LCP/build.log" >&2; tail -5 "$LCP/build.log" >&2; return 1
-}
-rows | while read -r name preset type budget ncmoe; do
-  case " $ONLY " in *" $name "*) ;; *) continue ;; esac
-  f=/tmp/bench-$name.gguf
-  [ -f "$f" ] || "$PY" "$WRITER" --preset "$preset" --type "$type" -o "$f"
-  skip=""; [ "$type" = bf16 ] && [ "$preset" = qwen3-30b-a3b ] && skip=--skip-resident
-  "$PY" bench/bench_vs_llamacpp.py --gguf "$f" --label "$preset $type" --budget-gb "$budget" \
-    --prompt-len "$PP" $skip | tee -a "$OUT"
-  if wait_build; then
-    for nc in 0 "$ncmoe"; do
-      "$LCP/llama.cpp/build/bin/llama-bench" -m "$f" -ngl 99 -fa 1 -t 16 -p "$PP" -n 128 -r 2 \
-        -ncmoe "$nc" -o json 2>/dev/null | "$PY" -c '
+llama_bench() {  # file label ncmoe
+  local bin="$LCP/llama.cpp/build/bin/llama-bench"
+  for _ in $(seq 1 24); do [ -x "$bin" ] && break; sleep 5; done
+  if [ ! -x "$bin" ]; then
+    echo "llama.cpp not built yet (tail $LCP/build.log); its rows are skipped" >&2; return 0
+  fi
+  for nc in 0 "$3"; do
+    "$bin" -m "$1" -ngl 99 -fa 1 -t 16 -p "$PP" -n 128 -r 2 -ncmoe "$nc" -o json 2>/dev/null \
+      | "$PY" -c '
 import json, sys
 name, nc = sys.argv[1], sys.argv[2]
 for r in json.load(sys.stdin):
     kind = "decode_tok_s" if r["n_gen"] else "pp%d_tok_s" % r["n_prompt"]
     place = "resident" if nc == "0" else "-ncmoe " + nc
     print(json.dumps({"engine": "llama.cpp", "model": name, "placement": place, kind: round(r["avg_ts"], 1)}))
-' "$preset $type" "$nc" | tee -a "$OUT"
+' "$2" "$nc" | tee -a "$OUT"
+  done
+}
+rows | while read -r name preset type budget ncmoe extra keep; do
+  case " $ONLY " in *" $name "*) ;; *) continue ;; esac
+  f=/tmp/bench-$preset-$type.gguf
+  [ -f "$f" ] || "$PY" "$WRITER" --preset "$preset" --type "$type" -o "$f"
+  label="$preset $type"
+  if [ "$extra" = isq ]; then
+    for q in q8_0 q4k; do
+      "$PY" bench/bench_vs_llamacpp.py --gguf "$f" --label "$label" --budget-gb "$budget" \
+        --skip-resident --isq "$q" --prompt-len "$PP" | tee -a "$OUT"
     done
+  else
+    "$PY" bench/bench_vs_llamacpp.py --gguf "$f" --label "$label" --budget-gb "$budget" \
+      --prompt-len "$PP" | tee -a "$OUT"
+    [ "${NO_LLAMACPP:-0}" = 1 ] || llama_bench "$f" "$label" "$ncmoe"
   fi
-  rm -f "$f"
+  [ "$keep" = 1 ] || rm -f "$f"
 done
-"$PY" - "$OUT" <<'PYEOF'
-import json, sys
-rows = [json.loads(l) for l in open(sys.argv[1]) if l.strip()]
-table = {}
-for r in rows:
-    key = (r["model"], r["engine"], r["placement"])
-    table.setdefault(key, {}).update({k: v for k, v in r.items() if k.endswith("tok_s") or k == "load_s"})
-print(f"{'model':28} {'engine':10} {'placement':14} {'decode tok/s':>12} {'prefill tok/s':>14}")
-for (model, engine, place), v in sorted(table.items()):
-    pp = next((x for k, x in v.items() if k.startswith("pp")), "")
-    print(f"{model:28} {engine:10} {place:14} {v.get('decode_tok_s', ''):>12} {pp:>14}")
-print("xinfer runs GGUF blocks dequantized to bf16 (no raw-block kernels yet): its experts move bf16 bytes.")
-PYEOF
+"$PY" bench/bench_vs_llamacpp_table.py "$OUT"

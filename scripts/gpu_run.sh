@@ -23,6 +23,10 @@ for phase in "$@"; do
   case "$phase" in
     tests) timeout 300 python3 -m pytest -m gpu -q -p no:cacheprovider --ignore=tests/server tests 2>&1 | tee "$OUT/gpu_tests.txt" | tail -40 ;;
     gputests) timeout ${GPU_TESTS_TIMEOUT:-540} python3 -m pytest -m gpu -q -p no:cacheprovider -rfE --durations=15 ${GPU_TESTS:-tests} 2>&1 | tee "$OUT/gpu_tests_all.txt" | tail -60 ;;
+    # the GPU tests in three concurrent shards (Triton compiles are CPU-bound; 16 cores)
+    gpushards) i=0; for shard in "tests/kernels" "tests/models tests/e2e tests/structured tests/unit tests/parallel" "tests/offload tests/quant tests/routing tests/weights tests/bench tests/server"; do
+        i=$((i+1)); timeout ${GPU_TESTS_TIMEOUT:-300} python3 -m pytest -m gpu -q -p no:cacheprovider -rfE --durations=8 $shard > "$OUT/gpu_shard$i.txt" 2>&1 &
+      done; wait; for f in "$OUT"/gpu_shard*.txt; do echo "--- $f"; grep -E "^(FAILED|ERROR)|passed|failed" "$f" | tail -25; done ;;
     parity) timeout 150 python3 -m pytest -q -x -p no:cacheprovider tests/models/test_gpu_parity.py 2>&1 | tail -30 | tee "$OUT/parity.txt" ;;
     offload) timeout 120 python3 -m pytest -q -p no:cacheprovider tests/offload -m gpu 2>&1 | tail -30 | tee "$OUT/offload_tests.txt" ;;
     newtests) timeout 300 python3 -m pytest -q -p no:cacheprovider tests/kernels/test_attention_kernels.py tests/kernels/test_qkv_prep.py tests/kernels/test_gemv.py tests/models/test_gpu_parity.py tests/offload/test_offload_gpu.py 2>&1 | tee "$OUT/new_tests.txt" | tail -30 ;;
@@ -54,6 +58,12 @@ for phase in "$@"; do
     prefixbench) timeout 400 python3 bench/bench_prefix_cache.py --model ${PREFIX_MODEL:-bench/configs/qwen3_30b_a3b} --rates ${PREFIX_RATES:-0,0.2} --out "$OUT/prefix_cache" 2>&1 | grep -v "it/s]" | tail -20 ;;
     tptests) timeout ${TP_TIMEOUT:-400} python3 -m pytest -q -p no:cacheprovider tests/parallel -m multi_gpu 2>&1 | tee "$OUT/tp_tests.txt" | tail -30 ;;
     tpbench) timeout ${TP_BENCH_TIMEOUT:-590} python3 bench/bench_tp.py --tp ${TP_SIZES:-1,2} --rates ${TP_RATES:-0,0.1,0.2,auto} --batches ${TP_BATCHES:-1,8,32} --gpu-memory-limit-gb 24 ${TP_EXTRA:-} --out "$OUT/tp" 2>&1 | grep -v "it/s]" | tail -40 ;;
+    # GGUF (issue 16): carry bench/.llamacpp_kit (bash bench/bench_vs_llamacpp.sh --stage-kit);
+    # ggufprep unpacks llama.cpp (its gguf-py serves the tests) and starts its build
+    ggufprep) bash bench/bench_vs_llamacpp.sh --start-build 2>&1 | tail -3 ;;
+    gguftests) PYTHONPATH=$PYTHONPATH:/tmp/lcp/llama.cpp/gguf-py timeout ${GGUF_TESTS_TIMEOUT:-500} python3 -m pytest -q -p no:cacheprovider -rfE --durations=10 tests/kernels/test_gguf_kernels.py tests/kernels/test_attention_window.py tests/weights/test_gguf_gpu.py 2>&1 | tee "$OUT/gguf_tests.txt" | tail -40 ;;
+    ggufkernel) timeout 500 python3 bench/bench_gguf_kernels.py ${GGUF_SWEEP:+--sweep} --out "$OUT/gguf_kernels.jsonl" 2>&1 | tee "$OUT/gguf_kernels.txt" | tail -50 ;;
+    vsllama) ONLY="${VS_ROWS:-q4_k}" timeout 590 bash bench/bench_vs_llamacpp.sh 2>&1 | grep -v "it/s]" | tee "$OUT/vs_llamacpp_${VS_ROWS:-q4_k}.txt" | tail -30; cp bench/results/vs_llamacpp.jsonl "$OUT/" 2>/dev/null ;;
     *) echo "unknown phase $phase" ;;
   esac
 done

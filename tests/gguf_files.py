@@ -5,13 +5,21 @@ of every block type, and a tiny HF model converted the way llama.cpp's converter
 from __future__ import annotations
 
 import re
+import sys
+import types
 from pathlib import Path
 
-import gguf
+try:  # gguf imports yaml at import time; its writer and dequantizers never use it
+    import yaml  # noqa: F401
+except ImportError:  # (the GPU machine has no PyYAML)
+    sys.modules["yaml"] = types.ModuleType("yaml")
+
+import gguf  # noqa: E402
 import numpy as np
 import torch
 
 from xinfer.quant.gguf_blocks import BLOCK_TYPES
+from xinfer.quant.gguf_quantize import quantize
 
 # byte ranges of each block type's float16 scale fields (kept finite in random blocks)
 _F16_FIELDS = {"Q4_0": [0], "Q5_0": [0], "Q8_0": [0], "Q4_K": [0, 2], "Q5_K": [0, 2], "Q6_K": [208]}
@@ -84,13 +92,17 @@ def _stack_experts(sd: dict[str, torch.Tensor]) -> dict[str, np.ndarray]:
     return out
 
 
-def _store(writer: gguf.GGUFWriter, name: str, w: np.ndarray, qtype: str) -> None:
+def _store(writer: gguf.GGUFWriter, name: str, w: np.ndarray, qtype: str, types=None) -> None:
+    qtype = next((t for part, t in (types or {}).items() if part in name), qtype)
     w = np.ascontiguousarray(w, dtype=np.float32)
     if w.ndim == 1 or qtype == "F32":
         writer.add_tensor(name, w)
         return
     qt = gguf.GGMLQuantizationType[qtype]
-    data = w.astype(np.float16) if qtype == "F16" else gguf.quants.quantize(w, qt)
+    if qtype.endswith("_K"):  # the gguf package has no K-quant quantizer: ours writes them
+        data = quantize(torch.from_numpy(w), qtype).numpy()
+    else:
+        data = w.astype(np.float16) if qtype == "F16" else gguf.quants.quantize(w, qt)
     writer.add_tensor(name, data, raw_dtype=qt)
 
 
@@ -107,8 +119,18 @@ def byte_vocab() -> tuple[list[str], list[str]]:
     return [chr(table[b]) for b in range(256)], []
 
 
-def write_gguf(model, path: Path, arch: str, qtype: str = "Q8_0", meta: dict | None = None) -> Path:
-    """Convert a tiny transformers model to GGUF: 2-D weights in `qtype`, norms F32."""
+def write_gguf(
+    model,
+    path: Path,
+    arch: str,
+    qtype: str = "Q8_0",
+    meta: dict | None = None,
+    types: dict[str, str] | None = None,
+    extra: dict[str, np.ndarray] | None = None,
+) -> Path:
+    """Convert a tiny transformers model to GGUF: 2-D weights in `qtype` (or `types[part]`
+    for GGUF names containing `part`, e.g. {"ffn_down_exps": "Q8_0"}), norms F32; `extra`
+    tensors are written F32 as they are (e.g. `rope_freqs.weight`)."""
     cfg = model.config
     sd = {k: v.detach().float() for k, v in model.state_dict().items()}
     if cfg.tie_word_embeddings:
@@ -147,9 +169,11 @@ def write_gguf(model, path: Path, arch: str, qtype: str = "Q8_0", meta: dict | N
         if g.endswith("ffn_gate_inp.weight"):
             _store(w, g, arr, "F32")  # routers stay F32 as llama.cpp writes them
             continue
-        _store(w, g, arr, qtype)
+        _store(w, g, arr, qtype, types)
     for g, arr in experts.items():
-        _store(w, g, arr, qtype)
+        _store(w, g, arr, qtype, types)
+    for g, arr in (extra or {}).items():
+        _store(w, g, arr, "F32")
     w.write_header_to_file()
     w.write_kv_data_to_file()
     w.write_tensors_to_file()

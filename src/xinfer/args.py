@@ -65,12 +65,6 @@ def _power_of_two(value: int) -> str | None:
     return None if value > 0 and not value & (value - 1) else "must be a positive power of two"
 
 
-def _refuse_isq(value: str) -> None:
-    raise UserError(
-        f"--isq {value} is not implemented yet; run the checkpoint's own weights (leave --isq out)"
-    )
-
-
 def _refuse_speculation(value: int) -> str | None:
     if value == 0:
         return None
@@ -202,7 +196,13 @@ class EngineArgs(OptionSet):
         check=at_least(0),
     )
     isq: str | None = option(
-        None, "in-situ quantization of the experts (not implemented yet)", check=_refuse_isq
+        None,
+        "quantize a bf16/fp16 checkpoint's routed experts at load to this GGUF block type "
+        "(K-quants fall back to Q5_0/Q8_0 for rows not a multiple of 256)",
+        choices=("q8_0", "q4k", "q6k", "q4_0"),
+    )
+    isq_dense: bool = option(
+        False, "with --isq, also quantize the dense linear weights (not routers or the LM head)"
     )
     num_speculative_tokens: int = option(
         0, "speculative decoding (not implemented: only 0)", check=_refuse_speculation
@@ -234,6 +234,8 @@ class EngineArgs(OptionSet):
             enable_prefix_caching=self.enable_prefix_caching,
             log_stats_interval_s=self.log_stats_interval or 0.0,
             gpu_memory_limit_gb=self.gpu_memory_limit_gb,
+            isq=self.isq,
+            isq_dense=self.isq_dense,
             cache=CacheConfig(
                 block_size=self.block_size,
                 num_blocks=self.num_kv_blocks,

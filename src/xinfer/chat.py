@@ -9,6 +9,7 @@ import contextlib
 import os
 import signal
 import sys
+import threading
 import time
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass
@@ -62,7 +63,8 @@ class CtrlC:
     def installed(self) -> Iterator[CtrlC]:
         previous = signal.signal(signal.SIGINT, self.handle)
         try:
-            yield self
+            with _signals_reach_the_main_thread():
+                yield self
         finally:
             signal.signal(signal.SIGINT, previous)
 
@@ -75,6 +77,46 @@ class CtrlC:
             return None
         finally:
             self.mode = "idle"
+
+
+@contextlib.contextmanager
+def _signals_reach_the_main_thread() -> Iterator[None]:
+    """The kernel hands SIGINT to any thread of the process, often one of torch's workers;
+    Python then only notes it, and runs the handler once the main thread runs Python code,
+    but readline sits in select() until the next key: Ctrl-C at the prompt showed nothing.
+    Here every signal's wakeup byte wakes a watcher thread, which sends SIGUSR1 (a no-op
+    handler) to the main thread: its select() returns EINTR and the pending SIGINT handler
+    runs at once. Where the platform lacks pthread_kill, nothing changes."""
+    if not hasattr(signal, "pthread_kill") or not hasattr(signal, "SIGUSR1"):
+        yield
+        return
+    read_fd, write_fd = os.pipe()
+    os.set_blocking(write_fd, False)
+    main = threading.main_thread().ident
+    previous_usr1 = signal.signal(signal.SIGUSR1, lambda signum, frame: None)
+    previous_fd = signal.set_wakeup_fd(write_fd, warn_on_full_buffer=False)
+
+    def forward() -> None:
+        while True:
+            try:
+                data = os.read(read_fd, 64)
+            except OSError:
+                return
+            if not data:  # the write end closed: the chat is over
+                return
+            if signal.SIGINT in data:
+                signal.pthread_kill(main, signal.SIGUSR1)
+
+    watcher = threading.Thread(target=forward, name="xinfer-chat-signals", daemon=True)
+    watcher.start()
+    try:
+        yield
+    finally:
+        signal.set_wakeup_fd(previous_fd)
+        signal.signal(signal.SIGUSR1, previous_usr1)
+        os.close(write_fd)
+        watcher.join(timeout=1)
+        os.close(read_fd)
 
 
 def stream_answer(engine, prompt: list[int], params: SamplingParams, ctrl_c: CtrlC) -> Answer:

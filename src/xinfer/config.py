@@ -73,6 +73,9 @@ class RopeConfig:
     mscale_all_dim: float | None = None
     low_freq_factor: float = 1.0
     high_freq_factor: float = 4.0
+    # per-frequency divisors of the inverse frequencies (GGUF's `rope_freqs` tensor, which
+    # llama.cpp's converter writes for llama3 scaling); () = none
+    freq_factors: tuple[float, ...] = ()
 
     _SUPPORTED = ("default", "linear", "yarn", "llama3")
 
@@ -104,6 +107,8 @@ class RopeConfig:
         ):
             if params.get(key) is not None:
                 kw[key] = params[key]
+        if params.get("freq_factors"):
+            kw["freq_factors"] = tuple(float(f) for f in params["freq_factors"])
         return cls(**kw)
 
 
@@ -309,6 +314,8 @@ class EngineConfig:
     enable_prefix_caching: bool = True  # reuse computed KV blocks of shared prompt prefixes
     log_stats_interval_s: float = 0.0  # seconds between stats lines while busy; 0: never
     gpu_memory_limit_gb: float | None = None
+    isq: str | None = None  # quantize the experts at load to this GGUF type (quant/isq.py)
+    isq_dense: bool = False  # ...and the dense linear weights
     cache: CacheConfig = field(default_factory=CacheConfig)
     offload: OffloadConfig = field(default_factory=OffloadConfig)
     scheduler: SchedulerConfig = field(default_factory=SchedulerConfig)
@@ -323,3 +330,5 @@ class EngineConfig:
             raise UserError("--max-model-len must be >= 1")
         if self.gpu_memory_limit_gb is not None and self.gpu_memory_limit_gb <= 0:
             raise UserError("--gpu-memory-limit-gb must be > 0")
+        if self.isq_dense and self.isq is None:
+            raise UserError("--isq-dense needs --isq (the type to quantize to)")

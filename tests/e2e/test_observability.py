@@ -26,7 +26,7 @@ def test_startup_summary(model_path, caplog):
         LLM(model_path, device="cpu", dtype="float32", moe_offload=0.5, num_kv_blocks=40)
     [line] = [r.getMessage() for r in caplog.records if "ready in" in r.getMessage()]
     for needle in ("Qwen3MoeForCausalLM on cpu", "float32", "GiB of experts in host RAM",
-                   "4 of 8 experts per layer", "KV cache 640 tokens", "max model len 512",
+                   "4 of 8 experts per layer", "KV cache: 640 tokens", "max model len 512",
                    "prefix caching on"):  # fmt: skip
         assert needle in line, (needle, line)
 

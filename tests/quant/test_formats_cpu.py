@@ -160,7 +160,7 @@ def test_mismatched_checkpoints_are_refused(kind, edit, message, tmp_path):
         ("gptq", {"bits": 8}, r"GPTQ with 8 bits is not supported"),
         ("awq", {"version": "gemv"}, r"AWQ version 'gemv' is not supported"),
         ("fp8", {"weight_block_size": None}, r"without weight_block_size"),
-        ("ct", {"format": "float-quantized"}, r"format 'float-quantized' is not supported"),
+        ("ct", {"format": "marlin-24"}, r"format 'marlin-24' is not supported"),
     ],
 )
 def test_unsupported_options_are_refused_before_loading(kind, change, message, tmp_path):

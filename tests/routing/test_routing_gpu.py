@@ -85,13 +85,18 @@ def test_kernels_equal_twins(num_experts, top_k):
     graph_state = _to(state, DEV)
     advance_state(graph_state, gpu_batch, gconst, num_tokens)  # compile outside the capture
     graph_state = _to(state, DEV)
+    dev_logits = logits.to(DEV)  # a host→GPU copy cannot be captured
     graph = torch.cuda.CUDAGraph()
     with torch.cuda.graph(graph):
         gc, gk, gp = advance_state(graph_state, gpu_batch, gconst, num_tokens)
-        gw, gids = select_experts(gc, gk, gp, logits.to(DEV), gconst, top_k, True)
+        gw, gids = select_experts(gc, gk, gp, dev_logits, gconst, top_k, True)
     graph.replay()
     torch.cuda.synchronize()
     torch.testing.assert_close(gc, c)
+    assert torch.equal(gk, k) and torch.equal(gp, pos)
+    gw_eager, gids_eager = select_experts(gc, gk, gp, dev_logits, gconst, top_k, True)
+    assert torch.equal(gids, gids_eager)
+    torch.testing.assert_close(gw, gw_eager, rtol=0, atol=0)
 
 
 @pytest.fixture(scope="module")

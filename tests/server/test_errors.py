@@ -134,7 +134,7 @@ def test_image_parts_refused_in_one_sentence(server):
     assert r.status_code == 400, r.text
     error = r.json()["error"]
     assert "'image_url' are not supported" in error["message"] and "text only" in error["message"]
-    assert error["param"] == "messages.0"
+    assert error["param"] == "messages[0]"
 
 
 def test_wrong_method(server):

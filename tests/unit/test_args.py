@@ -116,7 +116,7 @@ def test_unknown_llm_keyword_names_the_closest_option():
         (dict(kv_cache_dtype="turbo4"), "turbo4"),
         (dict(moe_offload=1.5), r"\(0, 1\]"),
         (dict(device="cpu,0"), "tensor parallelism needs one kind"),
-        (dict(isq="q8_0"), "--isq q8_0 is not implemented"),
+        (dict(isq="q3k"), "--isq must be one of q8_0, q4k, q6k, q4_0"),
         (dict(num_speculative_tokens=2), "speculative decoding"),
         (dict(max_model_len=float("nan")), "must be an integer"),
     ],

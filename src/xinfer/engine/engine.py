@@ -75,12 +75,17 @@ class Engine:
         # Fraction 1.0 keeps every expert on the device: build them there, never on the host.
         from xinfer.offload.setup import keeps_every_expert
 
+        isq = None
+        if config.isq is not None:
+            from xinfer.quant.isq import isq_config
+
+            isq = isq_config(config.isq, config.isq_dense, self.device)
         experts_on_host = offload.is_enabled and not keeps_every_expert(offload)
         expert_device = torch.device("cpu") if experts_on_host else self.device
         # before any weight is read: host RAM for offloaded experts, the GPU for the rest,
         # in the checkpoint's formats (quantized sizes)
         self.weight_plan = plan_weights(
-            cfg, self.dtype, self.max_model_len, experts_on_host, config.model
+            cfg, self.dtype, self.max_model_len, experts_on_host, config.model, isq
         )
         self.weight_plan.check(self.device, config.gpu_memory_limit_gb, cfg.is_moe)
         self.model = build_model(
@@ -93,6 +98,7 @@ class Engine:
             config.load_format,
             config.seed,
             show_progress,
+            isq,
         )
         if offload.is_enabled:
             from xinfer.offload.setup import enable_offload

@@ -55,7 +55,7 @@ def startup_summary(engine: Engine, load_s: float, weight_bytes: int, expert_byt
         )
     kv_dtype = str(config.cache.kv_dtype or engine.dtype).removeprefix("torch.")
     parts.append(
-        f"KV cache {engine.kv_tokens:,} tokens ({kv_dtype}), max model len {engine.max_model_len}"
+        f"KV cache: {engine.kv_tokens} tokens ({kv_dtype}), max model len {engine.max_model_len}"
     )
     if engine.num_state_slots:  # hybrid models: per-request recurrent state
         copies = " (double-buffered)" if engine.state_copies == 2 else ""

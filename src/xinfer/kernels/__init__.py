@@ -66,14 +66,17 @@ def format_moe(
     w13: dict[str, torch.Tensor],
     w2: dict[str, torch.Tensor],
     inter: int,
+    w2_fmt: WeightFormat | None = None,
 ) -> torch.Tensor:
-    """Routed experts whose w13 (2I, H) and w2 (H, I) tensor sets are stored in `fmt`, with a
-    leading dim of experts or slots that `topk_ids` (T, k) index."""
+    """Routed experts whose w13 (2I, H) and w2 (H, I) tensor sets are stored in `fmt` (w2 in
+    `w2_fmt` when given: `fmt` then runs both), with a leading dim of experts or slots that
+    `topk_ids` (T, k) index."""
     if topk_ids.shape != topk_weights.shape or topk_ids.shape[0] != hidden.shape[0]:
         raise ValueError("fused_moe: topk_ids, topk_weights and hidden disagree on tokens")
+    extra = {} if w2_fmt is None else {"w2_fmt": w2_fmt}
     if use_triton(hidden):
-        return fmt.triton_moe(hidden, topk_ids, topk_weights, w13, w2, inter)
-    return fmt.reference_moe(hidden, topk_ids, topk_weights, w13, w2, inter)
+        return fmt.triton_moe(hidden, topk_ids, topk_weights, w13, w2, inter, **extra)
+    return fmt.reference_moe(hidden, topk_ids, topk_weights, w13, w2, inter, **extra)
 
 
 def rms_norm(
@@ -198,22 +201,15 @@ def paged_attention(
     """`max_query_len`/`max_seq_len` are host-side bounds that let the GPU path pick its
     decode or prefill kernel and grid without reading device memory. `sliding_window` W:
     a query at position p sees keys in (p - W, p] only (Gemma 3's local layers)."""
-    if sliding_window is not None and (max_seq_len is None or max_seq_len > sliding_window):
-        if use_triton(q):
-            raise NotImplementedError(
-                "sliding-window attention past the window is not implemented in the Triton "
-                f"kernels yet; use --max-model-len {sliding_window} on the GPU"
-            )
-        return reference.paged_attention(
-            q, k_cache, v_cache, block_tables, seq_lens, query_start_loc, scale, sliding_window
-        )
+    if sliding_window is not None and max_seq_len is not None and max_seq_len <= sliding_window:
+        sliding_window = None  # every key is inside the window
     if use_triton(q):
         from xinfer.kernels import attn_launch
 
         return attn_launch.paged_attention(
             q, k_cache, v_cache, block_tables, seq_lens, query_start_loc, scale,
-            max_query_len=max_query_len, max_seq_len=max_seq_len,
+            max_query_len=max_query_len, max_seq_len=max_seq_len, sliding_window=sliding_window,
         )  # fmt: skip
     return reference.paged_attention(
-        q, k_cache, v_cache, block_tables, seq_lens, query_start_loc, scale
+        q, k_cache, v_cache, block_tables, seq_lens, query_start_loc, scale, sliding_window
     )

@@ -172,12 +172,14 @@ def paged_attention(
     max_seq_len: int | None = None,
     split_len: int | None = None,
     config: dict[str, int] | None = None,
+    sliding_window: int | None = None,
 ) -> torch.Tensor:
     """Decode kernel when every sequence has exactly one query (max_query_len == 1 and
     T == B; query_start_loc is then taken to be arange(B+1)), else the prefill kernel.
     Without the host-side bounds this reads them from the device (not graph-capturable).
     `config` overrides entries of the launch config (decode: `decode_config`, prefill:
-    `prefill_config`); `split_len` overrides the decode SPLIT_LEN (rounded up to whole tiles)."""
+    `prefill_config`); `split_len` overrides the decode SPLIT_LEN (rounded up to whole tiles).
+    `sliding_window` W: a query at position p sees keys (p - W, p] only."""
     if q.dim() != 3 or k_cache.dim() != 4 or k_cache.shape != v_cache.shape:
         raise ValueError(f"paged_attention: q {tuple(q.shape)}, cache {tuple(k_cache.shape)}")
     num_tokens, num_heads, head_dim = q.shape
@@ -199,14 +201,17 @@ def paged_attention(
         max_query_len = int((query_start_loc[1:] - query_start_loc[:-1]).max())
     if max_seq_len is None:
         max_seq_len = int(seq_lens.max())
+    if sliding_window is not None and sliding_window < 1:
+        raise ValueError(f"paged_attention: sliding_window {sliding_window} must be >= 1")
     paged = (q, k_cache, v_cache, block_tables, seq_lens)
+    window = dict(window=sliding_window or 0, HAS_WINDOW=sliding_window is not None)
     if max_query_len == 1 and num_tokens == num_seqs:
         cfg = {**decode_config(q, head_dim, max_seq_len), **(config or {})}
         if split_len:
             cfg["SPLIT_LEN"] = split_len
-        return _decode(paged, scale, max_seq_len, cfg)
+        return _decode(paged, scale, max_seq_len, cfg, window)
     cfg = {**prefill_config(q), **(config or {})}
-    return _prefill(paged, query_start_loc, scale, max_query_len, cfg)
+    return _prefill(paged, query_start_loc, scale, max_query_len, cfg, window)
 
 
 def _common_args(paged: tuple, out: torch.Tensor) -> tuple[tuple[int, ...], dict]:
@@ -222,7 +227,7 @@ def _common_args(paged: tuple, out: torch.Tensor) -> tuple[tuple[int, ...], dict
     return strides, constexprs
 
 
-def _decode(paged: tuple, scale: float, max_seq_len: int, cfg: dict) -> torch.Tensor:
+def _decode(paged: tuple, scale: float, max_seq_len: int, cfg: dict, window: dict) -> torch.Tensor:
     """Split (flash-decoding) then merge, always (even for one split), so that a sequence's
     bits depend only on the split length, not on the bound, the batch or the other rows."""
     q, block_tables, seq_lens = paged[0], paged[3], paged[4]
@@ -237,19 +242,24 @@ def _decode(paged: tuple, scale: float, max_seq_len: int, cfg: dict) -> torch.Te
     group = constexprs["GROUP"]
     attn_kernels.decode_kernel[(num_seqs, num_heads // group, splits)](
         *paged, part_out, part_lse, scale * LOG2E, splits, split_len,
-        block_tables.shape[1], *strides[:-2], BLOCK_G=_pow2(group, 16), BLOCK_N=block_n,
-        **constexprs, **cfg,
+        block_tables.shape[1], window["window"], *strides[:-2], BLOCK_G=_pow2(group, 16),
+        BLOCK_N=block_n, HAS_WINDOW=window["HAS_WINDOW"], **constexprs, **cfg,
     )  # fmt: skip
     attn_kernels.decode_reduce_kernel[(num_seqs, num_heads)](
-        part_out, part_lse, seq_lens, out, splits, split_len, *strides[-2:],
-        HEAD_DIM=head_dim, BLOCK_S=REDUCE_BLOCK_S,
-        BLOCK_D=constexprs["BLOCK_D"], num_warps=4,
+        part_out, part_lse, seq_lens, out, splits, split_len, window["window"], *strides[-2:],
+        HEAD_DIM=head_dim, BLOCK_S=REDUCE_BLOCK_S, BLOCK_D=constexprs["BLOCK_D"],
+        HAS_WINDOW=window["HAS_WINDOW"], num_warps=4,
     )  # fmt: skip
     return out
 
 
 def _prefill(
-    paged: tuple, query_start_loc: torch.Tensor, scale: float, max_query_len: int, cfg: dict
+    paged: tuple,
+    query_start_loc: torch.Tensor,
+    scale: float,
+    max_query_len: int,
+    cfg: dict,
+    window: dict,
 ) -> torch.Tensor:
     """Flash-attention tiles of BLOCK_Q tokens x GROUP heads, causal over the cached keys."""
     q, k_cache, seq_lens = paged[0], paged[1], paged[4]
@@ -259,6 +269,7 @@ def _prefill(
     cfg["BLOCK_Q"] = cfg["BLOCK_M"] // constexprs["GROUP"]
     grid = (triton.cdiv(max_query_len, cfg["BLOCK_Q"]), seq_lens.shape[0], k_cache.shape[2])
     attn_kernels.prefill_kernel[grid](
-        *paged, query_start_loc, out, scale * LOG2E, *strides, **constexprs, **cfg
-    )
+        *paged, query_start_loc, out, scale * LOG2E, window["window"], *strides,
+        HAS_WINDOW=window["HAS_WINDOW"], **constexprs, **cfg,
+    )  # fmt: skip
     return out

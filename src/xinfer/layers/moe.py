@@ -51,9 +51,11 @@ class FusedMoE(nn.Module):
         if not is_deferred():
             self.create_weights(Unquantized(torch.get_default_dtype()))
 
-    def create_weights(self, fmt: WeightFormat) -> None:
-        """Create the `[E, ...]` tensor set of `fmt` on the expert device (uninitialised)."""
-        self.expert_weights = ExpertWeights(fmt, self.hidden_size, self.intermediate_size)
+    def create_weights(self, fmt: WeightFormat, w2_fmt: WeightFormat | None = None) -> None:
+        """Create the `[E, ...]` tensor set of `fmt` (w2 in `w2_fmt` when given) on the expert
+        device (uninitialised)."""
+        h, i = self.hidden_size, self.intermediate_size
+        self.expert_weights = ExpertWeights(fmt, h, i, w2_fmt if w2_fmt != fmt else None)
         self.expert_tensors = {
             key: torch.empty(spec.shape, dtype=spec.dtype, device=self.expert_device)
             for key, spec in self.expert_weights.specs(self.num_experts).items()
@@ -63,9 +65,13 @@ class FusedMoE(nn.Module):
     def weight_format(self) -> WeightFormat:
         return self.expert_weights.fmt
 
-    def checkpoint_modules(self, name: str) -> list[str]:
-        """Checkpoint module names of every expert projection of this layer."""
-        return expert_module_names(name, self.num_experts)
+    def checkpoint_modules(self, name: str, proj: str | None = None) -> list[str]:
+        """Checkpoint module names of every expert projection of this layer (of `proj` only:
+        w13 = gate and up, w2 = down)."""
+        names = expert_module_names(name, self.num_experts)
+        if proj is None:
+            return names
+        return [n for n in names if n.endswith("down_proj") == (proj == "w2")]
 
     def attach_executor(self, executor: ExpertExecutor) -> None:
         """Hand the experts over. A resident executor shares the layer's tensors (so weights

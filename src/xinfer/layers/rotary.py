@@ -61,6 +61,10 @@ def build_cos_sin_cache(head_dim: int, rope: RopeConfig, max_pos: int) -> torch.
         inv_freq = _llama3_inv_freq(inv_freq, rope)
     elif rope.rope_type == "yarn":
         inv_freq, scale = _yarn_inv_freq(head_dim, rope, max_pos)
+    if rope.freq_factors:  # llama.cpp divides each frequency by its factor
+        if len(rope.freq_factors) != head_dim // 2:
+            raise ValueError(f"{len(rope.freq_factors)} RoPE factors for head_dim {head_dim}")
+        inv_freq = inv_freq / torch.tensor(rope.freq_factors, dtype=torch.float32)
     freqs = torch.outer(torch.arange(max_pos, dtype=torch.float32), inv_freq)  # (P, D/2)
     return torch.cat([freqs.cos() * scale, freqs.sin() * scale], dim=-1)
 

@@ -180,8 +180,9 @@ class MoeForCausalLM(nn.Module):
         return self.model(input_ids, positions)
 
     def compute_logits(self, hidden: torch.Tensor) -> torch.Tensor:
-        weight = self.model.embed_tokens.weight if self.lm_head is None else self.lm_head.weight
-        return kernels.linear(hidden, weight).float()
+        if self.lm_head is None:
+            return kernels.linear(hidden, self.model.embed_tokens.weight).float()
+        return self.lm_head(hidden).float()  # its format's kernels (a GGUF head stays raw)
 
     def layer_stack(self) -> LayerStack | None:
         """The decoder for a layer-by-layer driver (the long-prompt pass); None where the

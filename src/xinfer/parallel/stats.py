@@ -10,6 +10,7 @@ from xinfer.parallel.channel import RESET_STATS, STATS, StepChannel
 _SUMMED = (
     "hits",
     "misses",
+    "overflow_misses",
     "calls",
     "bytes_copied",
     "staging_copies",
@@ -20,12 +21,15 @@ _SUMMED = (
 
 def combine_stats(ranks: list[dict]) -> dict:
     """Counters and bytes summed over the ranks (each counts its own shard's lookups and
-    copies); `slots_per_layer` the smallest of any rank; the rest from rank 0."""
+    copies), `max_call_misses` the largest; `slots_per_layer` the smallest of any rank; the
+    rest from rank 0."""
     first = ranks[0]
     out = {k: v for k, v in first.items() if k not in ("layers", "ranks")}
-    for k in (*_SUMMED, "pinned_gb", "slot_gb", "staging_gb"):
+    for k in (*_SUMMED, "pinned_gb", "slot_gb", "resident_gb", "staging_gb"):
         if k in first:
             out[k] = sum(r[k] for r in ranks)
+    if "max_call_misses" in first:
+        out["max_call_misses"] = max(r["max_call_misses"] for r in ranks)
     seen = out["hits"] + out["misses"]
     out["hit_rate"] = out["hits"] / seen if seen else 0.0
     out["slots_per_layer"] = [min(s) for s in zip(*(r["slots_per_layer"] for r in ranks))]
@@ -35,6 +39,8 @@ def combine_stats(ranks: list[dict]) -> dict:
         for k in _SUMMED:
             if k in layer:
                 row[k] = sum(r["layers"][i][k] for r in ranks)
+        if "max_call_misses" in layer:
+            row["max_call_misses"] = max(r["layers"][i]["max_call_misses"] for r in ranks)
         seen = row["hits"] + row["misses"]
         row["hit_rate"] = row["hits"] / seen if seen else 0.0
         layers.append(row)

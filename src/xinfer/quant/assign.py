@@ -12,6 +12,7 @@ from contextvars import ContextVar
 import torch
 from torch import nn
 
+from xinfer.quant.base import EXPERT_PROJS
 from xinfer.quant.config import QuantConfig
 from xinfer.quant.unquantized import Unquantized
 
@@ -43,7 +44,15 @@ def assign_formats(
         if not hasattr(module, "create_weights"):
             continue
         fmt = plain
-        if quant is not None and module.is_quantizable:
+        if quant is not None and quant.covers(module):
+            if hasattr(module, "expert_weights"):  # experts: a format per projection
+                w13, w2 = (
+                    quant.format_for(module.checkpoint_modules(name, p), plain)
+                    for p in EXPERT_PROJS
+                )
+                module.create_weights(w13, w2)
+                chosen[name] = w13.name if w13 == w2 else f"{w13.name}+{w2.name}"
+                continue
             fmt = quant.format_for(module.checkpoint_modules(name), plain)
         module.create_weights(fmt)
         chosen[name] = fmt.name

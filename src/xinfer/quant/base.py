@@ -174,15 +174,19 @@ class WeightFormat(ABC):
         w13: dict[str, torch.Tensor],
         w2: dict[str, torch.Tensor],
         inter: int,
+        w2_fmt: WeightFormat | None = None,
     ) -> torch.Tensor:
         """The twin of `triton_moe`: `reference.fused_moe` with the experts this call uses
-        dequantized to the hidden dtype (an expert's bits do not depend on the others)."""
+        dequantized to the hidden dtype (an expert's bits do not depend on the others).
+        `w2_fmt`: the format of w2 when it differs from this one (only formats whose
+        kernels run such pairs, e.g. GGUF block types, are handed one)."""
         num_ids, hidden_dim = next(iter(w13.values())).shape[0], hidden.shape[-1]
         d13 = hidden.new_zeros(num_ids, 2 * inter, hidden_dim)
         d2 = hidden.new_zeros(num_ids, hidden_dim, inter)
+        down = w2_fmt or self
         for e in torch.unique(topk_ids.reshape(-1).long()).tolist():
             d13[e] = self.dequantize({n: t[e] for n, t in w13.items()}, 2 * inter, hidden_dim)
-            d2[e] = self.dequantize({n: t[e] for n, t in w2.items()}, hidden_dim, inter)
+            d2[e] = down.dequantize({n: t[e] for n, t in w2.items()}, hidden_dim, inter)
         return reference.fused_moe(hidden, topk_ids, topk_weights, d13, d2)
 
     def triton_moe(

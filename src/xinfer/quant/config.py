@@ -68,6 +68,11 @@ class QuantConfig:
             )
         return self.fmt
 
+    def covers(self, module) -> bool:
+        """Whether `module` (a linear or expert layer) takes its format from this config;
+        layers a model declares unquantizable (routers, the LM head) keep the plain one."""
+        return module.is_quantizable
+
     def renamed(self, renames: tuple[tuple[str, str], ...]) -> QuantConfig:
         """The ignore list in our module names (a model's `checkpoint_renames` applied)."""
         from xinfer.weights.mapping import apply_renames

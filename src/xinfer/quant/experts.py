@@ -1,6 +1,8 @@
 """A routed-expert layer's weights in one format: the `[E, ...]` tensor set of its two
 projections (w13 = gate|up rows (2I, H), w2 = down (H, I)) and the call that runs the routed
-experts on such a set, whether it holds all experts or a slot cache's `[S, ...]` copies."""
+experts on such a set, whether it holds all experts or a slot cache's `[S, ...]` copies.
+The two projections may be stored in different formats (`w2_fmt`: GGUF files often keep
+ffn_down in a wider block type than gate/up); the w13 format then runs both."""
 
 from __future__ import annotations
 
@@ -9,7 +11,7 @@ from dataclasses import dataclass
 import torch
 
 from xinfer import kernels
-from xinfer.quant.base import TensorSpec, WeightFormat, expert_key, split_expert_set
+from xinfer.quant.base import TensorSpec, WeightFormat, expert_key
 
 
 @dataclass(frozen=True)
@@ -17,6 +19,11 @@ class ExpertWeights:
     fmt: WeightFormat
     hidden_size: int
     intermediate_size: int
+    w2_fmt: WeightFormat | None = None  # None: the same as `fmt`
+
+    def proj_fmt(self, proj: str) -> WeightFormat:
+        """The format of projection `w13` or `w2`."""
+        return self.w2_fmt if proj == "w2" and self.w2_fmt is not None else self.fmt
 
     def proj_nk(self, proj: str) -> tuple[int, int]:
         """(N, K) of one expert's projection `w13` or `w2`."""
@@ -27,14 +34,15 @@ class ExpertWeights:
         """Key → `[E, ...]` spec of every tensor of the set."""
         out = {}
         for proj in ("w13", "w2"):
-            for name, spec in self.fmt.expert_specs(num_experts, *self.proj_nk(proj)).items():
+            fmt = self.proj_fmt(proj)
+            for name, spec in fmt.expert_specs(num_experts, *self.proj_nk(proj)).items():
                 out[expert_key(proj, name)] = spec
         return out
 
     @property
     def expert_bytes(self) -> int:
         """Bytes of one expert as stored (what a slot fill moves)."""
-        return sum(self.fmt.weight_bytes(*self.proj_nk(p)) for p in ("w13", "w2"))
+        return sum(self.proj_fmt(p).weight_bytes(*self.proj_nk(p)) for p in ("w13", "w2"))
 
     def __call__(
         self,
@@ -45,8 +53,13 @@ class ExpertWeights:
     ) -> torch.Tensor:
         """hidden (T, H), topk_ids (T, k) into the first dim of `tensors`, weights float32
         (T, k) → (T, H)."""
-        names = tuple(self.fmt.tensor_specs(*self.proj_nk("w2")))
-        w13, w2 = split_expert_set(tensors, names)
+        w13 = _proj_set(tensors, "w13", self.fmt.tensor_specs(*self.proj_nk("w13")))
+        w2 = _proj_set(tensors, "w2", self.proj_fmt("w2").tensor_specs(*self.proj_nk("w2")))
+        w2_fmt = self.w2_fmt if self.w2_fmt not in (None, self.fmt) else None
         return kernels.format_moe(
-            hidden, topk_ids, topk_weights, self.fmt, w13, w2, self.intermediate_size
+            hidden, topk_ids, topk_weights, self.fmt, w13, w2, self.intermediate_size, w2_fmt
         )
+
+
+def _proj_set(tensors: dict[str, torch.Tensor], proj: str, names) -> dict[str, torch.Tensor]:
+    return {n: tensors[expert_key(proj, n)] for n in names}

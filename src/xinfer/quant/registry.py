@@ -17,6 +17,7 @@ _METHODS: dict[str, tuple[str, str]] = {
         "compressed_tensors",
         "compressed-tensors (pack-quantized w4a16, float-quantized fp8)",
     ),
+    "gguf": ("gguf_formats", "GGUF block types (--m file.gguf)"),
 }
 
 

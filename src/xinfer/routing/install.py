@@ -5,6 +5,7 @@ With the default config (the router's own choice, no recording) nothing is insta
 from __future__ import annotations
 
 import logging
+from typing import Protocol
 
 import torch
 
@@ -15,16 +16,38 @@ from xinfer.routing.parametric import ParametricRouting
 from xinfer.routing.recorder import RoutingRecorder
 from xinfer.routing.replay import ReplayRouting
 from xinfer.routing.trace import TraceHeader
-from xinfer.runner.forward_context import get_forward_context
+from xinfer.runner.forward_context import ForwardContext, get_forward_context
 
 logger = logging.getLogger("xinfer")
+
+
+class RoutingSource(Protocol):
+    """Where a layer's experts come from instead of the router (parametric.py, replay.py)."""
+
+    def route(
+        self,
+        layer: int,
+        router_logits: torch.Tensor,
+        ctx: ForwardContext,
+        top_k: int,
+        renormalize: bool,
+    ) -> tuple[torch.Tensor, torch.Tensor]: ...
+
+    def reset(self) -> None: ...
 
 
 class LayerRouting:
     """Set as `FusedMoE.routing`: router logits (T, E) → (weights f32 (T, k), ids i32 (T, k))
     from the source (None: the router's own top-k), recorded when recording."""
 
-    def __init__(self, index: int, top_k: int, renormalize: bool, source, recorder) -> None:
+    def __init__(
+        self,
+        index: int,
+        top_k: int,
+        renormalize: bool,
+        source: RoutingSource | None,
+        recorder: RoutingRecorder | None,
+    ) -> None:
         self.index, self.top_k, self.renormalize = index, top_k, renormalize
         self.source, self.recorder = source, recorder
 
@@ -44,7 +67,9 @@ class LayerRouting:
 class RoutingController:
     """The installed source and recorder; the model runner's step observer."""
 
-    def __init__(self, config: RoutingConfig, source, recorder: RoutingRecorder | None) -> None:
+    def __init__(
+        self, config: RoutingConfig, source: RoutingSource | None, recorder: RoutingRecorder | None
+    ) -> None:
         self.config, self.source, self.recorder = config, source, recorder
 
     def start(self) -> None:
@@ -97,7 +122,7 @@ def install_routing(
         raise UserError("routing options apply to MoE models; this model has no routed experts")
     num_experts = [layer.num_experts for layer in layers]
     top_ks = [layer.top_k for layer in layers]
-    source = None
+    source: RoutingSource | None = None
     if config.kind == MODEL:
         source = ParametricRouting(config.model_params, config.seed, num_experts, num_rows, device)
     elif config.kind == REPLAY:

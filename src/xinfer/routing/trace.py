@@ -12,9 +12,10 @@ Layout (all little-endian):
             the step's tokens back to back in request order, then the k routed experts in
             the router's order.
 L counts MoE layers only (in model order). A prompt appears over one or more steps (its
-chunks; a prompt pass as one record), then one token per step while it decodes; a preempted
-request is recomputed, so its positions can appear again (the later record wins on replay);
-a prompt prefix found in the prefix cache is not computed, so its positions do not appear."""
+chunks; a prompt pass as one record), then one token per step while it decodes; a
+preempted request is recomputed, so its positions can appear again (the later record wins
+on replay); a prompt prefix found in the prefix cache is not computed, so its positions do
+not appear."""
 
 from __future__ import annotations
 

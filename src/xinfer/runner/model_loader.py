@@ -14,6 +14,7 @@ import torch
 
 from xinfer.config import ModelConfig, parse_dtype
 from xinfer.engine.memory import WeightPlan
+from xinfer.errors import UserError
 from xinfer.models.moe_decoder import MoeForCausalLM
 from xinfer.models.registry import get_model_class
 from xinfer.parallel.group import current_group
@@ -54,11 +55,22 @@ def _default_dtype(dtype: torch.dtype):
 
 
 def quant_config(
-    model_dir: str | Path | None, cfg: ModelConfig, dtype: torch.dtype
+    model_dir: str | Path | None,
+    cfg: ModelConfig,
+    dtype: torch.dtype,
+    isq: QuantConfig | None = None,
 ) -> QuantConfig | None:
     """The checkpoint's declared weight format (None: unquantized), ignore list in our module
-    names; refuses unknown methods before anything is allocated."""
+    names; refuses unknown methods before anything is allocated. `isq` (`--isq`) replaces
+    it for a float checkpoint."""
     quant = resolve_quant_config(model_dir, cfg.hf_config, dtype)
+    if isq is not None:
+        if quant is not None:
+            raise UserError(
+                f"--isq quantizes bf16/fp16/fp32 checkpoints; this one is already stored "
+                f"as {quant.method}: leave --isq out"
+            )
+        return isq
     if quant is None:
         return None
     return quant.renamed(get_model_class(cfg.architecture).checkpoint_renames)
@@ -91,12 +103,13 @@ def plan_weights(
     max_pos: int,
     offload: bool,
     model_dir: str | Path | None = None,
+    isq: QuantConfig | None = None,
 ) -> WeightPlan:
     """The weights' bytes as stored in the checkpoint's formats, from a copy of the model
     built on the meta device (no memory): what stays on the device and what the host store
     will hold when the experts are offloaded."""
     meta = torch.device("meta")
-    model = _construct(cfg, meta, dtype, max_pos, meta, quant_config(model_dir, cfg, dtype))
+    model = _construct(cfg, meta, dtype, max_pos, meta, quant_config(model_dir, cfg, dtype, isq))
     nbytes = lambda ts: sum(t.numel() * t.element_size() for t in ts)  # noqa: E731
     rest = nbytes(list(model.parameters()) + list(model.buffers()))
     moe = model.moe_layers()
@@ -116,10 +129,11 @@ def resident_weight_bytes(
     max_pos: int,
     include_experts: bool,
     model_dir: str | Path | None = None,
+    isq: QuantConfig | None = None,
 ) -> int:
     """Bytes the model holds on its device (the routed experts only when
     `include_experts`): `plan_weights(...).device_bytes`."""
-    return plan_weights(cfg, dtype, max_pos, not include_experts, model_dir).device_bytes
+    return plan_weights(cfg, dtype, max_pos, not include_experts, model_dir, isq).device_bytes
 
 
 def build_model(
@@ -132,8 +146,9 @@ def build_model(
     load_format: str = "auto",
     seed: int = 0,
     show_progress: bool = True,
+    isq: QuantConfig | None = None,
 ) -> MoeForCausalLM:
-    quant = quant_config(model_dir, cfg, dtype)
+    quant = quant_config(model_dir, cfg, dtype, isq)
     model = _construct(cfg, device, dtype, max_pos, expert_device, quant)
     model.eval().requires_grad_(False)
     shard = rank_shard(model, lambda: _full_model(dtype, max_pos))  # None without TP

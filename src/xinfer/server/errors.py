@@ -64,15 +64,23 @@ def as_api_error(e: Exception) -> ApiError:
     return ApiError(500, f"internal error: {type(e).__name__}: {e}", code="internal_error")
 
 
+def _param_path(loc: list) -> str | None:
+    """pydantic's loc ('messages', 0, 'content') as the server writes it: messages[0].content."""
+    path = ""
+    for part in loc:
+        path += f"[{part}]" if isinstance(part, int) else (f".{part}" if path else str(part))
+    return path or None
+
+
 def _validation_message(exc: RequestValidationError) -> tuple[str, str | None]:
     errors = exc.errors()
     if not errors:
         return "the request body is invalid", None
     first = errors[0]
-    loc = [str(p) for p in first.get("loc", ()) if p != "body"]
+    loc = [p for p in first.get("loc", ()) if p != "body"]
     if first.get("type") == "json_invalid":
         return f"the request body is not valid JSON: {first.get('msg')}", None
-    param = ".".join(loc) or None
+    param = _param_path(loc)
     where = f"'{param}': " if param else ""
     return f"{where}{first.get('msg', 'invalid value')}", param
 

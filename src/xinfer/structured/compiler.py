@@ -37,15 +37,24 @@ class GrammarMatcher:
         return self.matcher.get_error()
 
 
+def _ll_tokenizer(tokenizer_json: str, vocab_size: int, eos_ids: list[int]):
+    """llguidance 1.9 takes every end-of-sequence id; older releases (1.6) take one, and then a
+    finished grammar allows the first (the engine stops on any of them all the same)."""
+    try:
+        return llguidance.LLTokenizer(tokenizer_json, n_vocab=vocab_size, eos_token=eos_ids or None)
+    except TypeError:
+        if len(eos_ids) < 2:
+            raise
+        return llguidance.LLTokenizer(tokenizer_json, n_vocab=vocab_size, eos_token=eos_ids[0])
+
+
 class GrammarCompiler:
     """Builds matchers for one tokenizer. `vocab_size` is the width of the model's logits
     (which may exceed the tokenizer's vocabulary); ids past the tokenizer are never allowed."""
 
     def __init__(self, tokenizer: Tokenizer, vocab_size: int, eos_token_ids: set[int]) -> None:
         self.vocab_size = vocab_size
-        self.tokenizer = llguidance.LLTokenizer(
-            tokenizer.to_json(), n_vocab=vocab_size, eos_token=sorted(eos_token_ids) or None
-        )
+        self.tokenizer = _ll_tokenizer(tokenizer.to_json(), vocab_size, sorted(eos_token_ids))
         self.executor = llguidance.LLExecutor()
         self._lock = threading.Lock()
         self._is_warm = False

@@ -39,7 +39,7 @@ def init_dummy_weights(
             ew = module.expert_weights
             for e in range(module.num_experts):
                 for proj in ("w13", "w2"):
-                    tensors = ew.fmt.dummy(*ew.proj_nk(proj), gen, _STD)
+                    tensors = ew.proj_fmt(proj).dummy(*ew.proj_nk(proj), gen, _STD)
                     dst = {n: module.expert_tensors[expert_key(proj, n)][e] for n in tensors}
                     _copy_into(dst, tensors)
         elif hasattr(module, "weight_names") and hasattr(module, "create_weights"):

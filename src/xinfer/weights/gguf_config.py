@@ -6,7 +6,10 @@ from __future__ import annotations
 
 from typing import Any
 
+import torch
+
 from xinfer.errors import UserError
+from xinfer.weights import gguf_names
 from xinfer.weights.gguf_file import GGUFCheckpoint
 
 # GGUF `general.architecture` → (HF architecture, HF model_type, fixed HF keys)
@@ -91,12 +94,20 @@ def hf_config_from_gguf(ckpt: GGUFCheckpoint) -> dict[str, Any]:
         raise UserError("the GGUF file's vocabulary is larger than its vocab_size")
     if (scaling := _rope_scaling(ckpt)) is not None:
         hf["rope_scaling"] = scaling
+    if (freqs := ckpt.tensors.get("rope_freqs.weight")) is not None:
+        factors = freqs.raw.reshape(-1).view(torch.float32) if freqs.btype.name == "F32" else None
+        if factors is None:
+            raise UserError(f"rope_freqs.weight is {freqs.btype.name}; llama.cpp writes it F32")
+        hf["rope_scaling"] = {"rope_type": "default", **(scaling or {})}
+        hf["rope_scaling"]["freq_factors"] = factors.tolist()
     if model_type == "gemma3_text":
         hf["query_pre_attn_scalar"] = hf.get("head_dim", 256)
     names = ckpt.tensors
     hf["tie_word_embeddings"] = "output.weight" not in names
     hf["attention_bias"] = "blk.0.attn_q.bias" in names
     hf["dtype"] = "auto"  # quantized weights: run in the engine's default dtype
+    if _has_quantized_weights(ckpt):  # the layers' formats follow its block types
+        hf["quantization_config"] = {"quant_method": "gguf", "path": str(ckpt.paths[0])}
     meta = ckpt.metadata
     if (bos := meta.get("tokenizer.ggml.bos_token_id")) is not None:
         hf["bos_token_id"] = int(bos)
@@ -105,3 +116,13 @@ def hf_config_from_gguf(ckpt: GGUFCheckpoint) -> dict[str, Any]:
     if eos_ids:
         hf["eos_token_id"] = eos_ids
     return hf
+
+
+def _has_quantized_weights(ckpt: GGUFCheckpoint) -> bool:
+    """Whether a linear or expert weight is stored in a quantized block type (a float file
+    is a float checkpoint: `--isq` may quantize it)."""
+    return any(
+        not t.btype.is_float
+        and (gguf_names.is_linear_weight(t.name) or gguf_names.expert_names(t.name, 1))
+        for t in ckpt.tensors.values()
+    )

@@ -1,7 +1,8 @@
-"""Streams a GGUF checkpoint as (HF name, float32 tensor): each tensor is dequantized from
-its memory-mapped blocks with the twins of `quant.gguf_blocks`, llama's q/k rows are put
-back in HF order and Gemma's norms lose their +1; stacked experts are yielded per expert
-(views of one dequantized stack), so the ordinary loader fills the model."""
+"""Streams a GGUF checkpoint as (HF name, tensor). Weights the plan keeps in their blocks
+(`gguf_plan.py`) are yielded as their raw uint8 rows, memory-mapped views the loader copies
+once into the layers' `GGUFFormat` tensors; the rest are dequantized with the twins of
+`quant.gguf_blocks` (on the model's device). llama's q/k rows are put back in HF order (raw
+rows move whole) and Gemma's norms lose their +1; stacked experts are yielded per expert."""
 
 from __future__ import annotations
 
@@ -17,6 +18,7 @@ from xinfer.errors import UserError
 from xinfer.quant.gguf_blocks import dequantize
 from xinfer.weights import gguf_names
 from xinfer.weights.gguf_file import GGUFCheckpoint, GGUFTensor, open_gguf
+from xinfer.weights.gguf_plan import plan_gguf
 
 
 @lru_cache(maxsize=2)
@@ -59,15 +61,20 @@ def iter_gguf(
     device: torch.device | None = None,
 ) -> Iterator[tuple[str, torch.Tensor]]:
     ckpt = cached_gguf(str(path))
+    plan = plan_gguf(ckpt)
     for t in tqdm(ckpt.tensors.values(), desc="Loading GGUF", disable=not show_progress):
         if (experts := gguf_names.expert_names(t.name, t.shape[0])) is not None:
-            stack = dequantized(t, ckpt, hf, device)  # (E, rows, K)
+            raw = plan.is_raw(experts[0])
+            stack = t.raw if raw else dequantized(t, ckpt, hf, device)  # (E, rows, K or bytes)
             for e, name in enumerate(experts):
                 yield name, stack[e]
             continue
         name = gguf_names.hf_name(t.name, ckpt.arch)
         if name is None:
-            if t.name.startswith("rope_"):  # llama.cpp's precomputed RoPE factors
+            if t.name.startswith("rope_"):  # RoPE factors: gguf_config put them in the config
                 continue
             raise UserError(f"GGUF tensor {t.name!r} is not one a {ckpt.arch} model uses")
+        if plan.is_raw(name):
+            yield name, hf_rows(t, t.raw, ckpt, hf)
+            continue
         yield name, dequantized(t, ckpt, hf, device)

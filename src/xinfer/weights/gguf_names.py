@@ -40,6 +40,11 @@ _GEMMA3 = {
     "post_ffw_norm": "post_feedforward_layernorm",
 }
 _EXPERTS = {"ffn_gate_exps": "gate_proj", "ffn_up_exps": "up_proj", "ffn_down_exps": "down_proj"}
+# GGUF weights of the engine's linear layers (the others are embeddings, norms and routers)
+_LINEAR = {
+    "attn_q", "attn_k", "attn_v", "attn_output", "ffn_gate", "ffn_up", "ffn_down",
+    "ffn_gate_shexp", "ffn_up_shexp", "ffn_down_shexp",
+}  # fmt: skip
 
 
 def hf_name(gguf_name: str, arch: str) -> str | None:
@@ -53,6 +58,14 @@ def hf_name(gguf_name: str, arch: str) -> str | None:
     if m["name"] not in table:
         return None
     return f"model.layers.{m['layer']}.{table[m['name']]}.{m['kind']}"
+
+
+def is_linear_weight(gguf_name: str) -> bool:
+    """A weight that a linear layer multiplies by (the LM head included)."""
+    if gguf_name == "output.weight":
+        return True
+    m = _LAYER.match(gguf_name)
+    return bool(m) and m["kind"] == "weight" and m["name"] in _LINEAR
 
 
 def expert_names(gguf_name: str, num_experts: int) -> list[str] | None:

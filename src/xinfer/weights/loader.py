@@ -78,7 +78,7 @@ def _linear_destinations(module, t: Target, name: str) -> list[tuple]:
 
 
 def _expert_destinations(module, t: Target, name: str) -> list[tuple]:
-    fmt: WeightFormat = module.weight_format
+    fmt: WeightFormat = module.expert_weights.proj_fmt(t.proj)
     n, k = module.expert_weights.proj_nk(t.proj)
     specs = fmt.tensor_specs(n, k)
     start, rows = (0, n) if t.half is None else (t.half * n // 2, n // 2)
@@ -195,8 +195,8 @@ def _required(
                 need[f"{prefix}.bias"] = parts
             covered |= {f"{prefix}.{n}" for n in (*module.weight_names, "bias")}
         elif _is_expert_layer(module):
-            fmt = module.weight_format
             for proj, halves in (("w13", (0, 1)), ("w2", (None,))):
+                fmt = module.expert_weights.proj_fmt(proj)
                 every = {(e, h) for e in range(module.num_experts) for h in halves}
                 for kind in fmt.required_checkpoint_names():
                     need[f"{prefix}.{proj}.{kind}"] = every

@@ -4,7 +4,9 @@ Decode (one query per sequence), flash-decoding: one program per (sequence, KV h
 holds all the query heads of that KV head, so K/V are read once, and attends to a fixed range
 of `split_len` keys; a second kernel merges each query head's non-empty splits in order.
 Prefill: flash-attention tiles over packed variable-length queries, rows = (token, query head
-of the group)."""
+of the group). With a sliding window W (`HAS_WINDOW`, Gemma 3's local layers) a query at
+position p sees keys (p - W, p] only: decode skips the splits before the window, prefill
+starts its key loop at the tile's first visible key and masks both edges."""
 
 from __future__ import annotations
 
@@ -43,15 +45,18 @@ def _softmax_step(q, k, v, s_mask, m_i, l_i, acc, scale_log2, DOT_PRECISION: tl.
     """One online-softmax update with a K/V tile; scores are in log2 units."""
     s = tl.dot(q, tl.trans(k), input_precision=DOT_PRECISION) * scale_log2  # (M, N)
     s = tl.where(s_mask, s, float("-inf"))
-    m_new = tl.maximum(m_i, tl.max(s, axis=1))  # finite: every row sees key 0 first
-    alpha = tl.exp2(m_i - m_new)
-    p = tl.exp2(s - m_new[:, None])
+    m_new = tl.maximum(m_i, tl.max(s, axis=1))
+    # -inf only for a row that has seen no key yet (a window starts after this tile): its
+    # p and alpha must be 0, not NaN; finite m_new keeps every other row's bits unchanged
+    m_use = tl.where(m_new == float("-inf"), 0.0, m_new)
+    alpha = tl.exp2(m_i - m_use)
+    p = tl.exp2(s - m_use[:, None])
     l_i = l_i * alpha + tl.sum(p, axis=1)
     acc = acc * alpha[:, None] + tl.dot(p.to(v.dtype), v, input_precision=DOT_PRECISION)
     return m_new, l_i, acc
 
 
-@triton.jit(do_not_specialize=["num_splits", "split_len", "table_blocks"])
+@triton.jit(do_not_specialize=["num_splits", "split_len", "table_blocks", "window"])
 def decode_kernel(
     q_ptr,  # (B, Hq, D): one query token per sequence
     k_cache_ptr,  # (num_blocks, block_size, Hk, D)
@@ -64,6 +69,7 @@ def decode_kernel(
     num_splits,
     split_len,  # keys per split, a multiple of BLOCK_N
     table_blocks,  # columns of the block table
+    window,  # sliding window W (keys (p - W, p]); read only with HAS_WINDOW
     stride_qt,
     stride_qh,
     stride_kb,
@@ -80,10 +86,11 @@ def decode_kernel(
     BLOCK_N: tl.constexpr,
     BLOCK_D: tl.constexpr,
     DOT_PRECISION: tl.constexpr,
+    HAS_WINDOW: tl.constexpr = False,
 ):
     """Partial attention of one (sequence, KV head) over keys [split * split_len, +split_len)
-    (fixed ranges, independent of the batch). Splits past the sequence's end write nothing:
-    the merge reads only the first cdiv(seq_len, split_len)."""
+    (fixed ranges, independent of the batch). Splits past the sequence's end, or wholly
+    before its window, write nothing: the merge reads only the splits in between."""
     seq, kv_head, split = tl.program_id(0), tl.program_id(1), tl.program_id(2)
     start = split * split_len
     g = tl.arange(0, BLOCK_G)
@@ -95,7 +102,11 @@ def decode_kernel(
     q = tl.load(q_ptrs, mask=g_mask[:, None] & d_mask[None, :], other=0.0)
     table = block_tables_ptr + seq.to(tl.int64) * stride_bt
     blk = _block_ids(table, start + tl.arange(0, BLOCK_N), table_blocks, KV_BLOCK_SIZE)
-    end = tl.minimum(start + split_len, tl.load(seq_lens_ptr + seq).to(tl.int32))
+    seq_len = tl.load(seq_lens_ptr + seq).to(tl.int32)
+    end = tl.minimum(start + split_len, seq_len)
+    if HAS_WINDOW:  # the query is at seq_len - 1: keys from seq_len - W on
+        start = tl.maximum(start, seq_len - window)
+        blk = _block_ids(table, start + tl.arange(0, BLOCK_N), table_blocks, KV_BLOCK_SIZE)
     if start >= end:
         return
 
@@ -123,7 +134,7 @@ def decode_kernel(
     tl.store(part_lse_ptr + row, m_i + tl.log2(l_i), mask=g_mask)
 
 
-@triton.jit(do_not_specialize=["num_splits", "split_len"])
+@triton.jit(do_not_specialize=["num_splits", "split_len", "window"])
 def decode_reduce_kernel(
     part_out_ptr,
     part_lse_ptr,
@@ -131,17 +142,22 @@ def decode_reduce_kernel(
     out_ptr,  # (B, Hq, D)
     num_splits,
     split_len,
+    window,
     stride_ot,
     stride_oh,
     HEAD_DIM: tl.constexpr,
     BLOCK_S: tl.constexpr,
     BLOCK_D: tl.constexpr,
+    HAS_WINDOW: tl.constexpr = False,
 ):
     """Merge the non-empty splits of one (sequence, query head), BLOCK_S at a time in split
     order, so the bits depend on neither the batch nor num_splits; seq_len 0 gives zeros."""
     seq, head = tl.program_id(0), tl.program_id(1)
     seq_len = tl.load(seq_lens_ptr + seq).to(tl.int32)
     used = tl.minimum(tl.cdiv(seq_len, split_len), num_splits)  # keys past the bound: unread
+    first = 0
+    if HAS_WINDOW:  # the first split that holds a key of the window
+        first = tl.maximum(seq_len - window, 0) // split_len
     s = tl.arange(0, BLOCK_S)
     d = tl.arange(0, BLOCK_D)
     d_mask = d < HEAD_DIM
@@ -149,13 +165,13 @@ def decode_reduce_kernel(
     m_run = tl.full([], float("-inf"), tl.float32)
     l_run = tl.zeros([], tl.float32)
     acc = tl.zeros([BLOCK_D], tl.float32)
-    for s0 in range(0, used, BLOCK_S):
+    for s0 in range(first, used, BLOCK_S):
         s_mask = s0 + s < used
         rows = base + s0 + s
         lse = tl.load(part_lse_ptr + rows, mask=s_mask, other=float("-inf"))
         o_ptrs = part_out_ptr + rows[:, None] * HEAD_DIM + d[None, :]
         o = tl.load(o_ptrs, mask=s_mask[:, None] & d_mask[None, :], other=0.0).to(tl.float32)
-        m_new = tl.maximum(m_run, tl.max(lse, axis=0))  # finite: split s0 is non-empty
+        m_new = tl.maximum(m_run, tl.max(lse, axis=0))  # finite: split `first` is non-empty
         alpha = tl.exp2(m_run - m_new)
         w = tl.exp2(lse - m_new)
         l_run = l_run * alpha + tl.sum(w, axis=0)
@@ -176,6 +192,7 @@ def prefill_kernel(
     query_start_loc_ptr,  # (B+1,)
     out_ptr,  # (T, Hq, D)
     scale_log2,
+    window,  # sliding window W; read only with HAS_WINDOW
     stride_qt,
     stride_qh,
     stride_kb,
@@ -195,6 +212,7 @@ def prefill_kernel(
     BLOCK_N: tl.constexpr,
     BLOCK_D: tl.constexpr,
     DOT_PRECISION: tl.constexpr,
+    HAS_WINDOW: tl.constexpr = False,
 ):
     seq, kv_head = tl.program_id(1), tl.program_id(2)
     q_tile = tl.num_programs(0) - 1 - tl.program_id(0)  # longest (last) tiles start first
@@ -222,11 +240,15 @@ def prefill_kernel(
     table = block_tables_ptr + seq.to(tl.int64) * stride_bt
     k_base = k_cache_ptr + kv_head * stride_kh
     v_base = v_cache_ptr + kv_head * stride_vh
-    # keys before the tile's first position are visible to every row: no mask needed
-    full_end = (ctx_len + q_tile * BLOCK_Q + 1) // BLOCK_N * BLOCK_N
     kv_end = tl.minimum(ctx_len + (q_tile + 1) * BLOCK_Q, seq_len)
+    if HAS_WINDOW:  # from the tile's first visible key, every tile masks both edges
+        full_start = tl.maximum(ctx_len + q_tile * BLOCK_Q - window + 1, 0) // BLOCK_N * BLOCK_N
+        full_end = full_start
+    else:  # keys before the tile's first position are visible to every row: no mask needed
+        full_start = 0
+        full_end = (ctx_len + q_tile * BLOCK_Q + 1) // BLOCK_N * BLOCK_N
     all_n = tl.full([1, BLOCK_N], 1, tl.int1)
-    for n0 in range(0, full_end, BLOCK_N):
+    for n0 in range(full_start, full_end, BLOCK_N):
         n = n0 + tl.arange(0, BLOCK_N)
         n_mask = n < full_end
         k = _load_kv_tile(k_base, table, n, n_mask, d, d_mask, KV_BLOCK_SIZE, stride_kb, stride_ks)
@@ -234,12 +256,14 @@ def prefill_kernel(
         m_i, l_i, acc = _softmax_step(
             q, k.to(q.dtype), v.to(q.dtype), all_n, m_i, l_i, acc, scale_log2, DOT_PRECISION
         )
-    for n0 in range(full_end, kv_end, BLOCK_N):  # the diagonal: causal mask
+    for n0 in range(full_end, kv_end, BLOCK_N):  # the diagonal (and the window): masked
         n = n0 + tl.arange(0, BLOCK_N)
         n_mask = n < kv_end
         k = _load_kv_tile(k_base, table, n, n_mask, d, d_mask, KV_BLOCK_SIZE, stride_kb, stride_ks)
         v = _load_kv_tile(v_base, table, n, n_mask, d, d_mask, KV_BLOCK_SIZE, stride_vb, stride_vs)
         s_mask = n_mask[None, :] & (n[None, :] <= pos[:, None])
+        if HAS_WINDOW:
+            s_mask = s_mask & (n[None, :] > pos[:, None] - window)
         m_i, l_i, acc = _softmax_step(
             q, k.to(q.dtype), v.to(q.dtype), s_mask, m_i, l_i, acc, scale_log2, DOT_PRECISION
         )

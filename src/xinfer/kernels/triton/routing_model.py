@@ -9,7 +9,6 @@ import triton.language as tl
 
 MIX = tl.constexpr(0x45D9F3B)  # a plain annotation is not a constexpr for Triton 3.6
 SECOND = tl.constexpr(0x5BD1E995)
-TWO_PI = tl.constexpr(6.283185307179586)
 
 
 @triton.jit
@@ -37,7 +36,7 @@ def _normal(tok_hash, offs_e):
     h = _mix32(tok_hash ^ offs_e.to(tl.uint32))
     u1 = _uniform(h)
     u2 = _uniform(_mix32(h ^ SECOND))
-    return tl.sqrt(-2.0 * tl.log(u1)) * tl.cos(TWO_PI * u2)
+    return tl.sqrt(-2.0 * tl.log(u1)) * tl.cos(u2 * 6.283185307179586)
 
 
 @triton.jit

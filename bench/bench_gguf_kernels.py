@@ -1,0 +1,153 @@
+"""GGUF block kernels at Qwen3-30B-A3B's shapes on the GPU: the time of one call and the rate
+at which it reads the stored bytes (decode is bound by them), against the bf16 kernels on
+the same shapes. `--sweep` also times a few tile configs per kernel and prints the best, for
+the tables in `kernels/gguf_launch.py`. One run takes ~1 min (~4 with --sweep).
+
+    python3 bench/bench_gguf_kernels.py [--types Q4_K,Q8_0] [--sweep] [--out bench/results/x.json]
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+from functools import partial
+from pathlib import Path
+
+import numpy as np
+import torch
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "src"))
+
+from xinfer.kernels import gguf_launch as gl  # noqa: E402
+from xinfer.kernels import moe_launch, reference  # noqa: E402
+from xinfer.quant.gguf_blocks import BLOCK_TYPES  # noqa: E402
+
+H, INTER, E, TOP_K = 2048, 768, 128, 8  # Qwen3-30B-A3B
+LINEARS = {"qkv": (5120, 2048), "o_proj": (2048, 4096), "lm_head": (151936, 2048)}
+
+
+def _time_us(fn, iters: int = 50) -> float:
+    for _ in range(3):
+        fn()
+    torch.cuda.synchronize()
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(graph):
+        fn()
+    start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+    start.record()
+    for _ in range(iters):
+        graph.replay()
+    end.record()
+    torch.cuda.synchronize()
+    return start.elapsed_time(end) * 1e3 / iters
+
+
+# byte offsets of each type's float16 scales (kept small and finite in random blocks)
+_F16_FIELDS = {"Q4_0": [0], "Q5_0": [0], "Q8_0": [0], "Q4_K": [0, 2], "Q5_K": [0, 2], "Q6_K": [208]}
+
+
+def _raw(name: str, rows: int, k: int, experts: int | None = None) -> torch.Tensor:
+    """Random valid blocks (rows, row bytes), or the same ones for every expert."""
+    bt, rng = BLOCK_TYPES[name], np.random.default_rng(0)
+    raw = rng.integers(0, 256, size=(rows * k // bt.block_size, bt.type_size), dtype=np.uint8)
+    for off in _F16_FIELDS[name]:
+        scale = (rng.random(raw.shape[0]) * 1e-3 + 1e-4).astype(np.float16)
+        raw[:, off : off + 2] = scale.view(np.uint8).reshape(-1, 2)
+    t = torch.from_numpy(raw.reshape(rows, -1)).cuda()
+    return t if experts is None else t.unsqueeze(0).expand(experts, -1, -1).contiguous()
+
+
+def _moe_case(num_tokens: int):
+    g = torch.Generator(device="cuda").manual_seed(0)
+    x = (torch.randn(num_tokens, H, device="cuda", generator=g) * 0.05).bfloat16()
+    logits = torch.randn(num_tokens, E, device="cuda", generator=g)
+    weights, ids = reference.route_topk(logits, TOP_K, True)
+    return x, ids, weights
+
+
+def bench_type(name: str, sweep: bool) -> list[dict]:
+    bt = BLOCK_TYPES[name]
+    rows = []
+    w13, w2 = _raw(name, 2 * INTER, H, E), _raw(name, H, INTER, E)
+    expert_bytes = w13[0].numel() + w2[0].numel()
+    for num_tokens in (1, 8):
+        x, ids, weights = _moe_case(num_tokens)
+        pairs = num_tokens * TOP_K
+        configs = [None]
+        if sweep:
+            configs += [gl.GGUFTiles(1, bn, subs, warps) for bn in (4, 8, 16, 32)
+                        for subs in (4, 8) for warps in (2, 4, 8)]  # fmt: skip
+        for tiles in configs:
+            us = _time_us(
+                partial(gl.fused_moe, x, ids, weights, w13, bt, w2, bt, INTER, True, tiles)
+            )
+            distinct = len(set(ids.flatten().tolist()))
+            rows.append(dict(kernel="moe_gemv", type=name, tokens=num_tokens, tiles=str(tiles),
+                             us=round(us, 1), GBps=round(distinct * expert_bytes / us / 1e3, 1),
+                             pairs=pairs))  # fmt: skip
+    for label, (n, k) in LINEARS.items():
+        w = _raw(name, n, k)
+        x = torch.randn(1, k, device="cuda").bfloat16()
+        configs = [None]
+        if sweep:
+            configs += [gl.GGUFTiles(16, bn, subs, warps) for bn in (16, 32, 64)
+                        for subs in (4, 8) for warps in (4, 8)]  # fmt: skip
+        for tiles in configs:
+            us = _time_us(partial(gl.linear, x, w, bt, None, n, k, tiles))
+            rows.append(dict(kernel=f"linear {label}", type=name, tokens=1, tiles=str(tiles),
+                             us=round(us, 1), GBps=round(w.numel() / us / 1e3, 1)))  # fmt: skip
+    x, ids, weights = _moe_case(2048)
+    configs = [None]
+    if sweep:
+        configs += [gl.GGUFTiles(bm, bn, subs, warps) for bm in (32, 64) for bn in (64, 128)
+                    for subs in (2, 4) for warps in (4, 8)]  # fmt: skip
+    for tiles in configs:
+        run = partial(gl.fused_moe, x, ids, weights, w13, bt, w2, bt, INTER, False, tiles)
+        us = _time_us(run, iters=10)
+        flops = 2 * 2048 * TOP_K * 3 * H * INTER
+        rows.append(dict(kernel="moe_grouped", type=name, tokens=2048, tiles=str(tiles),
+                         us=round(us, 1), TFLOPs=round(flops / us / 1e6, 1)))  # fmt: skip
+    return rows
+
+
+def bench_bf16() -> list[dict]:
+    """The plain bf16 kernels on the same shapes (the engine's bf16 path), for scale."""
+    w13 = torch.randn(E, 2 * INTER, H, device="cuda").bfloat16() * 0.02
+    w2 = torch.randn(E, H, INTER, device="cuda").bfloat16() * 0.02
+    rows = []
+    for num_tokens in (1, 8, 2048):
+        x, ids, weights = _moe_case(num_tokens)
+        us = _time_us(partial(moe_launch.fused_moe, x, ids, weights, w13, w2), iters=10)
+        distinct = len(set(ids.flatten().tolist()))
+        rows.append(dict(kernel="moe bf16", type="BF16", tokens=num_tokens, us=round(us, 1),
+                         GBps=round(distinct * 3 * H * INTER * 2 / us / 1e3, 1)))  # fmt: skip
+    return rows
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__)
+    ap.add_argument("--types", default="Q4_K,Q8_0,Q6_K,Q5_0")
+    ap.add_argument("--sweep", action="store_true")
+    ap.add_argument("--out", default=None)
+    args = ap.parse_args()
+    rows = bench_bf16()
+    for name in args.types.split(","):
+        rows += bench_type(name, args.sweep)
+    best: dict[tuple, dict] = {}
+    for r in rows:
+        print(json.dumps(r), flush=True)
+        key = (r["kernel"], r["type"], r["tokens"])
+        if key not in best or r["us"] < best[key]["us"]:
+            best[key] = r
+    print("\nbest per (kernel, type, tokens):")
+    for r in best.values():
+        print(f"  {r['kernel']:16} {r['type']:5} T={r['tokens']:<5} {r['us']:>9} us  "
+              f"{r.get('GBps', r.get('TFLOPs'))!s:>7}  {r.get('tiles', '')}")  # fmt: skip
+    if args.out:
+        Path(args.out).parent.mkdir(parents=True, exist_ok=True)
+        Path(args.out).write_text("\n".join(json.dumps(r) for r in rows) + "\n")
+
+
+if __name__ == "__main__":
+    main()

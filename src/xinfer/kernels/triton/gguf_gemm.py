@@ -1,0 +1,184 @@
+"""Triton kernels on raw GGUF blocks (launched from `xinfer.kernels.gguf_launch`): a linear
+(rows of x against weight tiles dequantized in registers, `tl.dot` in float32; decode uses
+one BLOCK_M = 16 tile so a row's bits do not depend on the batch), and the routed-expert MLP
+as GEMV kernels over (token, k) pairs for decode (multiply-adds on the dequantized tile, no
+rounding of the weights) and grouped GEMMs over rows sorted by expert for prefill. Weights
+are read once, in their stored bytes; experts and slots are addressed only through `ids`, so
+an expert's bits do not depend on where it is held."""
+
+from __future__ import annotations
+
+import triton
+import triton.language as tl
+
+from xinfer.kernels.triton.fused_moe import _silu_mul
+from xinfer.kernels.triton.gguf_dequant import gguf_tile, x_chunk
+
+
+@triton.jit
+def _dot_tile(w_ptr, row_off, kb, k_len, mask_n, dtype, BTYPE: tl.constexpr,
+              BLOCK_N: tl.constexpr, SUBS: tl.constexpr):  # fmt: skip
+    """(SUBS * 32, BLOCK_N) weights in the activation dtype: the B operand of tl.dot."""
+    w = gguf_tile(w_ptr, row_off, kb, k_len, mask_n, BTYPE, SUBS)
+    return tl.trans(tl.reshape(w, (BLOCK_N, SUBS * 32)).to(dtype))
+
+
+@triton.jit(do_not_specialize=["M"])
+def gguf_linear_kernel(
+    x_ptr, w_ptr, bias_ptr, out_ptr,
+    M, N, K,
+    stride_xm, stride_wn, stride_om,
+    BTYPE: tl.constexpr, HAS_BIAS: tl.constexpr,
+    BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, SUBS: tl.constexpr,
+    DOT_PRECISION: tl.constexpr,
+):  # fmt: skip
+    """grid (cdiv(M, BLOCK_M), cdiv(N, BLOCK_N)): out = x @ dequant(w)^T (+ bias). A row's
+    bits depend on its x row, BLOCK_N, SUBS and the k order only."""
+    pid_m = tl.program_id(0)
+    pid_n = tl.program_id(1)
+    offs_m = pid_m * BLOCK_M + tl.arange(0, BLOCK_M)
+    offs_n = pid_n * BLOCK_N + tl.arange(0, BLOCK_N)
+    offs_k = tl.arange(0, SUBS * 32)
+    mask_m = offs_m < M
+    mask_n = offs_n < N
+    row_off = offs_n.to(tl.int64) * stride_wn
+    dtype = x_ptr.dtype.element_ty
+    x_rows = x_ptr + offs_m.to(tl.int64)[:, None] * stride_xm
+    acc = tl.zeros((BLOCK_M, BLOCK_N), dtype=tl.float32)
+    for kb in range(0, tl.cdiv(K, SUBS * 32)):
+        ks = kb * SUBS * 32 + offs_k
+        x = tl.load(x_rows + ks[None, :], mask=mask_m[:, None] & (ks < K)[None, :], other=0.0)
+        w = _dot_tile(w_ptr, row_off, kb, K, mask_n, dtype, BTYPE, BLOCK_N, SUBS)
+        acc = tl.dot(x, w, acc, input_precision=DOT_PRECISION)
+    if HAS_BIAS:
+        acc += tl.load(bias_ptr + offs_n, mask=mask_n, other=0.0).to(tl.float32)[None, :]
+    out_ptrs = out_ptr + offs_m.to(tl.int64)[:, None] * stride_om + offs_n[None, :]
+    tl.store(out_ptrs, acc.to(out_ptr.dtype.element_ty), mask=mask_m[:, None] & mask_n[None, :])
+
+
+@triton.jit
+def gguf_moe_gate_up_gemv_kernel(
+    x_ptr, ids_ptr, w_ptr, inter_ptr,
+    hidden_dim, inter_dim,
+    stride_xt, stride_we, stride_wn, stride_it,
+    BTYPE: tl.constexpr, TOP_K: tl.constexpr, BLOCK_N: tl.constexpr, SUBS: tl.constexpr,
+):  # fmt: skip
+    """grid (T*k, cdiv(I, BLOCK_N)): inter[pair, n] = silu(x·W13[e, n]) * (x·W13[e, I + n])."""
+    pair = tl.program_id(0)
+    pid_n = tl.program_id(1)
+    tok = (pair // TOP_K).to(tl.int64)
+    e = tl.load(ids_ptr + pair).to(tl.int64)
+    offs_n = pid_n * BLOCK_N + tl.arange(0, BLOCK_N)
+    mask_n = offs_n < inter_dim
+    gate_off = e * stride_we + offs_n.to(tl.int64) * stride_wn
+    up_off = gate_off + inter_dim * stride_wn
+    x_row = x_ptr + tok * stride_xt
+    acc_g = tl.zeros((BLOCK_N, SUBS, 32), dtype=tl.float32)
+    acc_u = tl.zeros((BLOCK_N, SUBS, 32), dtype=tl.float32)
+    for kb in range(0, tl.cdiv(hidden_dim, SUBS * 32)):
+        x = x_chunk(x_row, kb, hidden_dim, SUBS)[None, :, :]
+        acc_g += gguf_tile(w_ptr, gate_off, kb, hidden_dim, mask_n, BTYPE, SUBS) * x
+        acc_u += gguf_tile(w_ptr, up_off, kb, hidden_dim, mask_n, BTYPE, SUBS) * x
+    g = tl.sum(tl.sum(acc_g, axis=2), axis=1)
+    u = tl.sum(tl.sum(acc_u, axis=2), axis=1)
+    h = _silu_mul(g, u, inter_ptr.dtype.element_ty)
+    tl.store(inter_ptr + pair.to(tl.int64) * stride_it + offs_n, h, mask=mask_n)
+
+
+@triton.jit
+def gguf_moe_down_gemv_kernel(
+    inter_ptr, ids_ptr, w_ptr, y_ptr,
+    hidden_dim, inter_dim,
+    stride_it, stride_we, stride_wn, stride_yt,
+    BTYPE: tl.constexpr, BLOCK_N: tl.constexpr, SUBS: tl.constexpr,
+):  # fmt: skip
+    """grid (T*k, cdiv(H, BLOCK_N)): y[pair, n] = inter[pair]·W2[e, n], rounded to the dtype."""
+    pair = tl.program_id(0).to(tl.int64)
+    pid_n = tl.program_id(1)
+    e = tl.load(ids_ptr + pair).to(tl.int64)
+    offs_n = pid_n * BLOCK_N + tl.arange(0, BLOCK_N)
+    mask_n = offs_n < hidden_dim
+    row_off = e * stride_we + offs_n.to(tl.int64) * stride_wn
+    a_row = inter_ptr + pair * stride_it
+    acc = tl.zeros((BLOCK_N, SUBS, 32), dtype=tl.float32)
+    for kb in range(0, tl.cdiv(inter_dim, SUBS * 32)):
+        a = x_chunk(a_row, kb, inter_dim, SUBS)[None, :, :]
+        acc += gguf_tile(w_ptr, row_off, kb, inter_dim, mask_n, BTYPE, SUBS) * a
+    y = tl.sum(tl.sum(acc, axis=2), axis=1).to(y_ptr.dtype.element_ty)
+    tl.store(y_ptr + pair * stride_yt + offs_n, y, mask=mask_n)
+
+
+@triton.jit
+def gguf_moe_gate_up_grouped_kernel(
+    x_ptr, sorted_pairs_ptr, block_ids_ptr, num_rows_ptr, w_ptr, inter_ptr,
+    num_pairs, hidden_dim, inter_dim,
+    stride_xt, stride_we, stride_wn, stride_it,
+    BTYPE: tl.constexpr, TOP_K: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,
+    SUBS: tl.constexpr, DOT_PRECISION: tl.constexpr,
+):  # fmt: skip
+    """grid (max_blocks * cdiv(I, BLOCK_N),): one BLOCK_M tile of rows sharing one id
+    (`moe_launch.align_pairs`); padding rows hold `num_pairs`. Writes inter[pair]."""
+    pid = tl.program_id(0)
+    num_pid_n = tl.cdiv(inter_dim, BLOCK_N)
+    pid_m = pid // num_pid_n
+    pid_n = pid % num_pid_n
+    if pid_m * BLOCK_M >= tl.load(num_rows_ptr):
+        return
+    e = tl.load(block_ids_ptr + pid_m).to(tl.int64)
+    pairs = tl.load(sorted_pairs_ptr + pid_m * BLOCK_M + tl.arange(0, BLOCK_M))
+    mask_m = pairs < num_pairs
+    toks = (pairs // TOP_K).to(tl.int64)
+    offs_n = pid_n * BLOCK_N + tl.arange(0, BLOCK_N)
+    offs_k = tl.arange(0, SUBS * 32)
+    mask_n = offs_n < inter_dim
+    gate_off = e * stride_we + offs_n.to(tl.int64) * stride_wn
+    up_off = gate_off + inter_dim * stride_wn
+    dtype = x_ptr.dtype.element_ty
+    acc_g = tl.zeros((BLOCK_M, BLOCK_N), dtype=tl.float32)
+    acc_u = tl.zeros((BLOCK_M, BLOCK_N), dtype=tl.float32)
+    for kb in range(0, tl.cdiv(hidden_dim, SUBS * 32)):
+        ks = kb * SUBS * 32 + offs_k
+        a_ptrs = x_ptr + toks[:, None] * stride_xt + ks[None, :]
+        a = tl.load(a_ptrs, mask=mask_m[:, None] & (ks < hidden_dim)[None, :], other=0.0)
+        bg = _dot_tile(w_ptr, gate_off, kb, hidden_dim, mask_n, dtype, BTYPE, BLOCK_N, SUBS)
+        acc_g = tl.dot(a, bg, acc_g, input_precision=DOT_PRECISION)
+        bu = _dot_tile(w_ptr, up_off, kb, hidden_dim, mask_n, dtype, BTYPE, BLOCK_N, SUBS)
+        acc_u = tl.dot(a, bu, acc_u, input_precision=DOT_PRECISION)
+    h = _silu_mul(acc_g, acc_u, inter_ptr.dtype.element_ty)
+    out_ptrs = inter_ptr + pairs.to(tl.int64)[:, None] * stride_it + offs_n[None, :]
+    tl.store(out_ptrs, h, mask=mask_m[:, None] & mask_n[None, :])
+
+
+@triton.jit
+def gguf_moe_down_grouped_kernel(
+    inter_ptr, sorted_pairs_ptr, block_ids_ptr, num_rows_ptr, w_ptr, y_ptr,
+    num_pairs, hidden_dim, inter_dim,
+    stride_it, stride_we, stride_wn, stride_yt,
+    BTYPE: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, SUBS: tl.constexpr,
+    DOT_PRECISION: tl.constexpr,
+):  # fmt: skip
+    """grid (max_blocks * cdiv(H, BLOCK_N),): y[pair] = inter[pair] @ dequant(W2[e])^T."""
+    pid = tl.program_id(0)
+    num_pid_n = tl.cdiv(hidden_dim, BLOCK_N)
+    pid_m = pid // num_pid_n
+    pid_n = pid % num_pid_n
+    if pid_m * BLOCK_M >= tl.load(num_rows_ptr):
+        return
+    e = tl.load(block_ids_ptr + pid_m).to(tl.int64)
+    pairs = tl.load(sorted_pairs_ptr + pid_m * BLOCK_M + tl.arange(0, BLOCK_M))
+    mask_m = pairs < num_pairs
+    rows = pairs.to(tl.int64)
+    offs_n = pid_n * BLOCK_N + tl.arange(0, BLOCK_N)
+    offs_k = tl.arange(0, SUBS * 32)
+    mask_n = offs_n < hidden_dim
+    row_off = e * stride_we + offs_n.to(tl.int64) * stride_wn
+    dtype = inter_ptr.dtype.element_ty
+    acc = tl.zeros((BLOCK_M, BLOCK_N), dtype=tl.float32)
+    for kb in range(0, tl.cdiv(inter_dim, SUBS * 32)):
+        ks = kb * SUBS * 32 + offs_k
+        a_ptrs = inter_ptr + rows[:, None] * stride_it + ks[None, :]
+        a = tl.load(a_ptrs, mask=mask_m[:, None] & (ks < inter_dim)[None, :], other=0.0)
+        b = _dot_tile(w_ptr, row_off, kb, inter_dim, mask_n, dtype, BTYPE, BLOCK_N, SUBS)
+        acc = tl.dot(a, b, acc, input_precision=DOT_PRECISION)
+    y_ptrs = y_ptr + rows[:, None] * stride_yt + offs_n[None, :]
+    tl.store(y_ptrs, acc.to(y_ptr.dtype.element_ty), mask=mask_m[:, None] & mask_n[None, :])

@@ -1,0 +1,126 @@
+"""GPU: the GGUF block kernels compiled for the device equal their twins on random valid blocks
+at Qwen3-30B-A3B's expert shapes (and a Qwen1.5 row of 1408 in 32-blocks), in bf16; a decode
+linear row's bits do not depend on the batch (1..16 rows), an expert's bits do not depend on
+the slot that holds it, and a CUDA graph replays the kernels to the same bits."""
+
+from __future__ import annotations
+
+import gguf_files as gf
+import numpy as np
+import pytest
+import torch
+
+from xinfer.kernels import gguf_launch as gl
+from xinfer.kernels import reference
+from xinfer.quant.gguf_formats import GGUFFormat
+
+pytestmark = pytest.mark.gpu
+TYPES = ["Q8_0", "Q4_0", "Q5_0", "Q4_K", "Q5_K", "Q6_K"]
+DEV = "cuda"
+
+
+def _raw(name: str, rows: int, k: int, seed: int, experts: int | None = None) -> torch.Tensor:
+    rng = np.random.default_rng(seed)
+    if experts is None:
+        return torch.from_numpy(gf.random_blocks(name, rows, k, rng)).to(DEV)
+    stack = [gf.random_blocks(name, rows, k, rng) for _ in range(experts)]
+    return torch.from_numpy(np.stack(stack)).to(DEV)
+
+
+def _close(out: torch.Tensor, ref: torch.Tensor, tol: float = 2e-2) -> None:
+    """bf16 outputs against the twin (which rounds the weights to bf16): relative to the
+    largest output."""
+    scale = ref.float().abs().max()
+    torch.testing.assert_close(out.float() / scale, ref.float() / scale, rtol=0, atol=tol)
+
+
+@pytest.mark.parametrize("name", TYPES)
+@pytest.mark.parametrize("m", [1, 7, 16, 300])
+def test_linear_matches_twin(name, m) -> None:
+    n, k = 2056, 2048  # N not a multiple of any BLOCK_N
+    fmt = GGUFFormat(name)
+    tensors = {"weight": _raw(name, n, k, seed=1)}
+    g = torch.Generator(device=DEV).manual_seed(m)
+    x = (torch.randn(m, k, device=DEV, generator=g) * 0.5).to(torch.bfloat16)
+    bias = torch.randn(n, device=DEV, generator=g).to(torch.bfloat16)
+    _close(fmt.triton_linear(x, tensors, bias, n, k), fmt.reference_linear(x, tensors, bias, n, k))
+
+
+@pytest.mark.parametrize("name", ["Q4_K", "Q8_0"])
+def test_decode_linear_rows_do_not_depend_on_the_batch(name) -> None:
+    n, k = 1000, 2048
+    raw = _raw(name, n, k, seed=2)
+    x = torch.randn(16, k, device=DEV).to(torch.bfloat16)
+    fmt = GGUFFormat(name)
+    full = fmt.triton_linear(x, {"weight": raw}, None, n, k)
+    for m in (1, 3, 8):
+        part = fmt.triton_linear(x[:m], {"weight": raw}, None, n, k)
+        assert torch.equal(part, full[:m])
+
+
+def _moe(t13: str, t2: str, num_tokens: int, hidden: int = 2048, inter: int = 768, seed=3):
+    num_experts = 16
+    w13 = _raw(t13, 2 * inter, hidden, seed, experts=num_experts)
+    w2 = _raw(t2, hidden, inter, seed + 1, experts=num_experts)
+    g = torch.Generator(device=DEV).manual_seed(seed)
+    x = (torch.randn(num_tokens, hidden, device=DEV, generator=g) * 0.05).to(torch.bfloat16)
+    logits = torch.randn(num_tokens, num_experts, device=DEV, generator=g)
+    weights, ids = reference.route_topk(logits, 8, True)
+    return x, ids, weights, w13, w2, inter
+
+
+PAIRS = [("Q4_K", "Q4_K"), ("Q4_K", "Q6_K"), ("Q8_0", "Q8_0"), ("Q5_K", "Q5_0"), ("Q4_0", "Q5_K")]
+
+
+@pytest.mark.parametrize("t13,t2", PAIRS)
+@pytest.mark.parametrize("num_tokens", [1, 5, 200])  # GEMV, GEMV, grouped GEMM
+def test_fused_moe_matches_twin(t13, t2, num_tokens) -> None:
+    x, ids, weights, w13, w2, inter = _moe(t13, t2, num_tokens)
+    f13, f2 = GGUFFormat(t13), GGUFFormat(t2)
+    args = (x, ids, weights, {"weight": w13}, {"weight": w2}, inter)
+    _close(f13.triton_moe(*args, w2_fmt=f2), f13.reference_moe(*args, w2_fmt=f2))
+
+
+def test_fused_moe_qwen15_rows_in_32_blocks() -> None:
+    """Qwen1.5-MoE's down rows of 1408 (= 44 x 32, not a multiple of 256): Q5_0."""
+    x, ids, weights, w13, w2, inter = _moe("Q4_K", "Q5_0", 3, inter=1408)
+    f13, f2 = GGUFFormat("Q4_K"), GGUFFormat("Q5_0")
+    args = (x, ids, weights, {"weight": w13}, {"weight": w2}, inter)
+    _close(f13.triton_moe(*args, w2_fmt=f2), f13.reference_moe(*args, w2_fmt=f2))
+
+
+@pytest.mark.parametrize("num_tokens", [1, 200])
+def test_expert_bits_do_not_depend_on_the_slot(num_tokens) -> None:
+    x, ids, weights, w13, w2, inter = _moe("Q4_K", "Q6_K", num_tokens)
+    b13, b2 = GGUFFormat("Q4_K").btype, GGUFFormat("Q6_K").btype
+    base = gl.fused_moe(x, ids, weights, w13, b13, w2, b2, inter)
+    slot_of = torch.randperm(24, device=DEV)[:16]  # 24 slots, experts scattered
+    s13 = torch.zeros(24, *w13.shape[1:], dtype=torch.uint8, device=DEV)
+    s2 = torch.zeros(24, *w2.shape[1:], dtype=torch.uint8, device=DEV)
+    s13[slot_of], s2[slot_of] = w13, w2
+    out = gl.fused_moe(x, slot_of[ids.long()].int(), weights, s13, b13, s2, b2, inter)
+    assert torch.equal(out, base)
+
+
+def test_graph_replays_the_kernels() -> None:
+    x, ids, weights, w13, w2, inter = _moe("Q4_K", "Q6_K", 4)
+    b13, b2 = GGUFFormat("Q4_K").btype, GGUFFormat("Q6_K").btype
+    head = _raw("Q6_K", 4096, 2048, seed=9)
+    run = lambda: (  # noqa: E731
+        gl.fused_moe(x, ids, weights, w13, b13, w2, b2, inter),
+        gl.linear(x, head, b2, None, 4096, 2048),
+    )
+    eager = run()
+    stream = torch.cuda.Stream()
+    with torch.cuda.stream(stream):
+        run()  # compile and warm up outside the capture
+    torch.cuda.synchronize()
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(graph):
+        captured = run()
+    x.mul_(1.5)  # new inputs in the same buffers
+    graph.replay()
+    torch.cuda.synchronize()
+    again = run()
+    assert all(torch.equal(a, b) for a, b in zip(captured, again))
+    assert not torch.equal(eager[0], again[0])

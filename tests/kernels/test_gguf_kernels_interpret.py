@@ -1,0 +1,139 @@
+"""The GGUF block kernels (`kernels/gguf_launch.py`) run by Triton's CPU interpreter against
+their twins (`GGUFFormat.reference_*`: the `gguf_blocks` dequantizer, then the plain matmul /
+MoE) on fresh random valid blocks of every quantized type, with row counts and K that are not
+tile multiples; the expert kernels' bits do not depend on which ids address the experts, and
+a decode linear row's bits do not depend on the batch. fp32 and fp16 activations (the
+interpreter cannot tl.dot bf16)."""
+
+from __future__ import annotations
+
+import gguf_files as gf
+import numpy as np
+import pytest
+import torch
+from interpreter_child import child_only, interpreter_child_test
+
+pytest.importorskip("triton")
+
+test_interpreter_child = interpreter_child_test(__file__)
+TYPES = ["Q8_0", "Q4_0", "Q5_0", "Q4_K", "Q5_K", "Q6_K"]
+
+
+@pytest.fixture(scope="module")
+def gl():
+    from triton.runtime.interpreter import InterpretedFunction
+
+    from xinfer.kernels import gguf_launch
+    from xinfer.kernels.triton import gguf_gemm
+
+    if not isinstance(gguf_gemm.gguf_linear_kernel, InterpretedFunction):
+        pytest.skip("kernels were compiled before TRITON_INTERPRET=1 was set in this process")
+    return gguf_launch
+
+
+def _k_for(name: str, blocks: int) -> int:
+    from xinfer.quant.gguf_blocks import BLOCK_TYPES
+
+    return BLOCK_TYPES[name].block_size * blocks
+
+
+def _raw(name: str, rows: int, k: int, seed: int, experts: int | None = None) -> torch.Tensor:
+    rng = np.random.default_rng(seed)
+    if experts is None:
+        return torch.from_numpy(gf.random_blocks(name, rows, k, rng))
+    stack = [gf.random_blocks(name, rows, k, rng) for _ in range(experts)]
+    return torch.from_numpy(np.stack(stack))
+
+
+def _assert_close_scaled(out: torch.Tensor, ref: torch.Tensor, dtype: torch.dtype) -> None:
+    """Equal to within `tol` of the largest output (fp16: the twin rounds the weights)."""
+    tol = 1e-5 if dtype == torch.float32 else 3e-3
+    scale = ref.float().abs().max()
+    torch.testing.assert_close(out.float() / scale, ref.float() / scale, rtol=0, atol=tol)
+
+
+@child_only
+@pytest.mark.parametrize("dtype", [torch.float32, torch.float16])
+@pytest.mark.parametrize("name", TYPES)
+def test_linear_matches_twin(gl, name, dtype) -> None:
+    from xinfer.quant.gguf_formats import GGUFFormat
+
+    # K: 3 blocks of 32 (a partial chunk of SUBS=2 sub-blocks) or 2 super-blocks
+    k = _k_for(name, 2 if name.endswith("_K") else 3)
+    n = 19  # not a multiple of BLOCK_N
+    fmt = GGUFFormat(name)
+    tensors = {"weight": _raw(name, n, k, seed=1)}
+    g = torch.Generator().manual_seed(2)
+    bias = torch.randn(n, generator=g).to(dtype)
+    for m, tiles in ((5, gl.GGUFTiles(16, 16, 8)), (37, gl.GGUFTiles(16, 16, 2))):
+        x = (torch.randn(m, k, generator=g) * 0.1).to(dtype)
+        ref = fmt.reference_linear(x, tensors, bias, n, k)
+        out = gl.linear(x, tensors["weight"], fmt.btype, bias, n, k, tiles=tiles)
+        _assert_close_scaled(out, ref, dtype)
+
+
+@child_only
+@pytest.mark.parametrize("name", ["Q4_0", "Q6_K"])
+def test_decode_linear_row_bits_do_not_depend_on_the_batch(gl, name) -> None:
+    from xinfer.quant.gguf_blocks import BLOCK_TYPES
+
+    k, n = _k_for(name, 2 if name.endswith("_K") else 4), 24
+    raw = _raw(name, n, k, seed=3)
+    x = torch.randn(9, k, generator=torch.Generator().manual_seed(4)).to(torch.float16)
+    tiles = gl.linear_tiles(1, torch.float16)
+    alone = gl.linear(x[4:5], raw, BLOCK_TYPES[name], None, n, k, tiles=tiles)
+    batch = gl.linear(x, raw, BLOCK_TYPES[name], None, n, k, tiles=tiles)
+    assert torch.equal(alone[0], batch[4])
+
+
+def _moe_case(t13: str, t2: str, seed: int, num_experts: int = 4):
+    from xinfer.kernels import reference
+
+    hidden_dim = 256  # one super-block, or 8 legacy blocks
+    inter = 256 if t2.endswith("_K") else 96  # 96: a partial last chunk for 32-blocks
+    w13 = _raw(t13, 2 * inter, hidden_dim, seed, experts=num_experts)
+    w2 = _raw(t2, hidden_dim, inter, seed + 1, experts=num_experts)
+    g = torch.Generator().manual_seed(seed)
+    hidden = torch.randn(3, hidden_dim, generator=g) * 0.05
+    weights, ids = reference.route_topk(torch.randn(3, num_experts, generator=g), 2, True)
+    return hidden, ids, weights, w13, w2, inter
+
+
+PAIRS = [("Q4_K", "Q6_K"), ("Q8_0", "Q5_0"), ("Q5_K", "Q4_0")]
+
+
+@child_only
+@pytest.mark.parametrize("dtype", [torch.float32, torch.float16])
+@pytest.mark.parametrize("use_gemv", [True, False], ids=["gemv", "grouped"])
+@pytest.mark.parametrize("t13,t2", PAIRS)
+def test_fused_moe_matches_twin(gl, t13, t2, use_gemv, dtype) -> None:
+    from xinfer.quant.gguf_formats import GGUFFormat
+
+    hidden, ids, weights, w13, w2, inter = _moe_case(t13, t2, seed=5)
+    hidden = hidden.to(dtype)
+    f13, f2 = GGUFFormat(t13), GGUFFormat(t2)
+    ref = f13.reference_moe(hidden, ids, weights, {"weight": w13}, {"weight": w2}, inter, f2)
+    tiles = gl.GGUFTiles(1, 32, 8) if use_gemv else gl.GGUFTiles(16, 32, 4)
+    out = gl.fused_moe(hidden, ids, weights, w13, f13.btype, w2, f2.btype, inter, use_gemv, tiles)
+    _assert_close_scaled(out, ref, dtype)
+
+
+@child_only
+@pytest.mark.parametrize("use_gemv", [True, False], ids=["gemv", "grouped"])
+def test_fused_moe_bits_do_not_depend_on_ids(gl, use_gemv) -> None:
+    """Expert ids on the [E, ...] set vs slot ids on a permuted, larger [S, ...] set."""
+    from xinfer.quant.gguf_blocks import BLOCK_TYPES
+
+    hidden, ids, weights, w13, w2, inter = _moe_case("Q4_0", "Q8_0", seed=7)
+    hidden = hidden.to(torch.float16)
+    b13, b2 = BLOCK_TYPES["Q4_0"], BLOCK_TYPES["Q8_0"]
+    tiles = gl.GGUFTiles(1, 32, 8) if use_gemv else gl.GGUFTiles(16, 32, 4)
+    base = gl.fused_moe(hidden, ids, weights, w13, b13, w2, b2, inter, use_gemv, tiles)
+    num_slots = 6
+    slot_of = torch.randperm(num_slots, generator=torch.Generator().manual_seed(8))[:4]
+    s13 = torch.zeros(num_slots, *w13.shape[1:], dtype=torch.uint8)
+    s2 = torch.zeros(num_slots, *w2.shape[1:], dtype=torch.uint8)
+    s13[slot_of], s2[slot_of] = w13, w2
+    slot_ids = slot_of[ids.long()].to(torch.int32)
+    out = gl.fused_moe(hidden, slot_ids, weights, s13, b13, s2, b2, inter, use_gemv, tiles)
+    assert torch.equal(out, base)
