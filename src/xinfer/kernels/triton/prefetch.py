@@ -10,7 +10,7 @@ from __future__ import annotations
 import triton
 import triton.language as tl
 
-from xinfer.kernels.triton.routing_model import SECOND, TWO_PI, _mix32, _u32, _uniform
+from xinfer.kernels.triton.routing_model import SECOND, _mix32, _u32, _uniform
 
 
 @triton.jit
@@ -20,7 +20,7 @@ def _normal(tok_hash, offs_e):
     h = _mix32(tok_hash ^ offs_e.to(tl.uint32))
     u1 = _uniform(h)
     u2 = _uniform(_mix32(h ^ SECOND))
-    return tl.sqrt(-2.0 * tl.log(u1)) * tl.cos(u2 * TWO_PI)
+    return tl.sqrt(-2.0 * tl.log(u1)) * tl.cos(u2 * 6.283185307179586)
 
 
 @triton.jit
