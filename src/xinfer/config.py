@@ -252,6 +252,11 @@ class OffloadConfig:
     prefetch_margin: float = 0.5
 
     def __post_init__(self) -> None:
+        if self.prefetch_distance and self.fraction is None and not self.is_auto:
+            raise UserError(
+                "--moe-prefetch copies offloaded experts ahead: it needs MoE expert offload "
+                "(--moe-offload or XINFER_MOE_OFFLOAD); run without it"
+            )
         if not 0 <= self.prefetch_distance <= MAX_PREFETCH_DISTANCE:
             raise UserError(
                 f"MoE prefetch distance must be 0 (off) to {MAX_PREFETCH_DISTANCE} layers, "

@@ -73,3 +73,11 @@ def test_routing_model_prefetch_keeps_output_and_is_used(tmp_path):
         pf = check_prefetch_stats(stats)
         assert pf["predictor"] == "routing-model"
         assert pf["prefetched"] > 0 and pf["used"] > pf["wasted"], pf
+
+
+def test_prefetch_without_offload_is_refused(checkpoint):
+    """Nothing is accepted and ignored: prefetch with no expert offload is one clear error."""
+    from xinfer.errors import UserError
+
+    with pytest.raises(UserError, match="--moe-prefetch .* needs MoE expert offload"):
+        LLM(str(checkpoint[1]), device="cpu", moe_prefetch=1)
