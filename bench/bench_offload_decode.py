@@ -104,7 +104,8 @@ def plan_jobs(args: argparse.Namespace) -> list[dict]:
     )
     base = dict(model=args.model, device=args.device, dtype=args.dtype, routing=args.routing,
                 routing_seed=args.routing_seed, prompt_tokens=args.prompt_tokens,
-                gpu_memory_limit_gb=args.gpu_memory_limit_gb, trace_dir=args.trace_dir)  # fmt: skip
+                gpu_memory_limit_gb=args.gpu_memory_limit_gb, trace_dir=args.trace_dir,
+                max_num_batched_tokens=args.max_num_batched_tokens)  # fmt: skip
     jobs = []
     for rate in rates + (["0"] if args.resident_again else []):
         decoding = bool(batches) and (rate == "0" or rate in args.rates.split(","))

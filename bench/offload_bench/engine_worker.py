@@ -48,6 +48,7 @@ def engine_kwargs(cfg: dict) -> dict:
         routing_source=cfg["routing"],
         routing_seed=cfg.get("routing_seed", 0),
         enforce_eager=cfg.get("enforce_eager", False),
+        max_num_batched_tokens=cfg.get("max_num_batched_tokens", 2048),
     )
     if cfg.get("num_kv_blocks"):
         kw["num_kv_blocks"] = cfg["num_kv_blocks"]

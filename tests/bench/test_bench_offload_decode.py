@@ -17,6 +17,7 @@ sys.path.insert(0, str(ROOT / "bench"))
 
 import bench_offload_decode as bench  # noqa: E402
 from offload_bench import decode_report as rep  # noqa: E402
+from offload_bench import engine_worker  # noqa: E402
 
 
 def _row(rate, batch, step_ms, **kw):
@@ -100,6 +101,9 @@ def test_engine_plan():
     assert jobs[0]["warmup"] == [8, 8] and jobs[0]["ttft_tokens"] == [2048]
     assert jobs[1]["ttft_tokens"] == [] and jobs[3]["batches"] == []  # 0.2: TTFT only
     assert jobs[2]["num_kv_blocks"] is None  # auto sizes its KV cache from the budget
+    assert all(j["max_num_batched_tokens"] == 2048 for j in jobs)
+    wide = bench.plan_jobs(bench.build_parser().parse_args(["--max-num-batched-tokens", "8192"]))
+    assert {engine_worker.engine_kwargs(j)["max_num_batched_tokens"] for j in wide} == {8192}
     long_auto = jobs[-1]
     assert long_auto["enforce_eager"] and long_auto["ttft_tokens"] == [32768]
     kv_gb = bench.model_kv_bytes_per_token(args.model) * 32832 / 2**30  # ~3.0 GB for Qwen3
