@@ -78,11 +78,12 @@ def stored_bytes(llm: LLM) -> dict:
 
 def floor_ms(b: dict, cfg, batch: int, hbm: float) -> float:
     """Weight bytes a decode step reads (dense + expected distinct experts of the batch under
-    uniform routing) over the device's copy bandwidth (read + write, ANCHORS.md)."""
+    uniform routing) over the device's copy bandwidth: the bytes read + written per second by
+    a device copy, the same rate `bench_decode.py` divides by (a GEMV's reads stream at it)."""
     e, k = cfg.num_experts, cfg.num_experts_per_tok
     touched = e * (1 - (1 - k / e) ** batch)
     total = b["dense_bytes"] + b["num_moe_layers"] * touched * b["expert_bytes"]
-    return total / (hbm / 2) * 1e3  # copy bw counts read + write; a GEMV only reads
+    return total / hbm * 1e3
 
 
 def resident(args, fmt: str, path: Path, hbm: float) -> dict:
