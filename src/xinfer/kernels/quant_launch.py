@@ -58,6 +58,19 @@ def _fmt_kw(kw: KernelWeights) -> dict:
     return dict(FMT=kw.fmt_code, SCALE_BN=kw.scale_bn, SCALE_BK=kw.scale_bk, HAS_ZERO=kw.has_zero)
 
 
+def _group_t(kw: KernelWeights, block_k: int, k: int) -> int:
+    """Columns of a BLOCK_K tile that share one scale (the loaders read scales once per such
+    group): the format's columns per scale, or BLOCK_K when a scale spans the tile (or the
+    row). Where a tile could straddle two scale groups (a group size that is not a power of
+    two below K), single columns (FP8) or byte pairs (4-bit) — the per-element gather."""
+    per_scale = 16 if kw.fmt_code == 3 else kw.scale_bk
+    if per_scale >= k or per_scale % block_k == 0:
+        return block_k
+    if block_k % per_scale == 0 and per_scale & (per_scale - 1) == 0:
+        return per_scale
+    return 2 if _packed(kw) else 1
+
+
 def _packed(kw: KernelWeights) -> bool:
     """4-bit codes two per byte (int4, NVFP4): the GEMV reads whole bytes."""
     return kw.fmt_code in (2, 3)
@@ -90,6 +103,7 @@ def linear(
         x2.stride(0), swn, ssn, szn, out.stride(0),
         **_fmt_kw(kw), HAS_BIAS=bias is not None,
         BLOCK_M=tiles.block_m, BLOCK_N=tiles.block_n, BLOCK_K=tiles.block_k,
+        GROUP_T=_group_t(kw, tiles.block_k, k),
         DOT_PRECISION=_precision(x.dtype), num_warps=tiles.num_warps,
         num_stages=tiles.num_stages,
     )  # fmt: skip
@@ -132,14 +146,16 @@ def fused_moe(
             hidden, topk_ids, *a13, inter_buf, hidden_dim, inter,
             hidden.stride(0), *s13, inter_buf.stride(0),
             **_fmt_kw(kw13), PACKED=_packed(kw13), TOP_K=top_k, BLOCK_N=t.block_n,
-            BLOCK_K=t.block_k, num_warps=t.num_warps,
+            BLOCK_K=t.block_k, GROUP_T=_group_t(kw13, t.block_k, hidden_dim),
+            num_warps=t.num_warps,
         )  # fmt: skip
         grid = (num_pairs, triton.cdiv(hidden_dim, t.block_n))
+        down_k = min(t.block_k, triton.next_power_of_2(inter))
         jit.quant_moe_down_gemv_kernel[grid](
             inter_buf, topk_ids, *a2, y, hidden_dim, inter,
             inter_buf.stride(0), *s2, y.stride(0),
             **_fmt_kw(kw2), PACKED=_packed(kw2), BLOCK_N=t.block_n,
-            BLOCK_K=min(t.block_k, triton.next_power_of_2(inter)), num_warps=t.num_warps,
+            BLOCK_K=down_k, GROUP_T=_group_t(kw2, down_k, inter), num_warps=t.num_warps,
         )  # fmt: skip
     else:
         t = tiles or _grouped_tiles(num_pairs, hidden.dtype)
@@ -153,14 +169,15 @@ def fused_moe(
             hidden, sorted_pairs, block_ids, num_rows, *a13, inter_buf,
             num_pairs, hidden_dim, inter,
             hidden.stride(0), *s13, inter_buf.stride(0),
-            **_fmt_kw(kw13), TOP_K=top_k, **common,
+            **_fmt_kw(kw13), TOP_K=top_k, GROUP_T=_group_t(kw13, t.block_k, hidden_dim),
+            **common,
         )  # fmt: skip
         grid = (block_ids.numel() * triton.cdiv(hidden_dim, t.block_n),)
         jit.quant_moe_down_grouped_kernel[grid](
             inter_buf, sorted_pairs, block_ids, num_rows, *a2, y,
             num_pairs, hidden_dim, inter,
             inter_buf.stride(0), *s2, y.stride(0),
-            **_fmt_kw(kw2), **common,
+            **_fmt_kw(kw2), GROUP_T=_group_t(kw2, t.block_k, inter), **common,
         )  # fmt: skip
     moe_launch._combine(y, topk_weights, out, top_k)
     return out

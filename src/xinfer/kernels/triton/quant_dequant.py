@@ -1,9 +1,16 @@
 """Weight-tile loaders of the quantized formats (jit helpers of `quant_gemm.py`): each
-reads a (BLOCK_N, BLOCK_K) tile of a weight (N, K) in its stored bytes and returns it
-dequantized in float32, computed as the format's twin computes it (so the twin's bits).
+reads the columns [k0, k0 + BLOCK_K) of rows `offs_n` of a weight (N, K) in its stored
+bytes and returns them dequantized in float32, computed as the format's twin computes them
+(so the twin's bits).
+
+Scales are loaded once per (row, scale group) of a tile, not once per element: a tile is
+read as (BLOCK_N, BLOCK_K // GROUP_T, GROUP_T) where GROUP_T columns share one scale (the
+launcher picks GROUP_T = min(columns per scale, BLOCK_K), or 1 where a tile could straddle
+a group) and the scale tile (BLOCK_N, BLOCK_K // GROUP_T) is broadcast over each group. A
+per-element gather of the scales cost as many load instructions as the weight bytes.
 
 Pointers: `w` the packed weight; `s` the scales; `z` the third tensor (int4 zero codes, NVFP4
-per-row global scales; unused otherwise). Rows `offs_n` and absolute columns `offs_k`.
+per-row global scales; unused otherwise).
 FMT: 1 = FP8 block (e4m3 x float32 scale per SCALE_BN x SCALE_BK block); 2 = int4 grouped
 ((code - zero) x scale per SCALE_BK columns, zero 8 without zeros); 3 = NVFP4 (e2m1 x e4m3
 scale per 16 columns x float32 per-row global)."""
@@ -26,69 +33,109 @@ def _e2m1(code):
 
 
 @triton.jit
-def _nibble(w_ptr, offs_n, offs_k, mask, stride_wn):
-    byte = tl.load(w_ptr + offs_n[:, None] * stride_wn + offs_k[None, :] // 2, mask=mask, other=0)
-    return (byte.to(tl.int32) >> ((offs_k[None, :] & 1) * 4)) & 15
+def _group_scales(
+    s_ptr, z_ptr, offs_n, k0, mask_n, k_dim, stride_sn, stride_zn,
+    FMT: tl.constexpr, SCALE_BN: tl.constexpr, SCALE_BK: tl.constexpr, HAS_ZERO: tl.constexpr,
+    BLOCK_K: tl.constexpr, GROUP_T: tl.constexpr,
+):  # fmt: skip
+    """(scale, zero) of each (row, column group) of the tile, (BLOCK_N, BLOCK_K // GROUP_T)
+    float32: FP8 its block scale (zero unused), int4 scale and zero code, NVFP4 the e4m3
+    scale times the row's global scale (zero unused)."""
+    first = k0 + tl.arange(0, BLOCK_K // GROUP_T) * GROUP_T  # first column of each group
+    mask = mask_n[:, None] & (first < k_dim)[None, :]
+    if FMT == 1:
+        offs = (offs_n // SCALE_BN)[:, None] * stride_sn + (first // SCALE_BK)[None, :]
+        s = tl.load(s_ptr + offs, mask=mask, other=0.0).to(tl.float32)
+        z = s
+    elif FMT == 2:
+        offs = offs_n[:, None] * stride_sn + (first // SCALE_BK)[None, :]
+        s = tl.load(s_ptr + offs, mask=mask, other=0.0).to(tl.float32)
+        if HAS_ZERO:
+            zo = offs_n[:, None] * stride_zn + (first // SCALE_BK)[None, :]
+            z = tl.load(z_ptr + zo, mask=mask, other=0).to(tl.float32)
+        else:
+            z = tl.full(s.shape, 8.0, tl.float32)
+    else:
+        offs = offs_n[:, None] * stride_sn + (first // 16)[None, :]
+        s = tl.load(s_ptr + offs, mask=mask, other=0.0).to(tl.float32)
+        s2 = tl.load(z_ptr + offs_n * stride_zn, mask=mask_n, other=0.0)
+        s = s * s2[:, None]
+        z = s
+    return s, z
 
 
 @triton.jit
-def load_weight_tile(
-    w_ptr, s_ptr, z_ptr, offs_n, offs_k, mask_n, mask_k,
+def load_weight_tile3(
+    w_ptr, s_ptr, z_ptr, offs_n, k0, mask_n, k_dim,
     stride_wn, stride_sn, stride_zn,
     FMT: tl.constexpr, SCALE_BN: tl.constexpr, SCALE_BK: tl.constexpr, HAS_ZERO: tl.constexpr,
+    BLOCK_K: tl.constexpr, GROUP_T: tl.constexpr,
 ):  # fmt: skip
-    """(BLOCK_N, BLOCK_K) float32 tile; masked elements are 0."""
-    rows = offs_n[:, None]
-    mask = mask_n[:, None] & mask_k[None, :]
+    """(BLOCK_N, BLOCK_K // GROUP_T, GROUP_T) float32 tile of columns k0 .. k0 + BLOCK_K;
+    masked elements (rows past N, columns past K) are 0."""
+    g = tl.arange(0, BLOCK_K // GROUP_T)
+    cols = k0 + g[:, None] * GROUP_T + tl.arange(0, GROUP_T)[None, :]  # (G, GROUP_T)
+    rows = offs_n[:, None, None]
+    mask = mask_n[:, None, None] & (cols < k_dim)[None, :, :]
+    s, z = _group_scales(
+        s_ptr, z_ptr, offs_n, k0, mask_n, k_dim, stride_sn, stride_zn,
+        FMT, SCALE_BN, SCALE_BK, HAS_ZERO, BLOCK_K, GROUP_T,
+    )  # fmt: skip
     if FMT == 1:
-        q = tl.load(w_ptr + rows * stride_wn + offs_k[None, :], mask=mask, other=0.0)
-        s_offs = (rows // SCALE_BN) * stride_sn + offs_k[None, :] // SCALE_BK
-        s = tl.load(s_ptr + s_offs, mask=mask, other=0.0)
-        w = q.to(tl.float32) * s
-    elif FMT == 2:
-        code = _nibble(w_ptr, offs_n, offs_k, mask, stride_wn).to(tl.float32)
-        g = offs_k[None, :] // SCALE_BK
-        s = tl.load(s_ptr + rows * stride_sn + g, mask=mask, other=0.0).to(tl.float32)
-        if HAS_ZERO:
-            z = tl.load(z_ptr + rows * stride_zn + g, mask=mask, other=0).to(tl.float32)
-        else:
-            z = 8.0
-        w = (code - z) * s
+        q = tl.load(w_ptr + rows * stride_wn + cols[None, :, :], mask=mask, other=0.0)
+        w = q.to(tl.float32) * s[:, :, None]
     else:
-        v = _e2m1(_nibble(w_ptr, offs_n, offs_k, mask, stride_wn))
-        s = tl.load(s_ptr + rows * stride_sn + offs_k[None, :] // 16, mask=mask, other=0.0)
-        s2 = tl.load(z_ptr + offs_n * stride_zn, mask=mask_n, other=0.0)
-        w = v * (s.to(tl.float32) * s2[:, None])
+        byte = tl.load(w_ptr + rows * stride_wn + cols[None, :, :] // 2, mask=mask, other=0)
+        code = (byte.to(tl.int32) >> ((cols[None, :, :] & 1) * 4)) & 15
+        if FMT == 2:
+            w = (code.to(tl.float32) - z[:, :, None]) * s[:, :, None]
+        else:
+            w = _e2m1(code) * s[:, :, None]
     return w
 
 
 @triton.jit
+def load_weight_tile(
+    w_ptr, s_ptr, z_ptr, offs_n, k0, mask_n, k_dim,
+    stride_wn, stride_sn, stride_zn,
+    FMT: tl.constexpr, SCALE_BN: tl.constexpr, SCALE_BK: tl.constexpr, HAS_ZERO: tl.constexpr,
+    BLOCK_K: tl.constexpr, GROUP_T: tl.constexpr,
+):  # fmt: skip
+    """`load_weight_tile3` as a (BLOCK_N, BLOCK_K) float32 tile (for `tl.dot`)."""
+    w = load_weight_tile3(
+        w_ptr, s_ptr, z_ptr, offs_n, k0, mask_n, k_dim, stride_wn, stride_sn, stride_zn,
+        FMT, SCALE_BN, SCALE_BK, HAS_ZERO, BLOCK_K, GROUP_T,
+    )  # fmt: skip
+    return tl.reshape(w, (offs_n.shape[0], BLOCK_K))
+
+
+@triton.jit
 def load_weight_pairs(
-    w_ptr, s_ptr, z_ptr, offs_n, offs_p, mask_n, mask_p,
+    w_ptr, s_ptr, z_ptr, offs_n, k0, mask_n, k_dim,
     stride_wn, stride_sn, stride_zn,
     FMT: tl.constexpr, SCALE_BK: tl.constexpr, HAS_ZERO: tl.constexpr,
+    BLOCK_K: tl.constexpr, GROUP_T: tl.constexpr,
 ):  # fmt: skip
-    """4-bit formats (FMT 2, 3) by whole bytes: `offs_p` are byte columns (k = 2p, 2p + 1);
-    returns the (BLOCK_N, BLOCK_P) float32 tiles of the even and the odd columns. Contiguous
-    byte loads, and the twin's arithmetic per element."""
-    rows = offs_n[:, None]
-    mask = mask_n[:, None] & mask_p[None, :]
-    byte = tl.load(w_ptr + rows * stride_wn + offs_p[None, :], mask=mask, other=0).to(tl.int32)
+    """4-bit formats (FMT 2, 3) by whole bytes: the bytes of columns k0 .. k0 + BLOCK_K as
+    (BLOCK_N, BLOCK_K // GROUP_T, GROUP_T // 2) byte columns (byte p holds columns 2p and
+    2p + 1); returns the float32 tiles of the even and the odd columns. Contiguous byte
+    loads, scales per group, and the twin's arithmetic per element."""
+    g = tl.arange(0, BLOCK_K // GROUP_T)
+    bcols = k0 // 2 + g[:, None] * (GROUP_T // 2) + tl.arange(0, GROUP_T // 2)[None, :]
+    rows = offs_n[:, None, None]
+    mask = mask_n[:, None, None] & (2 * bcols < k_dim)[None, :, :]
+    byte = tl.load(w_ptr + rows * stride_wn + bcols[None, :, :], mask=mask, other=0)
+    byte = byte.to(tl.int32)
+    s, z = _group_scales(
+        s_ptr, z_ptr, offs_n, k0, mask_n, k_dim, stride_sn, stride_zn,
+        FMT, 1, SCALE_BK, HAS_ZERO, BLOCK_K, GROUP_T,
+    )  # fmt: skip
     lo_code = byte & 15
     hi_code = byte >> 4
     if FMT == 2:
-        g = (2 * offs_p[None, :]) // SCALE_BK  # both columns of a byte share a group
-        s = tl.load(s_ptr + rows * stride_sn + g, mask=mask, other=0.0).to(tl.float32)
-        if HAS_ZERO:
-            z = tl.load(z_ptr + rows * stride_zn + g, mask=mask, other=0).to(tl.float32)
-        else:
-            z = 8.0
-        lo = (lo_code.to(tl.float32) - z) * s
-        hi = (hi_code.to(tl.float32) - z) * s
+        lo = (lo_code.to(tl.float32) - z[:, :, None]) * s[:, :, None]
+        hi = (hi_code.to(tl.float32) - z[:, :, None]) * s[:, :, None]
     else:
-        s = tl.load(s_ptr + rows * stride_sn + offs_p[None, :] // 8, mask=mask, other=0.0)
-        s2 = tl.load(z_ptr + offs_n * stride_zn, mask=mask_n, other=0.0)
-        scale = s.to(tl.float32) * s2[:, None]
-        lo = _e2m1(lo_code) * scale
-        hi = _e2m1(hi_code) * scale
+        lo = _e2m1(lo_code) * s[:, :, None]
+        hi = _e2m1(hi_code) * s[:, :, None]
     return lo, hi

@@ -12,7 +12,11 @@ import triton
 import triton.language as tl
 
 from xinfer.kernels.triton.fused_moe import _silu_mul
-from xinfer.kernels.triton.quant_dequant import load_weight_pairs, load_weight_tile
+from xinfer.kernels.triton.quant_dequant import (
+    load_weight_pairs,
+    load_weight_tile,
+    load_weight_tile3,
+)
 
 
 @triton.jit
@@ -20,40 +24,41 @@ def _row_dot(
     x_ptr, w_ptr, s_ptr, z_ptr, offs_n, mask_n, row_offset, k_dim,
     stride_wn, stride_sn, stride_zn,
     FMT: tl.constexpr, SCALE_BN: tl.constexpr, SCALE_BK: tl.constexpr, HAS_ZERO: tl.constexpr,
-    PACKED: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr,
+    PACKED: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr, GROUP_T: tl.constexpr,
 ):  # fmt: skip
     """(BLOCK_N,) float32: x (k_dim,) · dequant(W[row_offset + offs_n]), each weight rounded to
-    x's dtype first (as the twin dequantizes to it). 4-bit formats (PACKED) read whole bytes
+    x's dtype first (as the twin dequantizes to it). Tiles are (BLOCK_N, groups, columns of
+    a group) so that scales load once per group; 4-bit formats (PACKED) read whole bytes
     and multiply the even and odd columns of x."""
     dtype = x_ptr.dtype.element_ty
     rows = offs_n + row_offset
+    g = tl.arange(0, BLOCK_K // GROUP_T)
     if PACKED:
-        offs_p = tl.arange(0, BLOCK_K // 2)
-        acc = tl.zeros((BLOCK_N, BLOCK_K // 2), dtype=tl.float32)
+        pcols = g[:, None] * GROUP_T + 2 * tl.arange(0, GROUP_T // 2)[None, :]  # even columns
+        acc = tl.zeros((BLOCK_N, BLOCK_K // GROUP_T, GROUP_T // 2), dtype=tl.float32)
         for k0 in range(0, k_dim, BLOCK_K):
-            ke = k0 + 2 * offs_p
+            ke = k0 + pcols
             mask_p = ke < k_dim  # K is even for 4-bit formats: the odd column follows
             xe = tl.load(x_ptr + ke, mask=mask_p, other=0.0).to(tl.float32)
             xo = tl.load(x_ptr + ke + 1, mask=mask_p, other=0.0).to(tl.float32)
             lo, hi = load_weight_pairs(
-                w_ptr, s_ptr, z_ptr, rows, k0 // 2 + offs_p, mask_n, mask_p,
-                stride_wn, stride_sn, stride_zn, FMT, SCALE_BK, HAS_ZERO,
+                w_ptr, s_ptr, z_ptr, rows, k0, mask_n, k_dim,
+                stride_wn, stride_sn, stride_zn, FMT, SCALE_BK, HAS_ZERO, BLOCK_K, GROUP_T,
             )  # fmt: skip
-            acc += lo.to(dtype).to(tl.float32) * xe[None, :]
-            acc += hi.to(dtype).to(tl.float32) * xo[None, :]
+            acc += lo.to(dtype).to(tl.float32) * xe[None, :, :]
+            acc += hi.to(dtype).to(tl.float32) * xo[None, :, :]
     else:
-        offs_k = tl.arange(0, BLOCK_K)
-        acc = tl.zeros((BLOCK_N, BLOCK_K), dtype=tl.float32)
+        cols = g[:, None] * GROUP_T + tl.arange(0, GROUP_T)[None, :]
+        acc = tl.zeros((BLOCK_N, BLOCK_K // GROUP_T, GROUP_T), dtype=tl.float32)
         for k0 in range(0, k_dim, BLOCK_K):
-            ks = k0 + offs_k
-            mask_k = ks < k_dim
-            x = tl.load(x_ptr + ks, mask=mask_k, other=0.0).to(tl.float32)
-            w = load_weight_tile(
-                w_ptr, s_ptr, z_ptr, rows, ks, mask_n, mask_k, stride_wn, stride_sn, stride_zn,
-                FMT, SCALE_BN, SCALE_BK, HAS_ZERO,
+            ks = k0 + cols
+            x = tl.load(x_ptr + ks, mask=ks < k_dim, other=0.0).to(tl.float32)
+            w = load_weight_tile3(
+                w_ptr, s_ptr, z_ptr, rows, k0, mask_n, k_dim, stride_wn, stride_sn, stride_zn,
+                FMT, SCALE_BN, SCALE_BK, HAS_ZERO, BLOCK_K, GROUP_T,
             )  # fmt: skip
-            acc += w.to(dtype).to(tl.float32) * x[None, :]
-    return tl.sum(acc, axis=1)
+            acc += w.to(dtype).to(tl.float32) * x[None, :, :]
+    return tl.sum(tl.sum(acc, axis=2), axis=1)
 
 
 @triton.jit(do_not_specialize=["M"])
@@ -63,7 +68,7 @@ def quant_linear_kernel(
     stride_xm, stride_wn, stride_sn, stride_zn, stride_om,
     FMT: tl.constexpr, SCALE_BN: tl.constexpr, SCALE_BK: tl.constexpr, HAS_ZERO: tl.constexpr,
     HAS_BIAS: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr,
-    DOT_PRECISION: tl.constexpr,
+    GROUP_T: tl.constexpr, DOT_PRECISION: tl.constexpr,
 ):  # fmt: skip
     """grid (cdiv(M, BLOCK_M), cdiv(N, BLOCK_N)): out = x @ dequant(w)^T (+ bias). A row's
     bits depend on its x row and BLOCK_K only (the k order of the float32 accumulation)."""
@@ -82,8 +87,8 @@ def quant_linear_kernel(
         x_ptrs = x_ptr + offs_m.to(tl.int64)[:, None] * stride_xm + ks[None, :]
         x = tl.load(x_ptrs, mask=mask_m[:, None] & mask_k[None, :], other=0.0)
         w = load_weight_tile(
-            w_ptr, s_ptr, z_ptr, offs_n, ks, mask_n, mask_k, stride_wn, stride_sn, stride_zn,
-            FMT, SCALE_BN, SCALE_BK, HAS_ZERO,
+            w_ptr, s_ptr, z_ptr, offs_n, k0, mask_n, K, stride_wn, stride_sn, stride_zn,
+            FMT, SCALE_BN, SCALE_BK, HAS_ZERO, BLOCK_K, GROUP_T,
         )  # fmt: skip
         acc = tl.dot(x, tl.trans(w.to(dtype)), acc, input_precision=DOT_PRECISION)
     if HAS_BIAS:
@@ -99,6 +104,7 @@ def quant_moe_gate_up_gemv_kernel(
     stride_xt, stride_we, stride_wn, stride_se, stride_sn, stride_ze, stride_zn, stride_it,
     FMT: tl.constexpr, SCALE_BN: tl.constexpr, SCALE_BK: tl.constexpr, HAS_ZERO: tl.constexpr,
     PACKED: tl.constexpr, TOP_K: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr,
+    GROUP_T: tl.constexpr,
 ):  # fmt: skip
     """grid (T*k, cdiv(I, BLOCK_N)): inter[pair, n] = silu(x·W13[e, n]) * (x·W13[e, I + n])."""
     pair = tl.program_id(0)
@@ -111,11 +117,11 @@ def quant_moe_gate_up_gemv_kernel(
     x_row = x_ptr + tok * stride_xt
     g = _row_dot(
         x_row, w_e, s_e, z_e, offs_n, mask_n, 0, hidden_dim, stride_wn, stride_sn, stride_zn,
-        FMT, SCALE_BN, SCALE_BK, HAS_ZERO, PACKED, BLOCK_N, BLOCK_K,
+        FMT, SCALE_BN, SCALE_BK, HAS_ZERO, PACKED, BLOCK_N, BLOCK_K, GROUP_T,
     )  # fmt: skip
     u = _row_dot(
         x_row, w_e, s_e, z_e, offs_n, mask_n, inter_dim, hidden_dim, stride_wn, stride_sn,
-        stride_zn, FMT, SCALE_BN, SCALE_BK, HAS_ZERO, PACKED, BLOCK_N, BLOCK_K,
+        stride_zn, FMT, SCALE_BN, SCALE_BK, HAS_ZERO, PACKED, BLOCK_N, BLOCK_K, GROUP_T,
     )  # fmt: skip
     h = _silu_mul(g, u, inter_ptr.dtype.element_ty)
     tl.store(inter_ptr + pair.to(tl.int64) * stride_it + offs_n, h, mask=mask_n)
@@ -127,7 +133,7 @@ def quant_moe_down_gemv_kernel(
     hidden_dim, inter_dim,
     stride_it, stride_we, stride_wn, stride_se, stride_sn, stride_ze, stride_zn, stride_yt,
     FMT: tl.constexpr, SCALE_BN: tl.constexpr, SCALE_BK: tl.constexpr, HAS_ZERO: tl.constexpr,
-    PACKED: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr,
+    PACKED: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr, GROUP_T: tl.constexpr,
 ):  # fmt: skip
     """grid (T*k, cdiv(H, BLOCK_N)): y[pair, n] = inter[pair]·W2[e, n] in the dtype."""
     pair = tl.program_id(0).to(tl.int64)
@@ -139,7 +145,7 @@ def quant_moe_down_gemv_kernel(
     y = _row_dot(
         inter_ptr + pair * stride_it, w_e, s_e, z_e, offs_n, mask_n, 0, inter_dim,
         stride_wn, stride_sn, stride_zn, FMT, SCALE_BN, SCALE_BK, HAS_ZERO, PACKED, BLOCK_N,
-        BLOCK_K,
+        BLOCK_K, GROUP_T,
     )  # fmt: skip
     tl.store(y_ptr + pair * stride_yt + offs_n, y.to(y_ptr.dtype.element_ty), mask=mask_n)
 
@@ -151,7 +157,7 @@ def quant_moe_gate_up_grouped_kernel(
     stride_xt, stride_we, stride_wn, stride_se, stride_sn, stride_ze, stride_zn, stride_it,
     FMT: tl.constexpr, SCALE_BN: tl.constexpr, SCALE_BK: tl.constexpr, HAS_ZERO: tl.constexpr,
     TOP_K: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr,
-    DOT_PRECISION: tl.constexpr,
+    GROUP_T: tl.constexpr, DOT_PRECISION: tl.constexpr,
 ):  # fmt: skip
     """grid (max_blocks * cdiv(I, BLOCK_N),): one BLOCK_M tile of rows sharing one id."""
     pid = tl.program_id(0)
@@ -177,12 +183,12 @@ def quant_moe_gate_up_grouped_kernel(
         a_ptrs = x_ptr + toks[:, None] * stride_xt + ks[None, :]
         a = tl.load(a_ptrs, mask=mask_m[:, None] & mask_k[None, :], other=0.0)
         wg = load_weight_tile(
-            w_e, s_e, z_e, offs_n, ks, mask_n, mask_k, stride_wn, stride_sn, stride_zn,
-            FMT, SCALE_BN, SCALE_BK, HAS_ZERO,
+            w_e, s_e, z_e, offs_n, k0, mask_n, hidden_dim, stride_wn, stride_sn, stride_zn,
+            FMT, SCALE_BN, SCALE_BK, HAS_ZERO, BLOCK_K, GROUP_T,
         )  # fmt: skip
         wu = load_weight_tile(
-            w_e, s_e, z_e, offs_n + inter_dim, ks, mask_n, mask_k, stride_wn, stride_sn,
-            stride_zn, FMT, SCALE_BN, SCALE_BK, HAS_ZERO,
+            w_e, s_e, z_e, offs_n + inter_dim, k0, mask_n, hidden_dim, stride_wn, stride_sn,
+            stride_zn, FMT, SCALE_BN, SCALE_BK, HAS_ZERO, BLOCK_K, GROUP_T,
         )  # fmt: skip
         acc_g = tl.dot(a, tl.trans(wg.to(dtype)), acc_g, input_precision=DOT_PRECISION)
         acc_u = tl.dot(a, tl.trans(wu.to(dtype)), acc_u, input_precision=DOT_PRECISION)
@@ -198,7 +204,7 @@ def quant_moe_down_grouped_kernel(
     stride_it, stride_we, stride_wn, stride_se, stride_sn, stride_ze, stride_zn, stride_yt,
     FMT: tl.constexpr, SCALE_BN: tl.constexpr, SCALE_BK: tl.constexpr, HAS_ZERO: tl.constexpr,
     BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr,
-    DOT_PRECISION: tl.constexpr,
+    GROUP_T: tl.constexpr, DOT_PRECISION: tl.constexpr,
 ):  # fmt: skip
     """grid (max_blocks * cdiv(H, BLOCK_N),): y[pair] = inter[pair] @ W2[e]^T in the dtype."""
     pid = tl.program_id(0)
@@ -223,8 +229,8 @@ def quant_moe_down_grouped_kernel(
         a_ptrs = inter_ptr + rows[:, None] * stride_it + ks[None, :]
         a = tl.load(a_ptrs, mask=mask_m[:, None] & mask_k[None, :], other=0.0)
         w = load_weight_tile(
-            w_e, s_e, z_e, offs_n, ks, mask_n, mask_k, stride_wn, stride_sn, stride_zn,
-            FMT, SCALE_BN, SCALE_BK, HAS_ZERO,
+            w_e, s_e, z_e, offs_n, k0, mask_n, inter_dim, stride_wn, stride_sn, stride_zn,
+            FMT, SCALE_BN, SCALE_BK, HAS_ZERO, BLOCK_K, GROUP_T,
         )  # fmt: skip
         acc = tl.dot(a, tl.trans(w.to(dtype)), acc, input_precision=DOT_PRECISION)
     y_ptrs = y_ptr + rows[:, None] * stride_yt + offs_n[None, :]
