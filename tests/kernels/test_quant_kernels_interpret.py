@@ -90,6 +90,23 @@ def test_linear_matches_twin(ql, name, dtype, m):
 
 
 @child_only
+@pytest.mark.parametrize("name", ["fp8-16x32", "gptq-g32-sym", "nvfp4"])
+def test_split_k_decode_linear_matches_twin_and_the_batch(ql, name):
+    """K long enough that the decode tile splits it (partials added in split order, bias
+    after): equal to the twin, and a row's bits the same alone as in a batch of 16."""
+    fmt, n, k = _formats()[name], 24, 1536
+    tensors = _weights(fmt, n, k, seed=7)
+    g = torch.Generator().manual_seed(8)
+    x = torch.randn(16, k, generator=g)
+    bias = torch.randn(n, generator=g)
+    kw = fmt.kernel_weights(tensors, k)
+    assert k // (2 * ql.linear_tiles(1, x.dtype, kw).block_k) >= 2  # the launch splits K
+    out = ql.linear(x, fmt, tensors, bias, n, k)
+    torch.testing.assert_close(out, fmt.reference_linear(x, tensors, bias, n, k), **_tol(x.dtype))
+    assert torch.equal(ql.linear(x[3:4], fmt, tensors, bias, n, k), out[3:4])
+
+
+@child_only
 @pytest.mark.parametrize("name", FORMATS)
 @pytest.mark.parametrize("use_gemv", [True, False], ids=["gemv", "grouped"])
 def test_fused_moe_matches_twin(ql, name, use_gemv):

@@ -16,10 +16,12 @@ import torch
 import triton
 
 from xinfer.kernels import moe_launch
+from xinfer.kernels.triton import gemv as gemv_jit
 from xinfer.kernels.triton import quant_gemm as jit
 from xinfer.quant.base import KernelWeights, WeightFormat
 
 DECODE_M = 16  # linears with at most this many rows use the decode tile (one BLOCK_M)
+DECODE_PROGRAMS = 512  # decode linears split K until about this many programs run
 
 
 @dataclass(frozen=True)
@@ -29,11 +31,19 @@ class QuantTiles:
     block_k: int
     num_warps: int = 4
     num_stages: int = 3
+    down_block_n: int = 0  # MoE GEMV: the down projection's rows per program (0: block_n)
 
 
-def linear_tiles(m: int, dtype: torch.dtype) -> QuantTiles:
-    if m <= DECODE_M:  # weight-bound: narrow N tiles give every SM work
-        return QuantTiles(block_m=16, block_n=32, block_k=128, num_warps=4)
+def _decode_block_k(kw: KernelWeights) -> int:
+    """Columns per decode tile: about 2 KB of stored bytes a row tile of 8 (the bf16 GEMVs'
+    best measured tile is 8 x 128 x 2 bytes), so 256 for FP8 and 512 for 4-bit codes."""
+    return 512 if _packed(kw) else 256 if kw.fmt_code == 1 else 128
+
+
+def linear_tiles(m: int, dtype: torch.dtype, kw: KernelWeights | None = None) -> QuantTiles:
+    if m <= DECODE_M:  # weight-bound: narrow N tiles, K split below, give every SM work
+        block_k = _decode_block_k(kw) // 2 if kw is not None else 128
+        return QuantTiles(block_m=16, block_n=32, block_k=block_k, num_warps=4)
     if dtype == torch.float32:
         return QuantTiles(block_m=32, block_n=32, block_k=32, num_warps=4, num_stages=2)
     return QuantTiles(block_m=64, block_n=64, block_k=64, num_warps=4)
@@ -94,19 +104,34 @@ def linear(
     out = x.new_empty(m, n)
     if m == 0:
         return out.view(*x.shape[:-1], n)
-    tiles = tiles or linear_tiles(m, x.dtype)
+    tiles = tiles or linear_tiles(m, x.dtype, kw)
     (w, s, z), (swn, ssn, szn) = _args(kw, expert_dim=False)
-    grid = (triton.cdiv(m, tiles.block_m), triton.cdiv(n, tiles.block_n))
+    n_tiles = triton.cdiv(n, tiles.block_n)
+    splits = 1
+    if m <= DECODE_M:  # shape-only, so a row's bits do not depend on the batch
+        splits = max(1, min(DECODE_PROGRAMS // n_tiles, k // (2 * tiles.block_k)))
+    k_per_split = triton.cdiv(triton.cdiv(k, splits), tiles.block_k) * tiles.block_k
+    splits = triton.cdiv(k, k_per_split)
+    part = out if splits == 1 else out.new_empty(splits, m, n, dtype=torch.float32)
+    fuse_bias = bias is not None and splits == 1
+    grid = (triton.cdiv(m, tiles.block_m), n_tiles, splits)
     jit.quant_linear_kernel[grid](
-        x2, w, s, z, bias if bias is not None else s, out,
-        m, n, k,
-        x2.stride(0), swn, ssn, szn, out.stride(0),
-        **_fmt_kw(kw), HAS_BIAS=bias is not None,
+        x2, w, s, z, bias if fuse_bias else s, part,
+        m, n, k, k_per_split,
+        x2.stride(0), swn, ssn, szn, part.stride(0) if splits > 1 else 0, part.stride(-2),
+        **_fmt_kw(kw), HAS_BIAS=fuse_bias,
         BLOCK_M=tiles.block_m, BLOCK_N=tiles.block_n, BLOCK_K=tiles.block_k,
         GROUP_T=_group_t(kw, tiles.block_k, k),
         DOT_PRECISION=_precision(x.dtype), num_warps=tiles.num_warps,
         num_stages=tiles.num_stages,
     )  # fmt: skip
+    if splits > 1:
+        block = min(1024, max(128, triton.next_power_of_2(n)))
+        gemv_jit.gemv_split_reduce_kernel[(m, triton.cdiv(n, block))](
+            part, bias if bias is not None else s, out,
+            n, part.stride(0), part.stride(1), out.stride(0),
+            SPLIT_K=splits, HAS_BIAS=bias is not None, BLOCK_N=block, num_warps=4,
+        )  # fmt: skip
     return out.view(*x.shape[:-1], n)
 
 
@@ -140,7 +165,9 @@ def fused_moe(
     y = hidden.new_empty(num_pairs, hidden_dim)  # (T*k, H) unweighted expert outputs
     (a13, s13), (a2, s2) = _args(kw13, True), _args(kw2, True)
     if use_gemv:
-        t = tiles or QuantTiles(block_m=1, block_n=16, block_k=128, num_warps=4)
+        t = tiles or QuantTiles(
+            block_m=1, block_n=8, block_k=_decode_block_k(kw13), num_warps=8, down_block_n=16
+        )
         grid = (num_pairs, triton.cdiv(inter, t.block_n))
         jit.quant_moe_gate_up_gemv_kernel[grid](
             hidden, topk_ids, *a13, inter_buf, hidden_dim, inter,
@@ -149,12 +176,13 @@ def fused_moe(
             BLOCK_K=t.block_k, GROUP_T=_group_t(kw13, t.block_k, hidden_dim),
             num_warps=t.num_warps,
         )  # fmt: skip
-        grid = (num_pairs, triton.cdiv(hidden_dim, t.block_n))
+        down_n = t.down_block_n or t.block_n
+        grid = (num_pairs, triton.cdiv(hidden_dim, down_n))
         down_k = min(t.block_k, triton.next_power_of_2(inter))
         jit.quant_moe_down_gemv_kernel[grid](
             inter_buf, topk_ids, *a2, y, hidden_dim, inter,
             inter_buf.stride(0), *s2, y.stride(0),
-            **_fmt_kw(kw2), PACKED=_packed(kw2), BLOCK_N=t.block_n,
+            **_fmt_kw(kw2), PACKED=_packed(kw2), BLOCK_N=down_n,
             BLOCK_K=down_k, GROUP_T=_group_t(kw2, down_k, inter), num_warps=t.num_warps,
         )  # fmt: skip
     else:

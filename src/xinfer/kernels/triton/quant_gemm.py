@@ -61,39 +61,47 @@ def _row_dot(
     return tl.sum(tl.sum(acc, axis=2), axis=1)
 
 
-@triton.jit(do_not_specialize=["M"])
+@triton.jit(do_not_specialize=["M", "stride_os"])
 def quant_linear_kernel(
     x_ptr, w_ptr, s_ptr, z_ptr, bias_ptr, out_ptr,
-    M, N, K,
-    stride_xm, stride_wn, stride_sn, stride_zn, stride_om,
+    M, N, K, k_per_split,
+    stride_xm, stride_wn, stride_sn, stride_zn, stride_os, stride_om,
     FMT: tl.constexpr, SCALE_BN: tl.constexpr, SCALE_BK: tl.constexpr, HAS_ZERO: tl.constexpr,
     HAS_BIAS: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr,
     GROUP_T: tl.constexpr, DOT_PRECISION: tl.constexpr,
 ):  # fmt: skip
-    """grid (cdiv(M, BLOCK_M), cdiv(N, BLOCK_N)): out = x @ dequant(w)^T (+ bias). A row's
-    bits depend on its x row and BLOCK_K only (the k order of the float32 accumulation)."""
+    """grid (cdiv(M, BLOCK_M), cdiv(N, BLOCK_N), splits): out[split] = x @ dequant(w)^T over
+    the split's K range [split * k_per_split, +k_per_split) (+ bias). Split-K launches pass a
+    float32 `out` (splits, M, N) and no bias; `gemv_split_reduce_kernel` adds the splits in
+    order. A row's bits depend on its x row, BLOCK_K and the splits only (the k order of the
+    float32 accumulation), not on M."""
     pid_m = tl.program_id(0)
     pid_n = tl.program_id(1)
+    split = tl.program_id(2)
     offs_m = pid_m * BLOCK_M + tl.arange(0, BLOCK_M)
     offs_n = pid_n * BLOCK_N + tl.arange(0, BLOCK_N)
     offs_k = tl.arange(0, BLOCK_K)
     mask_m = offs_m < M
     mask_n = offs_n < N
+    k_begin = split * k_per_split
+    k_end = tl.minimum(K, k_begin + k_per_split)
     dtype = x_ptr.dtype.element_ty
     acc = tl.zeros((BLOCK_M, BLOCK_N), dtype=tl.float32)
-    for k0 in range(0, K, BLOCK_K):
+    for k0 in range(k_begin, k_end, BLOCK_K):
         ks = k0 + offs_k
-        mask_k = ks < K
+        mask_k = ks < k_end
         x_ptrs = x_ptr + offs_m.to(tl.int64)[:, None] * stride_xm + ks[None, :]
         x = tl.load(x_ptrs, mask=mask_m[:, None] & mask_k[None, :], other=0.0)
         w = load_weight_tile(
-            w_ptr, s_ptr, z_ptr, offs_n, k0, mask_n, K, stride_wn, stride_sn, stride_zn,
+            w_ptr, s_ptr, z_ptr, offs_n, k0, mask_n, k_end, stride_wn, stride_sn, stride_zn,
             FMT, SCALE_BN, SCALE_BK, HAS_ZERO, BLOCK_K, GROUP_T,
         )  # fmt: skip
         acc = tl.dot(x, tl.trans(w.to(dtype)), acc, input_precision=DOT_PRECISION)
     if HAS_BIAS:
         acc += tl.load(bias_ptr + offs_n, mask=mask_n, other=0.0).to(tl.float32)[None, :]
-    out_ptrs = out_ptr + offs_m.to(tl.int64)[:, None] * stride_om + offs_n[None, :]
+    out_ptrs = (
+        out_ptr + split * stride_os + offs_m.to(tl.int64)[:, None] * stride_om + offs_n[None, :]
+    )
     tl.store(out_ptrs, acc.to(out_ptr.dtype.element_ty), mask=mask_m[:, None] & mask_n[None, :])
 
 
