@@ -1,16 +1,21 @@
-"""Decode under MoE offload at several GPU-expert fractions and batch sizes, each beside its
-limit `t_resident(batch) + missed bytes ÷ host→GPU bandwidth`, plus time to first token of
-long prompts. Dummy weights; the experts come from the routing model (`--routing`) unless
-told otherwise, since random-weight routers pick nearly the same experts every token.
+"""Decode under MoE offload at several GPU-expert fractions and batch sizes, with cross-layer
+prefetch off and/or on (`--prefetch 0,1`: each fraction once per distance), each beside its
+serial limit `t_resident(batch) + link bytes ÷ host→GPU bandwidth` and its overlapped limit
+`max(t_resident(batch), link bytes ÷ bandwidth)` (link bytes: slot fills and prefetches,
+offload_bench/decode_report.py), plus time to first token of long prompts. Dummy weights;
+the experts come from the routing model (`--routing`) unless told otherwise, since
+random-weight routers pick nearly the same experts every token.
 
     python3 bench/bench_offload_decode.py --model bench/configs/qwen3_30b_a3b \
         --rates 0.1,0.2,0.35,0.5,auto --batches 1,8,32 --gpu-memory-limit-gb 24 \
-        --ttft-tokens 2048,8192 --out bench/results/offload
+        --ttft-tokens 2048,8192 --prefetch 0,1 --out bench/results/offload
 
 Each engine runs in a process of its own (offload_bench/engine_worker.py), the resident
-one (rate 0, giving t_resident per batch) first. Prompts no longer than the decode engines'
-`--max-model-len` are timed in those engines; longer ones (32k) get eager engines of their
-own at the TTFT rates (`auto` there with the reserve raised to hold that prompt's KV cache).
+one (rate 0, giving t_resident per batch) first; prefetch is set when an engine is built
+(its decode graphs capture it), so each (fraction, distance) loads an engine of its own.
+Prompts no longer than the decode engines' `--max-model-len` are timed in those engines (the
+first distance of a fraction); longer ones (32k) get eager engines of their own at the TTFT
+rates (`auto` there with the reserve raised to hold that prompt's KV cache).
 Tokens of every rate are compared with the resident engine's: placement never changes the
 output. Results are rewritten after every engine, so a run cut short keeps what it did."""
 
@@ -69,6 +74,9 @@ def build_parser() -> argparse.ArgumentParser:
     a("--max-num-batched-tokens", type=int, default=2048)
     a("--resident-again", action="store_true", help="run the resident engine again at the end")
     a("--trace-dir", default=None, help="also write a Chrome trace of batch-1 steps per rate")
+    a("--prefetch", default="0", help="prefetch distances per rate, 0 = off (0,1: an engine each)")
+    a("--prefetch-margin", type=float, default=None,
+      help="--moe-prefetch-margin of the prefetch engines (default: the engine's)")  # fmt: skip
     a("--out", default="bench/results/offload")
     return ap
 
@@ -95,6 +103,9 @@ def plan_jobs(args: argparse.Namespace) -> list[dict]:
     ttft_tokens = int_list(args.ttft_tokens)
     ttft_rates = [r for r in args.ttft_rates.split(",") if r] if ttft_tokens else []
     rates = ["0"] + [r for r in args.rates.split(",") if r and r != "0"]
+    distances = list(dict.fromkeys(int_list(args.prefetch))) or [0]
+    if any(d < 0 for d in distances):
+        raise SystemExit("--prefetch takes distances >= 0 (0 = off)")
     rates += [r for r in ttft_rates if r not in rates]
     short = [n for n in ttft_tokens if n < args.max_model_len]
     long = [n for n in ttft_tokens if n >= args.max_model_len]
@@ -105,18 +116,21 @@ def plan_jobs(args: argparse.Namespace) -> list[dict]:
     base = dict(model=args.model, device=args.device, dtype=args.dtype, routing=args.routing,
                 routing_seed=args.routing_seed, prompt_tokens=args.prompt_tokens,
                 gpu_memory_limit_gb=args.gpu_memory_limit_gb, trace_dir=args.trace_dir,
-                max_num_batched_tokens=args.max_num_batched_tokens)  # fmt: skip
+                max_num_batched_tokens=args.max_num_batched_tokens, prefetch=0,
+                prefetch_margin=args.prefetch_margin)  # fmt: skip
     jobs = []
     for rate in rates + (["0"] if args.resident_again else []):
         decoding = bool(batches) and (rate == "0" or rate in args.rates.split(","))
         if not decoding and not (short and rate in ttft_rates):
             continue  # nothing for this engine to do
-        jobs.append({
-            **base, "rate": rate, "max_model_len": args.max_model_len,
-            "batches": batches if decoding else [], "warmup": warmup, "steps": steps,
-            "ttft_tokens": short if rate in ttft_rates else [],
-            "num_kv_blocks": None if rate == "auto" else kv_blocks,
-        })  # fmt: skip
+        # the resident engine and TTFT-only engines do not prefetch (prefetch is decode's)
+        for i, distance in enumerate(distances if rate != "0" and decoding else [0]):
+            jobs.append({
+                **base, "rate": rate, "max_model_len": args.max_model_len,
+                "batches": batches if decoding else [], "warmup": warmup, "steps": steps,
+                "ttft_tokens": short if rate in ttft_rates and i == 0 else [],
+                "num_kv_blocks": None if rate == "auto" else kv_blocks, "prefetch": distance,
+            })  # fmt: skip
     if long:
         max_len = max(long) + 64
         kv_gb = model_kv_bytes_per_token(args.model) * max_len / GIB
@@ -143,7 +157,8 @@ def _stop_worker(signum, frame) -> None:
 
 
 def run_job(job: dict) -> dict:
-    """The worker's RESULT, or {"rate", "error"} when it failed; its output is streamed."""
+    """The worker's RESULT, or {"rate", "prefetch", "error"} when it failed; its output is
+    streamed."""
     cmd = [sys.executable, str(HERE / "offload_bench" / "engine_worker.py"), json.dumps(job)]
     proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
     _RUNNING[:] = [proc]
@@ -157,7 +172,8 @@ def run_job(job: dict) -> dict:
             tail = (tail + [line.strip()])[-5:]
     proc.wait()
     if result is None:
-        return {"rate": job["rate"], "error": f"exit code {proc.returncode}: {' | '.join(tail)}",
+        return {"rate": job["rate"], "prefetch": job.get("prefetch", 0),
+                "error": f"exit code {proc.returncode}: {' | '.join(tail)}",
                 "decode": [], "ttft": []}  # fmt: skip
     return result
 
@@ -180,7 +196,8 @@ def collect(results: list[dict], bandwidth_gbps: float | None) -> tuple[list[dic
     decode = [row for r in results for row in r["decode"]]
     for r in results:
         if r.get("error") and not r["decode"]:
-            decode.append({"rate": r["rate"], "batch": 0, "error": r["error"]})
+            decode.append({"rate": r["rate"], "prefetch": r.get("prefetch", 0), "batch": 0,
+                           "error": r["error"]})  # fmt: skip
     decode_report.add_limits(decode, bandwidth_gbps)
     decode_report.mark_identity(decode)
     ttft: dict[str, dict] = {}
@@ -191,6 +208,14 @@ def collect(results: list[dict], bandwidth_gbps: float | None) -> tuple[list[dic
             for key in ("slots", "num_experts"):
                 entry.setdefault(key, r.get(key))
     return decode, list(ttft.values())
+
+
+def prefetch_setting(meta: dict) -> str:
+    """'off', 'off and 1 ahead (margin 0.5)' for the page."""
+    parts = [decode_report.prefetch_label(d) for d in meta.get("prefetch") or [0]]
+    margin = meta.get("prefetch_margin")
+    on = any(meta.get("prefetch") or [0])
+    return " and ".join(parts) + (f" (margin {margin:g})" if on and margin is not None else "")
 
 
 def write(out: Path, meta: dict, results: list[dict]) -> str:
@@ -204,18 +229,28 @@ def write(out: Path, meta: dict, results: list[dict]) -> str:
         " GB/s",
         f"- command: `{meta['command']}`",
         "",
+        f"Decode, routing `{meta['routing']}`, prefetch {prefetch_setting(meta)}:",
+        "",
         decode_report.decode_table(decode),
         "",
-        "limit = t_resident(batch) + missed bytes per step (slot fills) ÷ bandwidth; GB/token "
-        "= all bytes moved per step ÷ batch; whole-layer copies = staging copies during the "
-        "timed steps (each moves a whole layer and counts no misses: step / limit ≫ 1).",
+        "Link bytes = slot fills (misses) + prefetched experts per step; serial limit = "
+        "t_resident(batch) + link bytes ÷ bandwidth; overlapped limit = max(t_resident(batch), "
+        "link bytes ÷ bandwidth); tok/s ÷ serial (off) = tok/s ÷ the serial-limit tok/s of the "
+        "same fraction and batch without prefetch; GB/token = all bytes moved per step ÷ batch "
+        "(prefetches included); whole-layer copies = staging copies during the timed steps "
+        "(each moves a whole layer and counts no misses: step / limit ≫ 1).",
         "",
     ]
+    prefetch = decode_report.prefetch_table(decode)
+    if prefetch:
+        lines += ["Prefetch (per token over the timed steps; recall = used ÷ (used + misses): "
+                  "the needed experts a prefetch brought in time):", "", prefetch, ""]  # fmt: skip
     if ttft:
         lines += ["Time to first token (prefill tok/s, GB moved host→GPU):", "",
                   decode_report.ttft_table(ttft), ""]  # fmt: skip
     for r in results:
-        lines.append(f"- rate {r['rate']}: load {decode_report._f(r.get('load_s'), '.1f')} s"
+        engine = f"rate {r['rate']}" + (f", prefetch {r['prefetch']}" if r.get("prefetch") else "")
+        lines.append(f"- {engine}: load {decode_report._f(r.get('load_s'), '.1f')} s"
                      + (f", FAILED: {r['error']}" if r.get("error") else ""))  # fmt: skip
     page = "\n".join(lines) + "\n"
     out.parent.mkdir(parents=True, exist_ok=True)
@@ -236,6 +271,8 @@ def main(argv: list[str] | None = None) -> int:
             "model": args.model, "routing": args.routing, "dtype": args.dtype,
             "bandwidth": bw, "bandwidth_gbps": used,
             "gpu_memory_limit_gb": args.gpu_memory_limit_gb,
+            "prefetch": list(dict.fromkeys(int_list(args.prefetch))) or [0],
+            "prefetch_margin": args.prefetch_margin,
             "command": "python3 " + " ".join([sys.argv[0], *(argv or sys.argv[1:])])}  # fmt: skip
     out, results, page = Path(args.out), [], ""
     for job in jobs:

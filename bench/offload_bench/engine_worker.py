@@ -58,6 +58,10 @@ def engine_kwargs(cfg: dict) -> dict:
         kw["gpu_memory_limit_gb"] = cfg["gpu_memory_limit_gb"]
     if cfg.get("reserve_gb") is not None:
         kw["moe_offload_reserve_gb"] = cfg["reserve_gb"]
+    if cfg.get("prefetch"):  # cross-layer prefetch, `prefetch` layers ahead (0: off)
+        kw["moe_prefetch"] = int(cfg["prefetch"])
+        if cfg.get("prefetch_margin") is not None:
+            kw["moe_prefetch_margin"] = float(cfg["prefetch_margin"])
     return kw
 
 
@@ -66,10 +70,18 @@ def prompt_ids(seed: int, num_tokens: int, vocab: int) -> list[int]:
     return torch.randint(10, min(vocab, 32000), (num_tokens,), generator=gen).tolist()
 
 
+PREFETCH_KEYS = ("predicted", "present", "prefetched", "dropped", "used", "wasted",
+                 "prefetched_bytes", "used_bytes", "wasted_bytes")  # fmt: skip
+
+
 def counters(llm: LLM) -> dict:
+    """The offload counters (with prefetch on, its counters as `prefetch_<key>`)."""
     st = llm.offload_stats() or {}
     keys = ("hits", "misses", "overflow_misses", "bytes_copied", "bytes_moved", "staging_copies")
-    return {k: st.get(k, 0) for k in keys}
+    out = {k: st.get(k, 0) for k in keys}
+    if "prefetch" in st:
+        out.update({f"prefetch_{k}": st["prefetch"][k] for k in PREFETCH_KEYS})
+    return out
 
 
 def bare_replay_ms(engine, batch: int) -> float | None:
@@ -170,26 +182,36 @@ def trace_steps(llm: LLM, cfg: dict, path: Path) -> None:
 def run(cfg: dict) -> dict:
     t0 = time.perf_counter()
     llm = LLM(cfg["model"], **engine_kwargs(cfg))
-    out: dict = {"rate": cfg["rate"], "load_s": time.perf_counter() - t0, "decode": [],
-                 "ttft": [], "max_model_len": cfg["max_model_len"]}  # fmt: skip
+    out: dict = {"rate": cfg["rate"], "prefetch": int(cfg.get("prefetch") or 0),
+                 "load_s": time.perf_counter() - t0, "decode": [], "ttft": [],
+                 "max_model_len": cfg["max_model_len"]}  # fmt: skip
     stats = llm.offload_stats()
+    manager = llm.engine.offload_manager
     if stats is not None:
         out.update(slots=stats["slots_per_layer"] or None, num_experts=max(stats["num_experts"]),
                    resident_layers=stats.get("resident_layers"))  # fmt: skip
-    print(f"[rate {cfg['rate']}] loaded in {out['load_s']:.1f} s", flush=True)
+        if manager.executors:
+            out["expert_bytes"] = manager.executors[0].cache.expert_bytes
+        if "prefetch" in stats:  # {"distance", "predictor"} and the margin it ran with
+            out["predictor"] = stats["prefetch"]["predictor"]
+            out["prefetch_margin"] = manager.config.prefetch_margin
+    name = f"rate {cfg['rate']}" + (f" prefetch {out['prefetch']}" if out["prefetch"] else "")
+    print(f"[{name}] loaded in {out['load_s']:.1f} s", flush=True)
     for batch, warm, timed in zip(cfg.get("batches") or [], cfg["warmup"], cfg["steps"]):
         row = decode_row(llm, cfg, batch, warm, timed)
-        row.update({k: out[k] for k in ("slots", "num_experts") if k in out})
+        keys = ("prefetch", "slots", "num_experts", "expert_bytes", "predictor")
+        row.update({k: out[k] for k in keys if k in out})
         out["decode"].append(row)
-        print(f"[rate {cfg['rate']}] batch {batch}: {row['step_ms']:.2f} ms/step, "
+        print(f"[{name}] batch {batch}: {row['step_ms']:.2f} ms/step, "
               f"{row['bytes_moved'] / max(1, timed) / 1e9:.3f} GB/step", flush=True)  # fmt: skip
     for n in cfg.get("ttft_tokens") or []:
         row = ttft_row(llm, n, cfg["max_model_len"])
         out["ttft"].append(row)
-        print(f"[rate {cfg['rate']}] TTFT {n} tokens: {row.get('ttft_s') or row['error']}",
+        print(f"[{name}] TTFT {n} tokens: {row.get('ttft_s') or row['error']}",
               flush=True)  # fmt: skip
     if cfg.get("trace_dir"):
-        trace_steps(llm, cfg, Path(cfg["trace_dir"]) / f"offload_{cfg['rate']}.json")
+        suffix = f"_prefetch{out['prefetch']}" if out["prefetch"] else ""
+        trace_steps(llm, cfg, Path(cfg["trace_dir"]) / f"offload_{cfg['rate']}{suffix}.json")
     return out
 
 

@@ -1,7 +1,9 @@
-"""bench/bench_offload_decode.py: the limit and ratio arithmetic per (fraction, batch), the
-identity check, the tables, the engine plan (resident first; long prompts in eager engines
-of their own, `auto` with a reserve that holds their KV cache), and one end-to-end run of
-the script on a tiny CPU model (two engines, two batch sizes, a TTFT prompt)."""
+"""bench/bench_offload_decode.py: the serial and overlapped limits and ratios per (fraction,
+prefetch, batch), prefetch figures (link bytes, recall, speed-up, GB per token), the
+identity check, the tables, the engine plan (resident first; one engine per prefetch
+distance; long prompts in eager engines of their own, `auto` with a reserve that holds
+their KV cache), and one end-to-end run of the script on a tiny CPU model (three engines,
+prefetch off and on, two batch sizes, a TTFT prompt)."""
 
 from __future__ import annotations
 
@@ -39,10 +41,14 @@ def test_limits_and_ratio_per_batch():
     one, eight = rows[2], rows[3]
     assert one["limit_ms"] == pytest.approx(3.0 + 10.0)
     assert one["ratio"] == pytest.approx(14.0 / 13.0)
+    assert one["overlap_limit_ms"] == pytest.approx(10.0)  # the copies outlast t_resident
+    assert one["overlap_ratio"] == pytest.approx(1.4)
+    assert one["vs_serial_off"] == pytest.approx(13.0 / 14.0)  # its own limit: prefetch off
     assert one["hit_rate"] == pytest.approx(0.75)
     assert one["gb_per_token"] == pytest.approx(0.55)
     assert one["tok_s"] == pytest.approx(1000 / 14)
     assert eight["limit_ms"] == pytest.approx(5.0 + 40.0)  # t_resident of batch 8
+    assert eight["overlap_limit_ms"] == pytest.approx(40.0)
     assert eight["gb_per_token"] == pytest.approx(2.2 / 8)
     assert eight["tok_s"] == pytest.approx(8000 / 30) and eight["limit_tok_s"] == pytest.approx(
         8000 / 45
@@ -53,10 +59,60 @@ def test_limits_and_ratio_per_batch():
                                        staging_copies=480)]  # fmt: skip
     rep.add_limits(cliff, 55.0)
     assert cliff[1]["limit_ms"] == pytest.approx(5.0) and cliff[1]["ratio"] == pytest.approx(200)
+    assert cliff[1]["overlap_limit_ms"] == pytest.approx(5.0)  # t_resident: nothing missed
     assert cliff[1]["gb_per_token"] == pytest.approx(50 / 8)
     no_bw = [_row("0", 1, 3.0), _row("0.2", 1, 4.0, bytes_moved=1e9)]
     rep.add_limits(no_bw, None)
     assert "ratio" not in no_bw[1] and no_bw[1]["gb_per_token"] == pytest.approx(0.1)
+
+
+def _prefetch_rows() -> list[dict]:
+    """Resident, prefetch off and 1 ahead at 10% (batch 1, 10 steps, experts of 110 MB)."""
+    return [
+        _row("0", 1, 3.0),
+        # 20 misses of 110 MB in 10 steps: 0.22 GB a step, 4 ms at 55 GB/s
+        _row("0.1", 1, 14.0, hits=60, misses=20, bytes_copied=5.5e9, bytes_moved=5.5e9,
+             expert_bytes=1.1e8),
+        # 10 misses (2.75 GB) and 20 prefetched (2.2 GB): 0.495 GB a step, 9 ms
+        _row("0.1", 1, 9.0, hits=70, misses=10, bytes_copied=2.75e9, bytes_moved=4.95e9,
+             prefetch=1, predictor="routing-model", expert_bytes=1.1e8, prefetch_predicted=40,
+             prefetch_present=18, prefetch_prefetched=20, prefetch_dropped=2,
+             prefetch_used=15, prefetch_wasted=5, prefetch_prefetched_bytes=2.2e9,
+             prefetch_used_bytes=1.65e9, prefetch_wasted_bytes=0.55e9),
+    ]  # fmt: skip
+
+
+def test_prefetch_limits_and_statistics():
+    rows = _prefetch_rows()
+    rep.add_limits(rows, 55.0)
+    off, on = rows[1], rows[2]
+    assert off["link_bytes_per_step"] == pytest.approx(5.5e8) and "recall" not in off
+    assert on["link_bytes_per_step"] == pytest.approx(4.95e8)  # misses + prefetched
+    assert on["gb_per_token"] == pytest.approx(0.495)
+    assert on["limit_ms"] == pytest.approx(3.0 + 9.0) and on["ratio"] == pytest.approx(0.75)
+    assert on["overlap_limit_ms"] == pytest.approx(9.0) and on["overlap_ratio"] == pytest.approx(1)
+    # against prefetch-off's serial limit (3 + 10 ms), not its own
+    assert on["vs_serial_off"] == pytest.approx(13.0 / 9.0)
+    assert on["speedup"] == pytest.approx(14.0 / 9.0) and "speedup" not in off
+    assert on["recall"] == pytest.approx(15 / (15 + 10))
+    no_bw = _prefetch_rows()
+    rep.add_limits(no_bw, None)  # no bandwidth: no limits, the speed-up all the same
+    assert "vs_serial_off" not in no_bw[2] and no_bw[2]["speedup"] == pytest.approx(14.0 / 9.0)
+    assert on["prefetch_predicted_gb_per_token"] == pytest.approx(40 * 0.11 / 10)
+    assert on["prefetch_prefetched_gb_per_token"] == pytest.approx(0.22)
+    assert on["prefetch_used_gb_per_token"] == pytest.approx(0.165)
+    assert on["prefetch_wasted_gb_per_token"] == pytest.approx(0.055)
+    rep.mark_identity(rows)
+    table = rep.decode_table(rows).splitlines()
+    assert table[-2].startswith("| 10% | off | 1 | 71.4 |")  # off first, then 1 ahead
+    assert table[-1].startswith("| 10% | 1 ahead | 1 | 111.1 | 9.00 |")
+    assert "| 83.3 | 0.75 | 111.1 | 1.00 | 1.44 | identical |" in table[-1]
+    pf = rep.prefetch_table(rows).splitlines()
+    assert len(pf) == 3  # the header, its rule and the one prefetch row
+    assert pf[-1] == (
+        "| 10% | 1 ahead (routing-model) | 1 | 1.56 | 0.440 | 0.220 | 0.165 | 0.055 | 0.20 "
+        "| 60.0% |"
+    )
 
 
 def test_identity_against_the_first_resident_row():
@@ -65,7 +121,7 @@ def test_identity_against_the_first_resident_row():
     rep.mark_identity(rows)
     assert [r["identical"] for r in rows] == [None, True, False, True, None]
     table = rep.decode_table(rows)
-    assert "| none (resident) | 2 |" in table and "DIFFERS" in table and "ref" in table
+    assert "| none (resident) | — | 2 |" in table and "DIFFERS" in table and "ref" in table
 
 
 def test_tables():
@@ -74,8 +130,10 @@ def test_tables():
     rep.add_limits(rows, 55.0)
     rep.mark_identity(rows)
     line = rep.decode_table(rows).splitlines()[-1]
-    assert line.startswith("| 10% (13/128) | 1 | 250.0 | 4.00 |")
-    assert "| 90.0% | 0.055 | 0 | 250.0 | 1.00 | identical |" in line  # limit 3 + 1 ms
+    assert line.startswith("| 10% (13/128) | off | 1 | 250.0 | 4.00 |")
+    # serial 3 + 1 ms, overlapped max(3, 1) ms
+    assert "| 90.0% | 0.055 | 0 | 250.0 | 1.00 | 333.3 | 1.33 | 1.00 | identical |" in line
+    assert rep.prefetch_table(rows) == ""  # nothing prefetched
     ttft = rep.ttft_table([
         {"rate": "0", "ttft": [{"tokens": 2048, "ttft_s": 0.1}, {"tokens": 32768,
                                                                   "error": "over max-model-len"}]},
@@ -114,6 +172,28 @@ def test_engine_plan():
     assert [(j["rate"], j["max_model_len"]) for j in only_long] == [("0", 32832), ("0.1", 32832)]
     with pytest.raises(SystemExit):
         bench.plan_jobs(bench.build_parser().parse_args(["--batches", "1,8", "--steps", "1,2,3"]))
+    assert all(j["prefetch"] == 0 for j in jobs)  # off unless asked
+
+
+def test_engine_plan_with_prefetch():
+    """One engine per (rate, distance); the resident one and TTFT-only rates never
+    prefetch; the short TTFT prompts run in the first distance's engine only."""
+    args = bench.build_parser().parse_args(
+        ["--rates", "0.2,0.35", "--prefetch", "0,1", "--prefetch-margin", "0.25",
+         "--ttft-rates", "0,0.2,0.5", "--ttft-tokens", "2048", "--batches", "1,8",
+         "--steps", "16,4", "--warmup-steps", "8"]
+    )  # fmt: skip
+    jobs = bench.plan_jobs(args)
+    assert [(j["rate"], j["prefetch"]) for j in jobs] == [
+        ("0", 0), ("0.2", 0), ("0.2", 1), ("0.35", 0), ("0.35", 1), ("0.5", 0),
+    ]  # fmt: skip
+    assert [j["ttft_tokens"] for j in jobs] == [[2048], [2048], [], [], [], [2048]]
+    assert jobs[-1]["batches"] == [] and all(j["prefetch_margin"] == 0.25 for j in jobs)
+    meta = {"prefetch": [0, 1], "prefetch_margin": 0.25}
+    assert bench.prefetch_setting(meta) == "off and 1 ahead (margin 0.25)"
+    assert bench.prefetch_setting({"prefetch": [0], "prefetch_margin": None}) == "off"
+    with pytest.raises(SystemExit):
+        bench.plan_jobs(bench.build_parser().parse_args(["--prefetch", "-1"]))
 
 
 @pytest.mark.slow
@@ -124,19 +204,29 @@ def test_end_to_end_on_cpu(tmp_path):
     out = tmp_path / "result"
     cmd = [sys.executable, str(ROOT / "bench" / "bench_offload_decode.py"), "--model", str(model),
            "--device", "cpu", "--dtype", "float32", "--rates", "0.25", "--batches", "1,3",
-           "--warmup-steps", "2", "--steps", "3", "--ttft-tokens", "40",
-           "--ttft-rates", "0.25", "--max-model-len", "96", "--out", str(out)]  # fmt: skip
+           "--warmup-steps", "2", "--steps", "3", "--ttft-tokens", "40", "--prefetch", "0,1",
+           "--prefetch-margin", "0", "--ttft-rates", "0.25", "--max-model-len", "96",
+           "--out", str(out)]  # fmt: skip
     proc = subprocess.run(cmd, capture_output=True, text=True, timeout=900, cwd=ROOT)
     assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
     data = json.loads(out.with_suffix(".json").read_text())
-    rows = {(r["rate"], r["batch"]): r for r in data["decode"]}
-    assert set(rows) == {("0", 1), ("0", 3), ("0.25", 1), ("0.25", 3)}
+    rows = {(r["rate"], r["prefetch"], r["batch"]): r for r in data["decode"]}
+    assert set(rows) == {("0", 0, 1), ("0", 0, 3), ("0.25", 0, 1), ("0.25", 0, 3),
+                         ("0.25", 1, 1), ("0.25", 1, 3)}  # fmt: skip
     assert all(r["identical"] for key, r in rows.items() if key[0] == "0.25")
-    one = rows[("0.25", 1)]
+    one = rows[("0.25", 0, 1)]
     assert one["hits"] + one["misses"] == 3 * 2 * 2  # 3 steps, 2 MoE layers, top-2
-    three = rows[("0.25", 3)]  # 3 x 2 ids > 4 slots: overflow rows, never a whole layer
+    three = rows[("0.25", 0, 3)]  # 3 x 2 ids > 4 slots: overflow rows, never a whole layer
     assert three["staging_copies"] == 0 and three["hits"] + three["misses"] > 0
+    on = rows[("0.25", 1, 3)]  # the second MoE layer is predicted from the first
+    assert on["predictor"] == "routing-model" and on["prefetch_predicted"] > 0
+    assert on["prefetch_predicted"] == (
+        on["prefetch_present"] + on["prefetch_prefetched"] + on["prefetch_dropped"]
+    )
+    assert on["bytes_moved"] == on["bytes_copied"] + on["prefetch_prefetched_bytes"]
+    assert on["link_bytes_per_step"] * 3 == on["bytes_moved"]
     [ttft] = data["ttft"]
     assert [t["tokens"] for t in ttft["ttft"]] == [40] and ttft["ttft"][0]["ttft_s"] > 0
     page = out.with_suffix(".md").read_text()
-    assert "| 25% (4/16) | 1 |" in page and "40 tokens" in page
+    assert "| 25% (4/16) | off | 1 |" in page and "| 25% (4/16) | 1 ahead | 3 |" in page
+    assert "prefetch off and 1 ahead (margin 0)" in page and "40 tokens" in page
