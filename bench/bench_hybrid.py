@@ -13,6 +13,7 @@ only) runs the same steps on a tiny model without the floor and the kernel lists
 from __future__ import annotations
 
 import argparse
+import gc
 import json
 import sys
 import time
@@ -117,9 +118,11 @@ def main() -> None:
         sec = time_engine_prefill(llm, n)
         result["prefill_tok_s"][n] = n / sec
         print(f"prefill {n}: {n / sec:.0f} tok/s ({sec * 1e3:.0f} ms)", flush=True)
+    save(result, args.out)  # the measurements, should the kernel lists fail
     if is_cuda:  # the kernel lists profile CUDA kernels
         result["prefill_breakdown"] = prefill_breakdown(llm, prefill_lens[0])
         del llm
+        gc.collect()  # the engine holds reference cycles: free its weights and KV cache now
         torch.cuda.empty_cache()
         eager = LLM(args.model, enforce_eager=True, max_num_seqs=1, max_model_len=4096, **common)
         result["decode_breakdown"] = kernel_breakdown(eager, args.prompt_len)
@@ -127,9 +130,13 @@ def main() -> None:
             print(what)
             for name, ms, calls in result[what]:
                 print(f"  {ms:8.3f} ms  {calls:5d}  {name}")
-    out = Path(args.out)
-    out.parent.mkdir(parents=True, exist_ok=True)
-    out.with_suffix(".json").write_text(json.dumps(result, indent=1))
+    save(result, args.out)
+
+
+def save(result: dict, out: str) -> None:
+    path = Path(out).with_suffix(".json")
+    path.parent.mkdir(parents=True, exist_ok=True)
+    path.write_text(json.dumps(result, indent=1))
 
 
 if __name__ == "__main__":
