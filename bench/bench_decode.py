@@ -69,7 +69,8 @@ def time_engine_prefill(llm: LLM, n: int) -> float:
     while engine.has_unfinished():
         engine.step()
     engine.add_request(ids[::-1], SamplingParams(temperature=0, max_tokens=1))
-    torch.cuda.synchronize()
+    if engine.device.type == "cuda":
+        torch.cuda.synchronize()
     t = time.perf_counter()
     while engine.has_unfinished():
         engine.step()

@@ -1,11 +1,13 @@
 """The HF parity checks on CUDA through the Triton path: float32 greedy tokens and logits as
-on CPU; bfloat16 logits within a stated tolerance; CUDA-graph decode equals eager."""
+on CPU; bfloat16 logits within a stated tolerance (HF on the bf16 run's experts); CUDA-graph
+decode equals eager."""
 
 from __future__ import annotations
 
 import pytest
 import tiny_models as tm
 import torch
+from bf16_parity import check_bf16_logits
 
 from xinfer import LLM, SamplingParams
 
@@ -42,20 +44,15 @@ def test_float32_greedy_and_logits(ckpt):
             assert abs(lp - ref[tid].item()) < 1e-4 * max(1.0, abs(ref[tid].item()))
 
 
-def test_bfloat16_logits_within_tolerance(ckpt):
+def test_bfloat16_logits_within_tolerance(ckpt, tmp_path):
     """bf16 has an 8-bit mantissa (relative rounding 2^-9 ≈ 2e-3 per op); over 3 layers of
     matmuls and norms the logits drift by ~1e-2 relative. We bound the relative L2 error of
-    the last-position logits vs HF float32 by 3e-2 and require the same top-1 token unless
-    HF's own top-2 margin is below that error."""
+    the last-position logits vs HF float32 by 3e-2, with HF made to take the experts our
+    bf16 run took (a near tie that bf16 flips changes later logits by more; the flipped
+    choices must be near ties): see bf16_parity.py."""
     hf, path = ckpt
-    llm = LLM(str(path), device="cuda:0", dtype="bfloat16")
-    for prompt in tm.prompts(3, seed=2):
-        r = llm.generate([prompt], SamplingParams(temperature=0, max_tokens=1, logprobs=20))[0]
-        ref = torch.log_softmax(_hf_logits(hf, prompt, torch.float32)[-1], -1)
-        ids = torch.tensor(r.logprobs[0].top_ids, device="cuda")
-        ours = torch.tensor(r.logprobs[0].top_logprobs, device="cuda")
-        rel = (ours - ref[ids]).norm() / ref[ids].norm()
-        assert rel < 3e-2, f"bf16 relative error {rel:.3e}"
+    hf = hf.to("cuda", torch.float32)
+    check_bf16_logits(hf, path, "cuda:0", tm.prompts(3, seed=2), tmp_path / "routing.trace")
 
 
 def test_cuda_graph_equals_eager(ckpt):

@@ -3,7 +3,7 @@ shared parity tests: prompts spanning several prefill chunks (the recurrent stat
 across them) equal one-shot prefill and transformers; preemption under KV pressure and
 aborts mid-prefill and mid-decode leave every request's output exact and give back every
 state slot; a `…ForConditionalGeneration` checkpoint loads its text model, skipping the
-vision tower and MTP weights with one log line each."""
+vision tower and MTP weights with one log line each (a Qwen3-Next checkpoint its MTP weights)."""
 
 from __future__ import annotations
 
@@ -192,3 +192,20 @@ def test_conditional_generation_checkpoint_loads_text_model(tmp_path, caplog):
     prompts = _long_prompts(3, seed=4)
     ours = [r.token_ids for r in llm.generate(prompts, GREEDY)]
     assert ours == [_hf_greedy(hf, p, GREEDY.max_tokens) for p in prompts]
+
+
+def test_qwen3_next_skips_mtp_weights(tmp_path, caplog):
+    from safetensors.torch import load_file, save_file
+
+    hf = tm.make_hf_model("qwen3_next", seed=2)
+    path = tm.write_checkpoint(hf, tmp_path / "m")
+    shard = path / "model.safetensors"
+    tensors = load_file(str(shard))
+    tensors["mtp.fc.weight"] = torch.randn(64, 128)
+    save_file(tensors, str(shard), metadata={"format": "pt"})
+    with caplog.at_level(logging.INFO, logger="xinfer"):
+        llm = LLM(str(path), device="cpu", dtype="float32")
+    skips = [r.getMessage() for r in caplog.records if "skipped" in r.getMessage()]
+    assert len(skips) == 1 and "'mtp.'" in skips[0] and "speculative" in skips[0]
+    prompt = _long_prompts(1, seed=7)[0]
+    assert llm.generate([prompt], GREEDY)[0].token_ids == _hf_greedy(hf, prompt, GREEDY.max_tokens)
