@@ -9,6 +9,7 @@ tokens, profiles one eager decode step per kernel, and writes NAME.json and NAME
 from __future__ import annotations
 
 import argparse
+import gc
 import json
 import statistics
 import sys
@@ -248,6 +249,7 @@ def main() -> None:
     result["prefill_tok_s"] = args.prefill_len / t
     print(f"prefill {args.prefill_len}: {args.prefill_len / t:.0f} tok/s", flush=True)
     del llm
+    gc.collect()  # the engine's reference cycles would keep its weights alive
     torch.cuda.empty_cache()
     eager = LLM(args.model, enforce_eager=True, max_num_seqs=1, **common)
     result["breakdown"] = kernel_breakdown(eager, args.prompt_len)

@@ -15,6 +15,7 @@ Writes NAME.json and NAME.md."""
 from __future__ import annotations
 
 import argparse
+import gc
 import json
 import shutil
 import sys
@@ -99,6 +100,7 @@ def resident(args, fmt: str, path: Path, hbm: float) -> dict:
         row[f"b{batch}_floor_tok_s"] = batch / (floor_ms(row, cfg, batch, hbm) / 1e3)
     row["prefill_2k_tok_s"] = 2048 / time_engine_prefill(llm, 2048)
     del llm
+    gc.collect()  # the engine's reference cycles would keep its weights alive
     torch.cuda.empty_cache()
     return row
 
