@@ -1,7 +1,10 @@
 """Launchers of the quantized-format kernels (`triton/quant_gemm.py`): `linear` and
 `fused_moe` for any format that describes its tensors as `KernelWeights`. Called through
 `xinfer.kernels.format_linear` / `format_moe` on CUDA tensors (and by the tests on CPU
-tensors under TRITON_INTERPRET=1). No host sync: safe in CUDA graphs.
+tensors under TRITON_INTERPRET=1). No host sync: safe in CUDA graphs. Decode-sized calls
+(at most DECODE_M rows, MAX_GEMV_PAIRS pairs) dequantize in registers; larger ones take
+`quant_prefill` (dequantize to the activation dtype, then the bf16 kernels) unless
+`dequant=False` asks for the in-register GEMMs.
 
 Determinism: tile sizes depend only on (M bucket, N, K, dtype) for linears and on
 (T*k bucket, H, I, dtype) for experts, never on ids, so an expert's bits do not depend on
@@ -15,7 +18,7 @@ from dataclasses import dataclass
 import torch
 import triton
 
-from xinfer.kernels import moe_launch
+from xinfer.kernels import moe_launch, quant_prefill
 from xinfer.kernels.triton import quant_gemm as jit
 from xinfer.quant.base import KernelWeights, WeightFormat
 
@@ -71,16 +74,21 @@ def linear(
     n: int,
     k: int,
     tiles: QuantTiles | None = None,
+    dequant: bool | None = None,
 ) -> torch.Tensor:
-    """x (..., K) @ W^T (+ bias) in x's dtype, W (N, K) stored in `fmt`."""
+    """x (..., K) @ W^T (+ bias) in x's dtype, W (N, K) stored in `fmt`. `dequant`: whether
+    to take `quant_prefill` (default: more than DECODE_M rows); `tiles`: the in-register
+    kernel's."""
     kw = fmt.kernel_weights(tensors, k)
     x2 = x.reshape(-1, k)
     if x2.stride(-1) != 1:
         x2 = x2.contiguous()
     m = x2.shape[0]
-    out = x.new_empty(m, n)
     if m == 0:
-        return out.view(*x.shape[:-1], n)
+        return x.new_empty(*x.shape[:-1], n)
+    if m > DECODE_M if dequant is None else dequant:
+        return quant_prefill.linear(x2, kw, bias, n, k).view(*x.shape[:-1], n)
+    out = x.new_empty(m, n)
     tiles = tiles or linear_tiles(m, x.dtype)
     (w, s, z), (swn, ssn, szn) = _args(kw, expert_dim=False)
     grid = (triton.cdiv(m, tiles.block_m), triton.cdiv(n, tiles.block_n))
@@ -106,8 +114,12 @@ def fused_moe(
     inter: int,
     use_gemv: bool | None = None,
     tiles: QuantTiles | None = None,
+    dequant: bool | None = None,
 ) -> torch.Tensor:
-    """Routed experts on `[N, ...]` expert sets stored in `fmt` (N experts or slots)."""
+    """Routed experts on `[N, ...]` expert sets stored in `fmt` (N experts or slots).
+    `use_gemv` (default: at most MAX_GEMV_PAIRS pairs) or else the grouped path, there
+    `dequant` (default) `quant_prefill` or the in-register grouped GEMMs; `tiles`: the
+    chosen kernels' (block_m .. num_stages as `moe_launch.MoeConfig` for `quant_prefill`)."""
     if hidden.dim() != 2 or topk_ids.shape != topk_weights.shape:
         raise ValueError("fused_moe: expected hidden (T, H) and topk_ids/weights (T, k)")
     num_tokens, top_k = topk_ids.shape
@@ -122,6 +134,12 @@ def fused_moe(
         return out
     if use_gemv is None:
         use_gemv = num_pairs <= moe_launch.MAX_GEMV_PAIRS
+    if not use_gemv and dequant is not False:
+        cfg = tiles and moe_launch.MoeConfig(
+            block_n=tiles.block_n, block_k=tiles.block_k, num_warps=tiles.num_warps,
+            block_m=tiles.block_m, num_stages=tiles.num_stages,
+        )  # fmt: skip
+        return quant_prefill.fused_moe(hidden, topk_ids, topk_weights, kw13, kw2, inter, cfg)
     inter_buf = hidden.new_empty(num_pairs, inter)  # (T*k, I)
     y = hidden.new_empty(num_pairs, hidden_dim)  # (T*k, H) unweighted expert outputs
     (a13, s13), (a2, s2) = _args(kw13, True), _args(kw2, True)
