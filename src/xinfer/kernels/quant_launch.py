@@ -129,9 +129,6 @@ def fused_moe(
     hidden = hidden.contiguous()
     topk_ids = topk_ids.to(torch.int32).contiguous()
     topk_weights = topk_weights.to(torch.float32).contiguous()
-    out = torch.empty_like(hidden)
-    if num_pairs == 0:
-        return out
     if use_gemv is None:
         use_gemv = num_pairs <= moe_launch.MAX_GEMV_PAIRS
     if not use_gemv and dequant is not False:
@@ -140,6 +137,9 @@ def fused_moe(
             block_m=tiles.block_m, num_stages=tiles.num_stages,
         )  # fmt: skip
         return quant_prefill.fused_moe(hidden, topk_ids, topk_weights, kw13, kw2, inter, cfg)
+    out = torch.empty_like(hidden)
+    if num_pairs == 0:
+        return out
     inter_buf = hidden.new_empty(num_pairs, inter)  # (T*k, I)
     y = hidden.new_empty(num_pairs, hidden_dim)  # (T*k, H) unweighted expert outputs
     (a13, s13), (a2, s2) = _args(kw13, True), _args(kw2, True)
