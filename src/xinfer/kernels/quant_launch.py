@@ -1,10 +1,10 @@
 """Launchers of the quantized-format kernels (`triton/quant_gemm.py`): `linear` and
 `fused_moe` for any format that describes its tensors as `KernelWeights`. Called through
 `xinfer.kernels.format_linear` / `format_moe` on CUDA tensors (and by the tests on CPU
-tensors under TRITON_INTERPRET=1). No host sync: safe in CUDA graphs. Decode-sized calls
-(at most DECODE_M rows, MAX_GEMV_PAIRS pairs) dequantize in registers; larger ones take
-`quant_prefill` (dequantize to the activation dtype, then the bf16 kernels) unless
-`dequant=False` asks for the in-register GEMMs.
+tensors under TRITON_INTERPRET=1). No host sync: safe in CUDA graphs. Calls of at least
+PREFILL_MIN_ROWS rows / PREFILL_MIN_PAIRS expert pairs take `quant_prefill` (dequantize to
+the activation dtype, then the bf16 kernels) unless `dequant=False` asks for the in-register
+GEMMs; smaller ones (decode) always dequantize in registers.
 
 Determinism: tile sizes depend only on (M bucket, N, K, dtype) for linears and on
 (T*k bucket, H, I, dtype) for experts, never on ids, so an expert's bits do not depend on
@@ -23,6 +23,12 @@ from xinfer.kernels.triton import quant_gemm as jit
 from xinfer.quant.base import KernelWeights, WeightFormat
 
 DECODE_M = 16  # linears with at most this many rows use the decode tile (one BLOCK_M)
+# From these sizes on, calls take `quant_prefill` (dequantize, then the bf16 kernels), below
+# them the in-register GEMMs. Set at the decode bounds, unmeasured: the dequantized path moves
+# ~5x (FP8) to ~9x (4-bit) the stored bytes of the experts it touches, which graphed decode
+# batches past the GEMV may feel; `bench/bench_quant_kernel.py` times both at T = 32.
+PREFILL_MIN_ROWS = DECODE_M + 1
+PREFILL_MIN_PAIRS = moe_launch.MAX_GEMV_PAIRS + 1
 
 
 @dataclass(frozen=True)
@@ -77,7 +83,7 @@ def linear(
     dequant: bool | None = None,
 ) -> torch.Tensor:
     """x (..., K) @ W^T (+ bias) in x's dtype, W (N, K) stored in `fmt`. `dequant`: whether
-    to take `quant_prefill` (default: more than DECODE_M rows); `tiles`: the in-register
+    to take `quant_prefill` (default: from PREFILL_MIN_ROWS rows); `tiles`: the in-register
     kernel's."""
     kw = fmt.kernel_weights(tensors, k)
     x2 = x.reshape(-1, k)
@@ -86,7 +92,7 @@ def linear(
     m = x2.shape[0]
     if m == 0:
         return x.new_empty(*x.shape[:-1], n)
-    if m > DECODE_M if dequant is None else dequant:
+    if m >= PREFILL_MIN_ROWS if dequant is None else dequant:
         return quant_prefill.linear(x2, kw, bias, n, k).view(*x.shape[:-1], n)
     out = x.new_empty(m, n)
     tiles = tiles or linear_tiles(m, x.dtype)
@@ -118,8 +124,8 @@ def fused_moe(
 ) -> torch.Tensor:
     """Routed experts on `[N, ...]` expert sets stored in `fmt` (N experts or slots).
     `use_gemv` (default: at most MAX_GEMV_PAIRS pairs) or else the grouped path, there
-    `dequant` (default) `quant_prefill` or the in-register grouped GEMMs; `tiles`: the
-    chosen kernels' (block_m .. num_stages as `moe_launch.MoeConfig` for `quant_prefill`)."""
+    `dequant` `quant_prefill` (default from PREFILL_MIN_PAIRS pairs) or the in-register
+    grouped GEMMs; `tiles`: the chosen kernels' (as `moe_launch.MoeConfig` for the former)."""
     if hidden.dim() != 2 or topk_ids.shape != topk_weights.shape:
         raise ValueError("fused_moe: expected hidden (T, H) and topk_ids/weights (T, k)")
     num_tokens, top_k = topk_ids.shape
@@ -131,7 +137,9 @@ def fused_moe(
     topk_weights = topk_weights.to(torch.float32).contiguous()
     if use_gemv is None:
         use_gemv = num_pairs <= moe_launch.MAX_GEMV_PAIRS
-    if not use_gemv and dequant is not False:
+    if dequant is None:
+        dequant = num_pairs >= PREFILL_MIN_PAIRS
+    if not use_gemv and dequant:
         cfg = tiles and moe_launch.MoeConfig(
             block_n=tiles.block_n, block_k=tiles.block_k, num_warps=tiles.num_warps,
             block_m=tiles.block_m, num_stages=tiles.num_stages,

@@ -3,8 +3,8 @@
 (`kernels.linear`: cuBLAS at these sizes; `moe_launch`'s grouped GEMMs). The twins
 dequantize to the activation dtype and then multiply, so this is the twin's math exactly:
 the dequantized weight has the twin's bits, and the bf16 kernels then give the bits that
-they give an unquantized model holding those weights. Launched from `quant_launch` for
-linears of more than DECODE_M rows and for routed experts beyond the GEMV pairs.
+they give an unquantized model holding those weights. Launched from `quant_launch` from
+PREFILL_MIN_ROWS rows (linears) and PREFILL_MIN_PAIRS (token, k) pairs (routed experts).
 
 Cost: the dequantization moves the stored bytes once and writes the dense copy once, per
 call. Linears dequantize the whole weight (a transient N x K copy; one F.linear keeps the
@@ -12,11 +12,14 @@ twin's bits). Experts are dequantized in chunks of `chunk` ids into one reused b
 most CHUNK_BYTES, each chunk's pairs running the grouped GEMMs (the other pairs' ids set to
 -1, which `align_pairs` leaves out) into one (T*k, H) buffer of unweighted outputs that is
 combined once at the end, in k order: bits do not depend on the chunking. Experts no pair
-uses are skipped (a device flag per id), so a call moves only what it touches. For
-Qwen3-30B-A3B (128 experts, H 2048, I 768) a 2048-token prefill touches all of them:
-0.6 GB of FP8 read, 1.2 GB of bf16 written, about 0.4 ms per layer at ~4 TB/s, against the
-grouped GEMM's ~0.2 TFLOP; mid-size decode batches (9 to 32 tokens at top-8) pay the same
-per touched expert, about 3x the stored bytes they would read in registers.
+uses are skipped (a device flag per id), so a call moves only what it touches.
+
+For Qwen3-30B-A3B (128 experts, H 2048, I 768) a 2048-token prefill touches all of them: per
+layer 0.6 GB of FP8 read and 1.2 GB of bf16 written, ~0.4 ms at ~4.5 TB/s, beside ~0.15
+TFLOP of grouped GEMM; acceptable for prefill, where the in-register GEMMs re-dequantize
+every weight tile for each tile of rows. Each touched weight costs its stored bytes plus
+2 + 2 bf16 bytes (written, read back): ~5x the bytes of an in-register pass for FP8, ~9x for
+4-bit, which is what decode-sized calls would pay; hence `quant_launch`'s size bounds.
 
 No host sync (fixed shapes, flags and ids remapped on the device): safe in CUDA graphs."""
 
