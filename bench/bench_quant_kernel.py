@@ -1,6 +1,9 @@
 """Quantized-format kernels on the Qwen3-30B-A3B shapes: GB/s of stored bytes per format for
 the MoE decode GEMV (T = 1 and 8, top-8 of 128 experts), the decode linears (qkv, o_proj)
-and the prefill paths, with the default tiles or a sweep over them.
+and the prefill paths, with the default tiles or a sweep over them. Past the decode sizes
+(T = 32: a graphed decode batch beyond the GEMV; T = 2048: prefill) each case is timed on
+both paths, `quant_prefill` (dequantize, then the bf16 kernels; the default) and the
+in-register GEMMs (`dequant=False`), to place the switch between them.
 
     python3 bench/bench_quant_kernel.py --formats fp8,nvfp4,gptq --sweep
 
@@ -20,8 +23,8 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "src"))
 
 from cuda_timing import cuda_seconds  # noqa: E402
 
+from xinfer.kernels import moe_launch, reference  # noqa: E402
 from xinfer.kernels import quant_launch as ql  # noqa: E402
-from xinfer.kernels import reference  # noqa: E402
 from xinfer.quant.awq import AwqInt4  # noqa: E402
 from xinfer.quant.compressed_tensors import PackQuantizedInt4  # noqa: E402
 from xinfer.quant.fp8 import Fp8Block  # noqa: E402
@@ -62,8 +65,6 @@ def moe_case(name, fmt, tokens, sweep):
     touched = len(set(ids.flatten().tolist()))
     moved = touched * (nbytes(w13) + nbytes(w2))
     if name == "bf16":
-        from xinfer.kernels import moe_launch
-
         run = lambda **kw: moe_launch.fused_moe(hidden, ids, weights, w13["weight"], w2["weight"])
         sweep = False
     else:
@@ -85,8 +86,13 @@ def moe_case(name, fmt, tokens, sweep):
         if best is None or sec < best[0]:
             best = (sec, cfg)
         if cfg is None:
-            print(f"{name:6s} moe decode T={tokens}: {sec * 1e6:7.1f} us, "
+            print(f"{name:6s} moe T={tokens}: {sec * 1e6:7.1f} us, "
                   f"{moved / sec / 1e12:.2f} TB/s of stored bytes ({touched} experts)")  # fmt: skip
+    if name != "bf16" and tokens * TOP_K > moe_launch.MAX_GEMV_PAIRS:
+        err = (run(dequant=False).float() - ref).norm() / ref.norm()
+        assert err < 1e-2, f"{name} moe T={tokens} in registers: relative error {err:.2e}"
+        sec = cuda_seconds(lambda: run(dequant=False), 50)
+        print(f"  in registers (dequant=False): {sec * 1e6:7.1f} us")
     if sweep and best and best[1] is not None:
         print(f"  best {best[1]}: {best[0] * 1e6:.1f} us, {moved / best[0] / 1e12:.2f} TB/s")
 
@@ -119,6 +125,9 @@ def linear_case(name, fmt, n, k, m, sweep):
         if cfg is None:
             print(f"{name:6s} linear {m}x{n}x{k}: {sec * 1e6:7.1f} us, "
                   f"{moved / sec / 1e12:.2f} TB/s of stored weight bytes")  # fmt: skip
+    if name != "bf16" and m > ql.DECODE_M:
+        sec = cuda_seconds(lambda: run(dequant=False), 50)
+        print(f"  in registers (dequant=False): {sec * 1e6:7.1f} us")
     if sweep and best and best[1] is not None:
         print(f"  best {best[1]}: {best[0] * 1e6:.1f} us")
 
@@ -132,10 +141,12 @@ def main() -> None:
         fmt = FORMATS[name]
         for tokens in (1, 8):
             moe_case(name, fmt, tokens, args.sweep)
-        moe_case(name, fmt, 2048, False)  # prefill: grouped GEMM
+        for tokens in (32, 2048):  # graphed decode past the GEMV; prefill
+            moe_case(name, fmt, tokens, False)
         for n, k in ((5120, 2048), (2048, 4096)):
             linear_case(name, fmt, n, k, 1, args.sweep)
-        linear_case(name, fmt, 5120, 2048, 2048, False)
+        for m in (32, 2048):
+            linear_case(name, fmt, 5120, 2048, m, False)
 
 
 if __name__ == "__main__":

@@ -121,6 +121,21 @@ def test_align_pairs_matches_torch_sort(ml, num_ids, num_pairs, block_m) -> None
 
 
 @child_only
+def test_align_pairs_leaves_out_negative_ids(ml) -> None:
+    ids = torch.randint(-1, 5, (50, 1), generator=torch.Generator().manual_seed(7))
+    ids[0] = -1  # at least one left out, and one kept id after it in the same chunk
+    ids[1] = 2
+    sorted_pairs, block_ids, num_rows = ml.align_pairs(ids.to(torch.int32), 5, block_m=8)
+    flat = ids.view(-1)
+    kept = torch.nonzero(flat >= 0).view(-1)
+    order = kept[torch.sort(flat[kept], stable=True).indices]
+    rows = sorted_pairs[sorted_pairs < flat.numel()]
+    assert torch.equal(rows.long(), order)  # exactly the kept pairs, stably sorted
+    counts = torch.bincount(flat[kept], minlength=5)
+    assert num_rows.item() == ((counts + 7) // 8 * 8).sum().item()
+
+
+@child_only
 @pytest.mark.parametrize("num_experts,top_k", [(37, 4), (512, 8), (8, 8)])
 @pytest.mark.parametrize("renormalize", [True, False])
 def test_route_topk_matches_reference(ml, num_experts, top_k, renormalize) -> None:

@@ -1,7 +1,8 @@
 """The quantized-format kernels (`kernels/quant_launch.py`) run by Triton's CPU interpreter
 against each format's pure-torch twin: linears on the decode and prefill tiles, routed
-experts on the GEMV and grouped paths, on fresh random weights whose sizes are not tile or
-block multiples; and an expert's bits do not depend on which slot holds it.
+experts on the GEMV and grouped paths (the prefill sizes both through `quant_prefill` and
+through the in-register GEMMs), on fresh random weights whose sizes are not tile or block
+multiples; and an expert's bits do not depend on which slot holds it.
 
 Runs in a child pytest with TRITON_INTERPRET=1 (see interpreter_child.py)."""
 
@@ -75,15 +76,15 @@ def _tol(dtype):
 @child_only
 @pytest.mark.parametrize("name", FORMATS)
 @pytest.mark.parametrize("dtype", [torch.float32, torch.float16])
-@pytest.mark.parametrize("m", [1, 5, 21])
-def test_linear_matches_twin(ql, name, dtype, m):
+@pytest.mark.parametrize("m,dequant", [(1, None), (5, None), (21, None), (21, False)])
+def test_linear_matches_twin(ql, name, dtype, m, dequant):
     fmt = _formats()[name]
     n, k = SHAPES.get(name, DEFAULT_SHAPE)
     tensors = _weights(fmt, n, k, seed=m)
     g = torch.Generator().manual_seed(100 + m)
     x = torch.randn(m, k, generator=g).to(dtype)
     bias = torch.randn(n, generator=g).to(dtype)
-    out = ql.linear(x, fmt, tensors, bias, n, k)
+    out = ql.linear(x, fmt, tensors, bias, n, k, dequant=dequant)
     ref = fmt.reference_linear(x, tensors, bias, n, k)
     assert out.dtype == dtype and out.shape == (m, n)
     torch.testing.assert_close(out.float(), ref.float(), **_tol(dtype))
@@ -108,8 +109,11 @@ def test_split_k_decode_linear_matches_twin_and_the_batch(ql, name):
 
 @child_only
 @pytest.mark.parametrize("name", FORMATS)
-@pytest.mark.parametrize("use_gemv", [True, False], ids=["gemv", "grouped"])
-def test_fused_moe_matches_twin(ql, name, use_gemv):
+@pytest.mark.parametrize(
+    "use_gemv,dequant", [(True, None), (False, None), (False, False)],
+    ids=["gemv", "grouped", "grouped-in-registers"],
+)  # fmt: skip
+def test_fused_moe_matches_twin(ql, name, use_gemv, dequant):
     from xinfer.kernels import reference
 
     fmt = _formats()[name]
@@ -122,7 +126,8 @@ def test_fused_moe_matches_twin(ql, name, use_gemv):
     hidden = torch.randn(tokens, hidden_dim, generator=g)
     weights, ids = reference.route_topk(torch.randn(tokens, num_experts, generator=g), top_k, True)
     tiles = None if use_gemv else ql.QuantTiles(block_m=16, block_n=16, block_k=32)
-    out = ql.fused_moe(hidden, ids, weights, fmt, w13, w2, inter, use_gemv=use_gemv, tiles=tiles)
+    run = dict(use_gemv=use_gemv, tiles=tiles, dequant=dequant)
+    out = ql.fused_moe(hidden, ids, weights, fmt, w13, w2, inter, **run)
     ref = fmt.reference_moe(hidden, ids, weights, w13, w2, inter)
     torch.testing.assert_close(out, ref, rtol=1e-5, atol=1e-5)
 
@@ -138,6 +143,5 @@ def test_fused_moe_matches_twin(ql, name, use_gemv):
     s13 = {n: to_slots(t) for n, t in w13.items()}
     s2 = {n: to_slots(t) for n, t in w2.items()}
     slot_ids = perm[ids.long()].to(torch.int32)
-    out_s = ql.fused_moe(hidden, slot_ids, weights, fmt, s13, s2, inter, use_gemv=use_gemv,
-                         tiles=tiles)  # fmt: skip
+    out_s = ql.fused_moe(hidden, slot_ids, weights, fmt, s13, s2, inter, **run)
     assert torch.equal(out, out_s)

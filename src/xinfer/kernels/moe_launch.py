@@ -127,7 +127,8 @@ def align_pairs(
     topk_ids: torch.Tensor, num_ids: int, block_m: int
 ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
     """Sort the (token, k) pairs by id (stable) and pad each id's run to a multiple of
-    block_m, in one Triton program (ids must lie in [0, num_ids); not checked: no host sync).
+    block_m, in one Triton program. Ids must lie in [0, num_ids) (not checked: no host sync)
+    or be negative: such pairs are left out (a chunk of the ids at a time, `quant_prefill`).
 
     Returns sorted_pairs int32 (max_rows,) (pair index, or num_pairs for padding),
     block_ids int32 (max_rows / block_m,) (the id of each tile), num_rows int32 (1,)."""
@@ -149,13 +150,31 @@ def align_pairs(
 
 
 def _moe_grouped(hidden, topk_ids, topk_weights, w13, w2, out, cfg: MoeConfig) -> None:
+    y = hidden.new_empty(topk_ids.numel(), hidden.shape[1])  # (T*k, H) unweighted outputs
+    grouped_outputs(hidden, topk_ids, w13, w2, y, cfg)
+    _combine(y, topk_weights, out, topk_ids.shape[1])
+
+
+def grouped_outputs(
+    hidden: torch.Tensor,
+    topk_ids: torch.Tensor,
+    w13: torch.Tensor,
+    w2: torch.Tensor,
+    y: torch.Tensor,
+    cfg: MoeConfig,
+    inter: torch.Tensor | None = None,
+) -> None:
+    """The grouped GEMMs: y[pair] (T*k, H) = the unweighted output of expert topk_ids[pair]
+    (int32, contiguous) for every pair; rows of pairs with a negative id are left as they
+    are. `inter` (T*k, I): the gate/up scratch, reused across calls when given."""
     num_tokens, top_k = topk_ids.shape
     num_pairs = num_tokens * top_k
     num_ids, hidden_dim, inter_dim = w2.shape
     precision = "ieee" if hidden.dtype == torch.float32 else "tf32"  # fp32 must not use tf32
     sorted_pairs, block_ids, num_rows = align_pairs(topk_ids, num_ids, cfg.block_m)
     num_blocks = block_ids.numel()
-    inter = hidden.new_empty(num_pairs, inter_dim)  # (T*k, I), pair order
+    if inter is None:
+        inter = hidden.new_empty(num_pairs, inter_dim)  # (T*k, I), pair order
     grid = (num_blocks * triton.cdiv(inter_dim, cfg.block_n),)
     moe_jit.moe_gate_up_grouped_kernel[grid](
         hidden, sorted_pairs, block_ids, num_rows, w13, inter,
@@ -164,7 +183,6 @@ def _moe_grouped(hidden, topk_ids, topk_weights, w13, w2, out, cfg: MoeConfig) -
         TOP_K=top_k, BLOCK_M=cfg.block_m, BLOCK_N=cfg.block_n, BLOCK_K=cfg.block_k,
         DOT_PRECISION=precision, num_warps=cfg.num_warps, num_stages=cfg.num_stages,
     )  # fmt: skip
-    y = hidden.new_empty(num_pairs, hidden_dim)  # (T*k, H) unweighted expert outputs
     down_n = cfg.down_block_n or cfg.block_n
     grid = (num_blocks * triton.cdiv(hidden_dim, down_n),)
     moe_jit.moe_down_grouped_kernel[grid](
@@ -174,7 +192,6 @@ def _moe_grouped(hidden, topk_ids, topk_weights, w13, w2, out, cfg: MoeConfig) -
         BLOCK_M=cfg.block_m, BLOCK_N=down_n, BLOCK_K=cfg.block_k,
         DOT_PRECISION=precision, num_warps=cfg.num_warps, num_stages=cfg.num_stages,
     )  # fmt: skip
-    _combine(y, topk_weights, out, top_k)
 
 
 def _combine(y: torch.Tensor, topk_weights: torch.Tensor, out: torch.Tensor, top_k: int) -> None:

@@ -1,7 +1,10 @@
 """Launchers of the quantized-format kernels (`triton/quant_gemm.py`): `linear` and
 `fused_moe` for any format that describes its tensors as `KernelWeights`. Called through
 `xinfer.kernels.format_linear` / `format_moe` on CUDA tensors (and by the tests on CPU
-tensors under TRITON_INTERPRET=1). No host sync: safe in CUDA graphs.
+tensors under TRITON_INTERPRET=1). No host sync: safe in CUDA graphs. Calls of at least
+PREFILL_MIN_ROWS rows / PREFILL_MIN_PAIRS expert pairs take `quant_prefill` (dequantize to
+the activation dtype, then the bf16 kernels) unless `dequant=False` asks for the in-register
+GEMMs; smaller ones (decode) always dequantize in registers.
 
 Determinism: tile sizes depend only on (M bucket, N, K, dtype) for linears and on
 (T*k bucket, H, I, dtype) for experts, never on ids, so an expert's bits do not depend on
@@ -15,13 +18,23 @@ from dataclasses import dataclass
 import torch
 import triton
 
-from xinfer.kernels import moe_launch
+from xinfer.kernels import moe_launch, quant_prefill
+from xinfer.kernels.quant_groups import group_t, packed
 from xinfer.kernels.triton import gemv as gemv_jit
 from xinfer.kernels.triton import quant_gemm as jit
 from xinfer.quant.base import KernelWeights, WeightFormat
 
 DECODE_M = 16  # linears with at most this many rows use the decode tile (one BLOCK_M)
 DECODE_PROGRAMS = 512  # decode linears split K until about this many programs run
+# From these sizes on, calls take `quant_prefill` (dequantize, then the bf16 kernels), below
+# them the in-register GEMMs. Placed by arithmetic, not yet measured: the dequantized path
+# moves ~5x (FP8) to ~9x (4-bit) the stored bytes of the weights it touches, which pays once
+# a call has enough rows per weight (a prefill chunk: 2k tokens ~ 128 rows an expert) and
+# not for decode batches (at batch 32 ~2 rows an expert); the in-register grouped GEMM ran
+# FP8 prefill at 21.6k tok/s, 4-bit at 4-6k (H200, 2026-12-04).
+# `bench/bench_quant_kernel.py` times both paths at T = 32 and 2048 to place them.
+PREFILL_MIN_ROWS = 128
+PREFILL_MIN_PAIRS = 1024
 
 
 @dataclass(frozen=True)
@@ -37,7 +50,7 @@ class QuantTiles:
 def _decode_block_k(kw: KernelWeights) -> int:
     """Columns per decode tile: about 2 KB of stored bytes a row tile of 8 (the bf16 GEMVs'
     best measured tile is 8 x 128 x 2 bytes), so 256 for FP8 and 512 for 4-bit codes."""
-    return 512 if _packed(kw) else 256 if kw.fmt_code == 1 else 128
+    return 512 if packed(kw) else 256 if kw.fmt_code == 1 else 128
 
 
 def linear_tiles(m: int, dtype: torch.dtype, kw: KernelWeights | None = None) -> QuantTiles:
@@ -68,24 +81,6 @@ def _fmt_kw(kw: KernelWeights) -> dict:
     return dict(FMT=kw.fmt_code, SCALE_BN=kw.scale_bn, SCALE_BK=kw.scale_bk, HAS_ZERO=kw.has_zero)
 
 
-def _group_t(kw: KernelWeights, block_k: int, k: int) -> int:
-    """Columns of a BLOCK_K tile that share one scale (the loaders read scales once per such
-    group): the format's columns per scale, or BLOCK_K when a scale spans the tile (or the
-    row). Where a tile could straddle two scale groups (a group size that is not a power of
-    two below K), single columns (FP8) or byte pairs (4-bit) — the per-element gather."""
-    per_scale = 16 if kw.fmt_code == 3 else kw.scale_bk
-    if per_scale >= k or per_scale % block_k == 0:
-        return block_k
-    if block_k % per_scale == 0 and per_scale & (per_scale - 1) == 0:
-        return per_scale
-    return 2 if _packed(kw) else 1
-
-
-def _packed(kw: KernelWeights) -> bool:
-    """4-bit codes two per byte (int4, NVFP4): the GEMV reads whole bytes."""
-    return kw.fmt_code in (2, 3)
-
-
 def linear(
     x: torch.Tensor,
     fmt: WeightFormat,
@@ -94,16 +89,21 @@ def linear(
     n: int,
     k: int,
     tiles: QuantTiles | None = None,
+    dequant: bool | None = None,
 ) -> torch.Tensor:
-    """x (..., K) @ W^T (+ bias) in x's dtype, W (N, K) stored in `fmt`."""
+    """x (..., K) @ W^T (+ bias) in x's dtype, W (N, K) stored in `fmt`. `dequant`: whether
+    to take `quant_prefill` (default: from PREFILL_MIN_ROWS rows); `tiles`: the in-register
+    kernel's."""
     kw = fmt.kernel_weights(tensors, k)
     x2 = x.reshape(-1, k)
     if x2.stride(-1) != 1:
         x2 = x2.contiguous()
     m = x2.shape[0]
-    out = x.new_empty(m, n)
     if m == 0:
-        return out.view(*x.shape[:-1], n)
+        return x.new_empty(*x.shape[:-1], n)
+    if m >= PREFILL_MIN_ROWS if dequant is None else dequant:
+        return quant_prefill.linear(x2, kw, bias, n, k).view(*x.shape[:-1], n)
+    out = x.new_empty(m, n)
     tiles = tiles or linear_tiles(m, x.dtype, kw)
     (w, s, z), (swn, ssn, szn) = _args(kw, expert_dim=False)
     n_tiles = triton.cdiv(n, tiles.block_n)
@@ -121,7 +121,7 @@ def linear(
         x2.stride(0), swn, ssn, szn, part.stride(0) if splits > 1 else 0, part.stride(-2),
         **_fmt_kw(kw), HAS_BIAS=fuse_bias,
         BLOCK_M=tiles.block_m, BLOCK_N=tiles.block_n, BLOCK_K=tiles.block_k,
-        GROUP_T=_group_t(kw, tiles.block_k, k),
+        GROUP_T=group_t(kw, tiles.block_k, k),
         DOT_PRECISION=_precision(x.dtype), num_warps=tiles.num_warps,
         num_stages=tiles.num_stages,
     )  # fmt: skip
@@ -145,8 +145,12 @@ def fused_moe(
     inter: int,
     use_gemv: bool | None = None,
     tiles: QuantTiles | None = None,
+    dequant: bool | None = None,
 ) -> torch.Tensor:
-    """Routed experts on `[N, ...]` expert sets stored in `fmt` (N experts or slots)."""
+    """Routed experts on `[N, ...]` expert sets stored in `fmt` (N experts or slots).
+    `use_gemv` (default: at most MAX_GEMV_PAIRS pairs) or else the grouped path, there
+    `dequant` `quant_prefill` (default from PREFILL_MIN_PAIRS pairs) or the in-register
+    grouped GEMMs; `tiles`: the chosen kernels' (as `moe_launch.MoeConfig` for the former)."""
     if hidden.dim() != 2 or topk_ids.shape != topk_weights.shape:
         raise ValueError("fused_moe: expected hidden (T, H) and topk_ids/weights (T, k)")
     num_tokens, top_k = topk_ids.shape
@@ -156,11 +160,19 @@ def fused_moe(
     hidden = hidden.contiguous()
     topk_ids = topk_ids.to(torch.int32).contiguous()
     topk_weights = topk_weights.to(torch.float32).contiguous()
+    if use_gemv is None:
+        use_gemv = num_pairs <= moe_launch.MAX_GEMV_PAIRS
+    if dequant is None:
+        dequant = num_pairs >= PREFILL_MIN_PAIRS
+    if not use_gemv and dequant:
+        cfg = tiles and moe_launch.MoeConfig(
+            block_n=tiles.block_n, block_k=tiles.block_k, num_warps=tiles.num_warps,
+            block_m=tiles.block_m, num_stages=tiles.num_stages,
+        )  # fmt: skip
+        return quant_prefill.fused_moe(hidden, topk_ids, topk_weights, kw13, kw2, inter, cfg)
     out = torch.empty_like(hidden)
     if num_pairs == 0:
         return out
-    if use_gemv is None:
-        use_gemv = num_pairs <= moe_launch.MAX_GEMV_PAIRS
     inter_buf = hidden.new_empty(num_pairs, inter)  # (T*k, I)
     y = hidden.new_empty(num_pairs, hidden_dim)  # (T*k, H) unweighted expert outputs
     (a13, s13), (a2, s2) = _args(kw13, True), _args(kw2, True)
@@ -172,8 +184,8 @@ def fused_moe(
         jit.quant_moe_gate_up_gemv_kernel[grid](
             hidden, topk_ids, *a13, inter_buf, hidden_dim, inter,
             hidden.stride(0), *s13, inter_buf.stride(0),
-            **_fmt_kw(kw13), PACKED=_packed(kw13), TOP_K=top_k, BLOCK_N=t.block_n,
-            BLOCK_K=t.block_k, GROUP_T=_group_t(kw13, t.block_k, hidden_dim),
+            **_fmt_kw(kw13), PACKED=packed(kw13), TOP_K=top_k, BLOCK_N=t.block_n,
+            BLOCK_K=t.block_k, GROUP_T=group_t(kw13, t.block_k, hidden_dim),
             num_warps=t.num_warps,
         )  # fmt: skip
         down_n = t.down_block_n or t.block_n
@@ -182,8 +194,8 @@ def fused_moe(
         jit.quant_moe_down_gemv_kernel[grid](
             inter_buf, topk_ids, *a2, y, hidden_dim, inter,
             inter_buf.stride(0), *s2, y.stride(0),
-            **_fmt_kw(kw2), PACKED=_packed(kw2), BLOCK_N=down_n,
-            BLOCK_K=down_k, GROUP_T=_group_t(kw2, down_k, inter), num_warps=t.num_warps,
+            **_fmt_kw(kw2), PACKED=packed(kw2), BLOCK_N=down_n,
+            BLOCK_K=down_k, GROUP_T=group_t(kw2, down_k, inter), num_warps=t.num_warps,
         )  # fmt: skip
     else:
         t = tiles or _grouped_tiles(num_pairs, hidden.dtype)
@@ -197,7 +209,7 @@ def fused_moe(
             hidden, sorted_pairs, block_ids, num_rows, *a13, inter_buf,
             num_pairs, hidden_dim, inter,
             hidden.stride(0), *s13, inter_buf.stride(0),
-            **_fmt_kw(kw13), TOP_K=top_k, GROUP_T=_group_t(kw13, t.block_k, hidden_dim),
+            **_fmt_kw(kw13), TOP_K=top_k, GROUP_T=group_t(kw13, t.block_k, hidden_dim),
             **common,
         )  # fmt: skip
         grid = (block_ids.numel() * triton.cdiv(hidden_dim, t.block_n),)
@@ -205,7 +217,7 @@ def fused_moe(
             inter_buf, sorted_pairs, block_ids, num_rows, *a2, y,
             num_pairs, hidden_dim, inter,
             inter_buf.stride(0), *s2, y.stride(0),
-            **_fmt_kw(kw2), GROUP_T=_group_t(kw2, t.block_k, inter), **common,
+            **_fmt_kw(kw2), GROUP_T=group_t(kw2, t.block_k, inter), **common,
         )  # fmt: skip
     moe_launch._combine(y, topk_weights, out, top_k)
     return out

@@ -181,7 +181,8 @@ def moe_align_kernel(
 ):  # fmt: skip
     """grid (1,): stable sort of the pairs by id, each id's run padded to BLOCK_M.
     sorted_pairs (max_rows,) gets pair indices (num_pairs = padding), block_ids the id of
-    each BLOCK_M tile, num_rows the padded total. One program: no atomics, no host sync."""
+    each BLOCK_M tile, num_rows the padded total. Pairs with a negative id are left out.
+    One program: no atomics, no host sync."""
     offs_e = tl.arange(0, BLOCK_IDS)
     offs_c = tl.arange(0, CHUNK)
     counts = tl.zeros((BLOCK_IDS,), dtype=tl.int32)
@@ -203,8 +204,8 @@ def moe_align_kernel(
     tl.debug_barrier()  # the padding fill above must land before the pairs below
     seen = tl.zeros((BLOCK_IDS,), dtype=tl.int32)  # pairs of each id placed so far
     for c0 in range(0, num_pairs, CHUNK):
-        mask = c0 + offs_c < num_pairs
-        ids = tl.load(ids_ptr + c0 + offs_c, mask=mask, other=-1)
+        ids = tl.load(ids_ptr + c0 + offs_c, mask=c0 + offs_c < num_pairs, other=-1)
+        mask = ids >= 0  # in range and not left out (the counts above never match -1)
         onehot = ids[:, None] == offs_e[None, :]  # (CHUNK, BLOCK_IDS)
         base = tl.sum(tl.where(onehot, (padded_start + seen)[None, :], 0), axis=1)
         # stable: rank among the earlier pairs of this chunk with the same id

@@ -1,0 +1,114 @@
+"""GPU checks of the quantized prefill path (`kernels/quant_prefill.py`, run on the H200 test
+machine) at the Qwen3-30B-A3B shapes: bf16 dequantization has the twin's bits (rounded to
+nearest, which the interpreter cannot check), linears and routed experts equal the bf16
+kernels on the twin-dequantized weights bit for bit, chunked or not, and the chunked expert
+path of a batch-32 decode (256 pairs: past the GEMV) replays inside a CUDA graph."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+from xinfer.kernels import moe_launch, quant_prefill, reference
+from xinfer.kernels import quant_launch as ql
+from xinfer.quant.awq import AwqInt4
+from xinfer.quant.compressed_tensors import PackQuantizedInt4
+from xinfer.quant.fp8 import Fp8Block, Fp8Scaled
+from xinfer.quant.gptq import GptqInt4
+from xinfer.quant.nvfp4 import Nvfp4
+
+pytestmark = pytest.mark.gpu
+DEV = torch.device("cuda", 0) if torch.cuda.is_available() else None
+BF16 = torch.bfloat16
+FORMATS = {
+    "fp8": Fp8Block(128, 128),
+    "fp8-per-channel": Fp8Scaled(),
+    "gptq": GptqInt4(group_size=128, has_zero=False),
+    "awq": AwqInt4(group_size=128, has_zero=True),
+    "ct-g32": PackQuantizedInt4(32, False, torch.bfloat16),
+    "nvfp4": Nvfp4(),
+}
+HIDDEN, INTER, NUM_EXPERTS, TOP_K = 2048, 768, 16, 8
+
+
+def _weights(fmt, n, k, seed, count=None):
+    g = torch.Generator(device=DEV).manual_seed(seed)
+    make = lambda: fmt.engine_tensors(torch.randn(n, k, generator=g, device=DEV) / k**0.5)
+    if count is None:
+        return make()
+    parts = [make() for _ in range(count)]
+    return {name: torch.stack([p[name] for p in parts]) for name in parts[0]}
+
+
+def _twin_set(fmt, tensors, n, k):
+    count = next(iter(tensors.values())).shape[0]
+    experts = [fmt.dequantize({m: t[e] for m, t in tensors.items()}, n, k) for e in range(count)]
+    return torch.stack(experts).to(BF16)
+
+
+@pytest.mark.parametrize("name", list(FORMATS))
+def test_bf16_dequantize_has_the_twin_bits(name):
+    fmt, n, k = FORMATS[name], 5120, 2048
+    tensors = _weights(fmt, n, k, seed=1)
+    w = quant_prefill.dequantize_weight(fmt.kernel_weights(tensors, k), n, k, BF16)
+    assert torch.equal(w, fmt.dequantize(tensors, n, k).to(BF16))
+
+
+@pytest.mark.parametrize("name", list(FORMATS))
+@pytest.mark.parametrize("m", [17, 300, 2048])
+def test_linear_equals_the_bf16_linear_on_the_twin_weight(name, m):
+    fmt, n, k = FORMATS[name], 5120, 2048
+    tensors = _weights(fmt, n, k, seed=2)
+    x = torch.randn(m, k, device=DEV, dtype=BF16)
+    out = ql.linear(x, fmt, tensors, None, n, k)
+    assert torch.equal(out, fmt.reference_linear(x, tensors, None, n, k))
+
+
+def _moe_inputs(name, tokens, seed=3):
+    fmt = FORMATS[name]
+    w13 = _weights(fmt, 2 * INTER, HIDDEN, seed=seed, count=NUM_EXPERTS)
+    w2 = _weights(fmt, HIDDEN, INTER, seed=seed + 1, count=NUM_EXPERTS)
+    hidden = torch.randn(tokens, HIDDEN, device=DEV, dtype=BF16)
+    weights, ids = reference.route_topk(torch.randn(tokens, NUM_EXPERTS, device=DEV), TOP_K, True)
+    return fmt, hidden, ids, weights, w13, w2
+
+
+@pytest.mark.parametrize("name", list(FORMATS))
+@pytest.mark.parametrize("tokens", [32, 2048])
+def test_fused_moe_equals_the_bf16_grouped_path_on_twin_weights(name, tokens):
+    fmt, hidden, ids, weights, w13, w2 = _moe_inputs(name, tokens)
+    d13, d2 = _twin_set(fmt, w13, 2 * INTER, HIDDEN), _twin_set(fmt, w2, HIDDEN, INTER)
+    ref = moe_launch.fused_moe(hidden, ids, weights, d13, d2, use_gemv=False)
+    assert torch.equal(ql.fused_moe(hidden, ids, weights, fmt, w13, w2, INTER), ref)
+    kw13, kw2 = fmt.kernel_weights(w13, HIDDEN), fmt.kernel_weights(w2, INTER)
+    for chunk in (1, 5):
+        out = quant_prefill.fused_moe(hidden, ids, weights, kw13, kw2, INTER, chunk=chunk)
+        assert torch.equal(out, ref), chunk
+
+
+@pytest.mark.parametrize("name", list(FORMATS))
+def test_chunked_grouped_path_replays_in_cuda_graphs(name):
+    fmt, hidden, ids, weights, w13, w2 = _moe_inputs(name, 32, seed=5)  # 256 pairs
+    kw13, kw2 = fmt.kernel_weights(w13, HIDDEN), fmt.kernel_weights(w2, INTER)
+    lin = _weights(fmt, 5120, HIDDEN, seed=7)
+
+    def step():
+        return (
+            quant_prefill.fused_moe(hidden, ids, weights, kw13, kw2, INTER, chunk=5),
+            ql.fused_moe(hidden, ids, weights, fmt, w13, w2, INTER),
+            ql.linear(hidden, fmt, lin, None, 5120, HIDDEN),  # 32 rows: dequant + cuBLAS
+        )
+
+    step()  # compile outside the capture
+    torch.cuda.synchronize()
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(graph):
+        static = step()
+    hidden.copy_(torch.randn_like(hidden))
+    new_w, new_ids = reference.route_topk(torch.randn(32, NUM_EXPERTS, device=DEV), TOP_K, True)
+    weights.copy_(new_w)
+    ids.copy_(new_ids)
+    graph.replay()
+    eager = step()
+    assert all(torch.equal(s, e) for s, e in zip(static, eager, strict=True))
+    assert torch.equal(static[0], static[1])  # chunked or whole, the same bits
