@@ -2,8 +2,9 @@
 the MoE decode GEMV (T = 1 and 8, top-8 of 128 experts), the decode linears (qkv, o_proj)
 and the prefill paths, with the default tiles or a sweep over them. Past the decode sizes
 (T = 32: a graphed decode batch beyond the GEMV; T = 2048: prefill) each case is timed on
-both paths, `quant_prefill` (dequantize, then the bf16 kernels; the default) and the
-in-register GEMMs (`dequant=False`), to place the switch between them.
+both paths, `quant_prefill` (dequantize, then the bf16 kernels) and the in-register GEMMs,
+to place the switch between them (`PREFILL_MIN_ROWS` / `PREFILL_MIN_PAIRS`). Decode-sized
+calls are timed replayed from a CUDA graph (eager timings of them are launch cost).
 
     python3 bench/bench_quant_kernel.py --formats fp8,nvfp4,gptq --sweep
 
@@ -21,7 +22,7 @@ import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "src"))
 
-from cuda_timing import cuda_seconds  # noqa: E402
+from cuda_timing import cuda_graph_seconds, cuda_seconds  # noqa: E402
 
 from xinfer.kernels import moe_launch, reference  # noqa: E402
 from xinfer.kernels import quant_launch as ql  # noqa: E402
@@ -74,12 +75,13 @@ def moe_case(name, fmt, tokens, sweep):
         assert err < 1e-2, f"{name} moe T={tokens}: relative error {err:.2e}"
     configs = [None]
     if sweep:
-        configs += [ql.QuantTiles(1, bn, bk, nw) for bn, bk, nw in
-                    itertools.product((8, 16, 32, 64), (64, 128, 256), (2, 4, 8))]  # fmt: skip
+        configs += [ql.QuantTiles(1, bn, bk, nw, down_block_n=dn) for bn, bk, nw, dn in
+                    itertools.product((4, 8, 16, 32), (128, 256, 512), (4, 8), (8, 16, 32))]  # fmt: skip
+    timer = graph_timer(tokens <= 64)  # decode batches run in graphs
     best = None
     for cfg in configs:
         try:
-            sec = cuda_seconds(lambda cfg=cfg: run(tiles=cfg) if cfg else run(), 50)
+            sec = timer(lambda cfg=cfg: run(tiles=cfg) if cfg else run(), 50)
         except Exception as e:  # a tile the compiler refuses (registers, shared memory)
             print(f"  {cfg}: {type(e).__name__}")
             continue
@@ -89,12 +91,19 @@ def moe_case(name, fmt, tokens, sweep):
             print(f"{name:6s} moe T={tokens}: {sec * 1e6:7.1f} us, "
                   f"{moved / sec / 1e12:.2f} TB/s of stored bytes ({touched} experts)")  # fmt: skip
     if name != "bf16" and tokens * TOP_K > moe_launch.MAX_GEMV_PAIRS:
-        err = (run(dequant=False).float() - ref).norm() / ref.norm()
-        assert err < 1e-2, f"{name} moe T={tokens} in registers: relative error {err:.2e}"
-        sec = cuda_seconds(lambda: run(dequant=False), 50)
-        print(f"  in registers (dequant=False): {sec * 1e6:7.1f} us")
+        for dequant, what in ((True, "dequantized (quant_prefill)"), (False, "in registers")):
+            err = (run(dequant=dequant).float() - ref).norm() / ref.norm()
+            assert err < 1e-2, f"{name} moe T={tokens} {what}: relative error {err:.2e}"
+            sec = timer(lambda d=dequant: run(dequant=d), 50)
+            print(f"  {what}: {sec * 1e6:7.1f} us")
     if sweep and best and best[1] is not None:
         print(f"  best {best[1]}: {best[0] * 1e6:.1f} us, {moved / best[0] / 1e12:.2f} TB/s")
+
+
+def graph_timer(decode: bool):
+    """Decode-sized calls are timed replayed from a CUDA graph, as decode runs them (eager
+    timings of microsecond kernels are mostly Python launch cost); larger ones eagerly."""
+    return cuda_graph_seconds if decode else cuda_seconds
 
 
 def linear_case(name, fmt, n, k, m, sweep):
@@ -112,11 +121,12 @@ def linear_case(name, fmt, n, k, m, sweep):
     configs = [None]
     if sweep:
         configs += [ql.QuantTiles(16 if m <= 16 else 64, bn, bk, nw) for bn, bk, nw in
-                    itertools.product((16, 32, 64, 128), (64, 128, 256), (4, 8))]  # fmt: skip
+                    itertools.product((16, 32, 64, 128), (64, 128, 256, 512), (4, 8))]  # fmt: skip
+    timer = graph_timer(m <= 64)
     best = None
     for cfg in configs:
         try:
-            sec = cuda_seconds(lambda cfg=cfg: run(tiles=cfg) if cfg else run(), 50)
+            sec = timer(lambda cfg=cfg: run(tiles=cfg) if cfg else run(), 50)
         except Exception as e:
             print(f"  {cfg}: {type(e).__name__}")
             continue
@@ -126,8 +136,9 @@ def linear_case(name, fmt, n, k, m, sweep):
             print(f"{name:6s} linear {m}x{n}x{k}: {sec * 1e6:7.1f} us, "
                   f"{moved / sec / 1e12:.2f} TB/s of stored weight bytes")  # fmt: skip
     if name != "bf16" and m > ql.DECODE_M:
-        sec = cuda_seconds(lambda: run(dequant=False), 50)
-        print(f"  in registers (dequant=False): {sec * 1e6:7.1f} us")
+        for dequant, what in ((True, "dequantized (quant_prefill)"), (False, "in registers")):
+            sec = timer(lambda d=dequant: run(dequant=d), 50)
+            print(f"  {what}: {sec * 1e6:7.1f} us")
     if sweep and best and best[1] is not None:
         print(f"  best {best[1]}: {best[0] * 1e6:.1f} us")
 

@@ -20,6 +20,33 @@ def cuda_seconds(fn, iters: int, warmup: bool = True) -> float:
     return start.elapsed_time(end) / 1e3 / iters
 
 
+def cuda_graph_seconds(fn, iters: int, calls_per_graph: int = 20) -> float:
+    """Mean seconds per call of `fn` replayed from a CUDA graph of `calls_per_graph` calls
+    (no Python launch cost: what decode, which runs in graphs, sees). `fn` must be
+    capturable (no host sync); it runs twice eagerly first (compiles, caches)."""
+    stream = torch.cuda.Stream()
+    stream.wait_stream(torch.cuda.current_stream())
+    with torch.cuda.stream(stream):
+        fn()
+        fn()
+    torch.cuda.current_stream().wait_stream(stream)
+    torch.cuda.synchronize()
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(graph):
+        for _ in range(calls_per_graph):
+            fn()
+    graph.replay()
+    torch.cuda.synchronize()
+    reps = max(1, iters // calls_per_graph)
+    start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+    start.record()
+    for _ in range(reps):
+        graph.replay()
+    end.record()
+    torch.cuda.synchronize()
+    return start.elapsed_time(end) / 1e3 / (reps * calls_per_graph)
+
+
 def device_copy_bandwidth(device: torch.device | str = "cuda", gib: float = 1.0) -> float:
     """Bytes read + written per second by a device-to-device copy of `gib` GiB."""
     a = torch.randn(int(gib * (1 << 30)) // 2, dtype=torch.bfloat16, device=device)
