@@ -96,12 +96,15 @@ def test_linear_equals_the_float_linear_on_the_twin_weight(qp, name, dtype):
     n, k = SHAPES[name]
     tensors = _weights(fmt, n, k, seed=3)
     g = torch.Generator().manual_seed(4)
-    x = torch.randn(3, 7, k, generator=g).to(dtype)  # 21 rows > DECODE_M: the prefill path
+    x = torch.randn(3, 7, k, generator=g).to(dtype)  # 21 rows: asked for the prefill path
     bias = torch.randn(n, generator=g).to(dtype)
-    out = quant_launch.linear(x, fmt, tensors, bias, n, k)
+    out = quant_launch.linear(x, fmt, tensors, bias, n, k, dequant=True)
     ref = reference.linear(x, fmt.dequantize(tensors, n, k).to(dtype), bias)
     assert out.shape == (3, 7, n) and torch.equal(out, ref)
     assert torch.equal(out, fmt.reference_linear(x, tensors, bias, n, k))
+    rows = torch.randn(quant_launch.PREFILL_MIN_ROWS, k, generator=g).to(dtype)  # by default
+    want = reference.linear(rows, fmt.dequantize(tensors, n, k).to(dtype), bias)
+    assert torch.equal(quant_launch.linear(rows, fmt, tensors, bias, n, k), want)
 
 
 def _moe_case(name, dtype, num_experts=5, tokens=7, top_k=2):
