@@ -23,10 +23,15 @@ for phase in "$@"; do
   case "$phase" in
     tests) timeout 300 python3 -m pytest -m gpu -q -p no:cacheprovider --ignore=tests/server tests 2>&1 | tee "$OUT/gpu_tests.txt" | tail -40 ;;
     gputests) timeout ${GPU_TESTS_TIMEOUT:-540} python3 -m pytest -m gpu -q -p no:cacheprovider -rfE --durations=15 ${GPU_TESTS:-tests} 2>&1 | tee "$OUT/gpu_tests_all.txt" | tail -60 ;;
-    # the GPU tests in three concurrent shards (Triton compiles are CPU-bound; 16 cores)
-    gpushards) i=0; for shard in "tests/kernels" "tests/models tests/e2e tests/structured tests/unit tests/parallel" "tests/offload tests/quant tests/routing tests/weights tests/bench tests/server"; do
-        i=$((i+1)); timeout ${GPU_TESTS_TIMEOUT:-300} python3 -m pytest -m gpu -q -p no:cacheprovider -rfE --durations=8 $shard > "$OUT/gpu_shard$i.txt" 2>&1 &
-      done; wait; for f in "$OUT"/gpu_shard*.txt; do echo "--- $f"; grep -E "^(FAILED|ERROR)|passed|failed" "$f" | tail -25; done ;;
+    # the GPU tests in four concurrent shards (Triton compiles are CPU-bound; 16 cores); a
+    # shard past its time gets SIGINT, so pytest still prints the failures it has seen
+    gpushards) shard() { local i=$1; shift; timeout -s INT -k 30 ${GPU_TESTS_TIMEOUT:-360} \
+        python3 -m pytest -m gpu -q -p no:cacheprovider -rfE --durations=8 "$@" > "$OUT/gpu_shard$i.txt" 2>&1; }
+      g=tests/kernels/test_gguf_kernels.py
+      shard 1 tests/kernels --ignore=$g & shard 2 $g tests/weights &
+      shard 3 tests/models tests/e2e tests/structured tests/unit tests/parallel &
+      shard 4 tests/offload tests/quant tests/routing tests/bench tests/server &
+      wait; for f in "$OUT"/gpu_shard*.txt; do echo "--- $f"; grep -E "^(FAILED|ERROR)|passed|failed|KeyboardInterrupt" "$f" | tail -25; done ;;
     parity) timeout 150 python3 -m pytest -q -x -p no:cacheprovider tests/models/test_gpu_parity.py 2>&1 | tail -30 | tee "$OUT/parity.txt" ;;
     offload) timeout 120 python3 -m pytest -q -p no:cacheprovider tests/offload -m gpu 2>&1 | tail -30 | tee "$OUT/offload_tests.txt" ;;
     newtests) timeout 300 python3 -m pytest -q -p no:cacheprovider tests/kernels/test_attention_kernels.py tests/kernels/test_qkv_prep.py tests/kernels/test_gemv.py tests/models/test_gpu_parity.py tests/offload/test_offload_gpu.py 2>&1 | tee "$OUT/new_tests.txt" | tail -30 ;;
