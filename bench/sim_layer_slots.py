@@ -23,14 +23,16 @@ For every seed (= one model) and batch:
 2. allocation per fraction f: (a) uniform, S = ceil(f·E) per layer as `auto`/a fraction
    gives today, total L·S; (b) greedy: every layer starts at k and each further slot goes to
    the layer whose curve (its lower convex hull) saves the most misses for it, up to the
-   same total, at most E per layer;
+   same total, at most E per layer; (c) greedy at the same device memory as (a): the two
+   shared regions of E − S rows are sized by the layer with the fewest slots
+   (offload/sizing.py), so a layer below the uniform S costs region rows, taken from the
+   total; (d) greedy at the same total from another model's curves (seed + 100: another
+   z, the same layer-scale ramp), how much of (b) a rule by layer depth alone would get;
 3. evaluation on held-out requests (keys 1000.., the same model z, other drift and noise):
    `cache-warm` + `eval-tokens` steps, counted after the warm steps.
 
-It prints per (batch, fraction) the hit rate and missed GB per token of (a) and (b), the
-change, and the spread over seeds; plus the extra bytes that (b)'s smallest layer would add
-to the two shared regions of E − S rows (offload/slot_pool.py sizes them by the layer with
-the fewest slots), which the comparison at equal slot count leaves out."""
+It prints per (batch, fraction) the hit rate and missed GB per token of (a), the changes of
+(b), (c), (d) against it as mean [min, max] over the seeds, and the first seed's (b)."""
 
 from __future__ import annotations
 
@@ -50,6 +52,7 @@ from xinfer.routing.parametric import ParametricRouting  # noqa: E402
 from xinfer.runner.forward_context import ForwardContext  # noqa: E402
 
 EVAL_KEY_BASE = 1000  # request keys of the held-out stream (calibration uses 0..)
+OTHER_SEED = 100  # the "another model" check fits on seed + OTHER_SEED (another z)
 
 
 def draw_calls(preset: str, seed: int, num_layers: int, num_experts: int, top_k: int,
@@ -180,6 +183,25 @@ def greedy_allocation(curves: np.ndarray, total: int, top_k: int) -> np.ndarray:
     return top_k + extra
 
 
+def device_rows(slots: np.ndarray, num_experts: int) -> int:
+    """Expert rows on the device for these slot counts: the slots plus the two shared regions
+    of E − S rows, sized by the layer with the fewest slots (offload/sizing.py
+    `device_bytes_for`, one expert size for every layer)."""
+    return int(slots.sum()) + 2 * (num_experts - int(slots.min()))
+
+
+def greedy_within_rows(curves: np.ndarray, rows: int, top_k: int) -> np.ndarray:
+    """The greedy allocation of the largest total whose `device_rows` fit in `rows`: a
+    smaller minimum widens the regions, so at equal device memory greedy gets fewer slots
+    than uniform. (Greedy allocations only grow with the total, so the search walks down.)"""
+    num_layers, num_experts = curves.shape[0], curves.shape[1] - 1
+    for total in range(min(rows, num_layers * num_experts), num_layers * top_k - 1, -1):
+        alloc = greedy_allocation(curves, total, top_k)
+        if device_rows(alloc, num_experts) <= rows:
+            return alloc
+    raise ValueError(f"{rows} rows do not hold {top_k} slots in each of {num_layers} layers")
+
+
 def uniform_slots(fraction: float, num_experts: int, top_k: int) -> int:
     """What a fixed fraction (and `auto` at the same budget) gives every layer today
     (offload/sizing.py `slots_for_fraction`)."""
@@ -195,66 +217,82 @@ def evaluate(calls: np.ndarray, allocations: list[np.ndarray], num_experts: int,
     return [(h, m) for h, m in zip(hits.reshape(-1, num_layers), misses.reshape(-1, num_layers))]
 
 
+VARIANTS = ("uniform", "greedy", "greedy_rows", "greedy_other")
+
+
 def run(args: argparse.Namespace) -> list[dict]:
+    """Per (seed, batch, fraction): hit rate (%) and missed GB per token of every variant
+    (`VARIANTS`: uniform; greedy at the same slot count; greedy at the same device rows,
+    regions included; greedy from another model's curves (seed + OTHER_SEED), same slots)."""
     rows = []
     for seed in args.seeds:
         for batch in args.batches:
             t0 = time.time()
-            shape = (args.preset, seed, args.layers, args.experts, args.top_k, batch)
-            calib = draw_calls(*shape, args.cache_warm + args.calib_tokens, 0)
-            held_out = draw_calls(*shape, args.cache_warm + args.eval_tokens, EVAL_KEY_BASE)
-            curves = miss_curves(calib, args.experts, args.top_k, args.cache_warm)
+            dims = (args.layers, args.experts, args.top_k, batch)
+            calib_steps = args.cache_warm + args.calib_tokens
+            curves = miss_curves(draw_calls(args.preset, seed, *dims, calib_steps, 0),
+                                 args.experts, args.top_k, args.cache_warm)  # fmt: skip
+            other = miss_curves(draw_calls(args.preset, seed + OTHER_SEED, *dims, calib_steps, 0),
+                                args.experts, args.top_k, args.cache_warm)  # fmt: skip
+            held_out = draw_calls(
+                args.preset, seed, *dims, args.cache_warm + args.eval_tokens, EVAL_KEY_BASE
+            )
             allocs = []
             for f in args.fractions:
-                per_layer = uniform_slots(f, args.experts, args.top_k)
-                uniform = np.full(args.layers, per_layer)
-                allocs += [uniform, greedy_allocation(curves, int(uniform.sum()), args.top_k)]
+                uniform = np.full(args.layers, uniform_slots(f, args.experts, args.top_k))
+                total = int(uniform.sum())
+                allocs += [
+                    uniform,
+                    greedy_allocation(curves, total, args.top_k),
+                    greedy_within_rows(curves, device_rows(uniform, args.experts), args.top_k),
+                    greedy_allocation(other, total, args.top_k),
+                ]
             results = evaluate(held_out, allocs, args.experts, args.cache_warm)
             tokens = args.eval_tokens * batch
             for i, f in enumerate(args.fractions):
-                (hu, mu), (hg, mg) = results[2 * i], results[2 * i + 1]
-                uni, greedy = allocs[2 * i], allocs[2 * i + 1]
-                rows.append(dict(
-                    seed=seed, batch=batch, fraction=f, slots=int(uni[0]),
-                    hit_u=100 * hu.sum() / (hu.sum() + mu.sum()),
-                    hit_g=100 * hg.sum() / (hg.sum() + mg.sum()),
-                    gb_u=mu.sum() * args.expert_mb / 1000 / tokens,
-                    gb_g=mg.sum() * args.expert_mb / 1000 / tokens,
-                    alloc=greedy,
-                    region_gb=2 * (uni.min() - greedy.min()) * args.expert_mb / 1000,
-                ))  # fmt: skip
+                row = dict(seed=seed, batch=batch, fraction=f, slots=int(allocs[4 * i][0]))
+                for j, name in enumerate(VARIANTS):
+                    hits, misses = (int(x.sum()) for x in results[4 * i + j])
+                    row[name] = dict(
+                        hits=100 * hits / (hits + misses),
+                        gb=misses * args.expert_mb / 1000 / tokens,
+                        alloc=allocs[4 * i + j],
+                    )
+                rows.append(row)
             print(f"seed {seed} batch {batch}: {time.time() - t0:.0f} s", file=sys.stderr)
     return rows
 
 
-def spread(values: list[float]) -> str:
-    return f"{np.mean(values):+.1f} [{min(values):+.1f}, {max(values):+.1f}]"
+def spread(values: list[float], digits: int = 1) -> str:
+    """mean [min, max]"""
+    return f"{np.mean(values):+.{digits}f} [{min(values):+.{digits}f}, {max(values):+.{digits}f}]"
 
 
 def report(rows: list[dict], args: argparse.Namespace) -> list[str]:
+    """A markdown table: means over seeds, changes against uniform as mean [min, max]."""
     lines = [
-        "| batch | fraction (slots) | hits uniform | hits greedy | GB/token uniform | "
-        "GB/token greedy | missed bytes, greedy vs uniform | hits, points | "
-        "greedy slots by layer (seed 0: first 8, min, max) | regions + GB |",
-        "|---|---|---|---|---|---|---|---|---|---|",
+        "| batch | fraction (slots/layer) | uniform: hits | uniform: GB/token | "
+        "greedy, same slots: missed bytes | hits, points | greedy, same device bytes: "
+        "missed bytes | greedy from another model: missed bytes | greedy slots (first "
+        "seed): layers 0-5; min-max of 6-47 |",
+        "|---|---|---|---|---|---|---|---|---|",
     ]
     for batch in args.batches:
         for f in args.fractions:
             rs = [r for r in rows if r["batch"] == batch and r["fraction"] == f]
-            mean = {
-                k: float(np.mean([r[k] for r in rs]))
-                for k in ("hit_u", "hit_g", "gb_u", "gb_g", "region_gb")
-            }
-            change = [100 * (r["gb_g"] / r["gb_u"] - 1) for r in rs]
-            points = [r["hit_g"] - r["hit_u"] for r in rs]
-            a = rs[0]["alloc"]
+
+            def change(name: str, rs=rs) -> str:
+                return spread([100 * (r[name]["gb"] / r["uniform"]["gb"] - 1) for r in rs]) + "%"
+
+            points = [r["greedy"]["hits"] - r["uniform"]["hits"] for r in rs]
+            a = rs[0]["greedy"]["alloc"]
             lines.append(
-                f"| {batch} | {f} ({rs[0]['slots']}) | {mean['hit_u']:.1f}% | "
-                f"{mean['hit_g']:.1f}% | {mean['gb_u']:.3f} | {mean['gb_g']:.3f} | "
-                f"{spread(change)}% | {spread(points)} | "
-                f"{','.join(map(str, a[:8]))}…; {a.min()}, {a.max()} | "
-                f"{mean['region_gb']:.2f} |"
-            )  # fmt: skip
+                f"| {batch} | {f} ({rs[0]['slots']}) | "
+                f"{np.mean([r['uniform']['hits'] for r in rs]):.1f}% | "
+                f"{np.mean([r['uniform']['gb'] for r in rs]):.3f} | {change('greedy')} | "
+                f"{spread(points)} | {change('greedy_rows')} | {change('greedy_other')} | "
+                f"{','.join(map(str, a[:6]))}; {a[6:].min()}-{a[6:].max()} |"
+            )
     return lines
 
 

@@ -1,7 +1,9 @@
 """bench/sim_layer_slots.py's core: the vectorised per-layer LRU replays the engine's lookup
 (offload/lookup.py) call by call at any per-layer slot counts, overflow included; miss curves
 agree with single caches; the greedy allocation spends exactly the total, never below top-k
-nor above E per layer, and gives slots where the curve drops; the stream's batch layout."""
+nor above E per layer, and gives slots where the curve drops; at equal device memory (the
+planner's rows, shared regions included) it takes the most slots that fit; the stream's
+batch layout."""
 
 from __future__ import annotations
 
@@ -13,13 +15,16 @@ import pytest
 import torch
 
 from xinfer.offload.lookup import lookup_reference
+from xinfer.offload.sizing import LayerShape, device_bytes_for
 from xinfer.offload.slot_cache import HITS, MISSES, SlotCache
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[2] / "bench"))
 
 from sim_layer_slots import (  # noqa: E402
+    device_rows,
     draw_calls,
     greedy_allocation,
+    greedy_within_rows,
     lower_hull,
     miss_curves,
     simulate_lru,
@@ -133,6 +138,25 @@ def test_greedy_gives_slots_where_the_curve_drops():
     assert alloc.tolist() == [top_k, top_k, 7]  # its 18s beat layer 1's 10s
     alloc = greedy_allocation(curves, 3 * top_k + 14, top_k)
     assert alloc.tolist() == [top_k, experts, 8]  # then every 10, none of the 0s
+
+
+def test_greedy_within_rows_fits_the_uniform_device_memory_and_no_more():
+    layers, experts, top_k = 5, 16, 2
+    s = np.arange(top_k, experts + 1, dtype=float)
+    curves = np.full((layers, experts + 1), np.nan)
+    for layer in range(layers):  # layer 0 flat, the others ever steeper
+        curves[layer, top_k:] = 500 * np.exp(-(s - top_k) * layer / 4)
+    uniform = np.full(layers, 6)
+    shape = LayerShape(experts, top_k, 1)  # one byte an expert: bytes are rows
+    assert device_rows(uniform, experts) == device_bytes_for([shape] * layers, 6)
+    rows = device_rows(uniform, experts)
+    alloc = greedy_within_rows(curves, rows, top_k)
+    assert alloc.min() == top_k < 6  # the flat layer gives its slots away ...
+    assert device_rows(alloc, experts) <= rows
+    assert alloc.sum() < uniform.sum()  # ... and the wider regions cost slots
+    assert alloc.sum() == rows - 2 * (experts - top_k)  # the most that fit
+    with pytest.raises(ValueError):
+        greedy_within_rows(curves, layers * top_k + 2 * (experts - top_k) - 1, top_k)
 
 
 def test_a_batch_call_is_its_requests_side_by_side():
