@@ -20,6 +20,7 @@ from xinfer.sampling import SamplingParams
 
 HELP = "/reset clears the conversation, /exit (or Ctrl-D) quits; Ctrl-C stops an answer."
 HISTORY_LEN = 1000
+POKE_S, POKE_FOR_S = 0.01, 1.0  # the SIGINT watcher's repeat interval and its limit
 
 
 @dataclass
@@ -50,8 +51,10 @@ class CtrlC:
     def __init__(self) -> None:
         self.mode = "idle"  # "reading" | "answering" | "idle"
         self.stop = self.quit = self.is_hinted = False
+        self.handled = 0  # SIGINTs whose handler ran (the watcher waits for this to move)
 
     def handle(self, signum, frame) -> None:
+        self.handled += 1
         if self.mode == "reading":
             raise KeyboardInterrupt
         if self.mode == "answering":
@@ -63,7 +66,7 @@ class CtrlC:
     def installed(self) -> Iterator[CtrlC]:
         previous = signal.signal(signal.SIGINT, self.handle)
         try:
-            with _signals_reach_the_main_thread():
+            with _signals_reach_the_main_thread(lambda: self.handled):
                 yield self
         finally:
             signal.signal(signal.SIGINT, previous)
@@ -80,13 +83,16 @@ class CtrlC:
 
 
 @contextlib.contextmanager
-def _signals_reach_the_main_thread() -> Iterator[None]:
+def _signals_reach_the_main_thread(handled: Callable[[], int]) -> Iterator[None]:
     """The kernel hands SIGINT to any thread of the process, often one of torch's workers;
     Python then only notes it, and runs the handler once the main thread runs Python code,
     but readline sits in select() until the next key: Ctrl-C at the prompt showed nothing.
     Here every signal's wakeup byte wakes a watcher thread, which sends SIGUSR1 (a no-op
     handler) to the main thread: its select() returns EINTR and the pending SIGINT handler
-    runs at once. Where the platform lacks pthread_kill, nothing changes."""
+    runs at once. A SIGUSR1 that lands just before the main thread enters select() (a
+    Ctrl-C right as the prompt appears) interrupts nothing, so the watcher repeats it every
+    POKE_S until `handled()` (the SIGINT handler's run count) moves, for at most POKE_FOR_S.
+    Where the platform lacks pthread_kill, nothing changes."""
     if not hasattr(signal, "pthread_kill") or not hasattr(signal, "SIGUSR1"):
         yield
         return
@@ -96,26 +102,39 @@ def _signals_reach_the_main_thread() -> Iterator[None]:
     previous_usr1 = signal.signal(signal.SIGUSR1, lambda signum, frame: None)
     previous_fd = signal.set_wakeup_fd(write_fd, warn_on_full_buffer=False)
 
+    stopping, poking = threading.Event(), threading.Lock()
+
     def forward() -> None:
-        while True:
+        seen = handled()
+        while not stopping.is_set():
             try:
                 data = os.read(read_fd, 64)
             except OSError:
                 return
             if not data:  # the write end closed: the chat is over
                 return
-            if signal.SIGINT in data:
-                signal.pthread_kill(main, signal.SIGUSR1)
+            if signal.SIGINT not in data:
+                continue
+            deadline = time.monotonic() + POKE_FOR_S
+            while handled() == seen and time.monotonic() < deadline:
+                with poking:  # never after the chat put SIGUSR1's old handler back
+                    if stopping.is_set():
+                        return
+                    signal.pthread_kill(main, signal.SIGUSR1)
+                time.sleep(POKE_S)
+            seen = handled()
 
     watcher = threading.Thread(target=forward, name="xinfer-chat-signals", daemon=True)
     watcher.start()
     try:
         yield
     finally:
+        with poking:  # a SIGUSR1 sent before this is delivered by the time the lock is ours
+            stopping.set()
         signal.set_wakeup_fd(previous_fd)
-        signal.signal(signal.SIGUSR1, previous_usr1)
         os.close(write_fd)
         watcher.join(timeout=1)
+        signal.signal(signal.SIGUSR1, previous_usr1)
         os.close(read_fd)
 
 
