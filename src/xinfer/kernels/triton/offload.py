@@ -19,6 +19,27 @@ def _load_ids(ids_ptr, offs, num_ids, num_experts):
 
 
 @triton.jit
+def take_lru_slot(todo, first, used, last_use, eos, soe, clock, e_offs, s_offs,
+                  NONE: tl.constexpr, BLOCK_S: tl.constexpr):  # fmt: skip
+    """One miss placed: the `todo` expert of smallest first position takes the slot of
+    smallest (last use, index) among those not `used`; its victim loses its slot. The one
+    LRU step of the lookup and of the prefetch reservation (`prefetch.reserve_kernel`).
+    Returns (expert, slot, sel_s, todo, used, last_use, eos, soe), the tables updated."""
+    first_todo = tl.min(tl.where(todo, first, NONE))
+    sel_e = todo & (first == first_todo)
+    expert = tl.sum(tl.where(sel_e, e_offs, 0))
+    key = tl.where(used, 0x7FFFFFFFFFFFFFFF, (last_use + 1) * BLOCK_S + s_offs)
+    slot = (tl.min(key) % BLOCK_S).to(tl.int32)
+    sel_s = s_offs == slot
+    victim = tl.sum(tl.where(sel_s, eos, 0))
+    soe = tl.where((e_offs == victim) & (victim >= 0), -1, soe)
+    soe = tl.where(sel_e, slot, soe)
+    eos = tl.where(sel_s, expert, eos)
+    last_use = tl.where(sel_s, clock, last_use)
+    return expert, slot, sel_s, todo & (e_offs != expert), used | sel_s, last_use, eos, soe
+
+
+@triton.jit
 def lookup_kernel(
     ids_ptr,  # (N,) int32 routed expert ids, row-major (T, k)
     slot_ids_ptr,  # (N,) int32 out: rows of the layer's slot view
@@ -100,19 +121,9 @@ def lookup_kernel(
 
     # 3. LRU misses in order of first appearance take the (last_use, index)-smallest free slot.
     for m in range(0, num_lru):
-        first_todo = tl.min(tl.where(lru_todo, first, NONE))
-        sel_e = lru_todo & (first == first_todo)
-        expert = tl.sum(tl.where(sel_e, e_offs, 0))
-        key = tl.where(used, 0x7FFFFFFFFFFFFFFF, (last_use + 1) * BLOCK_S + s_offs)
-        slot = (tl.min(key) % BLOCK_S).to(tl.int32)
-        sel_s = s_offs == slot
-        victim = tl.sum(tl.where(sel_s, eos, 0))
-        soe = tl.where((e_offs == victim) & (victim >= 0), -1, soe)
-        soe = tl.where(sel_e, slot, soe)
-        eos = tl.where(sel_s, expert, eos)
-        last_use = tl.where(sel_s, clock, last_use)
-        used = used | sel_s
-        lru_todo = lru_todo & (e_offs != expert)
+        expert, slot, sel_s, lru_todo, used, last_use, eos, soe = take_lru_slot(
+            lru_todo, first, used, last_use, eos, soe, clock, e_offs, s_offs, NONE, BLOCK_S
+        )
         tl.store(miss_ids_ptr + m, expert)
         tl.store(miss_slots_ptr + m, slot)
     # The rest take overflow rows; a miss's place in the miss list is its rank.

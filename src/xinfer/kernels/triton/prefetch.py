@@ -10,6 +10,7 @@ from __future__ import annotations
 import triton
 import triton.language as tl
 
+from xinfer.kernels.triton.offload import take_lru_slot
 from xinfer.kernels.triton.routing_model import SECOND, _mix32, _u32, _uniform
 
 
@@ -87,20 +88,10 @@ def reserve_kernel(
 
     # 3. Misses in order of first appearance take the (last_use, index)-smallest free slot.
     for m in range(0, num_lru):
-        first_todo = tl.min(tl.where(todo, first, NONE))
-        sel_e = todo & (first == first_todo)
-        expert = tl.sum(tl.where(sel_e, e_offs, 0))
-        key = tl.where(used, 0x7FFFFFFFFFFFFFFF, (last_use + 1) * BLOCK_S + s_offs)
-        slot = (tl.min(key) % BLOCK_S).to(tl.int32)
-        sel_s = s_offs == slot
-        victim = tl.sum(tl.where(sel_s, eos, 0))
-        soe = tl.where((e_offs == victim) & (victim >= 0), -1, soe)
-        soe = tl.where(sel_e, slot, soe)
-        eos = tl.where(sel_s, expert, eos)
-        last_use = tl.where(sel_s, clock, last_use)
+        expert, slot, sel_s, todo, used, last_use, eos, soe = take_lru_slot(
+            todo, first, used, last_use, eos, soe, clock, e_offs, s_offs, NONE, BLOCK_S
+        )
         pending = tl.where(sel_s, expert, pending)
-        used = used | sel_s
-        todo = todo & (e_offs != expert)
         tl.store(miss_ids_ptr + m, expert)
         tl.store(miss_slots_ptr + m, slot)
 
