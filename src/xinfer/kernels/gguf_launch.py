@@ -127,10 +127,7 @@ def fused_moe(
     if w13.shape[0] != w2.shape[0]:
         raise ValueError(f"gguf fused_moe: w13 {tuple(w13.shape)} / w2 {tuple(w2.shape)} ids")
     num_pairs = num_tokens * top_k
-    hidden = hidden.contiguous()
-    topk_ids = topk_ids.to(torch.int32).contiguous()
-    topk_weights = topk_weights.to(torch.float32).contiguous()
-    out = torch.empty_like(hidden)
+    hidden, topk_ids, topk_weights, out = moe_launch.moe_inputs(hidden, topk_ids, topk_weights)
     if num_pairs == 0:
         return out
     if use_gemv is None:

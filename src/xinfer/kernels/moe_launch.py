@@ -83,10 +83,7 @@ def fused_moe(
     num_pairs = topk_ids.numel()
     if use_gemv is None:
         use_gemv = num_pairs <= MAX_GEMV_PAIRS
-    hidden = hidden.contiguous()
-    topk_ids = topk_ids.to(torch.int32).contiguous()
-    topk_weights = topk_weights.to(torch.float32).contiguous()
-    out = torch.empty_like(hidden)
+    hidden, topk_ids, topk_weights, out = moe_inputs(hidden, topk_ids, topk_weights)
     if num_pairs == 0:
         return out
     if use_gemv:
@@ -121,6 +118,16 @@ def _moe_gemv(hidden, topk_ids, topk_weights, w13, w2, out, cfg: MoeConfig) -> N
         num_warps=cfg.num_warps,
     )  # fmt: skip
     _combine(y, topk_weights, out, top_k)
+
+
+def moe_inputs(
+    hidden: torch.Tensor, topk_ids: torch.Tensor, topk_weights: torch.Tensor
+) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]:
+    """What every routed-expert launcher (bf16, quantized, GGUF) starts from: hidden (T, H)
+    contiguous, ids int32 and weights float32 contiguous, and the (T, H) output to fill."""
+    hidden = hidden.contiguous()
+    ids = topk_ids.to(torch.int32).contiguous()
+    return hidden, ids, topk_weights.to(torch.float32).contiguous(), torch.empty_like(hidden)
 
 
 def align_pairs(

@@ -157,9 +157,6 @@ def fused_moe(
     hidden_dim = hidden.shape[1]
     num_pairs = num_tokens * top_k
     kw13, kw2 = fmt.kernel_weights(w13, hidden_dim), fmt.kernel_weights(w2, inter)
-    hidden = hidden.contiguous()
-    topk_ids = topk_ids.to(torch.int32).contiguous()
-    topk_weights = topk_weights.to(torch.float32).contiguous()
     if use_gemv is None:
         use_gemv = num_pairs <= moe_launch.MAX_GEMV_PAIRS
     if dequant is None:
@@ -170,7 +167,7 @@ def fused_moe(
             block_m=tiles.block_m, num_stages=tiles.num_stages,
         )  # fmt: skip
         return quant_prefill.fused_moe(hidden, topk_ids, topk_weights, kw13, kw2, inter, cfg)
-    out = torch.empty_like(hidden)
+    hidden, topk_ids, topk_weights, out = moe_launch.moe_inputs(hidden, topk_ids, topk_weights)
     if num_pairs == 0:
         return out
     inter_buf = hidden.new_empty(num_pairs, inter)  # (T*k, I)

@@ -106,10 +106,7 @@ def fused_moe(
     num_tokens, top_k = topk_ids.shape
     num_pairs, hidden_dim = num_tokens * top_k, hidden.shape[1]
     num_ids = kw13.w.shape[0]
-    hidden = hidden.contiguous()
-    topk_ids = topk_ids.to(torch.int32).contiguous()
-    topk_weights = topk_weights.to(torch.float32).contiguous()
-    out = torch.empty_like(hidden)
+    hidden, topk_ids, topk_weights, out = moe_launch.moe_inputs(hidden, topk_ids, topk_weights)
     if num_pairs == 0:
         return out
     cfg = config or moe_launch.grouped_config(num_pairs, hidden.dtype)
