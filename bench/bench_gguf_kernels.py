@@ -19,6 +19,8 @@ import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "src"))
 
+from cuda_timing import cuda_graph_seconds  # noqa: E402
+
 from xinfer.kernels import gguf_launch as gl  # noqa: E402
 from xinfer.kernels import moe_launch, reference  # noqa: E402
 from xinfer.quant.gguf_blocks import BLOCK_TYPES  # noqa: E402
@@ -28,19 +30,8 @@ LINEARS = {"qkv": (5120, 2048), "o_proj": (2048, 4096), "lm_head": (151936, 2048
 
 
 def _time_us(fn, iters: int = 50) -> float:
-    for _ in range(3):
-        fn()
-    torch.cuda.synchronize()
-    graph = torch.cuda.CUDAGraph()
-    with torch.cuda.graph(graph):
-        fn()
-    start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-    start.record()
-    for _ in range(iters):
-        graph.replay()
-    end.record()
-    torch.cuda.synchronize()
-    return start.elapsed_time(end) * 1e3 / iters
+    """Microseconds per call, replayed from a CUDA graph of one call."""
+    return cuda_graph_seconds(fn, iters, calls_per_graph=1) * 1e6
 
 
 # byte offsets of each type's float16 scales (kept small and finite in random blocks)
