@@ -11,6 +11,7 @@ from __future__ import annotations
 import pytest
 import torch
 from interpreter_child import child_only, interpreter_child_test
+from quant_weights import random_weights
 
 pytest.importorskip("triton")
 
@@ -62,11 +63,7 @@ def ql():
 
 
 def _weights(fmt, n, k, seed, count=None):
-    g = torch.Generator().manual_seed(seed)
-    if count is None:
-        return fmt.engine_tensors(torch.randn(n, k, generator=g) / k**0.5)
-    parts = [fmt.engine_tensors(torch.randn(n, k, generator=g) / k**0.5) for _ in range(count)]
-    return {name: torch.stack([p[name] for p in parts]) for name in parts[0]}
+    return random_weights(fmt, n, k, seed, count)
 
 
 def _tol(dtype):

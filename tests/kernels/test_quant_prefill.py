@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import pytest
 import torch
+from quant_weights import random_weights
 
 from xinfer.kernels import moe_launch, quant_prefill, reference
 from xinfer.kernels import quant_launch as ql
@@ -32,12 +33,7 @@ HIDDEN, INTER, NUM_EXPERTS, TOP_K = 2048, 768, 16, 8
 
 
 def _weights(fmt, n, k, seed, count=None):
-    g = torch.Generator(device=DEV).manual_seed(seed)
-    make = lambda: fmt.engine_tensors(torch.randn(n, k, generator=g, device=DEV) / k**0.5)
-    if count is None:
-        return make()
-    parts = [make() for _ in range(count)]
-    return {name: torch.stack([p[name] for p in parts]) for name in parts[0]}
+    return random_weights(fmt, n, k, seed, count, DEV)
 
 
 def _twin_set(fmt, tensors, n, k):
