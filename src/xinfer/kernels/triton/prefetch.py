@@ -11,17 +11,7 @@ import triton
 import triton.language as tl
 
 from xinfer.kernels.triton.offload import take_lru_slot
-from xinfer.kernels.triton.routing_model import SECOND, _mix32, _u32, _uniform
-
-
-@triton.jit
-def _normal(tok_hash, offs_e):
-    """routing_model._normal (N(0, 1) per expert of one token) with the constant on the right
-    of its product: `constexpr * tensor` fails in Triton 3.9's interpreter."""
-    h = _mix32(tok_hash ^ offs_e.to(tl.uint32))
-    u1 = _uniform(h)
-    u2 = _uniform(_mix32(h ^ SECOND))
-    return tl.sqrt(-2.0 * tl.log(u1)) * tl.cos(u2 * 6.283185307179586)
+from xinfer.kernels.triton.routing_model import _mix32, _normal, _u32, _uniform
 
 
 @triton.jit
