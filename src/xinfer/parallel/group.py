@@ -6,6 +6,7 @@ fails (a peer died) ends the run through `on_failure`, with a message, instead o
 from __future__ import annotations
 
 import datetime
+import gc
 import os
 from collections.abc import Callable
 from contextlib import contextmanager
@@ -159,6 +160,14 @@ def destroy_group() -> None:
         abort()  # ncclCommDestroy can hang once graphs captured collectives (pytorch#115388)
     elif dist.is_initialized():
         dist.destroy_process_group()
+    if group is not None:
+        # The group's gloo worker threads end only when the last reference to it goes; one
+        # that outlives the interpreter's finalization drops a finished collective's tensors
+        # without the GIL and aborts the process ("terminate called without an active
+        # exception"). Drop ours and collect now, while Python can still take them.
+        group.cpu_group = None
+        del group
+        gc.collect()
     if _THREADS_BEFORE is not None:
         torch.set_num_threads(_THREADS_BEFORE)
         _THREADS_BEFORE = None
