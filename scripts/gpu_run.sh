@@ -56,6 +56,11 @@ for phase in "$@"; do
     attnsweep) timeout 240 python3 bench/bench_attention_kernel.py --sweep 2>&1 | tee "$OUT/attn_sweep.txt" | tail -40 ;;
     offloadtrace) timeout ${TRACE_TIMEOUT:-200} python3 bench/bench_offload_decode.py --rates ${TRACE_RATES:-0.35} --batches 1 --steps 32 --warmup-steps 16 --ttft-tokens "" --routing ${OFFLOAD_ROUTING:-qwen3-30b-a3b} --trace-dir "$OUT" --out "$OUT/offload_trace" 2>&1 | grep -v "it/s]" | tail -12; gzip -f "$OUT"/offload_*.json ;;
     fillvariants) timeout 200 python3 bench/bench_offload_fill.py --variants --json "$OUT/fill_variants.json" 2>&1 | tee "$OUT/fill_variants.txt" | tail -60 ;;
+    # the copy-engine fill (conditional graph nodes): probe (stage by stage), its GPU tests,
+    # then decode with it beside the fill kernel at the same rates (issue 14 / 19)
+    cefill) timeout 150 python3 bench/probe_copy_engine_fill.py --misses ${CE_MISSES:-2,8,1} --with-kernel 2>&1 | tee "$OUT/ce_probe.txt" | tail -30
+      timeout 240 python3 -m pytest -m gpu -q -p no:cacheprovider -rfE tests/offload/test_copy_engine_gpu.py 2>&1 | tee "$OUT/ce_tests.txt" | tail -25 ;;
+    cebench) for fill in ${CE_FILLS:-kernel copy-engine}; do timeout ${CE_TIMEOUT:-280} python3 bench/bench_offload_decode.py --rates ${CE_RATES:-0.2,0.35} --batches ${CE_BATCHES:-1,8} --steps ${CE_STEPS:-48,12} --warmup-steps ${CE_WARMUP:-16,4} --ttft-tokens "" --routing ${OFFLOAD_ROUTING:-qwen3-30b-a3b} --fill $fill --out "$OUT/offload_fill_$fill" 2>&1 | grep -v "it/s]" | tail -25; done ;;
     promptpass) timeout ${PASS_TIMEOUT:-540} python3 bench/bench_prompt_pass.py --rates ${PASS_RATES:-0,0.1} --lengths ${PASS_LENGTHS:-2048,8192,32768} --out "$OUT/prompt_pass" 2>&1 | grep -v "it/s]" | tail -40 ;;
     layerbench) timeout 120 python3 bench/bench_offload_layer.py 2>&1 | tail -12 | tee "$OUT/layer.txt" ;;
     hybridtests) timeout 420 python3 -m pytest -q -p no:cacheprovider tests/kernels/test_linear_attn_gpu.py tests/kernels/test_qkv_prep.py "tests/models/test_gpu_parity.py" -k "linear_attn or partial_rotary or qwen3_next or qwen3_5" 2>&1 | tee "$OUT/hybrid_tests.txt" | tail -30 ;;

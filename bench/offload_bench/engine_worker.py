@@ -54,6 +54,7 @@ def engine_kwargs(cfg: dict) -> dict:
         kw["num_kv_blocks"] = cfg["num_kv_blocks"]
     if cfg["rate"] != "0":
         kw["moe_offload"] = cfg["rate"]
+        kw["moe_offload_fill"] = cfg.get("fill") or "kernel"
     if cfg["rate"] == "auto":  # fractions size themselves; auto from the (limited) GPU
         kw["gpu_memory_limit_gb"] = cfg["gpu_memory_limit_gb"]
     if cfg.get("reserve_gb") is not None:

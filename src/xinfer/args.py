@@ -16,6 +16,7 @@ import torch
 from xinfer import envs
 from xinfer.config import (
     MAX_PREFETCH_DISTANCE,
+    OFFLOAD_FILLS,
     CacheConfig,
     EngineConfig,
     OffloadConfig,
@@ -174,6 +175,13 @@ class EngineArgs(OptionSet):
         "prefetch only predicted experts whose score beats the (k+1)-th by this much",
         check=at_least(0),
     )
+    moe_offload_fill: str = option(
+        "kernel",
+        "how decode graphs copy missed experts to the GPU: kernel (GPU programs read the "
+        "pinned host store) or copy-engine (the DMA engines; needs a CUDA 12.8 driver; "
+        "experimental, see docs/moe_offload.md)",
+        choices=OFFLOAD_FILLS,
+    )
     routing_source: str = option(
         ROUTER,
         "benchmarks with dummy weights: where MoE layers' experts come from: router (the "
@@ -216,6 +224,7 @@ class EngineArgs(OptionSet):
             is_profile=self.value("moe_offload_profile"),
             prefetch_distance=self.moe_prefetch,
             prefetch_margin=self.moe_prefetch_margin,
+            fill=self.moe_offload_fill,
         )
 
     def create_engine_config(self) -> EngineConfig:

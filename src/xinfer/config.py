@@ -235,6 +235,10 @@ class CacheConfig:
 
 
 MAX_PREFETCH_DISTANCE = 4
+# How a decode graph moves missed experts host→GPU: `kernel` (SM programs read the mapped host
+# store) or `copy-engine` (copy-engine copies chosen on the device by conditional graph nodes,
+# offload/copy_engine.py).
+OFFLOAD_FILLS = ("kernel", "copy-engine")
 
 
 @dataclass(frozen=True)
@@ -250,8 +254,18 @@ class OffloadConfig:
     # (k+1)-th by more than the margin.
     prefetch_distance: int = 0
     prefetch_margin: float = 0.5
+    fill: str = "kernel"  # one of OFFLOAD_FILLS
 
     def __post_init__(self) -> None:
+        if self.fill not in OFFLOAD_FILLS:
+            raise UserError(
+                f"MoE offload fill must be one of {', '.join(OFFLOAD_FILLS)}, got {self.fill!r}"
+            )
+        if self.fill != "kernel" and self.fraction is None and not self.is_auto:
+            raise UserError(
+                f"--moe-offload-fill {self.fill} moves offloaded experts: it needs MoE expert "
+                "offload (--moe-offload or XINFER_MOE_OFFLOAD); run without it"
+            )
         if self.prefetch_distance and self.fraction is None and not self.is_auto:
             raise UserError(
                 "--moe-prefetch copies offloaded experts ahead: it needs MoE expert offload "

@@ -171,3 +171,19 @@ def test_expert_tensors_handed_over(ckpt):
         assert layer.expert_tensors == {}
         assert type(layer.executor).__name__ == "OffloadExecutor"
     assert torch.is_tensor(layer.executor.cache.slots["w13"])
+
+
+def test_fill_option_is_checked():
+    assert OffloadConfig.parse("0.2").fill == "kernel"
+    assert OffloadConfig.parse("0.2", fill="copy-engine").fill == "copy-engine"
+    with pytest.raises(UserError, match="fill must be one of kernel, copy-engine, got 'dma'"):
+        OffloadConfig.parse("0.2", fill="dma")
+    with pytest.raises(UserError, match="needs MoE expert offload"):
+        OffloadConfig.parse(None, fill="copy-engine")
+
+
+def test_copy_engine_fill_is_refused_without_a_gpu(ckpt):
+    """On CPU there is no copy engine: one sentence that names the way out, not a fallback
+    that silently does something else."""
+    with pytest.raises(UserError, match="copy-engine cannot run here: it needs an NVIDIA GPU"):
+        LLM(ckpt, device="cpu", moe_offload=0.5, moe_offload_fill="copy-engine")

@@ -74,6 +74,9 @@ class OffloadExecutor(ExpertExecutor):
         self.streamed: tuple[torch.Tensor, dict[str, torch.Tensor]] | None = None
         # Set by offload/prefetch.py: (the Prefetcher, this layer's MoE index); None = off.
         self.prefetch: tuple[object, int] | None = None
+        # Set by offload/setup.py for `--moe-offload-fill copy-engine`: the layer's
+        # copy-engine fill (offload/copy_engine.py), used while a decode graph is captured.
+        self.copies = None
 
     def load_experts(
         self, topk_ids: torch.Tensor, hidden: torch.Tensor | None = None
@@ -88,7 +91,10 @@ class OffloadExecutor(ExpertExecutor):
             prefetcher, index = self.prefetch
             prefetcher.before_lookup(index, hidden)
         slot_ids = offload_kernels.lookup(self.cache, topk_ids)
-        offload_kernels.fill(self.cache, self.host_tensors)
+        if self.copies is not None and torch.cuda.is_current_stream_capturing():
+            self.copies.fill()  # the same bytes to the same rows, on the copy engine
+        else:
+            offload_kernels.fill(self.cache, self.host_tensors)
         return slot_ids, self.cache.slots
 
     def __call__(

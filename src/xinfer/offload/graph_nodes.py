@@ -13,6 +13,9 @@ from __future__ import annotations
 import contextlib
 import ctypes
 import functools
+import glob
+import os
+import site
 from collections.abc import Iterator, Sequence
 
 import torch
@@ -213,10 +216,20 @@ class Kernel:
         _check(res, "cuLaunchKernel")
 
 
+@functools.cache
 def _nvrtc() -> ctypes.CDLL:
-    from torch.cuda import _utils
-
-    return _utils._get_nvrtc_library()
+    """NVRTC of the CUDA major version torch was built with: the library torch loaded (its
+    `nvidia-cuda-nvrtc` package), else one on the loader's path."""
+    major = (torch.version.cuda or "12").split(".")[0]
+    candidates = [f"libnvrtc.so.{major}", "libnvrtc.so"]
+    for root in site.getsitepackages() + [site.getusersitepackages()]:
+        candidates += sorted(glob.glob(os.path.join(root, "nvidia", "*", "lib", "libnvrtc.so.*")))
+    for name in candidates:
+        try:
+            return _c.CDLL(name)
+        except OSError:
+            continue
+    raise DriverError("NVRTC (libnvrtc, from the nvidia-cuda-nvrtc package) was not found")
 
 
 def build_module(source: str, names: Sequence[str]) -> dict[str, Kernel]:

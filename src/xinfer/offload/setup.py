@@ -11,7 +11,10 @@ from tqdm.auto import tqdm
 
 from xinfer import envs, kernels
 from xinfer.config import EngineConfig, OffloadConfig
+from xinfer.errors import UserError
+from xinfer.offload.copy_engine import BounceBuffers, LayerCopies
 from xinfer.offload.executor import OffloadExecutor, ResidentExecutor
+from xinfer.offload.graph_nodes import unavailable_reason
 from xinfer.offload.host_store import HostExpertStore
 from xinfer.offload.sizing import LayerShape, device_budget_bytes, plan_slots
 from xinfer.offload.slot_pool import SlotPool, build_slot_caches
@@ -151,9 +154,12 @@ def enable_offload(
         max_call_tokens * top_k,
     )  # allocated now, so that the KV cache sized next leaves room for them
     executors = []
+    bounce = _copy_engine_buffers(offload, device) if offloaded else None
     for i, host, cache in zip(offloaded, hosts, caches):
         layer = layers[i]
         executor = OffloadExecutor(cache, host, layer.top_k, profile, store, layer.expert_weights)
+        if bounce is not None:
+            executor.copies = LayerCopies(cache, host, bounce)
         layer.attach_executor(executor)
         executors.append(executor)
     stats.pinned_bytes = store.nbytes if store.is_pinned else 0
@@ -163,6 +169,21 @@ def enable_offload(
     return OffloadManager(
         store, executors, pools, stats, offload, device, max_call_tokens, num_resident
     )
+
+
+def _copy_engine_buffers(offload: OffloadConfig, device: torch.device) -> BounceBuffers | None:
+    """`--moe-offload-fill copy-engine`: the device's bounce buffers (None for `kernel`);
+    refused with the reason where the driver or NVRTC cannot build the graph nodes."""
+    if offload.fill != "copy-engine":
+        return None
+    reason = "it needs an NVIDIA GPU" if device.type != "cuda" else unavailable_reason()
+    if reason is not None:
+        raise UserError(
+            f"--moe-offload-fill copy-engine cannot run here: {reason}; use the default "
+            "--moe-offload-fill kernel"
+        )
+    logger.info("MoE offload: decode graphs copy missed experts on the copy engine")
+    return BounceBuffers(device)
 
 
 def _is_on(layer: torch.nn.Module, device: torch.device) -> bool:
