@@ -44,13 +44,10 @@ def test_copy_engine_fill_in_graph_equals_twins(rows, ways):
         static_rows = offload_kernels.lookup(gpu, static_ids)
         copies.fill()
     rng = random.Random(rows * 10 + ways)
-    misses_seen = set()
+    misses_seen, ids = set(), None
     for step in range(60):
-        if step % 10 == 9:  # a repeat of the last call: every id hits, nothing to copy
-            ids = last
-        else:
+        if ids is None or step % 10 != 9:  # step 9, 19, ...: the last call again (all hit)
             ids = torch.tensor([rng.sample(range(num_experts), top_k) for _ in range(rows)])
-        last = ids
         static_ids.copy_(ids.to(torch.int32))
         graph.replay()
         want = lookup_reference(cpu, ids.to(torch.int32))

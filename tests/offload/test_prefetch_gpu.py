@@ -176,9 +176,12 @@ class _StaticPredictor:
         return self.preds[target]
 
 
-def _prefetched_layers(sets, device: torch.device, distance: int, preds: torch.Tensor):
+def _prefetched_layers(
+    sets, device: torch.device, distance: int, preds: torch.Tensor, copy_engine: bool = False
+):
     """Offload executors over one slot pool (as the engine builds them; pinned on CUDA) with
-    a Prefetcher attached → (executors, tables, lookup counters, host stores)."""
+    a Prefetcher attached → (executors, tables, lookup counters, host stores). `copy_engine`:
+    captured fills (demand and prefetch) go through the copy-engine graph nodes."""
     store = HostExpertStore(device)
     hosts = [store.add_layer({k: v.clone() for k, v in s.items()}) for s in sets]
     counters = torch.zeros(NUM_LAYERS, NUM_COUNTERS, dtype=torch.int64, device=device)
@@ -187,6 +190,13 @@ def _prefetched_layers(sets, device: torch.device, distance: int, preds: torch.T
     rows = torch.zeros(NUM_LAYERS, NUM_PREFETCH_COUNTERS, dtype=torch.int64, device=device)
     tables = [PrefetchTable(c, rows[i]) for i, c in enumerate(caches)]
     prefetcher = Prefetcher(executors, tables, _StaticPredictor(preds), distance, ROWS, device)
+    if copy_engine:
+        from xinfer.offload.copy_engine import BounceBuffers, LayerCopies
+
+        bounce = BounceBuffers(device)
+        for c, h, x in zip(caches, hosts, executors):
+            x.copies = LayerCopies(c, h, bounce)
+        prefetcher.use_copy_engine()
     for i, x in enumerate(executors):
         x.prefetch = (prefetcher, i)
     return executors, tables, counters, hosts
@@ -223,8 +233,8 @@ def _routed(g: torch.Generator) -> tuple[torch.Tensor, torch.Tensor]:
     return ids.to(torch.int32), w / w.sum(-1, keepdim=True)
 
 
-@pytest.mark.parametrize("distance", [1, 2])
-def test_prefetch_in_cuda_graph_equals_twin_and_resident(distance):
+@pytest.mark.parametrize("distance,copy_engine", [(1, False), (2, False), (1, True), (2, True)])
+def test_prefetch_in_cuda_graph_equals_twin_and_resident(distance, copy_engine):
     """Four pooled layers, each prefetching the layer `distance` ahead on the side stream:
     a captured graph and an eager copy give the resident bf16 bits every step, and after
     every replay the graph's tables, miss and prefetch counters, pending slots and slot
@@ -238,7 +248,9 @@ def test_prefetch_in_cuda_graph_equals_twin_and_resident(distance):
     cpu_pred = static_pred.cpu()
     warm = _prefetched_layers(sets, DEV, distance, static_pred)[0]
     eager, eager_tables, eager_counters, _ = _prefetched_layers(sets, DEV, distance, static_pred)
-    graphed, tables, counters, hosts = _prefetched_layers(sets, DEV, distance, static_pred)
+    graphed, tables, counters, hosts = _prefetched_layers(
+        sets, DEV, distance, static_pred, copy_engine
+    )
     twin, twin_tables, twin_counters, _ = _prefetched_layers(sets, CPU, distance, cpu_pred)
     layers = range(NUM_LAYERS)
     with forward_context(_decode_ctx(DEV)):

@@ -8,8 +8,10 @@ Per call of an offloaded layer l on the lookup path (OffloadExecutor → `before
    reservation still runs to settle the last prediction's statistics);
 2. `reserve` (main stream, model order, offload/prefetch_table.py) takes LRU slots of t for
    the predicted experts that are absent and writes t's prefetch miss list;
-3. the prefetch fill (the unchanged zero-copy fill kernel on that list) runs on a side
-   stream that first waits for the main stream; an event is recorded after it;
+3. the prefetch fill (the unchanged zero-copy fill kernel on that list, or with
+   `--moe-offload-fill copy-engine` the copy-engine fill of offload/copy_engine.py on its
+   own bounce buffers) runs on a side stream that first waits for the main stream; an event
+   is recorded after it;
 4. then layer l's own lookup waits for the event of l's prefetch (issued d layers ago), so
    that neither its fill (which may pick a slot a wrong prediction is still being written
    into) nor its GEMM (which reads the prefetched rows) can overtake the copy.
@@ -61,6 +63,18 @@ class Prefetcher:
             self.fill_programs = PREFETCH_PROGRAMS_PER_SM * sms
         # a (1, 1) "no prediction" for calls that only settle (no empty tensor to a kernel)
         self._nothing = torch.full((1, 1), -1, dtype=torch.int32, device=device)
+        self.copies: list | None = None  # per layer: its copy-engine prefetch fill, if used
+
+    def use_copy_engine(self) -> None:
+        """Prefetch fills inside decode graphs go through the copy engine (bounce buffers of
+        their own: the side stream's copies run beside the main stream's)."""
+        from xinfer.offload.copy_engine import BounceBuffers, LayerCopies
+
+        bounce = BounceBuffers(self.device)
+        self.copies = [
+            None if t is None else LayerCopies(t.fill_target(), x.host_tensors, bounce)
+            for t, x in zip(self.tables, self.executors)
+        ]
 
     def predicts(self, ctx: ForwardContext | None, num_tokens: int) -> bool:
         """Whether a call predicts: decode calls of at most `max_tokens` tokens."""
@@ -91,7 +105,10 @@ class Prefetcher:
         main = torch.cuda.current_stream(self.device)
         self.side.wait_stream(main)  # the reservation (and all before it) first
         with torch.cuda.stream(self.side):
-            offload_kernels.fill(table.fill_target(), host, num_programs=self.fill_programs)
+            if self.copies is not None and torch.cuda.is_current_stream_capturing():
+                self.copies[target].fill()
+            else:
+                offload_kernels.fill(table.fill_target(), host, num_programs=self.fill_programs)
             self.events[target].record(self.side)
         self.is_issued[target] = True
 
