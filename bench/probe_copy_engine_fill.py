@@ -81,6 +81,12 @@ def check(caches, hosts, m: int, layers: int = 4) -> str:
     return "ok" if bad == 0 else f"{bad} rows WRONG"
 
 
+def _rss_gb() -> float:
+    """Resident host memory of this process now (the graph's nodes live there)."""
+    with open("/proc/self/statm") as f:
+        return int(f.read().split()[1]) * 4096 / 1e9
+
+
 def capture(fn) -> torch.cuda.CUDAGraph:
     graph = torch.cuda.CUDAGraph()
     with torch.cuda.graph(graph):
@@ -116,9 +122,12 @@ def main() -> None:
     )
     bounce = BounceBuffers(device)
     copies = [LayerCopies(c, hosts[i % len(hosts)], bounce) for i, c in enumerate(caches)]
-    t = time.perf_counter()
+    t, rss = time.perf_counter(), _rss_gb()
     ce_graph = capture(lambda: [lc.fill() for lc in copies])
-    say(f"copy-engine graph captured and instantiated in {time.perf_counter() - t:.2f} s")
+    say(
+        f"copy-engine graph captured and instantiated in {time.perf_counter() - t:.2f} s, "
+        f"host memory +{_rss_gb() - rss:.2f} GB"
+    )
     sm_graph = None
     if args.with_kernel:
         t = time.perf_counter()
