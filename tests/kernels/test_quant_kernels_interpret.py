@@ -13,7 +13,9 @@ import torch
 from interpreter_child import child_only, interpreter_child_test
 from quant_weights import random_weights
 
-pytest.importorskip("triton")
+triton = pytest.importorskip("triton")
+tl = triton.language
+from xinfer.kernels.triton.quant_dequant import _e2m1_scaled, _int4_minus  # noqa: E402
 
 test_interpreter_child = interpreter_child_test(__file__)
 
@@ -142,3 +144,24 @@ def test_fused_moe_matches_twin(ql, name, use_gemv, dequant):
     slot_ids = perm[ids.long()].to(torch.int32)
     out_s = ql.fused_moe(hidden, slot_ids, weights, fmt, s13, s2, inter, **run)
     assert torch.equal(out, out_s)
+
+
+@triton.jit
+def _decode_all_codes(out_ptr):
+    """out[0:16]: e2m1 code c times 2^14 back; out[16 + 16 z + c]: int4 code c minus zero z."""
+    c = tl.arange(0, 16)
+    tl.store(out_ptr + c, _e2m1_scaled(c) * 16384.0)
+    z = tl.arange(0, 16).to(tl.float32)
+    tl.store(out_ptr + 16 + 16 * tl.arange(0, 16)[:, None] + c[None, :],
+             _int4_minus(c[None, :], z[:, None]))  # fmt: skip
+
+
+@child_only
+def test_4bit_code_decoders_are_exact(ql):
+    """The bit-trick decoders (no int→float conversion) give every code's exact value."""
+    out = torch.full((16 + 256,), float("nan"))
+    _decode_all_codes[(1,)](out)
+    e2m1 = torch.tensor([0.0, 0.5, 1.0, 1.5, 2.0, 3.0, 4.0, 6.0])
+    assert torch.equal(out[:16], torch.cat([e2m1, -e2m1]))
+    codes = torch.arange(16.0)
+    assert torch.equal(out[16:].view(16, 16), codes[None, :] - codes[:, None])

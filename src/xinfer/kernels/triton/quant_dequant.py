@@ -20,16 +20,27 @@ from __future__ import annotations
 import triton
 import triton.language as tl
 
+E2M1_UNSCALE: tl.constexpr = 16384.0  # 2^14: what `_e2m1_scaled` leaves in the scales
+INT4_MAGIC: tl.constexpr = 0x4B000000  # the bits of 2^23: OR a code < 2^23 in, get 2^23 + code
+
 
 @triton.jit
-def _e2m1(code):
-    """e2m1 code 0..15 → value (bit 3 the sign): 0, 0.5, 1, 1.5, 2, 3, 4, 6."""
-    mag = code & 7
-    e = mag >> 1
-    m = (mag & 1).to(tl.float32)
-    pow2 = tl.where(e == 3, 4.0, tl.where(e == 2, 2.0, 1.0))  # 2^(e-1) for e >= 1
-    v = tl.where(e == 0, 0.5 * m, (1.0 + 0.5 * m) * pow2)
-    return tl.where(code >= 8, -v, v)
+def _e2m1_scaled(code):
+    """e2m1 code 0..15 (bit 3 the sign) → its value (0, 0.5, 1, 1.5, 2, 3, 4, 6) times 2^-14,
+    exactly: the three magnitude bits placed at bits 9-11 of an fp16 are its exponent and top
+    mantissa bit (e = 0 a subnormal), so shifts and one conversion replace the arithmetic and
+    the int→float conversion. The 2^14 is folded into the scales (`_group_scales`): scaling
+    by a power of two is exact, so w = (v·2^-14)·(s·2^14) has the bits of v·s."""
+    bits = ((code & 8) << 12) | ((code & 7) << 9)
+    return bits.to(tl.int16).to(tl.float16, bitcast=True).to(tl.float32)
+
+
+@triton.jit
+def _int4_minus(code, z):
+    """code - z in float32, exactly, for codes 0..15 and integer zeros z: 2^23 + code by
+    OR-ing the code into the bits of 2^23, minus 2^23 + z (the int→float conversion it
+    replaces issues at an eighth of the FMA rate)."""
+    return (code | INT4_MAGIC).to(tl.float32, bitcast=True) - (z + 8388608.0)
 
 
 @triton.jit
@@ -40,7 +51,7 @@ def _group_scales(
 ):  # fmt: skip
     """(scale, zero) of each (row, column group) of the tile, (BLOCK_N, BLOCK_K // GROUP_T)
     float32: FP8 its block scale (zero unused), int4 scale and zero code, NVFP4 the e4m3
-    scale times the row's global scale (zero unused)."""
+    scale times the row's global scale times 2^14 (zero unused; see `_e2m1_scaled`)."""
     first = k0 + tl.arange(0, BLOCK_K // GROUP_T) * GROUP_T  # first column of each group
     mask = mask_n[:, None] & (first < k_dim)[None, :]
     if FMT == 1:
@@ -59,7 +70,7 @@ def _group_scales(
         offs = offs_n[:, None] * stride_sn + (first // 16)[None, :]
         s = tl.load(s_ptr + offs, mask=mask, other=0.0).to(tl.float32)
         s2 = tl.load(z_ptr + offs_n * stride_zn, mask=mask_n, other=0.0)
-        s = s * s2[:, None]
+        s = s * s2[:, None] * E2M1_UNSCALE  # (the last factor exact: see `_e2m1_scaled`)
         z = s
     return s, z
 
@@ -88,9 +99,9 @@ def load_weight_tile3(
         byte = tl.load(w_ptr + rows * stride_wn + cols[None, :, :] // 2, mask=mask, other=0)
         code = (byte.to(tl.int32) >> ((cols[None, :, :] & 1) * 4)) & 15
         if FMT == 2:
-            w = (code.to(tl.float32) - z[:, :, None]) * s[:, :, None]
+            w = _int4_minus(code, z[:, :, None]) * s[:, :, None]
         else:
-            w = _e2m1(code) * s[:, :, None]
+            w = _e2m1_scaled(code) * s[:, :, None]
     return w
 
 
@@ -133,9 +144,9 @@ def load_weight_pairs(
     lo_code = byte & 15
     hi_code = byte >> 4
     if FMT == 2:
-        lo = (lo_code.to(tl.float32) - z[:, :, None]) * s[:, :, None]
-        hi = (hi_code.to(tl.float32) - z[:, :, None]) * s[:, :, None]
+        lo = _int4_minus(lo_code, z[:, :, None]) * s[:, :, None]
+        hi = _int4_minus(hi_code, z[:, :, None]) * s[:, :, None]
     else:
-        lo = _e2m1(lo_code) * s[:, :, None]
-        hi = _e2m1(hi_code) * s[:, :, None]
+        lo = _e2m1_scaled(lo_code) * s[:, :, None]
+        hi = _e2m1_scaled(hi_code) * s[:, :, None]
     return lo, hi
