@@ -9,6 +9,8 @@ from __future__ import annotations
 import triton
 import triton.language as tl
 
+from xinfer.kernels.triton.moe_blocks import moe_block
+
 
 @triton.jit
 def _silu_mul(g, u, DTYPE: tl.constexpr):
@@ -89,19 +91,13 @@ def moe_gate_up_grouped_kernel(
 ):  # fmt: skip
     """grid (max_blocks * cdiv(I, BLOCK_N),): one BLOCK_M tile of rows that share one id;
     padding rows hold `num_pairs` and are masked. Writes inter[pair] (pair order)."""
-    pid = tl.program_id(0)
-    num_pid_n = tl.cdiv(inter_dim, BLOCK_N)
-    pid_m = pid // num_pid_n
-    pid_n = pid % num_pid_n
-    if pid_m * BLOCK_M >= tl.load(num_rows_ptr):
+    live, e, pairs, mask_m, offs_n, mask_n = moe_block(
+        sorted_pairs_ptr, block_ids_ptr, num_rows_ptr, num_pairs, inter_dim, BLOCK_M, BLOCK_N
+    )
+    if not live:
         return  # beyond the padded rows actually used this call
-    e = tl.load(block_ids_ptr + pid_m).to(tl.int64)
-    pairs = tl.load(sorted_pairs_ptr + pid_m * BLOCK_M + tl.arange(0, BLOCK_M))
-    mask_m = pairs < num_pairs
     toks = (pairs // TOP_K).to(tl.int64)
-    offs_n = pid_n * BLOCK_N + tl.arange(0, BLOCK_N)
     offs_k = tl.arange(0, BLOCK_K)
-    mask_n = offs_n < inter_dim
     a_ptrs = x_ptr + toks[:, None] * stride_xt + offs_k[None, :]  # (BLOCK_M, BLOCK_K)
     g_ptrs = w13_ptr + e * stride_we + offs_n[None, :] * stride_wn + offs_k[:, None]  # (K, N)
     u_ptrs = g_ptrs + inter_dim * stride_wn
@@ -129,19 +125,13 @@ def moe_down_grouped_kernel(
     DOT_PRECISION: tl.constexpr,
 ):  # fmt: skip
     """grid (max_blocks * cdiv(H, BLOCK_N),): y[pair] = inter[pair] @ w2[e].T in the dtype."""
-    pid = tl.program_id(0)
-    num_pid_n = tl.cdiv(hidden_dim, BLOCK_N)
-    pid_m = pid // num_pid_n
-    pid_n = pid % num_pid_n
-    if pid_m * BLOCK_M >= tl.load(num_rows_ptr):
+    live, e, pairs, mask_m, offs_n, mask_n = moe_block(
+        sorted_pairs_ptr, block_ids_ptr, num_rows_ptr, num_pairs, hidden_dim, BLOCK_M, BLOCK_N
+    )
+    if not live:
         return
-    e = tl.load(block_ids_ptr + pid_m).to(tl.int64)
-    pairs = tl.load(sorted_pairs_ptr + pid_m * BLOCK_M + tl.arange(0, BLOCK_M))
-    mask_m = pairs < num_pairs
     rows = pairs.to(tl.int64)
-    offs_n = pid_n * BLOCK_N + tl.arange(0, BLOCK_N)
     offs_k = tl.arange(0, BLOCK_K)
-    mask_n = offs_n < hidden_dim
     a_ptrs = inter_ptr + rows[:, None] * stride_it + offs_k[None, :]
     b_ptrs = w2_ptr + e * stride_we + offs_n[None, :] * stride_wn + offs_k[:, None]
     acc = tl.zeros((BLOCK_M, BLOCK_N), dtype=tl.float32)

@@ -13,6 +13,7 @@ import triton.language as tl
 
 from xinfer.kernels.triton.fused_moe import _silu_mul
 from xinfer.kernels.triton.gguf_dequant import gguf_tile, x_chunk
+from xinfer.kernels.triton.moe_blocks import moe_block
 
 
 @triton.jit
@@ -118,19 +119,13 @@ def gguf_moe_gate_up_grouped_kernel(
 ):  # fmt: skip
     """grid (max_blocks * cdiv(I, BLOCK_N),): one BLOCK_M tile of rows sharing one id
     (`moe_launch.align_pairs`); padding rows hold `num_pairs`. Writes inter[pair]."""
-    pid = tl.program_id(0)
-    num_pid_n = tl.cdiv(inter_dim, BLOCK_N)
-    pid_m = pid // num_pid_n
-    pid_n = pid % num_pid_n
-    if pid_m * BLOCK_M >= tl.load(num_rows_ptr):
+    live, e, pairs, mask_m, offs_n, mask_n = moe_block(
+        sorted_pairs_ptr, block_ids_ptr, num_rows_ptr, num_pairs, inter_dim, BLOCK_M, BLOCK_N
+    )
+    if not live:
         return
-    e = tl.load(block_ids_ptr + pid_m).to(tl.int64)
-    pairs = tl.load(sorted_pairs_ptr + pid_m * BLOCK_M + tl.arange(0, BLOCK_M))
-    mask_m = pairs < num_pairs
     toks = (pairs // TOP_K).to(tl.int64)
-    offs_n = pid_n * BLOCK_N + tl.arange(0, BLOCK_N)
     offs_k = tl.arange(0, SUBS * 32)
-    mask_n = offs_n < inter_dim
     gate_off = e * stride_we + offs_n.to(tl.int64) * stride_wn
     up_off = gate_off + inter_dim * stride_wn
     dtype = x_ptr.dtype.element_ty
@@ -158,19 +153,13 @@ def gguf_moe_down_grouped_kernel(
     DOT_PRECISION: tl.constexpr,
 ):  # fmt: skip
     """grid (max_blocks * cdiv(H, BLOCK_N),): y[pair] = inter[pair] @ dequant(W2[e])^T."""
-    pid = tl.program_id(0)
-    num_pid_n = tl.cdiv(hidden_dim, BLOCK_N)
-    pid_m = pid // num_pid_n
-    pid_n = pid % num_pid_n
-    if pid_m * BLOCK_M >= tl.load(num_rows_ptr):
+    live, e, pairs, mask_m, offs_n, mask_n = moe_block(
+        sorted_pairs_ptr, block_ids_ptr, num_rows_ptr, num_pairs, hidden_dim, BLOCK_M, BLOCK_N
+    )
+    if not live:
         return
-    e = tl.load(block_ids_ptr + pid_m).to(tl.int64)
-    pairs = tl.load(sorted_pairs_ptr + pid_m * BLOCK_M + tl.arange(0, BLOCK_M))
-    mask_m = pairs < num_pairs
     rows = pairs.to(tl.int64)
-    offs_n = pid_n * BLOCK_N + tl.arange(0, BLOCK_N)
     offs_k = tl.arange(0, SUBS * 32)
-    mask_n = offs_n < hidden_dim
     row_off = e * stride_we + offs_n.to(tl.int64) * stride_wn
     dtype = inter_ptr.dtype.element_ty
     acc = tl.zeros((BLOCK_M, BLOCK_N), dtype=tl.float32)

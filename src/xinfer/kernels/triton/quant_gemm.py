@@ -12,6 +12,7 @@ import triton
 import triton.language as tl
 
 from xinfer.kernels.triton.fused_moe import _silu_mul
+from xinfer.kernels.triton.moe_blocks import moe_block
 from xinfer.kernels.triton.quant_dequant import (
     load_weight_pairs,
     load_weight_tile,
@@ -168,19 +169,13 @@ def quant_moe_gate_up_grouped_kernel(
     GROUP_T: tl.constexpr, DOT_PRECISION: tl.constexpr,
 ):  # fmt: skip
     """grid (max_blocks * cdiv(I, BLOCK_N),): one BLOCK_M tile of rows sharing one id."""
-    pid = tl.program_id(0)
-    num_pid_n = tl.cdiv(inter_dim, BLOCK_N)
-    pid_m = pid // num_pid_n
-    pid_n = pid % num_pid_n
-    if pid_m * BLOCK_M >= tl.load(num_rows_ptr):
+    live, e, pairs, mask_m, offs_n, mask_n = moe_block(
+        sorted_pairs_ptr, block_ids_ptr, num_rows_ptr, num_pairs, inter_dim, BLOCK_M, BLOCK_N
+    )
+    if not live:
         return
-    e = tl.load(block_ids_ptr + pid_m).to(tl.int64)
-    pairs = tl.load(sorted_pairs_ptr + pid_m * BLOCK_M + tl.arange(0, BLOCK_M))
-    mask_m = pairs < num_pairs
     toks = (pairs // TOP_K).to(tl.int64)
-    offs_n = pid_n * BLOCK_N + tl.arange(0, BLOCK_N)
     offs_k = tl.arange(0, BLOCK_K)
-    mask_n = offs_n < inter_dim
     w_e, s_e, z_e = w_ptr + e * stride_we, s_ptr + e * stride_se, z_ptr + e * stride_ze
     dtype = x_ptr.dtype.element_ty
     acc_g = tl.zeros((BLOCK_M, BLOCK_N), dtype=tl.float32)
@@ -215,19 +210,13 @@ def quant_moe_down_grouped_kernel(
     GROUP_T: tl.constexpr, DOT_PRECISION: tl.constexpr,
 ):  # fmt: skip
     """grid (max_blocks * cdiv(H, BLOCK_N),): y[pair] = inter[pair] @ W2[e]^T in the dtype."""
-    pid = tl.program_id(0)
-    num_pid_n = tl.cdiv(hidden_dim, BLOCK_N)
-    pid_m = pid // num_pid_n
-    pid_n = pid % num_pid_n
-    if pid_m * BLOCK_M >= tl.load(num_rows_ptr):
+    live, e, pairs, mask_m, offs_n, mask_n = moe_block(
+        sorted_pairs_ptr, block_ids_ptr, num_rows_ptr, num_pairs, hidden_dim, BLOCK_M, BLOCK_N
+    )
+    if not live:
         return
-    e = tl.load(block_ids_ptr + pid_m).to(tl.int64)
-    pairs = tl.load(sorted_pairs_ptr + pid_m * BLOCK_M + tl.arange(0, BLOCK_M))
-    mask_m = pairs < num_pairs
     rows = pairs.to(tl.int64)
-    offs_n = pid_n * BLOCK_N + tl.arange(0, BLOCK_N)
     offs_k = tl.arange(0, BLOCK_K)
-    mask_n = offs_n < hidden_dim
     w_e, s_e, z_e = w_ptr + e * stride_we, s_ptr + e * stride_se, z_ptr + e * stride_ze
     dtype = inter_ptr.dtype.element_ty
     acc = tl.zeros((BLOCK_M, BLOCK_N), dtype=tl.float32)
