@@ -78,3 +78,19 @@ def test_forward_makes_no_tensor_from_host_data(pair, monkeypatch):
     monkeypatch.setattr(model, "compute_logits", watched(model.compute_logits))
     llm.generate([tm.prompts(1, seed=3)[0]], SamplingParams(temperature=0, max_tokens=3))
     assert host_data.seen == []
+
+
+def test_greedy_mismatch_names_the_first_difference():
+    """The Gemma 3 window tests' comparison (dense_models.greedy_mismatch): a flip at a
+    clear margin fails with the position, both tokens and the margin in one short line; a
+    flip at a near tie ends the comparison; a logprob off by more than 1e-4 fails."""
+    logits = [torch.tensor([0.0, 2.0, 1.0]), torch.tensor([0.5, 0.0, 0.5 + 1e-4])]
+    lp = [torch.log_softmax(t.double(), -1) for t in logits]
+    ok = [lp[0][1].item(), lp[1][2].item()]
+    assert dm.greedy_mismatch([1, 2], ok, [1, 2], logits) is None
+    assert dm.greedy_mismatch([1, 0], ok, [1, 2], logits) is None  # a near tie (1e-4)
+    why = dm.greedy_mismatch([2, 2], ok, [1, 2], logits)
+    assert why == "token 0: ours 2, transformers 1, its logit margin 1.00e+00"
+    off = dm.greedy_mismatch([1, 2], [ok[0], ok[1] + 1e-3], [1, 2], logits)
+    assert off is not None and off.startswith("token 1 (2): logprob")
+    assert dm.greedy_mismatch([1], ok[:1], [1, 2], logits) == "1 tokens, transformers 2"
