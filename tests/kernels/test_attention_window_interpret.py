@@ -2,7 +2,8 @@
 (p - W, p]) in the Triton decode and prefill kernels, run by Triton's CPU interpreter against
 `reference.paged_attention`: windows shorter than the context, splits and tiles wholly
 before the window, chunked prefill with cached context, GQA; a decode row's bits do not
-depend on the batch."""
+depend on the batch. And the GPU test's tiny Gemma 3 through the Triton kernels at their CUDA
+tile sizes, against transformers."""
 
 from __future__ import annotations
 
@@ -71,3 +72,36 @@ def test_prefill_window_matches_reference(al, dtype, window):
     out = al.paged_attention(*case, 0.3, max(query_lens), max(seq_lens), sliding_window=window)
     ref = reference.paged_attention(*case, 0.3, sliding_window=window)
     torch.testing.assert_close(out, ref, **TOL[dtype])
+
+
+@child_only
+def test_tiny_gemma3_through_the_triton_kernels(al, monkeypatch, tmp_path):
+    """test_attention_window.py's GPU case on CPU: the same model (window 8) and prompts (30
+    and 12 tokens, 24 greedy tokens, decode look-ahead on, the CUDA warm-up's prompts first)
+    with the Triton kernels (norms, qkv prep, windowed prefill and decode attention) run by
+    the interpreter at the tiles CUDA tensors get, against transformers' sliding-window mask
+    (keys (p - 8, p]): tokens equal and logprobs within 1e-4."""
+    import dense_models as dm
+
+    import xinfer.kernels as kernels
+    from xinfer import LLM
+
+    monkeypatch.setattr(kernels, "use_triton", lambda t: True)  # CPU tensors too
+    monkeypatch.setattr(al, "SMALL_INTERPRETER_TILES", False)
+    windowed = {"prefill": 0, "decode": 0}
+    paged_attention = al.paged_attention
+
+    def counted(*args, **kwargs):
+        if kwargs.get("sliding_window") is not None:
+            windowed["decode" if kwargs.get("max_query_len") == 1 else "prefill"] += 1
+        return paged_attention(*args, **kwargs)
+
+    monkeypatch.setattr(al, "paged_attention", counted)
+    hf = dm.make_dense("gemma3_text")
+    hf.save_pretrained(tmp_path)
+    llm = LLM(str(tmp_path), device="cpu", dtype="float32", max_model_len=128,
+              decode_look_ahead=True)  # fmt: skip
+    llm.engine.warm_up_prefill()  # 127 and 126 tokens, as on CUDA: stale KV in the blocks
+    llm.engine.allocator.reset_prefix_cache()
+    dm.assert_greedy_matches(llm, hf, dm.GEMMA3_WINDOW_PROMPTS, 24)
+    assert windowed["prefill"] > 0 and windowed["decode"] > 0, windowed

@@ -1,6 +1,7 @@
 """Dense models (llama, qwen2, qwen3, gemma3) against transformers on tiny random HF
 checkpoints (CPU, float32): greedy tokens and last-position logits. Gemma 3's window (8)
-is shorter than the prompts, so its local layers' masking is exercised."""
+is shorter than the prompts, so its local layers' masking is exercised. Their forward makes
+no tensor from host data, which a CUDA graph capture would refuse."""
 
 from __future__ import annotations
 
@@ -8,6 +9,7 @@ import dense_models as dm
 import pytest
 import tiny_models as tm
 import torch
+from torch.utils._python_dispatch import TorchDispatchMode
 
 from xinfer import LLM, SamplingParams
 
@@ -39,3 +41,56 @@ def test_dense_greedy_and_logits_match_transformers(pair):
     assert len(top.top_ids) == 5
     for token_id, logprob in zip(top.top_ids, top.top_logprobs):
         assert abs(logprob - ref[token_id].item()) < 1e-4
+
+
+class _HostData(TorchDispatchMode):
+    """Records the ops that turn host data into a tensor (`torch.tensor`, `as_tensor`) or read
+    a device value back (`.item()`): on CUDA both copy between host and device."""
+
+    OPS = (torch.ops.aten.lift_fresh.default, torch.ops.aten._local_scalar_dense.default)
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.seen: list[str] = []
+
+    def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+        if func in self.OPS:
+            self.seen.append(str(func))
+        return func(*args, **(kwargs or {}))
+
+
+def test_forward_makes_no_tensor_from_host_data(pair, monkeypatch):
+    """The CUDA graphs capture the model's forward and LM head; a host-to-device copy in
+    them (`torch.tensor(..., device=x.device)`) makes the capture fail on the GPU ("Cannot
+    copy between CPU and CUDA tensors during CUDA graph capture"), which CPU runs never
+    show: Gemma 3's embedding scale did. Checked here on CPU, prefill and decode."""
+    _, llm = pair
+    model, host_data = llm.engine.runner.model, _HostData()
+
+    def watched(method):
+        def run(*args, **kwargs):
+            with host_data:
+                return method(*args, **kwargs)
+
+        return run
+
+    monkeypatch.setattr(model, "forward", watched(model.forward))
+    monkeypatch.setattr(model, "compute_logits", watched(model.compute_logits))
+    llm.generate([tm.prompts(1, seed=3)[0]], SamplingParams(temperature=0, max_tokens=3))
+    assert host_data.seen == []
+
+
+def test_greedy_mismatch_names_the_first_difference():
+    """The Gemma 3 window tests' comparison (dense_models.greedy_mismatch): a flip at a
+    clear margin fails with the position, both tokens and the margin in one short line; a
+    flip at a near tie ends the comparison; a logprob off by more than 1e-4 fails."""
+    logits = [torch.tensor([0.0, 2.0, 1.0]), torch.tensor([0.5, 0.0, 0.5 + 1e-4])]
+    lp = [torch.log_softmax(t.double(), -1) for t in logits]
+    ok = [lp[0][1].item(), lp[1][2].item()]
+    assert dm.greedy_mismatch([1, 2], ok, [1, 2], logits) is None
+    assert dm.greedy_mismatch([1, 0], ok, [1, 2], logits) is None  # a near tie (1e-4)
+    why = dm.greedy_mismatch([2, 2], ok, [1, 2], logits)
+    assert why == "token 0: ours 2, transformers 1, its logit margin 1.00e+00"
+    off = dm.greedy_mismatch([1, 2], [ok[0], ok[1] + 1e-3], [1, 2], logits)
+    assert off is not None and off.startswith("token 1 (2): logprob")
+    assert dm.greedy_mismatch([1], ok[:1], [1, 2], logits) == "1 tokens, transformers 2"

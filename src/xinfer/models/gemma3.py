@@ -165,7 +165,11 @@ class Gemma3Model(nn.Module):
     def __init__(self, cfg: ModelConfig, extras: Gemma3Extras, max_pos: int) -> None:
         super().__init__()
         self.embed_tokens = nn.Embedding(cfg.vocab_size, cfg.hidden_size)
-        self.embed_scale = cfg.hidden_size**0.5
+        # sqrt(hidden) as a float32 buffer on the model's device, rounded to the activation
+        # dtype in forward (transformers' bits); not a torch.tensor built in forward, whose
+        # host-to-device copy a CUDA graph capture refuses
+        scale = torch.tensor(cfg.hidden_size**0.5, dtype=torch.float32)
+        self.embed_scale = nn.Buffer(scale, persistent=False)
         rotary = {
             True: RotaryEmbedding(cfg.head_dim, extras.rope_local, max_pos),
             False: RotaryEmbedding(cfg.head_dim, extras.rope_global, max_pos),
@@ -178,7 +182,7 @@ class Gemma3Model(nn.Module):
 
     def forward(self, input_ids: torch.Tensor, positions: torch.Tensor) -> torch.Tensor:
         x = self.embed_tokens(input_ids)
-        x = x * torch.tensor(self.embed_scale, dtype=x.dtype, device=x.device)
+        x = x * self.embed_scale.to(x.dtype)
         for layer in self.layers:
             x = layer(positions, x)
         return self.norm(x)
