@@ -14,6 +14,7 @@ them in `kernels/quant_launch.py` (decode tiles must stay shape-only: batch inva
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import itertools
 import sys
 from pathlib import Path
@@ -98,6 +99,17 @@ def moe_case(name, fmt, tokens, sweep):
             print(f"  {what}: {sec * 1e6:7.1f} us")
     if sweep and best and best[1] is not None:
         print(f"  best {best[1]}: {best[0] * 1e6:.1f} us, {moved / best[0] / 1e12:.2f} TB/s")
+    if name != "bf16" and tokens * TOP_K <= moe_launch.MAX_GEMV_PAIRS:
+        # the GEMV scaling each group's sum instead of each weight (quant_launch.FACTORED)
+        base = (best[1] if sweep and best and best[1] else None) or ql.QuantTiles(
+            1, 8, ql._decode_block_k(fmt.kernel_weights(w13, HIDDEN)), 8, down_block_n=16
+        )
+        for factored in (False, True):
+            cfg = dataclasses.replace(base, factored=factored)
+            err = (run(tiles=cfg).float() - ref).norm() / ref.norm()
+            assert err < 1e-2, f"{name} moe T={tokens} factored={factored}: error {err:.2e}"
+            sec = timer(lambda cfg=cfg: run(tiles=cfg), 50)
+            print(f"  {cfg}: {sec * 1e6:.1f} us, {moved / sec / 1e12:.2f} TB/s")
 
 
 def graph_timer(decode: bool):

@@ -109,10 +109,11 @@ def test_split_k_decode_linear_matches_twin_and_the_batch(ql, name):
 @child_only
 @pytest.mark.parametrize("name", FORMATS)
 @pytest.mark.parametrize(
-    "use_gemv,dequant", [(True, None), (False, None), (False, False)],
-    ids=["gemv", "grouped", "grouped-in-registers"],
+    "use_gemv,dequant,factored", [(True, None, False), (True, None, True), (False, None, None),
+                                  (False, False, None)],
+    ids=["gemv", "gemv-factored", "grouped", "grouped-in-registers"],
 )  # fmt: skip
-def test_fused_moe_matches_twin(ql, name, use_gemv, dequant):
+def test_fused_moe_matches_twin(ql, name, use_gemv, dequant, factored):
     from xinfer.kernels import reference
 
     fmt = _formats()[name]
@@ -124,7 +125,9 @@ def test_fused_moe_matches_twin(ql, name, use_gemv, dequant):
     g = torch.Generator().manual_seed(3)
     hidden = torch.randn(tokens, hidden_dim, generator=g)
     weights, ids = reference.route_topk(torch.randn(tokens, num_experts, generator=g), top_k, True)
-    tiles = None if use_gemv else ql.QuantTiles(block_m=16, block_n=16, block_k=32)
+    tiles = ql.QuantTiles(block_m=16, block_n=16, block_k=32)
+    if use_gemv:  # the default decode tiles; or scaling each group's sum, not each weight
+        tiles = ql.QuantTiles(1, 8, 64, down_block_n=16, factored=True) if factored else None
     run = dict(use_gemv=use_gemv, tiles=tiles, dequant=dequant)
     out = ql.fused_moe(hidden, ids, weights, fmt, w13, w2, inter, **run)
     ref = fmt.reference_moe(hidden, ids, weights, w13, w2, inter)

@@ -35,6 +35,11 @@ DECODE_PROGRAMS = 512  # decode linears split K until about this many programs r
 # `bench/bench_quant_kernel.py` times both paths at T = 32 and 2048 to place them.
 PREFILL_MIN_ROWS = 128
 PREFILL_MIN_PAIRS = 1024
+# MoE GEMV: multiply the codes' values by x and scale each group's sum once (float32, within
+# the twin's tolerance), instead of rounding every dequantized weight to the dtype as the twin
+# does (its bits). Off until `bench/bench_quant_kernel.py --sweep` (which times both) shows a
+# gain on the H200.
+FACTORED = False
 
 
 @dataclass(frozen=True)
@@ -45,6 +50,7 @@ class QuantTiles:
     num_warps: int = 4
     num_stages: int = 3
     down_block_n: int = 0  # MoE GEMV: the down projection's rows per program (0: block_n)
+    factored: bool | None = None  # MoE GEMV: scale group sums, not weights (None: FACTORED)
 
 
 def _decode_block_k(kw: KernelWeights) -> int:
@@ -177,13 +183,14 @@ def fused_moe(
         t = tiles or QuantTiles(
             block_m=1, block_n=8, block_k=_decode_block_k(kw13), num_warps=8, down_block_n=16
         )
+        factored = FACTORED if t.factored is None else t.factored
         grid = (num_pairs, triton.cdiv(inter, t.block_n))
         jit.quant_moe_gate_up_gemv_kernel[grid](
             hidden, topk_ids, *a13, inter_buf, hidden_dim, inter,
             hidden.stride(0), *s13, inter_buf.stride(0),
             **_fmt_kw(kw13), PACKED=packed(kw13), TOP_K=top_k, BLOCK_N=t.block_n,
             BLOCK_K=t.block_k, GROUP_T=group_t(kw13, t.block_k, hidden_dim),
-            num_warps=t.num_warps,
+            FACTORED=factored, num_warps=t.num_warps,
         )  # fmt: skip
         down_n = t.down_block_n or t.block_n
         grid = (num_pairs, triton.cdiv(hidden_dim, down_n))
@@ -192,7 +199,8 @@ def fused_moe(
             inter_buf, topk_ids, *a2, y, hidden_dim, inter,
             inter_buf.stride(0), *s2, y.stride(0),
             **_fmt_kw(kw2), PACKED=packed(kw2), BLOCK_N=down_n,
-            BLOCK_K=down_k, GROUP_T=group_t(kw2, down_k, inter), num_warps=t.num_warps,
+            BLOCK_K=down_k, GROUP_T=group_t(kw2, down_k, inter), FACTORED=factored,
+            num_warps=t.num_warps,
         )  # fmt: skip
     else:
         t = tiles or _grouped_tiles(num_pairs, hidden.dtype)

@@ -76,14 +76,16 @@ def _group_scales(
 
 
 @triton.jit
-def load_weight_tile3(
+def load_raw_tile3(
     w_ptr, s_ptr, z_ptr, offs_n, k0, mask_n, k_dim,
     stride_wn, stride_sn, stride_zn,
     FMT: tl.constexpr, SCALE_BN: tl.constexpr, SCALE_BK: tl.constexpr, HAS_ZERO: tl.constexpr,
     BLOCK_K: tl.constexpr, GROUP_T: tl.constexpr,
 ):  # fmt: skip
-    """(BLOCK_N, BLOCK_K // GROUP_T, GROUP_T) float32 tile of columns k0 .. k0 + BLOCK_K;
-    masked elements (rows past N, columns past K) are 0."""
+    """(codes' values (BLOCK_N, BLOCK_K // GROUP_T, GROUP_T), their scales (BLOCK_N,
+    BLOCK_K // GROUP_T)) float32 of columns k0 .. k0 + BLOCK_K: the weight is value × scale
+    (FP8: e4m3 value; int4: code − zero; NVFP4: e2m1 value × 2^-14). Masked elements (rows
+    past N, columns past K) have scale 0."""
     g = tl.arange(0, BLOCK_K // GROUP_T)
     cols = k0 + g[:, None] * GROUP_T + tl.arange(0, GROUP_T)[None, :]  # (G, GROUP_T)
     rows = offs_n[:, None, None]
@@ -94,15 +96,31 @@ def load_weight_tile3(
     )  # fmt: skip
     if FMT == 1:
         q = tl.load(w_ptr + rows * stride_wn + cols[None, :, :], mask=mask, other=0.0)
-        w = q.to(tl.float32) * s[:, :, None]
+        v = q.to(tl.float32)
     else:
         byte = tl.load(w_ptr + rows * stride_wn + cols[None, :, :] // 2, mask=mask, other=0)
         code = (byte.to(tl.int32) >> ((cols[None, :, :] & 1) * 4)) & 15
         if FMT == 2:
-            w = _int4_minus(code, z[:, :, None]) * s[:, :, None]
+            v = _int4_minus(code, z[:, :, None])
         else:
-            w = _e2m1_scaled(code) * s[:, :, None]
-    return w
+            v = _e2m1_scaled(code)
+    return v, s
+
+
+@triton.jit
+def load_weight_tile3(
+    w_ptr, s_ptr, z_ptr, offs_n, k0, mask_n, k_dim,
+    stride_wn, stride_sn, stride_zn,
+    FMT: tl.constexpr, SCALE_BN: tl.constexpr, SCALE_BK: tl.constexpr, HAS_ZERO: tl.constexpr,
+    BLOCK_K: tl.constexpr, GROUP_T: tl.constexpr,
+):  # fmt: skip
+    """(BLOCK_N, BLOCK_K // GROUP_T, GROUP_T) float32 tile of columns k0 .. k0 + BLOCK_K;
+    masked elements (rows past N, columns past K) are 0."""
+    v, s = load_raw_tile3(
+        w_ptr, s_ptr, z_ptr, offs_n, k0, mask_n, k_dim, stride_wn, stride_sn, stride_zn,
+        FMT, SCALE_BN, SCALE_BK, HAS_ZERO, BLOCK_K, GROUP_T,
+    )  # fmt: skip
+    return v * s[:, :, None]
 
 
 @triton.jit
@@ -121,7 +139,7 @@ def load_weight_tile(
 
 
 @triton.jit
-def load_weight_pairs(
+def load_raw_pairs(
     w_ptr, s_ptr, z_ptr, offs_n, k0, mask_n, k_dim,
     stride_wn, stride_sn, stride_zn,
     FMT: tl.constexpr, SCALE_BK: tl.constexpr, HAS_ZERO: tl.constexpr,
@@ -129,8 +147,8 @@ def load_weight_pairs(
 ):  # fmt: skip
     """4-bit formats (FMT 2, 3) by whole bytes: the bytes of columns k0 .. k0 + BLOCK_K as
     (BLOCK_N, BLOCK_K // GROUP_T, GROUP_T // 2) byte columns (byte p holds columns 2p and
-    2p + 1); returns the float32 tiles of the even and the odd columns. Contiguous byte
-    loads, scales per group, and the twin's arithmetic per element."""
+    2p + 1); returns the codes' values of the even and the odd columns (as
+    `load_raw_tile3`) and the scales (BLOCK_N, BLOCK_K // GROUP_T); masked: scale 0."""
     g = tl.arange(0, BLOCK_K // GROUP_T)
     bcols = k0 // 2 + g[:, None] * (GROUP_T // 2) + tl.arange(0, GROUP_T // 2)[None, :]
     rows = offs_n[:, None, None]
@@ -144,9 +162,25 @@ def load_weight_pairs(
     lo_code = byte & 15
     hi_code = byte >> 4
     if FMT == 2:
-        lo = _int4_minus(lo_code, z[:, :, None]) * s[:, :, None]
-        hi = _int4_minus(hi_code, z[:, :, None]) * s[:, :, None]
+        lo = _int4_minus(lo_code, z[:, :, None])
+        hi = _int4_minus(hi_code, z[:, :, None])
     else:
-        lo = _e2m1_scaled(lo_code) * s[:, :, None]
-        hi = _e2m1_scaled(hi_code) * s[:, :, None]
-    return lo, hi
+        lo = _e2m1_scaled(lo_code)
+        hi = _e2m1_scaled(hi_code)
+    return lo, hi, s
+
+
+@triton.jit
+def load_weight_pairs(
+    w_ptr, s_ptr, z_ptr, offs_n, k0, mask_n, k_dim,
+    stride_wn, stride_sn, stride_zn,
+    FMT: tl.constexpr, SCALE_BK: tl.constexpr, HAS_ZERO: tl.constexpr,
+    BLOCK_K: tl.constexpr, GROUP_T: tl.constexpr,
+):  # fmt: skip
+    """`load_raw_pairs` scaled: the float32 weights of the even and the odd columns, each
+    element as the twin computes it."""
+    lo, hi, s = load_raw_pairs(
+        w_ptr, s_ptr, z_ptr, offs_n, k0, mask_n, k_dim, stride_wn, stride_sn, stride_zn,
+        FMT, SCALE_BK, HAS_ZERO, BLOCK_K, GROUP_T,
+    )  # fmt: skip
+    return lo * s[:, :, None], hi * s[:, :, None]

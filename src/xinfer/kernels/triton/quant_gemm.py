@@ -14,6 +14,8 @@ import triton.language as tl
 from xinfer.kernels.triton.fused_moe import _silu_mul
 from xinfer.kernels.triton.moe_blocks import moe_block
 from xinfer.kernels.triton.quant_dequant import (
+    load_raw_pairs,
+    load_raw_tile3,
     load_weight_pairs,
     load_weight_tile,
     load_weight_tile3,
@@ -26,14 +28,18 @@ def _row_dot(
     stride_wn, stride_sn, stride_zn,
     FMT: tl.constexpr, SCALE_BN: tl.constexpr, SCALE_BK: tl.constexpr, HAS_ZERO: tl.constexpr,
     PACKED: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr, GROUP_T: tl.constexpr,
+    FACTORED: tl.constexpr,
 ):  # fmt: skip
-    """(BLOCK_N,) float32: x (k_dim,) · dequant(W[row_offset + offs_n]), each weight rounded to
-    x's dtype first (as the twin dequantizes to it). Tiles are (BLOCK_N, groups, columns of
-    a group) so that scales load once per group; 4-bit formats (PACKED) read whole bytes
-    and multiply the even and odd columns of x."""
+    """(BLOCK_N,) float32: x (k_dim,) · dequant(W[row_offset + offs_n]). Tiles are (BLOCK_N,
+    groups, columns of a group) so that scales load once per group; 4-bit formats (PACKED)
+    read whole bytes and multiply the even and odd columns of x. Each weight is rounded to
+    x's dtype first, as the twin dequantizes to it; or, FACTORED, the codes' values meet x
+    unscaled and each group's sum is scaled once (no per-element scale nor rounding: float32
+    throughout, within the twin's tolerance rather than on its bits)."""
     dtype = x_ptr.dtype.element_ty
     rows = offs_n + row_offset
     g = tl.arange(0, BLOCK_K // GROUP_T)
+    groups = tl.zeros((BLOCK_N, BLOCK_K // GROUP_T), dtype=tl.float32)
     if PACKED:
         pcols = g[:, None] * GROUP_T + 2 * tl.arange(0, GROUP_T // 2)[None, :]  # even columns
         acc = tl.zeros((BLOCK_N, BLOCK_K // GROUP_T, GROUP_T // 2), dtype=tl.float32)
@@ -42,23 +48,40 @@ def _row_dot(
             mask_p = ke < k_dim  # K is even for 4-bit formats: the odd column follows
             xe = tl.load(x_ptr + ke, mask=mask_p, other=0.0).to(tl.float32)
             xo = tl.load(x_ptr + ke + 1, mask=mask_p, other=0.0).to(tl.float32)
-            lo, hi = load_weight_pairs(
-                w_ptr, s_ptr, z_ptr, rows, k0, mask_n, k_dim,
-                stride_wn, stride_sn, stride_zn, FMT, SCALE_BK, HAS_ZERO, BLOCK_K, GROUP_T,
-            )  # fmt: skip
-            acc += lo.to(dtype).to(tl.float32) * xe[None, :, :]
-            acc += hi.to(dtype).to(tl.float32) * xo[None, :, :]
+            if FACTORED:
+                lo, hi, sc = load_raw_pairs(
+                    w_ptr, s_ptr, z_ptr, rows, k0, mask_n, k_dim,
+                    stride_wn, stride_sn, stride_zn, FMT, SCALE_BK, HAS_ZERO, BLOCK_K, GROUP_T,
+                )  # fmt: skip
+                part = tl.sum(lo * xe[None, :, :] + hi * xo[None, :, :], axis=2)
+                groups += part * sc
+            else:
+                lo, hi = load_weight_pairs(
+                    w_ptr, s_ptr, z_ptr, rows, k0, mask_n, k_dim,
+                    stride_wn, stride_sn, stride_zn, FMT, SCALE_BK, HAS_ZERO, BLOCK_K, GROUP_T,
+                )  # fmt: skip
+                acc += lo.to(dtype).to(tl.float32) * xe[None, :, :]
+                acc += hi.to(dtype).to(tl.float32) * xo[None, :, :]
     else:
         cols = g[:, None] * GROUP_T + tl.arange(0, GROUP_T)[None, :]
         acc = tl.zeros((BLOCK_N, BLOCK_K // GROUP_T, GROUP_T), dtype=tl.float32)
         for k0 in range(0, k_dim, BLOCK_K):
             ks = k0 + cols
             x = tl.load(x_ptr + ks, mask=ks < k_dim, other=0.0).to(tl.float32)
-            w = load_weight_tile3(
-                w_ptr, s_ptr, z_ptr, rows, k0, mask_n, k_dim, stride_wn, stride_sn, stride_zn,
-                FMT, SCALE_BN, SCALE_BK, HAS_ZERO, BLOCK_K, GROUP_T,
-            )  # fmt: skip
-            acc += w.to(dtype).to(tl.float32) * x[None, :, :]
+            if FACTORED:
+                v, sc = load_raw_tile3(
+                    w_ptr, s_ptr, z_ptr, rows, k0, mask_n, k_dim, stride_wn, stride_sn,
+                    stride_zn, FMT, SCALE_BN, SCALE_BK, HAS_ZERO, BLOCK_K, GROUP_T,
+                )  # fmt: skip
+                groups += tl.sum(v * x[None, :, :], axis=2) * sc
+            else:
+                w = load_weight_tile3(
+                    w_ptr, s_ptr, z_ptr, rows, k0, mask_n, k_dim, stride_wn, stride_sn,
+                    stride_zn, FMT, SCALE_BN, SCALE_BK, HAS_ZERO, BLOCK_K, GROUP_T,
+                )  # fmt: skip
+                acc += w.to(dtype).to(tl.float32) * x[None, :, :]
+    if FACTORED:
+        return tl.sum(groups, axis=1)
     return tl.sum(tl.sum(acc, axis=2), axis=1)
 
 
@@ -113,7 +136,7 @@ def quant_moe_gate_up_gemv_kernel(
     stride_xt, stride_we, stride_wn, stride_se, stride_sn, stride_ze, stride_zn, stride_it,
     FMT: tl.constexpr, SCALE_BN: tl.constexpr, SCALE_BK: tl.constexpr, HAS_ZERO: tl.constexpr,
     PACKED: tl.constexpr, TOP_K: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr,
-    GROUP_T: tl.constexpr,
+    GROUP_T: tl.constexpr, FACTORED: tl.constexpr,
 ):  # fmt: skip
     """grid (T*k, cdiv(I, BLOCK_N)): inter[pair, n] = silu(x·W13[e, n]) * (x·W13[e, I + n])."""
     pair = tl.program_id(0)
@@ -126,11 +149,12 @@ def quant_moe_gate_up_gemv_kernel(
     x_row = x_ptr + tok * stride_xt
     g = _row_dot(
         x_row, w_e, s_e, z_e, offs_n, mask_n, 0, hidden_dim, stride_wn, stride_sn, stride_zn,
-        FMT, SCALE_BN, SCALE_BK, HAS_ZERO, PACKED, BLOCK_N, BLOCK_K, GROUP_T,
+        FMT, SCALE_BN, SCALE_BK, HAS_ZERO, PACKED, BLOCK_N, BLOCK_K, GROUP_T, FACTORED,
     )  # fmt: skip
     u = _row_dot(
         x_row, w_e, s_e, z_e, offs_n, mask_n, inter_dim, hidden_dim, stride_wn, stride_sn,
         stride_zn, FMT, SCALE_BN, SCALE_BK, HAS_ZERO, PACKED, BLOCK_N, BLOCK_K, GROUP_T,
+        FACTORED,
     )  # fmt: skip
     h = _silu_mul(g, u, inter_ptr.dtype.element_ty)
     tl.store(inter_ptr + pair.to(tl.int64) * stride_it + offs_n, h, mask=mask_n)
@@ -143,6 +167,7 @@ def quant_moe_down_gemv_kernel(
     stride_it, stride_we, stride_wn, stride_se, stride_sn, stride_ze, stride_zn, stride_yt,
     FMT: tl.constexpr, SCALE_BN: tl.constexpr, SCALE_BK: tl.constexpr, HAS_ZERO: tl.constexpr,
     PACKED: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr, GROUP_T: tl.constexpr,
+    FACTORED: tl.constexpr,
 ):  # fmt: skip
     """grid (T*k, cdiv(H, BLOCK_N)): y[pair, n] = inter[pair]·W2[e, n] in the dtype."""
     pair = tl.program_id(0).to(tl.int64)
@@ -154,7 +179,7 @@ def quant_moe_down_gemv_kernel(
     y = _row_dot(
         inter_ptr + pair * stride_it, w_e, s_e, z_e, offs_n, mask_n, 0, inter_dim,
         stride_wn, stride_sn, stride_zn, FMT, SCALE_BN, SCALE_BK, HAS_ZERO, PACKED, BLOCK_N,
-        BLOCK_K, GROUP_T,
+        BLOCK_K, GROUP_T, FACTORED,
     )  # fmt: skip
     tl.store(y_ptr + pair * stride_yt + offs_n, y.to(y_ptr.dtype.element_ty), mask=mask_n)
 
