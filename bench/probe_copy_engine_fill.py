@@ -122,11 +122,14 @@ def main() -> None:
     )
     bounce = BounceBuffers(device)
     copies = [LayerCopies(c, hosts[i % len(hosts)], bounce) for i, c in enumerate(caches)]
-    t, rss = time.perf_counter(), _rss_gb()
+    torch.cuda.synchronize()
+    t, rss, free = time.perf_counter(), _rss_gb(), torch.cuda.mem_get_info()[0]
     ce_graph = capture(lambda: [lc.fill() for lc in copies])
+    torch.cuda.synchronize()
     say(
-        f"copy-engine graph captured and instantiated in {time.perf_counter() - t:.2f} s, "
-        f"host memory +{_rss_gb() - rss:.2f} GB"
+        f"copy-engine graph ({args.layers} layers x {2 * args.experts} bodies) captured and "
+        f"instantiated in {time.perf_counter() - t:.2f} s, host memory "
+        f"+{_rss_gb() - rss:.2f} GB, device memory +{(free - torch.cuda.mem_get_info()[0]) / 1e9:.2f} GB"
     )
     sm_graph = None
     if args.with_kernel:
