@@ -39,19 +39,19 @@ class BounceBuffers:
     (layers fill one after the other on the decode stream), sized before capture to the
     largest expert, and the side streams that capture the node bodies."""
 
-    def __init__(self, device: torch.device, ways: int = WAYS) -> None:
+    def __init__(self, device: torch.device, ways: int = WAYS, streams: list | None = None) -> None:
         if not 1 <= ways <= 4:
             raise ValueError(f"ways must be 1 to 4, got {ways}")
         self.device, self.ways = device, ways
         self.buffers: list[torch.Tensor] = []
         self.nbytes = 0
         # Depth 0 captures a WHILE body, depth 1 a SWITCH body (made now: not during capture).
-        self.streams = [torch.cuda.Stream(device) for _ in range(2)]
+        self.streams = streams or [torch.cuda.Stream(device) for _ in range(2)]
 
     def reserve(self, expert_bytes: int) -> None:
         if expert_bytes <= self.nbytes:
             return
-        if torch.cuda.is_current_stream_capturing():
+        if self.device.type == "cuda" and torch.cuda.is_current_stream_capturing():
             raise RuntimeError("bounce buffers must be reserved before graph capture")
         size = -(-expert_bytes // 256) * 256
         self.buffers = [
@@ -80,11 +80,12 @@ class LayerCopies:
         self.table = torch.tensor(table, dtype=torch.int64, device=cache.device)
         self.cursor = torch.zeros(1, dtype=torch.int32, device=cache.device)
 
-    def fill(self) -> None:
-        """Capture this layer's fill (after its lookup) into the graph being captured."""
+    def fill(self, stream: int | None = None) -> None:
+        """Capture this layer's fill (after its lookup) into the graph that `stream` (default:
+        torch's current stream) is capturing."""
         k, cache, ways = gn.kernels(), self.cache, self.bounce.ways
         c = ctypes
-        s = torch.cuda.current_stream(cache.device).cuda_stream
+        s = torch.cuda.current_stream(cache.device).cuda_stream if stream is None else stream
         graph, _ = gn.capture_state(s)
         loop = gn.new_handle(graph)
         count, cursor = c.c_void_p(cache.miss_count.data_ptr()), c.c_void_p(self.cursor.data_ptr())
