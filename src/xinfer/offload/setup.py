@@ -154,7 +154,7 @@ def enable_offload(
         max_call_tokens * top_k,
     )  # allocated now, so that the KV cache sized next leaves room for them
     executors = []
-    bounce = _copy_engine_buffers(offload, device) if offloaded else None
+    bounce = _copy_engine_buffers(offload, device)  # checked even when nothing is offloaded
     for i, host, cache in zip(offloaded, hosts, caches):
         layer = layers[i]
         executor = OffloadExecutor(cache, host, layer.top_k, profile, store, layer.expert_weights)
