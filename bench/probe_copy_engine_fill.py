@@ -105,6 +105,7 @@ def main() -> None:
     p.add_argument("--inter", type=int, default=768)
     p.add_argument("--iters", type=int, default=5)
     p.add_argument("--with-kernel", action="store_true", help="also time the SM fill kernel")
+    p.add_argument("--ways", type=int, default=2, help="misses a WHILE pass moves (1-4)")
     args = p.parse_args()
     device = torch.device("cuda")
     torch.cuda.init()
@@ -120,7 +121,7 @@ def main() -> None:
     say(
         f"{args.layers} layers, {expert_bytes / 1e6:.2f} MB an expert, host {store.nbytes / 1e9:.1f} GB pinned"
     )
-    bounce = BounceBuffers(device)
+    bounce = BounceBuffers(device, args.ways)
     copies = [LayerCopies(c, hosts[i % len(hosts)], bounce) for i, c in enumerate(caches)]
     torch.cuda.synchronize()
     t, rss, free = time.perf_counter(), _rss_gb(), torch.cuda.mem_get_info()[0]
