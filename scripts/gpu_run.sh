@@ -59,7 +59,7 @@ for phase in "$@"; do
     # the copy-engine fill (conditional graph nodes): probe (stage by stage), its GPU tests,
     # then decode with it beside the fill kernel at the same rates (issue 14 / 19)
     cefill) timeout 150 python3 bench/probe_copy_engine_fill.py --misses ${CE_MISSES:-2,8,1} --with-kernel 2>&1 | tee "$OUT/ce_probe.txt" | tail -30
-      timeout 240 python3 -m pytest -m gpu -q -p no:cacheprovider -rfE tests/offload/test_copy_engine_gpu.py 2>&1 | tee "$OUT/ce_tests.txt" | tail -25 ;;
+      timeout 300 python3 -m pytest -m gpu -q -p no:cacheprovider -rfE tests/offload/test_copy_engine_gpu.py "tests/offload/test_prefetch_gpu.py::test_prefetch_in_cuda_graph_equals_twin_and_resident" 2>&1 | tee "$OUT/ce_tests.txt" | tail -25 ;;
     cebench) for fill in ${CE_FILLS:-kernel copy-engine}; do timeout ${CE_TIMEOUT:-280} python3 bench/bench_offload_decode.py --rates ${CE_RATES:-0.2,0.35} --batches ${CE_BATCHES:-1,8} --steps ${CE_STEPS:-48,12} --warmup-steps ${CE_WARMUP:-16,4} --ttft-tokens "" --routing ${OFFLOAD_ROUTING:-qwen3-30b-a3b} --fill $fill --out "$OUT/offload_fill_$fill" 2>&1 | grep -v "it/s]" | tail -25; done ;;
     promptpass) timeout ${PASS_TIMEOUT:-540} python3 bench/bench_prompt_pass.py --rates ${PASS_RATES:-0,0.1} --lengths ${PASS_LENGTHS:-2048,8192,32768} --out "$OUT/prompt_pass" 2>&1 | grep -v "it/s]" | tail -40 ;;
     layerbench) timeout 120 python3 bench/bench_offload_layer.py 2>&1 | tail -12 | tee "$OUT/layer.txt" ;;

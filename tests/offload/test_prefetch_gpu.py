@@ -233,7 +233,11 @@ def _routed(g: torch.Generator) -> tuple[torch.Tensor, torch.Tensor]:
     return ids.to(torch.int32), w / w.sum(-1, keepdim=True)
 
 
-@pytest.mark.parametrize("distance,copy_engine", [(1, False), (2, False), (1, True), (2, True)])
+@pytest.mark.parametrize(
+    "distance,copy_engine",
+    [(1, False), (2, False), (1, True), (2, True)],
+    ids=["d1-kernel-fill", "d2-kernel-fill", "d1-copy-engine-fill", "d2-copy-engine-fill"],
+)
 def test_prefetch_in_cuda_graph_equals_twin_and_resident(distance, copy_engine):
     """Four pooled layers, each prefetching the layer `distance` ahead on the side stream:
     a captured graph and an eager copy give the resident bf16 bits every step, and after
