@@ -9,7 +9,7 @@ import dense_models as dm
 import pytest
 import tiny_models as tm
 import torch
-from torch.utils._python_dispatch import TorchDispatchMode
+from host_data import watch_forward
 
 from xinfer import LLM, SamplingParams
 
@@ -43,39 +43,13 @@ def test_dense_greedy_and_logits_match_transformers(pair):
         assert abs(logprob - ref[token_id].item()) < 1e-4
 
 
-class _HostData(TorchDispatchMode):
-    """Records the ops that turn host data into a tensor (`torch.tensor`, `as_tensor`) or read
-    a device value back (`.item()`): on CUDA both copy between host and device."""
-
-    OPS = (torch.ops.aten.lift_fresh.default, torch.ops.aten._local_scalar_dense.default)
-
-    def __init__(self) -> None:
-        super().__init__()
-        self.seen: list[str] = []
-
-    def __torch_dispatch__(self, func, types, args=(), kwargs=None):
-        if func in self.OPS:
-            self.seen.append(str(func))
-        return func(*args, **(kwargs or {}))
-
-
 def test_forward_makes_no_tensor_from_host_data(pair, monkeypatch):
     """The CUDA graphs capture the model's forward and LM head; a host-to-device copy in
     them (`torch.tensor(..., device=x.device)`) makes the capture fail on the GPU ("Cannot
     copy between CPU and CUDA tensors during CUDA graph capture"), which CPU runs never
     show: Gemma 3's embedding scale did. Checked here on CPU, prefill and decode."""
     _, llm = pair
-    model, host_data = llm.engine.runner.model, _HostData()
-
-    def watched(method):
-        def run(*args, **kwargs):
-            with host_data:
-                return method(*args, **kwargs)
-
-        return run
-
-    monkeypatch.setattr(model, "forward", watched(model.forward))
-    monkeypatch.setattr(model, "compute_logits", watched(model.compute_logits))
+    host_data = watch_forward(llm.engine.runner.model, monkeypatch)
     llm.generate([tm.prompts(1, seed=3)[0]], SamplingParams(temperature=0, max_tokens=3))
     assert host_data.seen == []
 
