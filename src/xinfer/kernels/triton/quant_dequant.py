@@ -86,24 +86,24 @@ def load_raw_tile3(
     BLOCK_K // GROUP_T)) float32 of columns k0 .. k0 + BLOCK_K: the weight is value × scale
     (FP8: e4m3 value; int4: code − zero; NVFP4: e2m1 value × 2^-14). Masked elements (rows
     past N, columns past K) have scale 0."""
-    g = tl.arange(0, BLOCK_K // GROUP_T)
-    cols = k0 + g[:, None] * GROUP_T + tl.arange(0, GROUP_T)[None, :]  # (G, GROUP_T)
-    rows = offs_n[:, None, None]
-    mask = mask_n[:, None, None] & (cols < k_dim)[None, :, :]
-    s, z = _group_scales(
-        s_ptr, z_ptr, offs_n, k0, mask_n, k_dim, stride_sn, stride_zn,
-        FMT, SCALE_BN, SCALE_BK, HAS_ZERO, BLOCK_K, GROUP_T,
-    )  # fmt: skip
     if FMT == 1:
+        g = tl.arange(0, BLOCK_K // GROUP_T)
+        cols = k0 + g[:, None] * GROUP_T + tl.arange(0, GROUP_T)[None, :]  # (G, GROUP_T)
+        rows = offs_n[:, None, None]
+        mask = mask_n[:, None, None] & (cols < k_dim)[None, :, :]
+        s, z = _group_scales(
+            s_ptr, z_ptr, offs_n, k0, mask_n, k_dim, stride_sn, stride_zn,
+            FMT, SCALE_BN, SCALE_BK, HAS_ZERO, BLOCK_K, GROUP_T,
+        )  # fmt: skip
         q = tl.load(w_ptr + rows * stride_wn + cols[None, :, :], mask=mask, other=0.0)
-        v = q.to(tl.float32)
-    else:
-        byte = tl.load(w_ptr + rows * stride_wn + cols[None, :, :] // 2, mask=mask, other=0)
-        code = (byte.to(tl.int32) >> ((cols[None, :, :] & 1) * 4)) & 15
-        if FMT == 2:
-            v = _int4_minus(code, z[:, :, None])
-        else:
-            v = _e2m1_scaled(code)
+        return q.to(tl.float32), s
+    # 4-bit codes: whole bytes, contiguous (one load a byte, not one a column), their two
+    # nibbles joined back into column order (GROUP_T is even for these formats)
+    lo, hi, s = load_raw_pairs(
+        w_ptr, s_ptr, z_ptr, offs_n, k0, mask_n, k_dim, stride_wn, stride_sn, stride_zn,
+        FMT, SCALE_BK, HAS_ZERO, BLOCK_K, GROUP_T,
+    )  # fmt: skip
+    v = tl.reshape(tl.join(lo, hi), (offs_n.shape[0], BLOCK_K // GROUP_T, GROUP_T))
     return v, s
 
 
