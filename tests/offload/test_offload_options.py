@@ -187,3 +187,27 @@ def test_copy_engine_fill_is_refused_without_a_gpu(ckpt):
     that silently does something else."""
     with pytest.raises(UserError, match="copy-engine cannot run here: it needs an NVIDIA GPU"):
         LLM(ckpt, device="cpu", moe_offload=0.5, moe_offload_fill="copy-engine")
+
+
+def test_copy_engine_fill_is_refused_before_any_weight_is_read(ckpt, monkeypatch):
+    import xinfer.engine.engine as engine_module
+
+    def not_yet(*args, **kwargs):
+        raise AssertionError("weights were read before the option was checked")
+
+    monkeypatch.setattr(engine_module, "build_model", not_yet)
+    with pytest.raises(UserError, match="copy-engine cannot run here"):
+        LLM(ckpt, device="cpu", moe_offload=0.5, moe_offload_fill="copy-engine")
+
+
+def test_offload_options_on_a_dense_model_are_ignored_with_a_note(tmp_path, caplog):
+    """A model without routed experts runs with `--moe-offload`, prefetch and the fill
+    option given (one log line), rather than failing on the options it ignores."""
+    import dense_models as dm
+
+    dm.make_dense("llama").save_pretrained(tmp_path)
+    with caplog.at_level("INFO", logger="xinfer"):
+        llm = LLM(str(tmp_path), device="cpu", moe_offload=0.5, moe_prefetch=1,
+                  moe_offload_fill="copy-engine")  # fmt: skip
+    assert "MoE offload is ignored" in caplog.text
+    assert llm.generate([[3, 4, 5]], GREEDY)[0].token_ids

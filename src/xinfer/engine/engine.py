@@ -70,10 +70,14 @@ class Engine:
         offload = config.offload
         if offload.is_enabled and not cfg.is_moe:
             logger.info("model has no routed experts; MoE offload is ignored")
-            offload = replace(offload, fraction=None, is_auto=False)
+            offload = replace(
+                offload, fraction=None, is_auto=False, prefetch_distance=0, fill="kernel"
+            )
         self.offload_manager = None
         # Fraction 1.0 keeps every expert on the device: build them there, never on the host.
-        from xinfer.offload.setup import keeps_every_expert
+        from xinfer.offload.setup import check_fill, keeps_every_expert
+
+        check_fill(offload, self.device)  # before any weight is read
 
         isq = None
         if config.isq is not None:

@@ -171,17 +171,24 @@ def enable_offload(
     )
 
 
-def _copy_engine_buffers(offload: OffloadConfig, device: torch.device) -> BounceBuffers | None:
-    """`--moe-offload-fill copy-engine`: the device's bounce buffers (None for `kernel`);
-    refused with the reason where the driver or NVRTC cannot build the graph nodes."""
+def check_fill(offload: OffloadConfig, device: torch.device) -> None:
+    """Refuse `--moe-offload-fill copy-engine`, with the reason, where the driver or NVRTC
+    cannot build its graph nodes (the engine asks before it reads any weight)."""
     if offload.fill != "copy-engine":
-        return None
+        return
     reason = "it needs an NVIDIA GPU" if device.type != "cuda" else unavailable_reason()
     if reason is not None:
         raise UserError(
             f"--moe-offload-fill copy-engine cannot run here: {reason}; use the default "
             "--moe-offload-fill kernel"
         )
+
+
+def _copy_engine_buffers(offload: OffloadConfig, device: torch.device) -> BounceBuffers | None:
+    """`--moe-offload-fill copy-engine`: the device's bounce buffers (None for `kernel`)."""
+    if offload.fill != "copy-engine":
+        return None
+    check_fill(offload, device)
     logger.info("MoE offload: decode graphs copy missed experts on the copy engine")
     return BounceBuffers(device)
 
