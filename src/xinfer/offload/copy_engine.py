@@ -67,6 +67,7 @@ class LayerCopies:
         self, cache: SlotCache, host_tensors: dict[str, torch.Tensor], bounce: BounceBuffers
     ) -> None:
         self.cache, self.bounce = cache, bounce
+        gn.kernels()  # built and loaded now: a module load is refused during graph capture
         self.host = []  # (host base address, row bytes, offset in the bounce buffer)
         table, offset = [], 0
         for name, host in host_tensors.items():
