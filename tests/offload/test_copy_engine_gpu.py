@@ -6,18 +6,11 @@ the engine's greedy output with it equals no offload."""
 
 from __future__ import annotations
 
-import random
-
 import pytest
-import torch
-from test_offload_gpu import CPU, DEV, assert_same, expert_set
+from test_offload_gpu import DEV, replay_lookup_and_fill
 
-from xinfer.offload import kernels as offload_kernels
 from xinfer.offload.copy_engine import BounceBuffers, LayerCopies
 from xinfer.offload.graph_nodes import unavailable_reason
-from xinfer.offload.host_store import HostExpertStore
-from xinfer.offload.lookup import fill_reference, lookup_reference
-from xinfer.offload.slot_cache import OVERFLOW, SlotCache
 
 pytestmark = pytest.mark.gpu
 
@@ -30,35 +23,11 @@ def test_copy_engine_is_available_on_the_test_gpu():
 
 @pytest.mark.parametrize("rows,ways", [(1, 2), (2, 2), (8, 2), (8, 1), (8, 3)])
 def test_copy_engine_fill_in_graph_equals_twins(rows, ways):
-    num_experts, num_slots, top_k = 64, 16, 8
-    store = HostExpertStore(DEV)
-    host = store.add_layer(expert_set(num_experts, seed=3))
-    gpu, cpu = SlotCache(host, num_slots, DEV), SlotCache(host, num_slots, CPU)
-    copies = LayerCopies(gpu, host, BounceBuffers(DEV, ways))
-    static_ids = torch.zeros(rows, top_k, dtype=torch.int32, device=DEV)
-    warm = SlotCache(host, num_slots, DEV)
-    offload_kernels.lookup(warm, static_ids)  # compile outside capture
-    torch.cuda.synchronize()
-    graph = torch.cuda.CUDAGraph()
-    with torch.cuda.graph(graph):
-        static_rows = offload_kernels.lookup(gpu, static_ids)
-        copies.fill()
-    rng = random.Random(rows * 10 + ways)
-    misses_seen, ids = set(), None
-    for step in range(60):
-        if ids is None or step % 10 != 9:  # step 9, 19, ...: the last call again (all hit)
-            ids = torch.tensor([rng.sample(range(num_experts), top_k) for _ in range(rows)])
-        static_ids.copy_(ids.to(torch.int32))
-        graph.replay()
-        want = lookup_reference(cpu, ids.to(torch.int32))
-        fill_reference(cpu, host)
-        torch.cuda.synchronize()
-        misses_seen.add(int(cpu.miss_count))
-        assert torch.equal(static_rows.cpu(), want), step
-        assert_same(gpu, cpu, host, want, ids, f"replay {step}")
-    assert 0 in misses_seen and any(n % 2 for n in misses_seen)
-    assert (int(gpu.counters[OVERFLOW]) > 0) == (rows * top_k > num_slots)
-    store.close()
+    def copy_engine_fill(cache, host):
+        return LayerCopies(cache, host, BounceBuffers(DEV, ways)).fill
+
+    misses_seen = replay_lookup_and_fill(rows, copy_engine_fill, seed=3)
+    assert 0 in misses_seen and any(n % 2 for n in misses_seen)  # no miss; odd counts
 
 
 def test_engine_copy_engine_fill_greedy_matches_no_offload(tmp_path):

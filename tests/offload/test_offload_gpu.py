@@ -75,12 +75,15 @@ def test_triton_lookup_and_fill_equal_twins(num_experts, num_slots, top_k):
     store.close()
 
 
-@pytest.mark.parametrize("rows", [2, 8])  # 16 and 64 routed ids against 16 slots
-def test_lookup_and_fill_replay_in_cuda_graph(rows):
+def replay_lookup_and_fill(rows: int, make_fill, seed: int, steps: int = 60) -> set[int]:
+    """A graph of lookup + fill (`make_fill(cache, host)` → the fill to capture) replayed on
+    random calls of `rows` tokens (every tenth repeats the last: all hits) equals the CPU
+    twins after every replay; returns the miss counts seen."""
     num_experts, num_slots, top_k = 64, 16, 8
     store = HostExpertStore(DEV)
-    host = store.add_layer(expert_set(num_experts, seed=1))
+    host = store.add_layer(expert_set(num_experts, seed=seed))
     gpu, cpu = SlotCache(host, num_slots, DEV), SlotCache(host, num_slots, CPU)
+    fill = make_fill(gpu, host)
     static_ids = torch.zeros(rows, top_k, dtype=torch.int32, device=DEV)
     warm = SlotCache(host, num_slots, DEV)
     offload_kernels.lookup(warm, static_ids)  # compile outside capture
@@ -89,20 +92,29 @@ def test_lookup_and_fill_replay_in_cuda_graph(rows):
     graph = torch.cuda.CUDAGraph()
     with torch.cuda.graph(graph):
         static_rows = offload_kernels.lookup(gpu, static_ids)
-        offload_kernels.fill(gpu, host)
+        fill()
     # Capture records the kernels without running them: the tables are still empty.
-    rng = random.Random(7)
-    for step in range(100):
-        ids = torch.tensor([rng.sample(range(num_experts), top_k) for _ in range(rows)])
+    rng, misses_seen, ids = random.Random(seed * 100 + rows), set(), None
+    for step in range(steps):
+        if ids is None or step % 10 != 9:
+            ids = torch.tensor([rng.sample(range(num_experts), top_k) for _ in range(rows)])
         static_ids.copy_(ids.to(torch.int32))
         graph.replay()
         want = lookup_reference(cpu, ids.to(torch.int32))
         fill_reference(cpu, host)
         torch.cuda.synchronize()
+        misses_seen.add(int(cpu.miss_count))
         assert torch.equal(static_rows.cpu(), want), step
         assert_same(gpu, cpu, host, want, ids, f"replay {step}")
     assert (int(gpu.counters[OVERFLOW]) > 0) == (rows * top_k > num_slots)
     store.close()
+    return misses_seen
+
+
+@pytest.mark.parametrize("rows", [2, 8])  # 16 and 64 routed ids against 16 slots
+def test_lookup_and_fill_replay_in_cuda_graph(rows):
+    kernel_fill = lambda cache, host: lambda: offload_kernels.fill(cache, host)  # noqa: E731
+    assert 0 in replay_lookup_and_fill(rows, kernel_fill, seed=1, steps=100)
 
 
 def _pooled_executors(num_layers: int, num_experts: int, num_slots: int, top_k: int):
