@@ -101,9 +101,8 @@ def moe_case(name, fmt, tokens, sweep):
         print(f"  best {best[1]}: {best[0] * 1e6:.1f} us, {moved / best[0] / 1e12:.2f} TB/s")
     if name != "bf16" and tokens * TOP_K <= moe_launch.MAX_GEMV_PAIRS:
         # the GEMV scaling each group's sum instead of each weight (quant_launch.FACTORED)
-        base = (best[1] if sweep and best and best[1] else None) or ql.QuantTiles(
-            1, 8, ql._decode_block_k(fmt.kernel_weights(w13, HIDDEN)), 8, down_block_n=16
-        )
+        best_tiles = best[1] if sweep and best and best[1] else None
+        base = best_tiles or ql.gemv_tiles(fmt.kernel_weights(w13, HIDDEN))
         for factored in (False, True):
             cfg = dataclasses.replace(base, factored=factored)
             err = (run(tiles=cfg).float() - ref).norm() / ref.norm()

@@ -59,6 +59,14 @@ def _decode_block_k(kw: KernelWeights) -> int:
     return 512 if packed(kw) else 256 if kw.fmt_code == 1 else 128
 
 
+def gemv_tiles(kw13: KernelWeights) -> QuantTiles:
+    """The MoE GEMV's default tiles (decode): 8 rows a program, ~2 KB of stored bytes a row
+    tile, 16 rows a program for the down projection."""
+    return QuantTiles(
+        block_m=1, block_n=8, block_k=_decode_block_k(kw13), num_warps=8, down_block_n=16
+    )
+
+
 def linear_tiles(m: int, dtype: torch.dtype, kw: KernelWeights | None = None) -> QuantTiles:
     if m <= DECODE_M:  # weight-bound: narrow N tiles, K split below, give every SM work
         block_k = _decode_block_k(kw) // 2 if kw is not None else 128
@@ -180,9 +188,7 @@ def fused_moe(
     y = hidden.new_empty(num_pairs, hidden_dim)  # (T*k, H) unweighted expert outputs
     (a13, s13), (a2, s2) = _args(kw13, True), _args(kw2, True)
     if use_gemv:
-        t = tiles or QuantTiles(
-            block_m=1, block_n=8, block_k=_decode_block_k(kw13), num_warps=8, down_block_n=16
-        )
+        t = tiles or gemv_tiles(kw13)
         factored = FACTORED if t.factored is None else t.factored
         grid = (num_pairs, triton.cdiv(inter, t.block_n))
         jit.quant_moe_gate_up_gemv_kernel[grid](
