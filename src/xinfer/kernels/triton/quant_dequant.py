@@ -20,8 +20,10 @@ from __future__ import annotations
 import triton
 import triton.language as tl
 
-E2M1_UNSCALE: tl.constexpr = 16384.0  # 2^14: what `_e2m1_scaled` leaves in the scales
-INT4_MAGIC: tl.constexpr = 0x4B000000  # the bits of 2^23: OR a code < 2^23 in, get 2^23 + code
+# (module constants a jit function reads must be tl.constexpr objects: compiled Triton
+# refuses any other global, though the CPU interpreter allows it)
+E2M1_UNSCALE = tl.constexpr(16384.0)  # 2^14: what `_e2m1_scaled` leaves in the scales
+INT4_MAGIC = tl.constexpr(0x4B000000)  # the bits of 2^23: OR a code < 2^23 in, get 2^23 + code
 
 
 @triton.jit
@@ -96,14 +98,17 @@ def load_raw_tile3(
             FMT, SCALE_BN, SCALE_BK, HAS_ZERO, BLOCK_K, GROUP_T,
         )  # fmt: skip
         q = tl.load(w_ptr + rows * stride_wn + cols[None, :, :], mask=mask, other=0.0)
-        return q.to(tl.float32), s
-    # 4-bit codes: whole bytes, contiguous (one load a byte, not one a column), their two
-    # nibbles joined back into column order (GROUP_T is even for these formats)
-    lo, hi, s = load_raw_pairs(
-        w_ptr, s_ptr, z_ptr, offs_n, k0, mask_n, k_dim, stride_wn, stride_sn, stride_zn,
-        FMT, SCALE_BK, HAS_ZERO, BLOCK_K, GROUP_T,
-    )  # fmt: skip
-    v = tl.reshape(tl.join(lo, hi), (offs_n.shape[0], BLOCK_K // GROUP_T, GROUP_T))
+        v = q.to(tl.float32)
+    else:
+        # 4-bit codes: whole bytes, contiguous (one load a byte, not one a column), their two
+        # nibbles joined back into column order (GROUP_T is even for these formats). (An
+        # `else`, not code after a return in the FP8 branch: compiled Triton builds that code
+        # for FP8 too, and its byte load cannot take an e4m3 pointer.)
+        lo, hi, s = load_raw_pairs(
+            w_ptr, s_ptr, z_ptr, offs_n, k0, mask_n, k_dim, stride_wn, stride_sn, stride_zn,
+            FMT, SCALE_BK, HAS_ZERO, BLOCK_K, GROUP_T,
+        )  # fmt: skip
+        v = tl.reshape(tl.join(lo, hi), (offs_n.shape[0], BLOCK_K // GROUP_T, GROUP_T))
     return v, s
 
 

@@ -81,8 +81,10 @@ def _row_dot(
                 )  # fmt: skip
                 acc += w.to(dtype).to(tl.float32) * x[None, :, :]
     if FACTORED:
-        return tl.sum(groups, axis=1)
-    return tl.sum(tl.sum(acc, axis=2), axis=1)
+        out = tl.sum(groups, axis=1)
+    else:
+        out = tl.sum(tl.sum(acc, axis=2), axis=1)
+    return out
 
 
 @triton.jit(do_not_specialize=["M", "stride_os"])
