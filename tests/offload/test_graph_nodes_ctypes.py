@@ -102,6 +102,17 @@ class FakeCuda:
             slots = [_read(params + 8 * i, c.c_void_p) for i in range(self.num_params)]
             return ok("launch", func, (gx, gy, gz), (bx, by, bz), shared, stream, slots, extra)
 
+        @CB(c.c_int, P, c.c_uint)
+        def stream_create(out, flags):
+            _write(out, c.c_void_p, 0x5E)
+            return ok("stream", flags)
+
+        @CB(c.c_int, P)
+        def stream_destroy(stream):
+            return ok("destroy", stream)
+
+        self.cuStreamCreate = stream_create
+        self.cuStreamDestroy_v2 = stream_destroy
         self.cuGetErrorName = get_error_name
         self.cuCtxGetCurrent = ctx_get_current
         self.cuStreamGetCaptureInfo_v3 = get_capture_info
@@ -170,3 +181,14 @@ def test_driver_errors_name_the_call(cuda):
     with pytest.raises(gn.DriverError, match="cuGraphConditionalHandleCreate failed: "
                                              "CUDA_ERROR_INVALID_VALUE"):  # fmt: skip
         gn.new_handle(0x6A)
+
+
+def test_body_streams_are_our_own_non_blocking_streams(cuda):
+    """Bodies capture on driver-made streams (torch's pooled streams can be the capturing
+    one), and `capturing_into` takes such a handle as it is."""
+    s = gn.new_stream()
+    assert s == 0x5E and cuda.calls[-1] == ("stream", 1)  # CU_STREAM_NON_BLOCKING
+    with gn.capturing_into(0x901, s) as got:
+        assert got == 0x5E and cuda.calls[-1] == ("begin", 0x5E, 0x901, None, None, 0, 2)
+    gn.destroy_stream(s)
+    assert cuda.calls[-1] == ("destroy", 0x5E)

@@ -1,6 +1,9 @@
 """Fill on the copy engine: inside a captured decode graph, a layer's missed experts move
-host→device as copy-engine copies (the link's full rate, ~55 GB/s on the H200, where the
-SM-side fill kernel reads mapped host memory at ~49) while no SM is spent on them.
+host→device as copy-engine copies, spending no SM on them. Opt-in
+(`--moe-offload-fill copy-engine`): measured on the H200 (2026-12-04, docs/benchmarks.md) it
+moves 43 GB/s a miss in the graph (the fill kernel 49) and its conditional nodes cost ~23 µs
+a layer even without a miss, so serial decode is slower with it (20%, batch 1: 46.9 tok/s
+against 52.8); its use is a fill that overlaps compute (prefetch), not yet shown to pay.
 
 A CUDA graph's copies have fixed addresses, and which expert misses is known only on the
 device. So each layer's fill is a WHILE node over the lookup's miss list; a pass takes
@@ -16,6 +19,7 @@ the fill kernel, which writes the same bytes to the same rows. The result is the
 from __future__ import annotations
 
 import ctypes
+import weakref
 
 import torch
 
@@ -25,6 +29,11 @@ from xinfer.offload.slot_cache import SlotCache
 WAYS = 2  # misses a pass moves (bounce buffers); the kernels take up to 4
 PLACE_BLOCK = 256
 PLACE_PROGRAMS = 132  # per tensor of the set: one wave of the H200's SMs
+
+
+def _destroy_streams(streams: list[int]) -> None:
+    for stream in streams:
+        gn.destroy_stream(stream)
 
 
 def _word(*values: int) -> int:
@@ -45,8 +54,12 @@ class BounceBuffers:
         self.device, self.ways = device, ways
         self.buffers: list[torch.Tensor] = []
         self.nbytes = 0
-        # Depth 0 captures a WHILE body, depth 1 a SWITCH body (made now: not during capture).
-        self.streams = streams or [torch.cuda.Stream(device) for _ in range(2)]
+        # Depth 0 captures a WHILE body, depth 1 a SWITCH body (made now: not during capture;
+        # our own streams, never one of torch's pooled ones: see `graph_nodes.new_stream`).
+        if streams is None:
+            streams = [gn.new_stream() for _ in range(2)]
+            weakref.finalize(self, _destroy_streams, list(streams))
+        self.streams = streams
 
     def reserve(self, expert_bytes: int) -> None:
         if expert_bytes <= self.nbytes:

@@ -115,6 +115,26 @@ def _context() -> int:
     return ctx.value or 0
 
 
+def _make_context_current() -> int:
+    """The current device's primary context, made current on this thread. torch creates it
+    lazily (first allocation or launch), so a driver call made before then — loading the
+    setter kernels when the engine checks the fill, before any weight is read — finds none
+    and fails with CUDA_ERROR_INVALID_CONTEXT."""
+    ctx = _context()
+    if ctx:
+        return ctx
+    torch.cuda.init()
+    torch.empty(1, device="cuda")  # the runtime creates the primary context, current here
+    ctx = _context()
+    if ctx:
+        return ctx
+    lib, dev, primary = _libcuda(), _c.c_int(), _voidp()
+    _check(lib.cuDeviceGet(_c.byref(dev), torch.cuda.current_device()), "cuDeviceGet")
+    _check(lib.cuDevicePrimaryCtxRetain(_c.byref(primary), dev), "cuDevicePrimaryCtxRetain")
+    _check(lib.cuCtxSetCurrent(primary), "cuCtxSetCurrent")
+    return primary.value or 0
+
+
 def capture_state(stream: int) -> tuple[int, list[int]]:
     """(graph being captured, its current dependency nodes) of a capturing stream."""
     status, cid, graph = _c.c_int(), _c.c_uint64(), _voidp()
@@ -176,11 +196,27 @@ def add_conditional(
     return node.value, bodies
 
 
+def new_stream() -> int:
+    """A CUDA stream of our own (non-blocking), for capturing node bodies. Not one of torch's
+    `torch.cuda.Stream()`: those come round-robin from a pool of a few streams per device,
+    so one can be the very stream that is capturing the decode graph or a prefetch (the
+    driver then refuses a second capture on it: CUDA_ERROR_ILLEGAL_STATE)."""
+    _make_context_current()
+    stream = _voidp()
+    _check(_libcuda().cuStreamCreate(_c.byref(stream), _c.c_uint(1)), "cuStreamCreate")
+    return stream.value
+
+
+def destroy_stream(stream: int) -> None:
+    _libcuda().cuStreamDestroy_v2(_voidp(stream))
+
+
 @contextlib.contextmanager
-def capturing_into(graph: int, stream: torch.cuda.Stream) -> Iterator[int]:
-    """Driver work issued on `stream` (yielded as its handle) lands in `graph`."""
+def capturing_into(graph: int, stream: int | torch.cuda.Stream) -> Iterator[int]:
+    """Driver work issued on `stream` (a handle or a torch stream; yielded as its handle)
+    lands in `graph`."""
     fn, name = _function("cuStreamBeginCaptureToGraph")
-    s = stream.cuda_stream
+    s = stream if isinstance(stream, int) else stream.cuda_stream
     res = fn(_voidp(s), _voidp(graph), None, None, _c.c_size_t(0), _c.c_int(CAPTURE_MODE_RELAXED))
     _check(res, name)
     try:
@@ -256,6 +292,7 @@ def build_module(source: str, names: Sequence[str]) -> dict[str, Kernel]:
     finally:
         lib.nvrtcDestroyProgram(_c.byref(prog))
     module = _voidp()
+    _make_context_current()
     _check(_libcuda().cuModuleLoadData(_c.byref(module), cubin), "cuModuleLoadData")
     out = {}
     for name in names:
@@ -315,8 +352,10 @@ extern "C" __global__ void ce_place(const long long* table, const char* bounce,
     for (; k < words; k += step) ((long long*)dst)[k] = ((const long long*)src)[k];
   } else if (t[3] == 4) {
     for (; k < words; k += step) ((int*)dst)[k] = ((const int*)src)[k];
-  } else {
-    for (; k < words; k += step) dst[k] = src[k];
+  } else if (t[3] == 2) {
+    for (; k < words; k += step) ((short*)dst)[k] = ((const short*)src)[k];
+  } else {  // any other word: copy the row byte by byte
+    for (; k < t[1]; k += step) dst[k] = src[k];
   }
 }
 
