@@ -75,7 +75,9 @@ def test_fused_moe_equals_the_bf16_grouped_path_on_twin_weights(name, tokens):
     fmt, hidden, ids, weights, w13, w2 = _moe_inputs(name, tokens)
     d13, d2 = _twin_set(fmt, w13, 2 * INTER, HIDDEN), _twin_set(fmt, w2, HIDDEN, INTER)
     ref = moe_launch.fused_moe(hidden, ids, weights, d13, d2, use_gemv=False)
-    assert torch.equal(ql.fused_moe(hidden, ids, weights, fmt, w13, w2, INTER), ref)
+    # (T = 32 is below PREFILL_MIN_PAIRS: the dispatcher's dequantized path is asked for)
+    whole = ql.fused_moe(hidden, ids, weights, fmt, w13, w2, INTER, use_gemv=False, dequant=True)
+    assert torch.equal(whole, ref)
     kw13, kw2 = fmt.kernel_weights(w13, HIDDEN), fmt.kernel_weights(w2, INTER)
     for chunk in (1, 5):
         out = quant_prefill.fused_moe(hidden, ids, weights, kw13, kw2, INTER, chunk=chunk)
@@ -91,7 +93,7 @@ def test_chunked_grouped_path_replays_in_cuda_graphs(name):
     def step():
         return (
             quant_prefill.fused_moe(hidden, ids, weights, kw13, kw2, INTER, chunk=5),
-            ql.fused_moe(hidden, ids, weights, fmt, w13, w2, INTER),
+            ql.fused_moe(hidden, ids, weights, fmt, w13, w2, INTER, use_gemv=False, dequant=True),
             ql.linear(hidden, fmt, lin, None, 5120, HIDDEN),  # 32 rows: dequant + cuBLAS
         )
 

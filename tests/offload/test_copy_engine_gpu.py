@@ -27,7 +27,9 @@ def test_copy_engine_fill_in_graph_equals_twins(rows, ways):
         return LayerCopies(cache, host, BounceBuffers(DEV, ways)).fill
 
     misses_seen = replay_lookup_and_fill(rows, copy_engine_fill, seed=3)
-    assert 0 in misses_seen and any(n % 2 for n in misses_seen)  # no miss; odd counts
+    assert any(n % 2 for n in misses_seen)  # an odd count: a pass with one way idle
+    if rows * 8 <= 16:  # the calls fit the 16 slots: a repeated call hits everything
+        assert 0 in misses_seen
 
 
 def test_engine_copy_engine_fill_greedy_matches_no_offload(tmp_path):
