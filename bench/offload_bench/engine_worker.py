@@ -185,7 +185,8 @@ def run(cfg: dict) -> dict:
     llm = LLM(cfg["model"], **engine_kwargs(cfg))
     out: dict = {"rate": cfg["rate"], "prefetch": int(cfg.get("prefetch") or 0),
                  "load_s": time.perf_counter() - t0, "decode": [], "ttft": [],
-                 "max_model_len": cfg["max_model_len"]}  # fmt: skip
+                 "max_model_len": cfg["max_model_len"],
+                 "load_phases_s": dict(llm.engine.startup_phases)}  # fmt: skip
     stats = llm.offload_stats()
     manager = llm.engine.offload_manager
     if stats is not None:
@@ -197,7 +198,8 @@ def run(cfg: dict) -> dict:
             out["predictor"] = stats["prefetch"]["predictor"]
             out["prefetch_margin"] = manager.config.prefetch_margin
     name = f"rate {cfg['rate']}" + (f" prefetch {out['prefetch']}" if out["prefetch"] else "")
-    print(f"[{name}] loaded in {out['load_s']:.1f} s", flush=True)
+    phases = ", ".join(f"{k} {v:.1f}" for k, v in out["load_phases_s"].items())
+    print(f"[{name}] loaded in {out['load_s']:.1f} s ({phases})", flush=True)
     for batch, warm, timed in zip(cfg.get("batches") or [], cfg["warmup"], cfg["steps"]):
         row = decode_row(llm, cfg, batch, warm, timed)
         keys = ("prefetch", "slots", "num_experts", "expert_bytes", "predictor")

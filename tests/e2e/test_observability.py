@@ -6,6 +6,7 @@ preemptions) that the server's metrics histogram."""
 from __future__ import annotations
 
 import logging
+import re
 
 import pytest
 from tiny_models import make_hf_model, prompts, write_checkpoint
@@ -29,6 +30,8 @@ def test_startup_summary(model_path, caplog):
                    "4 of 8 experts per layer", "KV cache: 640 tokens", "max model len 512",
                    "prefix caching on"):  # fmt: skip
         assert needle in line, (needle, line)
+    phases = re.search(r"ready in [\d.]+ s \((.*?)\):", line).group(1)  # where the time went
+    assert [p.split()[0] for p in phases.split(", ")] == ["weights", "offload", "runner"], line
 
 
 def test_request_timings_on_the_last_output(model_path):

@@ -57,6 +57,16 @@ def resolve_max_model_len(cfg: ModelConfig, config: EngineConfig) -> int:
 class Engine:
     def __init__(self, config: EngineConfig, show_progress: bool = True) -> None:
         t_start = time.monotonic()
+        # seconds of each start-up phase, in order (the startup line and the benchmarks show
+        # them: a slow start says where its time went)
+        self.startup_phases: dict[str, float] = {}
+        phase_start = [t_start]
+
+        def phase_done(name: str) -> None:
+            now = time.monotonic()
+            self.startup_phases[name] = now - phase_start[0]
+            phase_start[0] = now
+
         self.config = config
         self.device = torch.device(config.device)
         self.model_config = cfg = ModelConfig.from_dir(config.model)
@@ -104,10 +114,12 @@ class Engine:
             show_progress,
             isq,
         )
+        phase_done("weights")
         if offload.is_enabled:
             from xinfer.offload.setup import enable_offload
 
             self.offload_manager = enable_offload(self.model, config, offload, self.device)
+            phase_done("offload")
         kv_dtype = config.cache.kv_dtype or self.dtype
         look_ahead = self._look_ahead(config)
         # hybrid models: one recurrent-state slot per running request, from the same budget;
@@ -170,6 +182,7 @@ class Engine:
             state_copies=self.state_copies,
             layer_hooks=self.offload_manager.layer_streamer if self.offload_manager else None,
         )
+        phase_done("runner")  # KV cache and, on a GPU, the decode graphs' capture
         self.allocator = BlockAllocator(
             num_blocks, config.cache.block_size, self._use_prefix_caching()
         )
@@ -189,6 +202,7 @@ class Engine:
         self.stats_logger = StatsLogger(config.log_stats_interval_s)  # steps report to it
         if self.device.type == "cuda":
             self.warm_up_prefill()
+            phase_done("warm-up")
         self.allocator.reset_prefix_cache()  # warm-ups are not the user's traffic
         if self.offload_manager is not None:
             self.offload_manager.reset_stats()

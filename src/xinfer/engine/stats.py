@@ -34,9 +34,10 @@ def startup_summary(engine: Engine, load_s: float, weight_bytes: int, expert_byt
     """One line once the engine is ready. `weight_bytes`: all weights in their formats;
     `expert_bytes`: the routed experts among them."""
     cfg, config = engine.model_config, engine.config
+    phases = ", ".join(f"{name} {s:.1f}" for name, s in engine.startup_phases.items())
     parts = [
-        f"ready in {load_s:.1f} s: {cfg.architecture} on {device_name(engine.device)}, "
-        f"{str(engine.dtype).removeprefix('torch.')}",
+        f"ready in {load_s:.1f} s ({phases}): {cfg.architecture} on "
+        f"{device_name(engine.device)}, {str(engine.dtype).removeprefix('torch.')}",
     ]
     manager = engine.offload_manager
     if manager is None:
