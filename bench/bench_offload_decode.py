@@ -77,6 +77,12 @@ def build_parser() -> argparse.ArgumentParser:
     a("--prefetch", default="0", help="prefetch distances per rate, 0 = off (0,1: an engine each)")
     a("--fill", default="kernel", choices=("kernel", "copy-engine"),
       help="--moe-offload-fill of the offload engines")  # fmt: skip
+    a(
+        "--prefetch-issue",
+        default="after-fill",
+        choices=("after-fill", "before-lookup"),
+        help="where layer l issues the prefetch of l + d (offload/prefetch.py ISSUE_AFTER_FILL)",
+    )
     a("--prefetch-margin", type=float, default=None,
       help="--moe-prefetch-margin of the prefetch engines (default: the engine's)")  # fmt: skip
     a("--out", default="bench/results/offload")
@@ -119,7 +125,8 @@ def plan_jobs(args: argparse.Namespace) -> list[dict]:
                 routing_seed=args.routing_seed, prompt_tokens=args.prompt_tokens,
                 gpu_memory_limit_gb=args.gpu_memory_limit_gb, trace_dir=args.trace_dir,
                 max_num_batched_tokens=args.max_num_batched_tokens, prefetch=0,
-                prefetch_margin=args.prefetch_margin, fill=args.fill)  # fmt: skip
+                prefetch_margin=args.prefetch_margin, fill=args.fill,
+                prefetch_issue=args.prefetch_issue)  # fmt: skip
     jobs = []
     for rate in rates + (["0"] if args.resident_again else []):
         decoding = bool(batches) and (rate == "0" or rate in args.rates.split(","))
@@ -231,8 +238,8 @@ def write(out: Path, meta: dict, results: list[dict]) -> str:
         " GB/s",
         f"- command: `{meta['command']}`",
         "",
-        f"Decode, routing `{meta['routing']}`, prefetch {prefetch_setting(meta)}, fill "
-        f"`{meta.get('fill', 'kernel')}`:",
+        f"Decode, routing `{meta['routing']}`, prefetch {prefetch_setting(meta)} (issued "
+        f"{meta.get('prefetch_issue', 'before-lookup')}), fill `{meta.get('fill', 'kernel')}`:",
         "",
         decode_report.decode_table(decode),
         "",
@@ -276,6 +283,7 @@ def main(argv: list[str] | None = None) -> int:
             "gpu_memory_limit_gb": args.gpu_memory_limit_gb,
             "prefetch": list(dict.fromkeys(int_list(args.prefetch))) or [0],
             "prefetch_margin": args.prefetch_margin, "fill": args.fill,
+            "prefetch_issue": args.prefetch_issue,
             "command": "python3 " + " ".join([sys.argv[0], *(argv or sys.argv[1:])])}  # fmt: skip
     out, results, page = Path(args.out), [], ""
     for job in jobs:

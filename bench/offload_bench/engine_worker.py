@@ -181,6 +181,9 @@ def trace_steps(llm: LLM, cfg: dict, path: Path) -> None:
 
 
 def run(cfg: dict) -> dict:
+    from xinfer.offload import prefetch
+
+    prefetch.ISSUE_AFTER_FILL = cfg.get("prefetch_issue", "after-fill") == "after-fill"
     t0 = time.perf_counter()
     llm = LLM(cfg["model"], **engine_kwargs(cfg))
     out: dict = {"rate": cfg["rate"], "prefetch": int(cfg.get("prefetch") or 0),

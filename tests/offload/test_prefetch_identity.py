@@ -81,3 +81,23 @@ def test_prefetch_without_offload_is_refused(checkpoint):
 
     with pytest.raises(UserError, match="--moe-prefetch .* needs MoE expert offload"):
         LLM(str(checkpoint[1]), device="cpu", moe_prefetch=1)
+
+
+def test_issue_point_changes_neither_output_nor_decisions(tmp_path, monkeypatch):
+    """Prefetch issued before a layer's lookup or after its demand fill (prefetch.
+    ISSUE_AFTER_FILL): each layer's table and slots are its own, so the same tokens and the
+    same counts — hits, misses, every prefetch statistic, per layer."""
+    from xinfer.offload import prefetch
+
+    model = make_hf_model("qwen3_moe", seed=3, num_hidden_layers=6, num_experts=NUM_EXPERTS)
+    path = write_checkpoint(model, tmp_path)
+    runs = {}
+    for after_fill in (False, True):
+        monkeypatch.setattr(prefetch, "ISSUE_AFTER_FILL", after_fill)
+        runs[after_fill] = _run(path, moe_offload=0.25, moe_prefetch=1, moe_prefetch_margin=0)
+    (tokens_before, stats_before), (tokens_after, stats_after) = runs[False], runs[True]
+    assert tokens_before == tokens_after
+    check_prefetch_stats(stats_after)
+    assert stats_after["prefetch"]["prefetched"] > 0
+    for key in ("hits", "misses", "bytes_copied", "prefetch", "layers"):
+        assert stats_before[key] == stats_after[key], key

@@ -87,14 +87,16 @@ class OffloadExecutor(ExpertExecutor):
         if self.streamed is not None:
             rows, tensors = self.streamed
             return rows[topk_ids.long()], tensors
-        if self.prefetch is not None and hidden is not None:
-            prefetcher, index = self.prefetch
-            prefetcher.before_lookup(index, hidden)
+        prefetch = self.prefetch if hidden is not None else None
+        if prefetch is not None:
+            prefetch[0].before_lookup(prefetch[1], hidden)
         slot_ids = offload_kernels.lookup(self.cache, topk_ids)
         if self.copies is not None and torch.cuda.is_current_stream_capturing():
             self.copies.fill()  # the same bytes to the same rows, on the copy engine
         else:
             offload_kernels.fill(self.cache, self.host_tensors)
+        if prefetch is not None:
+            prefetch[0].after_fill(prefetch[1], hidden)
         return slot_ids, self.cache.slots
 
     def __call__(

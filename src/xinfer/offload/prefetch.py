@@ -2,7 +2,9 @@
 l + d are copied from host memory into layer l + d's slots, so that the host→GPU link keeps
 working while the GPU computes.
 
-Per call of an offloaded layer l on the lookup path (OffloadExecutor → `before_lookup`):
+Per call of an offloaded layer l on the lookup path (OffloadExecutor → `before_lookup`, its
+lookup and demand fill, then `after_fill`; with ISSUE_AFTER_FILL steps 1-3 run in
+`after_fill`, otherwise in `before_lookup` ahead of step 4):
 1. if layer t = l + d is offloaded: the predictor gives t's expected experts from l's expert
    input (decode calls of at most `max_tokens` tokens; other calls predict nothing, but the
    reservation still runs to settle the last prediction's statistics);
@@ -32,6 +34,13 @@ from xinfer.runner.forward_context import ForwardContext, get_forward_context
 
 logger = logging.getLogger("xinfer")
 PREFETCH_PROGRAMS_PER_SM = 2  # the prefetch fill's grid: it shares the SMs with the compute
+# Where layer l issues the prefetch of l + d. Before l's lookup (False), its copies compete
+# with l's own demand fill for the link (and, on the copy engine, queue ahead of it), and
+# l's GEMM waits for that demand fill: on the H200 that gave no gain (docs/benchmarks.md,
+# 2026-12-04). After l's demand fill (True), they share the link with nothing and overlap
+# l's GEMM and the next layer's attention. Decisions and output are the same either way
+# (each layer's table and slots are its own); the benchmark sets it to compare.
+ISSUE_AFTER_FILL = True
 
 
 class Prefetcher:
@@ -81,14 +90,25 @@ class Prefetcher:
         return ctx is not None and ctx.is_decode and num_tokens <= self.max_tokens
 
     def before_lookup(self, layer: int, hidden: torch.Tensor) -> None:
-        """Layer `layer`'s call with expert input `hidden` (T, H): issue the prefetch of
-        layer + distance, then wait for this layer's own."""
-        target = layer + self.distance
-        if target < len(self.tables) and self.tables[target] is not None:
-            self._issue(target, hidden)
+        """Layer `layer`'s call with expert input `hidden` (T, H), before its lookup: issue
+        the prefetch of layer + distance (unless ISSUE_AFTER_FILL), then wait for this
+        layer's own."""
+        if not ISSUE_AFTER_FILL:
+            self._issue_ahead(layer, hidden)
         if self.is_issued[layer]:
             torch.cuda.current_stream(self.device).wait_event(self.events[layer])
             self.is_issued[layer] = False
+
+    def after_fill(self, layer: int, hidden: torch.Tensor) -> None:
+        """Layer `layer`'s call after its lookup and demand fill, before its GEMM: issue the
+        prefetch of layer + distance (with ISSUE_AFTER_FILL)."""
+        if ISSUE_AFTER_FILL:
+            self._issue_ahead(layer, hidden)
+
+    def _issue_ahead(self, layer: int, hidden: torch.Tensor) -> None:
+        target = layer + self.distance
+        if target < len(self.tables) and self.tables[target] is not None:
+            self._issue(target, hidden)
 
     def _issue(self, target: int, hidden: torch.Tensor) -> None:
         table = self.tables[target]
