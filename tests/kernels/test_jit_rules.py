@@ -23,8 +23,12 @@ import types
 import pytest
 import triton
 import triton.language as tl
+from triton.runtime.interpreter import InterpretedFunction
 
 import xinfer.kernels.triton as kernel_pkg
+
+# (interpreted where the modules were imported under TRITON_INTERPRET=1: the source is the same)
+JIT_TYPES = (triton.runtime.JITFunction, InterpretedFunction)
 
 
 def _jit_functions():
@@ -32,7 +36,7 @@ def _jit_functions():
     for info in pkgutil.iter_modules(kernel_pkg.__path__):
         module = importlib.import_module(f"{kernel_pkg.__name__}.{info.name}")
         for name, obj in vars(module).items():
-            if isinstance(obj, triton.runtime.JITFunction) and obj.fn.__module__ == module.__name__:
+            if isinstance(obj, JIT_TYPES) and obj.fn.__module__ == module.__name__:
                 found.append(pytest.param(obj, id=f"{info.name}.{name}"))
     return found
 
@@ -54,7 +58,7 @@ def _local_names(fn: ast.FunctionDef) -> set[str]:
 
 def _allowed_global(value) -> bool:
     return (
-        isinstance(value, (types.ModuleType, triton.runtime.JITFunction, tl.constexpr))
+        isinstance(value, (types.ModuleType, *JIT_TYPES, tl.constexpr))
         or value is tl.constexpr
         or callable(value)  # builtins, tl functions, Python helpers Triton itself refuses
         or value is None
