@@ -28,8 +28,6 @@ def test_copy_engine_fill_in_graph_equals_twins(rows, ways):
 
     misses_seen = replay_lookup_and_fill(rows, copy_engine_fill, seed=3)
     assert any(n % 2 for n in misses_seen)  # an odd count: a pass with one way idle
-    if rows * 8 <= 16:  # the calls fit the 16 slots: a repeated call hits everything
-        assert 0 in misses_seen
 
 
 def test_engine_copy_engine_fill_greedy_matches_no_offload(tmp_path):

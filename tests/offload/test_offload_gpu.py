@@ -77,8 +77,8 @@ def test_triton_lookup_and_fill_equal_twins(num_experts, num_slots, top_k):
 
 def replay_lookup_and_fill(rows: int, make_fill, seed: int, steps: int = 60) -> set[int]:
     """A graph of lookup + fill (`make_fill(cache, host)` → the fill to capture) replayed on
-    random calls of `rows` tokens (every tenth repeats the last: all hits) equals the CPU
-    twins after every replay; returns the miss counts seen."""
+    random calls of `rows` tokens (every tenth repeats the last: all hits where the calls fit
+    the slots) equals the CPU twins after every replay; returns the miss counts seen."""
     num_experts, num_slots, top_k = 64, 16, 8
     store = HostExpertStore(DEV)
     host = store.add_layer(expert_set(num_experts, seed=seed))
@@ -107,6 +107,10 @@ def replay_lookup_and_fill(rows: int, make_fill, seed: int, steps: int = 60) -> 
         assert torch.equal(static_rows.cpu(), want), step
         assert_same(gpu, cpu, host, want, ids, f"replay {step}")
     assert (int(gpu.counters[OVERFLOW]) > 0) == (rows * top_k > num_slots)
+    if rows * top_k <= num_slots:  # every call fits: each repeated call hits everything
+        assert 0 in misses_seen
+    else:  # 8 rows of 8 of 64 experts: far more distinct experts than slots, every call misses
+        assert min(misses_seen) > 0
     store.close()
     return misses_seen
 
@@ -114,9 +118,7 @@ def replay_lookup_and_fill(rows: int, make_fill, seed: int, steps: int = 60) -> 
 @pytest.mark.parametrize("rows", [2, 8])  # 16 and 64 routed ids against 16 slots
 def test_lookup_and_fill_replay_in_cuda_graph(rows):
     kernel_fill = lambda cache, host: lambda: offload_kernels.fill(cache, host)  # noqa: E731
-    misses_seen = replay_lookup_and_fill(rows, kernel_fill, seed=1, steps=100)
-    if rows * 8 <= 16:  # the calls fit the 16 slots: a repeated call hits everything
-        assert 0 in misses_seen
+    replay_lookup_and_fill(rows, kernel_fill, seed=1, steps=100)
 
 
 def _pooled_executors(num_layers: int, num_experts: int, num_slots: int, top_k: int):

@@ -123,16 +123,11 @@ def _make_context_current() -> int:
     ctx = _context()
     if ctx:
         return ctx
-    torch.cuda.init()
     torch.empty(1, device="cuda")  # the runtime creates the primary context, current here
     ctx = _context()
-    if ctx:
-        return ctx
-    lib, dev, primary = _libcuda(), _c.c_int(), _voidp()
-    _check(lib.cuDeviceGet(_c.byref(dev), torch.cuda.current_device()), "cuDeviceGet")
-    _check(lib.cuDevicePrimaryCtxRetain(_c.byref(primary), dev), "cuDevicePrimaryCtxRetain")
-    _check(lib.cuCtxSetCurrent(primary), "cuCtxSetCurrent")
-    return primary.value or 0
+    if not ctx:
+        raise DriverError("no CUDA context is current after torch's first allocation")
+    return ctx
 
 
 def capture_state(stream: int) -> tuple[int, list[int]]:

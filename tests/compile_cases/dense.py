@@ -1,0 +1,213 @@
+"""Compile cases: dense GEMV, attention, norms, RoPE, KV store, qkv prep, bf16 MoE and routing."""
+
+from __future__ import annotations
+
+from unittest import mock
+
+import torch
+
+from compile_cases.base import BF16, DT, F16, F32, FP8, MOE_GROUPED, _gen, _randn, _routing, add
+
+# --- dense linears: the skinny GEMM (decode batches; larger ones run cuBLAS) -------------
+
+
+def _gemv(dtype, cfg, m: int, bias: bool) -> None:
+    from xinfer.kernels import gemv_launch
+
+    n, k = 256, 256 * cfg.split_k  # split_k ranges of 256 columns: cfg.split_k splits
+    x, w = _randn(m, k, dtype=dtype), _randn(n, k, dtype=dtype)
+    gemv_launch.linear(x, w, _randn(n, dtype=dtype) if bias else None, config=cfg)
+
+
+def _gemv_cases() -> None:
+    from xinfer.kernels import gemv_launch
+
+    configs: dict = {}
+    for (n, k, max_m), cfg in gemv_launch.GEMV_TABLE.items():
+        if cfg is not None:
+            configs.setdefault(cfg, f"n{n}-k{k}-m{max_m}")
+    for cfg, name in configs.items():
+        kernels = "gemv_kernel" + (" gemv_split_reduce_kernel" if cfg.split_k > 1 else "")
+        add(f"gemv-bf16-{name}-m1-bias", kernels, _gemv, BF16, cfg, 1, True)
+        add(f"gemv-fp16-{name}-m16", kernels, _gemv, F16, cfg, 16, False)
+    cfg = gemv_launch.FP32_CONFIG
+    add("gemv-fp32-m5-bias", "gemv_kernel", _gemv, F32, cfg, 5, True)
+
+
+_gemv_cases()
+
+
+# --- attention, norms, rope, KV store, qkv prep ------------------------------------------
+
+
+def _attention(dtype, decode: bool, hq: int, hk: int, head_dim: int, window=None,
+               cache_dtype=None, block_size: int = 16) -> None:  # fmt: skip
+    from xinfer.kernels import attn_launch
+
+    seq_lens = [300, 17, 1000]
+    query_lens = [1, 1, 1] if decode else [300, 5, 64]  # a prompt, chunked prefills
+    max_blocks = max(seq_lens) // block_size + 1
+    num_blocks = len(seq_lens) * max_blocks
+    k_cache = _randn(num_blocks, block_size, hk, head_dim, dtype=cache_dtype or dtype)
+    v_cache = _randn(num_blocks, block_size, hk, head_dim, dtype=cache_dtype or dtype)
+    tables = torch.randperm(num_blocks, generator=_gen()).view(len(seq_lens), -1).to(torch.int32)
+    q = _randn(sum(query_lens), hq, head_dim, dtype=dtype)
+    qsl = torch.tensor([0, *query_lens]).cumsum(0).to(torch.int32)
+    lens = torch.tensor(seq_lens, dtype=torch.int32)
+    # the tiles CUDA tensors get (CPU tensors get small interpreter tiles otherwise)
+    with mock.patch.object(attn_launch, "SMALL_INTERPRETER_TILES", False):
+        attn_launch.paged_attention(
+            q, k_cache, v_cache, tables, lens, qsl, head_dim**-0.5,
+            max_query_len=max(query_lens), max_seq_len=max(seq_lens), sliding_window=window,
+        )  # fmt: skip
+
+
+def _attention_cases() -> None:
+    for decode in (True, False):
+        kind = "decode" if decode else "prefill"
+        kernels = "decode_kernel decode_reduce_kernel" if decode else "prefill_kernel"
+        for dtype in (BF16, F16, F32):
+            for window in (None, 512):
+                w = f"-window{window}" if window else ""
+                add(f"attn-{kind}-{DT[dtype]}-hd128-g4{w}", kernels, _attention,
+                    dtype, decode, 32, 8, 128, window)  # fmt: skip
+        add(f"attn-{kind}-bf16-hd256-g2-window", kernels, _attention, BF16, decode, 8, 4, 256,
+            1024)  # Gemma 3 local layers  # fmt: skip
+        add(f"attn-{kind}-bf16-hd64-g8", kernels, _attention, BF16, decode, 16, 2, 64)
+        add(f"attn-{kind}-fp16-hd80-mha", kernels, _attention, F16, decode, 8, 8, 80)
+        add(f"attn-{kind}-bf16-hd128-fp8cache", kernels, _attention, BF16, decode, 32, 4, 128,
+            cache_dtype=FP8)  # fmt: skip
+        add(f"attn-{kind}-fp16-hd128-block32", kernels, _attention, F16, decode, 16, 4, 128,
+            block_size=32)  # fmt: skip
+
+
+_attention_cases()
+
+
+def _rms_norm(dtype, shape, residual: bool, weight_dtype=None, heads: bool = False) -> None:
+    from xinfer.kernels import attn_launch
+
+    hidden = shape[-1]
+    if heads:  # per-head norm of the q heads of a fused qkv output (strided 3-D view)
+        t, h, d = shape
+        x = _randn(t, (h + 8) * d, dtype=dtype)[:, : h * d].view(t, h, d)
+    else:
+        x = _randn(*shape, dtype=dtype)
+    res = _randn(*shape, dtype=dtype) if residual else None
+    attn_launch.rms_norm(x, _randn(hidden, dtype=weight_dtype or dtype), 1e-6, res)
+
+
+def _norm_cases() -> None:
+    k = "rms_norm_kernel"
+    add("rms_norm-bf16-2048-residual", k, _rms_norm, BF16, (7, 2048), True)
+    add("rms_norm-bf16-2048", k, _rms_norm, BF16, (1, 2048), False)
+    add("rms_norm-fp16-4096-residual", k, _rms_norm, F16, (3, 4096), True)
+    add("rms_norm-fp32-1000-residual", k, _rms_norm, F32, (5, 1000), True)
+    add("rms_norm-bf16-heads128", k, _rms_norm, BF16, (5, 32, 128), False, heads=True)
+    add("rms_norm-bf16-fp32weight", k, _rms_norm, BF16, (4, 2048), False, weight_dtype=F32)
+
+
+_norm_cases()
+
+
+def _rope(dtype, hq: int, hk: int, head_dim: int, num_tokens: int = 37) -> None:
+    from xinfer.kernels import attn_launch
+
+    qkv = _randn(num_tokens, (hq + 2 * hk) * head_dim, dtype=dtype)
+    q = qkv[:, : hq * head_dim].view(num_tokens, hq, head_dim)
+    k = qkv[:, hq * head_dim : (hq + hk) * head_dim].view(num_tokens, hk, head_dim)
+    pos = torch.randint(0, 4096, (num_tokens,), generator=_gen())
+    attn_launch.apply_rope(q, k, pos, _randn(4096, head_dim))
+
+
+def _store_kv(dtype, cache_dtype=None, hk: int = 4, head_dim: int = 128) -> None:
+    from xinfer.kernels import attn_launch
+
+    k, v = _randn(37, hk, head_dim, dtype=dtype), _randn(37, hk, head_dim, dtype=dtype)
+    k_cache = _randn(20, 16, hk, head_dim, dtype=cache_dtype or dtype)
+    v_cache = _randn(20, 16, hk, head_dim, dtype=cache_dtype or dtype)
+    slots = torch.randperm(320, generator=_gen())[:37]
+    attn_launch.store_kv(k, v, k_cache, v_cache, slots)
+
+
+def _qkv_prep(dtype, hq: int, hk: int, head_dim: int, norm: bool = True, cache_dtype=None,
+              rot: int | None = None, num_tokens: int = 37) -> None:  # fmt: skip
+    from xinfer.kernels import qkv_prep_launch
+
+    width = (hq + 2 * hk) * head_dim
+    qkv = _randn(num_tokens, width, dtype=dtype)
+    q, k, v = qkv.split([hq * head_dim, hk * head_dim, hk * head_dim], dim=-1)
+    q, k, v = (t.reshape(num_tokens, -1, head_dim) for t in (q, k, v))
+    cos_sin = _randn(4096, rot or head_dim)
+    positions = torch.randint(0, 4096, (num_tokens,), generator=_gen())
+    slots = torch.randperm(20 * 16, generator=_gen())[:num_tokens]
+    k_cache = _randn(20, 16, hk, head_dim, dtype=cache_dtype or dtype)
+    v_cache = _randn(20, 16, hk, head_dim, dtype=cache_dtype or dtype)
+    weights = [_randn(head_dim, dtype=dtype), _randn(head_dim, dtype=dtype)] if norm else []
+    qkv_prep_launch.qkv_prep(q, k, v, positions, cos_sin, k_cache, v_cache, slots, *weights,
+                             eps=1e-6)  # fmt: skip
+
+
+def _rope_kv_cases() -> None:
+    for dtype in (BF16, F16, F32):
+        add(f"rope-{DT[dtype]}-hd128", "rope_kernel", _rope, dtype, 32, 4, 128)
+        add(f"store_kv-{DT[dtype]}", "store_kv_kernel", _store_kv, dtype)
+        add(f"qkv_prep-{DT[dtype]}-norm", "qkv_prep_kernel", _qkv_prep, dtype, 32, 4, 128)
+    add("rope-bf16-hd64", "rope_kernel", _rope, BF16, 16, 2, 64)
+    add("rope-fp16-hd80", "rope_kernel", _rope, F16, 8, 8, 80)
+    add("store_kv-bf16-fp8cache", "store_kv_kernel", _store_kv, BF16, FP8)
+    add("store_kv-bf16-hd256", "store_kv_kernel", _store_kv, BF16, hk=8, head_dim=256)
+    q = "qkv_prep_kernel"
+    add("qkv_prep-bf16-no-norm", q, _qkv_prep, BF16, 32, 8, 128, norm=False)
+    add("qkv_prep-bf16-fp8cache", q, _qkv_prep, BF16, 32, 4, 128, cache_dtype=FP8)
+    add("qkv_prep-bf16-partial-rotary", q, _qkv_prep, BF16, 16, 2, 128, norm=False, rot=64)
+    add("qkv_prep-bf16-hd256-decode", q, _qkv_prep, BF16, 8, 4, 256, num_tokens=1)
+
+
+_rope_kv_cases()
+
+
+# --- MoE (bf16 experts), routing, activation ---------------------------------------------
+
+
+def _silu(dtype, inter: int) -> None:
+    from xinfer.kernels import moe_launch
+
+    moe_launch.silu_and_mul(_randn(9, 2 * inter, dtype=dtype))
+
+
+def _route_topk(dtype, num_experts: int, top_k: int, renormalize: bool) -> None:
+    from xinfer.kernels import moe_launch
+
+    moe_launch.route_topk(_randn(11, num_experts, dtype=dtype), top_k, renormalize)
+
+
+def _fused_moe(dtype, tokens: int, top_k: int, use_gemv: bool, num_experts: int = 8) -> None:
+    from xinfer.kernels import moe_launch
+
+    hidden_dim, inter = 512, 256
+    weights, ids = _routing(num_experts, top_k, True)(tokens)
+    w13 = _randn(num_experts, 2 * inter, hidden_dim, dtype=dtype)
+    w2 = _randn(num_experts, hidden_dim, inter, dtype=dtype)
+    hidden = _randn(tokens, hidden_dim, dtype=dtype)
+    moe_launch.fused_moe(hidden, ids, weights, w13, w2, use_gemv=use_gemv)
+
+
+MOE_GEMV = "moe_gate_up_gemv_kernel moe_down_gemv_kernel moe_combine_kernel"
+
+
+def _moe_cases() -> None:
+    for dtype in (BF16, F16, F32):
+        add(f"silu_and_mul-{DT[dtype]}", "silu_and_mul_kernel", _silu, dtype, 768)
+        add(f"moe-{DT[dtype]}-gemv-t1", MOE_GEMV, _fused_moe, dtype, 1, 8, True)
+        add(f"moe-{DT[dtype]}-grouped-t40", MOE_GROUPED, _fused_moe, dtype, 40, 8, False)
+    # more than 1024 pairs: the large grouped tiles (bf16/fp16 only; fp32 has one config)
+    add("moe-bf16-grouped-t130k8", MOE_GROUPED, _fused_moe, BF16, 130, 8, False)
+    add("silu_and_mul-bf16-wide", "silu_and_mul_kernel", _silu, BF16, 5632)
+    r = "route_topk_kernel"
+    add("route_topk-bf16-e128-k8-renorm", r, _route_topk, BF16, 128, 8, True)
+    add("route_topk-fp16-e60-k4", r, _route_topk, F16, 60, 4, False)
+    add("route_topk-fp32-e512-k10-renorm", r, _route_topk, F32, 512, 10, True)
+
+
+_moe_cases()

@@ -1,0 +1,175 @@
+"""Compile cases: the quantized formats (quant_launch, quant_prefill) and the GGUF block types."""
+
+from __future__ import annotations
+
+import dataclasses
+import functools
+
+import torch
+
+from compile_cases.base import BF16, F16, F32, MOE_GROUPED, _randn, _routing, add
+
+# --- quantized formats (quant_launch, quant_prefill) --------------------------------------
+
+
+def _formats() -> dict:
+    from xinfer.quant.awq import AwqInt4
+    from xinfer.quant.compressed_tensors import PackQuantizedInt4
+    from xinfer.quant.fp8 import Fp8Block, Fp8Scaled
+    from xinfer.quant.gptq import GptqInt4
+    from xinfer.quant.nvfp4 import Nvfp4
+
+    return {
+        "fp8-block128": Fp8Block(128, 128),
+        "fp8-per-channel": Fp8Scaled(),
+        "gptq-g128-sym": GptqInt4(group_size=128, has_zero=False),
+        "gptq-g128-asym": GptqInt4(group_size=128, has_zero=True),
+        "gptq-per-row-sym": GptqInt4(group_size=0, has_zero=False),
+        "awq-g128": AwqInt4(group_size=128, has_zero=True),
+        "ct-g32-asym-bf16": PackQuantizedInt4(32, True, torch.bfloat16),
+        "nvfp4": Nvfp4(),
+        # scale groups that a tile can straddle: the per-element scale gathers (GROUP_T 1, 2)
+        "fp8-block128x96": Fp8Block(128, 96),
+        "gptq-g96-sym": GptqInt4(group_size=96, has_zero=False),
+    }
+
+
+@functools.cache
+def _quant_weights(name: str, n: int, k: int, count: int | None = None) -> dict:
+    from quant_weights import random_weights
+
+    return random_weights(_formats()[name], n, k, seed=0, count=count)
+
+
+def _quant_k(name: str) -> int:
+    return 1536 if "96" in name else 1024  # whole groups of 96: 16 of them
+
+
+def _quant_linear(name: str, dtype, m: int, dequant=None, bias: bool = True) -> None:
+    from xinfer.kernels import quant_launch
+
+    n, k = 256, _quant_k(name)
+    fmt, tensors = _formats()[name], _quant_weights(name, n, k)
+    b = _randn(n, dtype=dtype) if bias else None
+    quant_launch.linear(_randn(m, k, dtype=dtype), fmt, tensors, b, n, k, dequant=dequant)
+
+
+def _quant_moe(name: str, dtype, tokens: int, use_gemv: bool, dequant=None,
+               factored: bool | None = None, num_experts: int = 8) -> None:  # fmt: skip
+    from xinfer.kernels import quant_launch
+
+    hidden_dim, inter, top_k = _quant_k(name) // 2, 384 if "96" in name else 256, 8
+    fmt = _formats()[name]
+    w13 = _quant_weights(name, 2 * inter, hidden_dim, num_experts)
+    w2 = _quant_weights(name, hidden_dim, inter, num_experts)
+    weights, ids = _routing(num_experts, top_k, True)(tokens)
+    tiles = None
+    if factored is not None:
+        tiles = dataclasses.replace(
+            quant_launch.gemv_tiles(fmt.kernel_weights(w13, hidden_dim)), factored=factored
+        )
+    hidden = _randn(tokens, hidden_dim, dtype=dtype)
+    quant_launch.fused_moe(hidden, ids, weights, fmt, w13, w2, inter, use_gemv=use_gemv,
+                           tiles=tiles, dequant=dequant)  # fmt: skip
+
+
+Q_LINEAR = "quant_linear_kernel"
+Q_SPLIT = "quant_linear_kernel gemv_split_reduce_kernel"  # decode tiles split K
+Q_DEQUANT = "dequant_kernel"
+Q_GEMV = "quant_moe_gate_up_gemv_kernel quant_moe_down_gemv_kernel moe_combine_kernel"
+Q_GROUPED = (
+    "moe_align_kernel quant_moe_gate_up_grouped_kernel quant_moe_down_grouped_kernel "
+    "moe_combine_kernel"
+)
+Q_PREFILL_MOE = f"dequant_kernel {MOE_GROUPED}"
+
+
+def _quant_cases() -> None:
+    for name in _formats():
+        odd = "96" in name  # the gather variants: decode and in-register prefill tiles only
+        add(f"quant-{name}-linear-bf16-m1", Q_SPLIT, _quant_linear, name, BF16, 1)
+        add(f"quant-{name}-linear-fp16-m16-nobias", Q_SPLIT, _quant_linear, name, F16, 16,
+            bias=False)  # fmt: skip
+        add(f"quant-{name}-linear-bf16-m128-registers", Q_LINEAR, _quant_linear, name, BF16,
+            128, dequant=False)  # fmt: skip
+        add(f"quant-{name}-moe-bf16-gemv", Q_GEMV, _quant_moe, name, BF16, 1, True)
+        add(f"quant-{name}-moe-bf16-gemv-factored", Q_GEMV, _quant_moe, name, BF16, 2, True,
+            factored=True)  # fmt: skip
+        add(f"quant-{name}-moe-bf16-grouped-registers", Q_GROUPED, _quant_moe, name, BF16, 40,
+            False, dequant=False)  # fmt: skip
+        if odd:
+            continue
+        add(f"quant-{name}-linear-bf16-m128-prefill", Q_DEQUANT, _quant_linear, name, BF16,
+            128)  # fmt: skip
+        add(f"quant-{name}-linear-fp32-m32-registers", Q_LINEAR, _quant_linear, name, F32, 32,
+            dequant=False)  # fmt: skip
+        add(f"quant-{name}-moe-bf16-prefill", Q_PREFILL_MOE, _quant_moe, name, BF16, 130,
+            False)  # fmt: skip
+        add(f"quant-{name}-moe-fp16-grouped-large", Q_GROUPED, _quant_moe, name, F16, 130,
+            False, dequant=False)  # fmt: skip
+        add(f"quant-{name}-moe-fp16-gemv", Q_GEMV, _quant_moe, name, F16, 3, True)
+        add(f"quant-{name}-moe-fp32-grouped-registers", Q_GROUPED, _quant_moe, name, F32, 40,
+            False, dequant=False)  # fmt: skip
+
+
+_quant_cases()
+
+
+# --- GGUF blocks (gguf_launch) ----------------------------------------------------------
+
+GGUF_TYPES = ["Q8_0", "Q4_0", "Q5_0", "Q4_K", "Q5_K", "Q6_K"]
+
+
+def _gguf_rows(name: str, rows: int, k: int, experts: int | None = None) -> torch.Tensor:
+    """Block rows of the right shape (the bytes do not matter: nothing runs)."""
+    from xinfer.quant.gguf_blocks import BLOCK_TYPES
+
+    shape = (rows, BLOCK_TYPES[name].row_bytes(k))
+    return torch.zeros((experts, *shape) if experts else shape, dtype=torch.uint8)
+
+
+def _gguf_linear(name: str, dtype, m: int, bias: bool = True) -> None:
+    from xinfer.kernels import gguf_launch
+    from xinfer.quant.gguf_blocks import BLOCK_TYPES
+
+    n, k = 96, 1024
+    b = _randn(n, dtype=dtype) if bias else None
+    w = _gguf_rows(name, n, k)
+    gguf_launch.linear(_randn(m, k, dtype=dtype), w, BLOCK_TYPES[name], b, n, k)
+
+
+def _gguf_moe(t13: str, t2: str, dtype, tokens: int, use_gemv: bool) -> None:
+    from xinfer.kernels import gguf_launch
+    from xinfer.quant.gguf_blocks import BLOCK_TYPES
+
+    num_experts, top_k, hidden_dim, inter = 8, 8, 512, 256
+    w13 = _gguf_rows(t13, 2 * inter, hidden_dim, num_experts)
+    w2 = _gguf_rows(t2, hidden_dim, inter, num_experts)
+    weights, ids = _routing(num_experts, top_k, True)(tokens)
+    gguf_launch.fused_moe(_randn(tokens, hidden_dim, dtype=dtype), ids, weights,
+                          w13, BLOCK_TYPES[t13], w2, BLOCK_TYPES[t2], inter, use_gemv)  # fmt: skip
+
+
+G_GEMV = "gguf_moe_gate_up_gemv_kernel gguf_moe_down_gemv_kernel moe_combine_kernel"
+G_GROUPED = (
+    "moe_align_kernel gguf_moe_gate_up_grouped_kernel gguf_moe_down_grouped_kernel "
+    "moe_combine_kernel"
+)
+
+
+def _gguf_cases() -> None:
+    g = "gguf_linear_kernel"
+    for name in GGUF_TYPES:
+        add(f"gguf-{name}-linear-bf16-m1", g, _gguf_linear, name, BF16, 1)
+        add(f"gguf-{name}-linear-bf16-m128", g, _gguf_linear, name, BF16, 128)
+        add(f"gguf-{name}-moe-bf16-gemv", G_GEMV, _gguf_moe, name, name, BF16, 1, True)
+        add(f"gguf-{name}-moe-bf16-grouped", G_GROUPED, _gguf_moe, name, name, BF16, 40, False)
+    add("gguf-Q4_K-linear-fp16-m16-nobias", g, _gguf_linear, "Q4_K", F16, 16, bias=False)
+    add("gguf-Q6_K-linear-fp32-m64", g, _gguf_linear, "Q6_K", F32, 64)
+    add("gguf-Q4_K+Q6_K-moe-fp16-gemv", G_GEMV, _gguf_moe, "Q4_K", "Q6_K", F16, 2, True)
+    add("gguf-Q4_K+Q6_K-moe-bf16-grouped-large", G_GROUPED, _gguf_moe, "Q4_K", "Q6_K", BF16,
+        130, False)  # fmt: skip
+    add("gguf-Q8_0-moe-fp32-grouped", G_GROUPED, _gguf_moe, "Q8_0", "Q8_0", F32, 40, False)
+
+
+_gguf_cases()
