@@ -24,12 +24,17 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "src"))
 from xinfer import LLM, SamplingParams  # noqa: E402
 
 
+def _sync() -> None:
+    if torch.cuda.is_available():
+        torch.cuda.synchronize()
+
+
 def _timed(llm: LLM, prompt: list[int], max_tokens: int) -> float:
     params = SamplingParams(temperature=0, max_tokens=max_tokens, ignore_eos=True)
-    torch.cuda.synchronize()
+    _sync()
     start = time.perf_counter()
     llm.generate([prompt], params)
-    torch.cuda.synchronize()
+    _sync()
     return time.perf_counter() - start
 
 
@@ -106,7 +111,8 @@ def main() -> None:
         print(json.dumps(row), flush=True)
         del llm
         gc.collect()
-        torch.cuda.empty_cache()
+        if torch.cuda.is_available():
+            torch.cuda.empty_cache()
 
 
 if __name__ == "__main__":
