@@ -84,10 +84,15 @@ def bench_type(name: str, sweep: bool) -> list[dict]:
         if sweep:
             configs += [gl.GGUFTiles(16, bn, subs, warps) for bn in (16, 32, 64)
                         for subs in (4, 8) for warps in (4, 8)]  # fmt: skip
-        for tiles in configs:
+        for tiles, split in [(None, False)] + [(t, True) for t in configs]:
+            gl.DECODE_SPLIT = split  # K split (the default) or not, at the default tiles
             us = _time_us(partial(gl.linear, x, w, bt, None, n, k, tiles))
-            rows.append(dict(kernel=f"linear {label}", type=name, tokens=1, tiles=str(tiles),
-                             us=round(us, 1), GBps=round(w.numel() / us / 1e3, 1)))  # fmt: skip
+            t = tiles or gl.linear_tiles(1, x.dtype)
+            splits = gl.decode_split(1, -(-n // t.block_n), k, t)[1]
+            rows.append(dict(kernel=f"linear {label}", type=name, tokens=1,
+                             tiles=str(tiles) + ("" if split else " unsplit"), splits=splits, us=round(us, 1),
+                             GBps=round(w.numel() / us / 1e3, 1)))  # fmt: skip
+        gl.DECODE_SPLIT = True
     x, ids, weights = _moe_case(2048)
     configs = [None]
     if sweep:

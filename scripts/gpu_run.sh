@@ -75,8 +75,8 @@ for phase in "$@"; do
     # ggufprep unpacks llama.cpp (its gguf-py serves the tests) and starts its build
     ggufprep) bash bench/bench_vs_llamacpp.sh --start-build 2>&1 | tail -3 ;;
     gguftests) PYTHONPATH=$PYTHONPATH:/tmp/lcp/llama.cpp/gguf-py timeout ${GGUF_TESTS_TIMEOUT:-500} python3 -m pytest -q -p no:cacheprovider -rfE --durations=10 tests/kernels/test_gguf_kernels.py tests/kernels/test_attention_window.py tests/weights/test_gguf_gpu.py 2>&1 | tee "$OUT/gguf_tests.txt" | tail -40 ;;
-    ggufkernel) timeout 500 python3 bench/bench_gguf_kernels.py ${GGUF_SWEEP:+--sweep} --out "$OUT/gguf_kernels.jsonl" 2>&1 | tee "$OUT/gguf_kernels.txt" | tail -50 ;;
-    vsllama) ONLY="${VS_ROWS:-q4_k}" timeout 590 bash bench/bench_vs_llamacpp.sh 2>&1 | grep -v "it/s]" | tee "$OUT/vs_llamacpp_${VS_ROWS:-q4_k}.txt" | tail -30; cp bench/results/vs_llamacpp.jsonl "$OUT/" 2>/dev/null ;;
+    ggufkernel) timeout ${GGUF_KERNEL_TIMEOUT:-500} python3 bench/bench_gguf_kernels.py ${GGUF_SWEEP:+--sweep} ${GGUF_TYPES:+--types $GGUF_TYPES} --out "$OUT/gguf_kernels.jsonl" 2>&1 | tee "$OUT/gguf_kernels.txt" | tail -50 ;;
+    vsllama) ONLY="${VS_ROWS:-q4_k}" timeout ${VS_TIMEOUT:-590} bash bench/bench_vs_llamacpp.sh 2>&1 | grep -v "it/s]" | tee "$OUT/vs_llamacpp_${VS_ROWS:-q4_k}.txt" | tail -30; cp bench/results/vs_llamacpp.jsonl "$OUT/" 2>/dev/null ;;
     *) echo "unknown phase $phase" ;;
   esac
 done

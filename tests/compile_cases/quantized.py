@@ -159,12 +159,13 @@ G_GROUPED = (
 
 def _gguf_cases() -> None:
     g = "gguf_linear_kernel"
+    split = "gguf_linear_kernel gemv_split_reduce_kernel"  # K = 1024: 2 splits of 512
     for name in GGUF_TYPES:
-        add(f"gguf-{name}-linear-bf16-m1", g, _gguf_linear, name, BF16, 1)
+        add(f"gguf-{name}-linear-bf16-m1", split, _gguf_linear, name, BF16, 1)
         add(f"gguf-{name}-linear-bf16-m128", g, _gguf_linear, name, BF16, 128)
         add(f"gguf-{name}-moe-bf16-gemv", G_GEMV, _gguf_moe, name, name, BF16, 1, True)
         add(f"gguf-{name}-moe-bf16-grouped", G_GROUPED, _gguf_moe, name, name, BF16, 40, False)
-    add("gguf-Q4_K-linear-fp16-m16-nobias", g, _gguf_linear, "Q4_K", F16, 16, bias=False)
+    add("gguf-Q4_K-linear-fp16-m16-nobias", split, _gguf_linear, "Q4_K", F16, 16, bias=False)
     add("gguf-Q6_K-linear-fp32-m64", g, _gguf_linear, "Q6_K", F32, 64)
     add("gguf-Q4_K+Q6_K-moe-fp16-gemv", G_GEMV, _gguf_moe, "Q4_K", "Q6_K", F16, 2, True)
     add("gguf-Q4_K+Q6_K-moe-bf16-grouped-large", G_GROUPED, _gguf_moe, "Q4_K", "Q6_K", BF16,

@@ -86,6 +86,29 @@ def test_decode_linear_row_bits_do_not_depend_on_the_batch(gl, name) -> None:
     assert torch.equal(alone[0], batch[4])
 
 
+@child_only
+@pytest.mark.parametrize("name", ["Q8_0", "Q4_K", "Q6_K"])
+def test_decode_linear_split_k_matches_twin_and_keeps_row_bits(gl, name) -> None:
+    """K split into several chunks of SUBS * 32 (a partial last split and, for 32-blocks, a
+    partial last chunk): the same as the twin, bias added once, and a row's bits alike in a
+    batch of 1 and of 9."""
+    from xinfer.quant.gguf_formats import GGUFFormat
+
+    k = _k_for(name, 3 if name.endswith("_K") else 13)  # chunks of 64: 12 or 7 (last half)
+    n, tiles = 19, gl.GGUFTiles(16, 16, 2)
+    _, splits = gl.decode_split(1, 2, k, tiles)
+    assert splits >= 3
+    fmt = GGUFFormat(name)
+    tensors = {"weight": _raw(name, n, k, seed=5)}
+    g = torch.Generator().manual_seed(6)
+    bias = torch.randn(n, generator=g)
+    x = torch.randn(9, k, generator=g) * 0.1
+    out = gl.linear(x, tensors["weight"], fmt.btype, bias, n, k, tiles=tiles)
+    _assert_close_scaled(out, fmt.reference_linear(x, tensors, bias, n, k), torch.float32)
+    alone = gl.linear(x[4:5], tensors["weight"], fmt.btype, bias, n, k, tiles=tiles)
+    assert torch.equal(alone[0], out[4])
+
+
 def _moe_case(t13: str, t2: str, seed: int, num_experts: int = 4):
     from xinfer.kernels import reference
 

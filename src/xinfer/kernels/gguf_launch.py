@@ -15,10 +15,13 @@ import torch
 import triton
 
 from xinfer.kernels import moe_launch
+from xinfer.kernels.triton import gemv as gemv_jit
 from xinfer.kernels.triton import gguf_gemm as jit
 from xinfer.quant.gguf_blocks import BlockType
 
 DECODE_M = 16  # linears with at most this many rows use one BLOCK_M = 16 tile
+DECODE_PROGRAMS = 512  # decode linears split K (from the shape only) until about this many run
+DECODE_SPLIT = True  # the benchmark turns it off to compare
 _DTYPES = (torch.bfloat16, torch.float16, torch.float32)
 
 
@@ -90,16 +93,39 @@ def linear(
     if m == 0:
         return out.view(*x.shape[:-1], n)
     t = tiles or linear_tiles(m, x.dtype)
-    grid = (triton.cdiv(m, t.block_m), triton.cdiv(n, t.block_n))
-    jit.gguf_linear_kernel[grid](
-        x2, w, bias if bias is not None else x2, out,
-        m, n, k,
-        x2.stride(0), w.stride(0), out.stride(0),
-        BTYPE=btype.type_id, HAS_BIAS=bias is not None,
+    n_tiles = triton.cdiv(n, t.block_n)
+    k_per_split, splits = decode_split(m, n_tiles, k, t)
+    part = out if splits == 1 else out.new_empty(splits, m, n, dtype=torch.float32)
+    fuse_bias = bias is not None and splits == 1
+    jit.gguf_linear_kernel[(triton.cdiv(m, t.block_m), n_tiles, splits)](
+        x2, w, bias if fuse_bias else x2, part,
+        m, n, k, k_per_split,
+        x2.stride(0), w.stride(0), part.stride(0) if splits > 1 else 0, part.stride(-2),
+        BTYPE=btype.type_id, HAS_BIAS=fuse_bias,
         BLOCK_M=t.block_m, BLOCK_N=t.block_n, SUBS=t.subs,
         DOT_PRECISION=_precision(x.dtype), num_warps=t.num_warps, num_stages=t.num_stages,
     )  # fmt: skip
+    if splits > 1:  # the partial sums added in split order: deterministic
+        block = min(1024, max(128, triton.next_power_of_2(n)))
+        gemv_jit.gemv_split_reduce_kernel[(m, triton.cdiv(n, block))](
+            part, bias if bias is not None else part, out,
+            n, part.stride(0), part.stride(1), out.stride(0),
+            SPLIT_K=splits, HAS_BIAS=bias is not None, BLOCK_N=block, num_warps=4,
+        )  # fmt: skip
     return out.view(*x.shape[:-1], n)
+
+
+def decode_split(m: int, n_tiles: int, k: int, t: GGUFTiles) -> tuple[int, int]:
+    """(K per split, splits) of a linear: decode calls (m <= DECODE_M) with fewer than
+    DECODE_PROGRAMS tiles of N split K into chunks of whole SUBS * 32 sub-blocks, at least
+    two chunks a split; from the shapes only, so a row's bits do not depend on the batch."""
+    chunk = t.subs * 32
+    chunks = triton.cdiv(k, chunk)
+    splits = 1
+    if m <= DECODE_M and DECODE_SPLIT:
+        splits = max(1, min(DECODE_PROGRAMS // n_tiles, chunks // 2))
+    per_split = triton.cdiv(chunks, splits)
+    return per_split * chunk, triton.cdiv(chunks, per_split)
 
 
 def fused_moe(

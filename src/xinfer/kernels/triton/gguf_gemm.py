@@ -27,16 +27,19 @@ def _dot_tile(w_ptr, row_off, kb, k_len, mask_n, dtype, BTYPE: tl.constexpr,
 @triton.jit(do_not_specialize=["M"])
 def gguf_linear_kernel(
     x_ptr, w_ptr, bias_ptr, out_ptr,
-    M, N, K,
-    stride_xm, stride_wn, stride_om,
+    M, N, K, k_per_split,
+    stride_xm, stride_wn, stride_os, stride_om,
     BTYPE: tl.constexpr, HAS_BIAS: tl.constexpr,
     BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, SUBS: tl.constexpr,
     DOT_PRECISION: tl.constexpr,
 ):  # fmt: skip
-    """grid (cdiv(M, BLOCK_M), cdiv(N, BLOCK_N)): out = x @ dequant(w)^T (+ bias). A row's
-    bits depend on its x row, BLOCK_N, SUBS and the k order only."""
+    """grid (cdiv(M, BLOCK_M), cdiv(N, BLOCK_N), splits): out[split] = x @ dequant(w)^T over
+    K range [split * k_per_split, (split + 1) * k_per_split) (a multiple of SUBS * 32), plus
+    bias with one split. A row's bits depend on its x row, the tiles, the split and the k
+    order only."""
     pid_m = tl.program_id(0)
     pid_n = tl.program_id(1)
+    split = tl.program_id(2)
     offs_m = pid_m * BLOCK_M + tl.arange(0, BLOCK_M)
     offs_n = pid_n * BLOCK_N + tl.arange(0, BLOCK_N)
     offs_k = tl.arange(0, SUBS * 32)
@@ -46,14 +49,19 @@ def gguf_linear_kernel(
     dtype = x_ptr.dtype.element_ty
     x_rows = x_ptr + offs_m.to(tl.int64)[:, None] * stride_xm
     acc = tl.zeros((BLOCK_M, BLOCK_N), dtype=tl.float32)
-    for kb in range(0, tl.cdiv(K, SUBS * 32)):
+    kb_start = split * (k_per_split // (SUBS * 32))
+    kb_end = tl.minimum(kb_start + k_per_split // (SUBS * 32), tl.cdiv(K, SUBS * 32))
+    for kb in range(kb_start, kb_end):
         ks = kb * SUBS * 32 + offs_k
         x = tl.load(x_rows + ks[None, :], mask=mask_m[:, None] & (ks < K)[None, :], other=0.0)
         w = _dot_tile(w_ptr, row_off, kb, K, mask_n, dtype, BTYPE, BLOCK_N, SUBS)
         acc = tl.dot(x, w, acc, input_precision=DOT_PRECISION)
     if HAS_BIAS:
         acc += tl.load(bias_ptr + offs_n, mask=mask_n, other=0.0).to(tl.float32)[None, :]
-    out_ptrs = out_ptr + offs_m.to(tl.int64)[:, None] * stride_om + offs_n[None, :]
+    out_ptrs = (
+        out_ptr + split.to(tl.int64) * stride_os + offs_m.to(tl.int64)[:, None] * stride_om
+        + offs_n[None, :]
+    )  # fmt: skip
     tl.store(out_ptrs, acc.to(out_ptr.dtype.element_ty), mask=mask_m[:, None] & mask_n[None, :])
 
 
