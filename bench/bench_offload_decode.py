@@ -83,6 +83,8 @@ def build_parser() -> argparse.ArgumentParser:
         choices=("after-fill", "before-lookup"),
         help="where layer l issues the prefetch of l + d (offload/prefetch.py ISSUE_AFTER_FILL)",
     )
+    a("--prefetch-fill", default=None, choices=("kernel", "copy-engine"),
+      help="--moe-prefetch-fill of the prefetch engines (default: as --fill)")  # fmt: skip
     a("--prefetch-margin", type=float, default=None,
       help="--moe-prefetch-margin of the prefetch engines (default: the engine's)")  # fmt: skip
     a("--out", default="bench/results/offload")
@@ -126,7 +128,8 @@ def plan_jobs(args: argparse.Namespace) -> list[dict]:
                 gpu_memory_limit_gb=args.gpu_memory_limit_gb, trace_dir=args.trace_dir,
                 max_num_batched_tokens=args.max_num_batched_tokens, prefetch=0,
                 prefetch_margin=args.prefetch_margin, fill=args.fill,
-                prefetch_issue=args.prefetch_issue)  # fmt: skip
+                prefetch_issue=args.prefetch_issue,
+                prefetch_fill=args.prefetch_fill)  # fmt: skip
     jobs = []
     for rate in rates + (["0"] if args.resident_again else []):
         decoding = bool(batches) and (rate == "0" or rate in args.rates.split(","))
@@ -219,6 +222,12 @@ def collect(results: list[dict], bandwidth_gbps: float | None) -> tuple[list[dic
     return decode, list(ttft.values())
 
 
+def prefetch_fill_note(meta: dict) -> str:
+    """', prefetch fill `copy-engine`' where the prefetch copies move otherwise than the fill."""
+    pf = meta.get("prefetch_fill")
+    return f", prefetch fill `{pf}`" if pf and pf != meta.get("fill", "kernel") else ""
+
+
 def prefetch_setting(meta: dict) -> str:
     """'off', 'off and 1 ahead (margin 0.5)' for the page."""
     parts = [decode_report.prefetch_label(d) for d in meta.get("prefetch") or [0]]
@@ -239,7 +248,8 @@ def write(out: Path, meta: dict, results: list[dict]) -> str:
         f"- command: `{meta['command']}`",
         "",
         f"Decode, routing `{meta['routing']}`, prefetch {prefetch_setting(meta)} (issued "
-        f"{meta.get('prefetch_issue', 'before-lookup')}), fill `{meta.get('fill', 'kernel')}`:",
+        f"{meta.get('prefetch_issue', 'before-lookup')}), fill `{meta.get('fill', 'kernel')}`"
+        f"{prefetch_fill_note(meta)}:",
         "",
         decode_report.decode_table(decode),
         "",
@@ -283,7 +293,7 @@ def main(argv: list[str] | None = None) -> int:
             "gpu_memory_limit_gb": args.gpu_memory_limit_gb,
             "prefetch": list(dict.fromkeys(int_list(args.prefetch))) or [0],
             "prefetch_margin": args.prefetch_margin, "fill": args.fill,
-            "prefetch_issue": args.prefetch_issue,
+            "prefetch_issue": args.prefetch_issue, "prefetch_fill": args.prefetch_fill,
             "command": "python3 " + " ".join([sys.argv[0], *(argv or sys.argv[1:])])}  # fmt: skip
     out, results, page = Path(args.out), [], ""
     for job in jobs:

@@ -63,6 +63,8 @@ def engine_kwargs(cfg: dict) -> dict:
         kw["moe_prefetch"] = int(cfg["prefetch"])
         if cfg.get("prefetch_margin") is not None:
             kw["moe_prefetch_margin"] = float(cfg["prefetch_margin"])
+        if cfg.get("prefetch_fill"):
+            kw["moe_prefetch_fill"] = cfg["prefetch_fill"]
     return kw
 
 

@@ -182,6 +182,12 @@ class EngineArgs(OptionSet):
         "experimental, see docs/moe_offload.md)",
         choices=OFFLOAD_FILLS,
     )
+    moe_prefetch_fill: str | None = option(
+        None,
+        "how prefetch copies move to the GPU (default: as --moe-offload-fill): kernel or "
+        "copy-engine (its copies leave the SMs to the compute they overlap)",
+        choices=OFFLOAD_FILLS,
+    )
     routing_source: str = option(
         ROUTER,
         "benchmarks with dummy weights: where MoE layers' experts come from: router (the "
@@ -225,6 +231,7 @@ class EngineArgs(OptionSet):
             prefetch_distance=self.moe_prefetch,
             prefetch_margin=self.moe_prefetch_margin,
             fill=self.moe_offload_fill,
+            prefetch_fill=self.moe_prefetch_fill,
         )
 
     def create_engine_config(self) -> EngineConfig:

@@ -255,11 +255,19 @@ class OffloadConfig:
     prefetch_distance: int = 0
     prefetch_margin: float = 0.5
     fill: str = "kernel"  # one of OFFLOAD_FILLS
+    # How the prefetch copies move (None: as `fill`). The fill kernel's reads of host memory
+    # hold each SM's load queue, so compute beside it stalls; the copy engine does not.
+    prefetch_fill: str | None = None
 
     def __post_init__(self) -> None:
-        if self.fill not in OFFLOAD_FILLS:
+        for what, value in (("fill", self.fill), ("prefetch fill", self.prefetch_fill)):
+            if value is not None and value not in OFFLOAD_FILLS:
+                raise UserError(
+                    f"MoE offload {what} must be one of {', '.join(OFFLOAD_FILLS)}, got {value!r}"
+                )
+        if self.prefetch_fill is not None and not self.prefetch_distance:
             raise UserError(
-                f"MoE offload fill must be one of {', '.join(OFFLOAD_FILLS)}, got {self.fill!r}"
+                "--moe-prefetch-fill says how prefetch copies move: it needs --moe-prefetch"
             )
         if self.fill != "kernel" and self.fraction is None and not self.is_auto:
             raise UserError(

@@ -54,3 +54,7 @@ def test_engine_copy_engine_fill_greedy_matches_no_offload(tmp_path):
         assert kernel == base and copied == base
         assert llm.offload_stats()["misses"] > 0
         assert llm.engine.runner.graph_runner.graphs  # decode ran in graphs
+        # demand fills by the kernel, prefetch copies by the copy engine
+        mixed, llm = run(moe_offload=frac, moe_prefetch=1, moe_prefetch_fill="copy-engine")
+        assert mixed == base
+        assert llm.engine.offload_manager.prefetcher.copies is not None

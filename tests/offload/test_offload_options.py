@@ -182,6 +182,21 @@ def test_fill_option_is_checked():
         OffloadConfig.parse(None, fill="copy-engine")
 
 
+def test_prefetch_fill_option_is_checked(ckpt):
+    """`--moe-prefetch-fill`: one of the fills, only with prefetch, and refused on CPU (no
+    copy engine) before any weight is read, like the offload fill."""
+    cfg = OffloadConfig.parse("0.2", prefetch_distance=1, prefetch_fill="copy-engine")
+    assert (cfg.fill, cfg.prefetch_fill) == ("kernel", "copy-engine")
+    assert OffloadConfig.parse("0.2", prefetch_distance=1).prefetch_fill is None
+    with pytest.raises(UserError, match="prefetch fill must be one of kernel, copy-engine"):
+        OffloadConfig.parse("0.2", prefetch_distance=1, prefetch_fill="dma")
+    with pytest.raises(UserError, match="it needs --moe-prefetch"):
+        OffloadConfig.parse("0.2", prefetch_fill="copy-engine")
+    with pytest.raises(UserError, match="--moe-prefetch-fill copy-engine cannot run here"):
+        LLM(ckpt, device="cpu", moe_offload=0.5, moe_prefetch=1,
+            moe_prefetch_fill="copy-engine")  # fmt: skip
+
+
 def test_copy_engine_fill_is_refused_without_a_gpu(ckpt):
     """On CPU there is no copy engine: one sentence that names the way out, not a fallback
     that silently does something else."""

@@ -77,7 +77,7 @@ def install_prefetch(
     prefetcher = Prefetcher(
         executors, tables, predictor, config.prefetch_distance, max_tokens, manager.device
     )
-    if config.fill == "copy-engine":
+    if (config.prefetch_fill or config.fill) == "copy-engine":
         prefetcher.use_copy_engine()
     for i, x in enumerate(executors):
         if x is not None:

@@ -172,16 +172,18 @@ def enable_offload(
 
 
 def check_fill(offload: OffloadConfig, device: torch.device) -> None:
-    """Refuse `--moe-offload-fill copy-engine`, with the reason, where the driver or NVRTC
-    cannot build its graph nodes (the engine asks before it reads any weight)."""
-    if offload.fill != "copy-engine":
-        return
-    reason = "it needs an NVIDIA GPU" if device.type != "cuda" else unavailable_reason()
-    if reason is not None:
-        raise UserError(
-            f"--moe-offload-fill copy-engine cannot run here: {reason}; use the default "
-            "--moe-offload-fill kernel"
-        )
+    """Refuse `--moe-offload-fill copy-engine` (or `--moe-prefetch-fill copy-engine`), with
+    the reason, where the driver or NVRTC cannot build its graph nodes (the engine asks
+    before it reads any weight)."""
+    for option, value in (("offload", offload.fill), ("prefetch", offload.prefetch_fill)):
+        if value != "copy-engine":
+            continue
+        reason = "it needs an NVIDIA GPU" if device.type != "cuda" else unavailable_reason()
+        if reason is not None:
+            raise UserError(
+                f"--moe-{option}-fill copy-engine cannot run here: {reason}; use "
+                f"--moe-{option}-fill kernel"
+            )
 
 
 def _copy_engine_buffers(offload: OffloadConfig, device: torch.device) -> BounceBuffers | None:
