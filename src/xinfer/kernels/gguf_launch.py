@@ -44,9 +44,13 @@ def linear_tiles(m: int, dtype: torch.dtype) -> GGUFTiles:
     return GGUFTiles(block_m=64, block_n=64, subs=2, num_warps=8)
 
 
-def gemv_tiles(dtype: torch.dtype) -> GGUFTiles:
-    """MoE decode: one program per (pair, BLOCK_N rows); SUBS=8 reads whole super-blocks."""
+def gemv_tiles(dtype: torch.dtype, btype: BlockType | None = None) -> GGUFTiles:
+    """MoE decode: one program per (pair, BLOCK_N rows); SUBS=8 reads whole super-blocks.
+    Q4_K (w13's type): 4 rows of 2 warps, 34 vs 40 µs at one token and 210 vs 243 at eight
+    on the H200 (bench_gguf_kernels.py --sweep, 2026-12-04); the others are not swept."""
     del dtype
+    if btype is not None and btype.name == "Q4_K":
+        return GGUFTiles(block_m=1, block_n=4, subs=8, num_warps=2)
     return GGUFTiles(block_m=1, block_n=8, subs=8, num_warps=4)
 
 
@@ -163,7 +167,7 @@ def fused_moe(
     s13 = (w13.stride(0), w13.stride(1))
     s2 = (w2.stride(0), w2.stride(1))
     if use_gemv:
-        t = tiles or gemv_tiles(hidden.dtype)
+        t = tiles or gemv_tiles(hidden.dtype, btype13)
         jit.gguf_moe_gate_up_gemv_kernel[(num_pairs, triton.cdiv(inter, t.block_n))](
             hidden, topk_ids, w13, inter_buf, hidden_dim, inter,
             hidden.stride(0), *s13, inter_buf.stride(0),
