@@ -85,6 +85,8 @@ def build_parser() -> argparse.ArgumentParser:
     )
     a("--prefetch-fill", default=None, choices=("kernel", "copy-engine"),
       help="--moe-prefetch-fill of the prefetch engines (default: as --fill)")  # fmt: skip
+    a("--prefetch-programs", type=int, default=None,
+      help="the prefetch fill kernel's programs in all (default: 2 per SM)")  # fmt: skip
     a("--prefetch-margin", type=float, default=None,
       help="--moe-prefetch-margin of the prefetch engines (default: the engine's)")  # fmt: skip
     a("--out", default="bench/results/offload")
@@ -129,7 +131,8 @@ def plan_jobs(args: argparse.Namespace) -> list[dict]:
                 max_num_batched_tokens=args.max_num_batched_tokens, prefetch=0,
                 prefetch_margin=args.prefetch_margin, fill=args.fill,
                 prefetch_issue=args.prefetch_issue,
-                prefetch_fill=args.prefetch_fill)  # fmt: skip
+                prefetch_fill=args.prefetch_fill,
+                prefetch_programs=args.prefetch_programs)  # fmt: skip
     jobs = []
     for rate in rates + (["0"] if args.resident_again else []):
         decoding = bool(batches) and (rate == "0" or rate in args.rates.split(","))
@@ -224,8 +227,9 @@ def collect(results: list[dict], bandwidth_gbps: float | None) -> tuple[list[dic
 
 def prefetch_fill_note(meta: dict) -> str:
     """', prefetch fill `copy-engine`' where the prefetch copies move otherwise than the fill."""
-    pf = meta.get("prefetch_fill")
-    return f", prefetch fill `{pf}`" if pf and pf != meta.get("fill", "kernel") else ""
+    pf, programs = meta.get("prefetch_fill"), meta.get("prefetch_programs")
+    note = f", prefetch fill `{pf}`" if pf and pf != meta.get("fill", "kernel") else ""
+    return note + (f" ({programs} prefetch fill programs)" if programs else "")
 
 
 def prefetch_setting(meta: dict) -> str:
@@ -294,6 +298,7 @@ def main(argv: list[str] | None = None) -> int:
             "prefetch": list(dict.fromkeys(int_list(args.prefetch))) or [0],
             "prefetch_margin": args.prefetch_margin, "fill": args.fill,
             "prefetch_issue": args.prefetch_issue, "prefetch_fill": args.prefetch_fill,
+            "prefetch_programs": args.prefetch_programs,
             "command": "python3 " + " ".join([sys.argv[0], *(argv or sys.argv[1:])])}  # fmt: skip
     out, results, page = Path(args.out), [], ""
     for job in jobs:

@@ -5,7 +5,11 @@
 
 Prints each kernel's milliseconds and launches per step, the GPU's busy time per step and
 the span from the first kernel's start to the last kernel's end (busy ÷ span = how much of
-the step the GPU was working rather than waiting between kernels)."""
+the step the GPU was working rather than waiting between kernels). `--beside fill_kernel`
+adds each kernel's median time alone and while it overlapped a kernel of that name longer
+than `--beside-min-us` (how much a concurrent branch, e.g. a prefetch fill, slows it):
+
+    python3 bench/trace_summary.py trace.json.gz --beside fill_kernel"""
 
 from __future__ import annotations
 
@@ -13,6 +17,7 @@ import argparse
 import collections
 import gzip
 import json
+import statistics
 from pathlib import Path
 
 
@@ -39,16 +44,46 @@ def summarize(kernels: list[dict], steps: int, top: int) -> list[str]:
     return lines
 
 
+def beside(kernels: list[dict], other: str, min_us: float = 20.0) -> list[str]:
+    """Per kernel name (not `other`): median µs alone and while overlapping an `other` kernel
+    of at least `min_us`, with counts."""
+    others = sorted(
+        (e["ts"], e["ts"] + e["dur"]) for e in kernels if e["name"] == other and e["dur"] >= min_us
+    )  # fmt: skip
+    times: dict[str, tuple[list, list]] = collections.defaultdict(lambda: ([], []))
+    for e in kernels:
+        if e["name"] == other:
+            continue
+        start, end = e["ts"], e["ts"] + e["dur"]
+        hit = any(s < end and start < t for s, t in others)
+        times[e["name"][:60]][1 if hit else 0].append(e["dur"])
+    lines = [f"| kernel | alone µs (n) | beside {other} µs (n) |", "|---|---|---|"]
+    for name, (alone, near) in sorted(times.items(), key=lambda kv: -len(kv[1][1])):
+        if near:
+            lines.append(
+                f"| {name} | {_median(alone)} ({len(alone)}) | {_median(near)} ({len(near)}) |"
+            )
+    return lines
+
+
+def _median(values: list[float]) -> str:
+    return f"{statistics.median(values):.1f}" if values else "—"
+
+
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("trace", type=Path)
     ap.add_argument("--steps", type=int, default=4, help="decode steps in the trace")
     ap.add_argument("--top", type=int, default=16)
+    ap.add_argument("--beside", default=None, help="a kernel name, e.g. fill_kernel")
+    ap.add_argument("--beside-min-us", type=float, default=20.0)
     args = ap.parse_args()
     kernels = load_kernels(args.trace)
     if not kernels:
         raise SystemExit(f"{args.trace}: no GPU kernel events")
     print("\n".join(summarize(kernels, args.steps, args.top)))
+    if args.beside:
+        print("\n" + "\n".join(beside(kernels, args.beside, args.beside_min_us)))
 
 
 if __name__ == "__main__":

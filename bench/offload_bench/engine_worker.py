@@ -186,6 +186,7 @@ def run(cfg: dict) -> dict:
     from xinfer.offload import prefetch
 
     prefetch.ISSUE_AFTER_FILL = cfg.get("prefetch_issue", "after-fill") == "after-fill"
+    prefetch.PREFETCH_FILL_PROGRAMS = cfg.get("prefetch_programs")
     t0 = time.perf_counter()
     llm = LLM(cfg["model"], **engine_kwargs(cfg))
     out: dict = {"rate": cfg["rate"], "prefetch": int(cfg.get("prefetch") or 0),

@@ -34,3 +34,19 @@ def test_summary_of_two_steps(tmp_path):
     plain = tmp_path / "t.json"
     plain.write_text(json.dumps({"traceEvents": events}))
     assert load_kernels(plain) == kernels
+
+
+def test_beside_splits_a_kernel_by_overlap_with_another():
+    sys.path.insert(0, str(BENCH))
+    from trace_summary import beside
+
+    def kernel(name, ts, dur):
+        return {"ph": "X", "cat": "kernel", "name": name, "ts": ts, "dur": dur}
+
+    kernels = [  # gemv alone 15 µs twice; beside a 300 µs fill 170 µs; a 1 µs fill ignored
+        kernel("gemv", 0, 15), kernel("fill", 20, 1), kernel("gemv", 22, 15),
+        kernel("fill", 100, 300), kernel("gemv", 101, 170), kernel("norm", 500, 2),
+    ]  # fmt: skip
+    lines = beside(kernels, "fill", min_us=20)
+    assert lines[2] == "| gemv | 15.0 (2) | 170.0 (1) |"
+    assert len(lines) == 3  # norm never overlapped a fill: not listed

@@ -34,6 +34,10 @@ from xinfer.runner.forward_context import ForwardContext, get_forward_context
 
 logger = logging.getLogger("xinfer")
 PREFETCH_PROGRAMS_PER_SM = 2  # the prefetch fill's grid: it shares the SMs with the compute
+# Or a total (None: the per-SM rule). An H200 trace showed the MoE GEMV 11x slower on SMs that
+# also run fill programs (their loads of host memory hold the load queues); fewer programs
+# leave most SMs to the compute at the cost of the fill's rate. The benchmark sets it.
+PREFETCH_FILL_PROGRAMS: int | None = None
 # Where layer l issues the prefetch of l + d. Before l's lookup (False), its copies compete
 # with l's own demand fill for the link (and, on the copy engine, queue ahead of it), and
 # l's GEMM waits for that demand fill: on the H200 that gave no gain (docs/benchmarks.md,
@@ -69,7 +73,7 @@ class Prefetcher:
         self.fill_programs = None
         if self.is_cuda:
             sms = torch.cuda.get_device_properties(device).multi_processor_count
-            self.fill_programs = PREFETCH_PROGRAMS_PER_SM * sms
+            self.fill_programs = PREFETCH_FILL_PROGRAMS or PREFETCH_PROGRAMS_PER_SM * sms
         # a (1, 1) "no prediction" for calls that only settle (no empty tensor to a kernel)
         self._nothing = torch.full((1, 1), -1, dtype=torch.int32, device=device)
         self.copies: list | None = None  # per layer: its copy-engine prefetch fill, if used
