@@ -109,11 +109,14 @@ def test_decode_linear_split_k_matches_twin_and_keeps_row_bits(gl, name) -> None
     assert torch.equal(alone[0], out[4])
 
 
-def _moe_case(t13: str, t2: str, seed: int, num_experts: int = 4):
+def _moe_case(
+    t13: str, t2: str, seed: int, num_experts: int = 4, hidden_dim: int = 256, inter: int = 0
+):
+    """hidden_dim 256 (one super-block, or 8 legacy blocks) by default; inter 256 for K-quant
+    w2, else 96 (a partial last chunk for 32-blocks)."""
     from xinfer.kernels import reference
 
-    hidden_dim = 256  # one super-block, or 8 legacy blocks
-    inter = 256 if t2.endswith("_K") else 96  # 96: a partial last chunk for 32-blocks
+    inter = inter or (256 if t2.endswith("_K") else 96)
     w13 = _raw(t13, 2 * inter, hidden_dim, seed, experts=num_experts)
     w2 = _raw(t2, hidden_dim, inter, seed + 1, experts=num_experts)
     g = torch.Generator().manual_seed(seed)
@@ -139,6 +142,28 @@ def test_fused_moe_matches_twin(gl, t13, t2, use_gemv, dtype) -> None:
     tiles = gl.GGUFTiles(1, 32, 8) if use_gemv else gl.GGUFTiles(16, 32, 4)
     out = gl.fused_moe(hidden, ids, weights, w13, f13.btype, w2, f2.btype, inter, use_gemv, tiles)
     _assert_close_scaled(out, ref, dtype)
+
+
+@child_only
+@pytest.mark.parametrize("subs", [8, 4])
+def test_q4_k_word_gemv_matches_twin(gl, subs) -> None:
+    """The Q4_K MoE GEMV reads 32-bit words (eight nibbles a load) in both projections: equal
+    to the twin (gate/up rows of two super-blocks, down rows of one), read whole or in chunks
+    of 4 sub-blocks (the pair's offset inside its super-block); a pair's bits are the same
+    alone and in the batch. (Few programs: the interpreter takes ~0.1 s each.)"""
+    from xinfer.quant.gguf_formats import GGUFFormat
+
+    hidden, ids, weights, w13, w2, inter = _moe_case(
+        "Q4_K", "Q4_K", seed=11, hidden_dim=512, inter=256
+    )
+    fmt = GGUFFormat("Q4_K")
+    ref = fmt.reference_moe(hidden, ids, weights, {"weight": w13}, {"weight": w2}, inter, fmt)
+    tiles = gl.GGUFTiles(1, 32, subs, num_warps=2)
+    out = gl.fused_moe(hidden, ids, weights, w13, fmt.btype, w2, fmt.btype, inter, True, tiles)
+    _assert_close_scaled(out, ref, torch.float32)
+    one = gl.fused_moe(hidden[1:2], ids[1:2], weights[1:2], w13, fmt.btype, w2, fmt.btype,
+                       inter, True, tiles)  # fmt: skip
+    assert torch.equal(one[0], out[1])
 
 
 @child_only

@@ -78,16 +78,9 @@ def _q45_k_tile(w_ptr, row, sub, m2, m3, HAS_QH: tl.constexpr):
         base = row + (sub // 8) * 176
     else:
         base = row + (sub // 8) * 144
-    d = _f16(w_ptr, base, m2)
-    dmin = _f16(w_ptr, base + 2, m2)
-    a = _u8(w_ptr, base + 4 + sj, m2)  # scales[sj]
-    b = _u8(w_ptr, base + 8 + sj, m2)  # scales[sj + 4]
-    c = _u8(w_ptr, base + 4 + sj % 4, m2)  # scales[sj - 4] for sj >= 4
-    low = sj < 4
-    sc = tl.where(low, a & 63, (b & 15) | ((c >> 6) << 4))
-    mn = tl.where(low, b & 63, (b >> 4) | ((a >> 6) << 4))
-    ds = (d * _minus(sc, 0))[:, :, None]
-    dm = (dmin * _minus(mn, 0))[:, :, None]
+    ds, dm = _q4_k_scales(w_ptr, base, sj, m2)
+    ds = ds[:, :, None]
+    dm = dm[:, :, None]
     # sub-blocks 2g and 2g + 1 are the low and high nibbles of qs[32 g : 32 g + 32]
     qs_off = (sj // 2)[:, :, None] * 32 + j
     shift = ((sj % 2) * 4)[:, :, None]
@@ -98,6 +91,55 @@ def _q45_k_tile(w_ptr, row, sub, m2, m3, HAS_QH: tl.constexpr):
     else:
         q = (_u8(w_ptr, base[:, :, None] + 16 + qs_off, m3) >> shift) & 15
     return ds * _minus(q, 0) - dm
+
+
+@triton.jit
+def _q4_k_scales(w_ptr, base, sj, m2):
+    """Q4_K sub-block sj's (d * sc, dmin * m) for super-blocks at byte offsets `base`."""
+    d = _f16(w_ptr, base, m2)
+    dmin = _f16(w_ptr, base + 2, m2)
+    a = _u8(w_ptr, base + 4 + sj, m2)  # scales[sj]
+    b = _u8(w_ptr, base + 8 + sj, m2)  # scales[sj + 4]
+    c = _u8(w_ptr, base + 4 + sj % 4, m2)  # scales[sj - 4] for sj >= 4
+    low = sj < 4
+    sc = tl.where(low, a & 63, (b & 15) | ((c >> 6) << 4))
+    mn = tl.where(low, b & 63, (b >> 4) | ((a >> 6) << 4))
+    return d * _minus(sc, 0), dmin * _minus(mn, 0)
+
+
+@triton.jit
+def q4_k_words_tile(w_ptr, row_off, kb, k_len, mask_n, SUBS: tl.constexpr):
+    """Q4_K weights of chunk kb (SUBS sub-blocks, SUBS even) as a (BLOCK_N, SUBS // 2, 8, 8)
+    float32 tile [row, pair g, word i, nibble n]: nibble n of the 32-bit word i of qs[32 g' :
+    32 g' + 32] (g' the pair within its super-block) is weight 4 i + n // 2 of sub-block
+    2 g + n % 2 — one load per eight weights instead of one per weight (`q4_k_words_x`
+    gathers the activations in this order). Values as `gguf_tile`'s: (d * sc) * q - dmin * m."""
+    G: tl.constexpr = SUBS // 2
+    pair = kb * G + tl.arange(0, G)[None, :]  # (1, G): pair of sub-blocks in the row
+    m2 = mask_n[:, None] & (pair * 64 < k_len)  # (BN, G)
+    base = row_off[:, None] + (pair // 4) * 144  # the super-block
+    gp = pair % 4
+    ds_even, dm_even = _q4_k_scales(w_ptr, base, 2 * gp, m2)
+    ds_odd, dm_odd = _q4_k_scales(w_ptr, base, 2 * gp + 1, m2)
+    word_off = base[:, :, None] + 16 + gp[:, :, None] * 32 + tl.arange(0, 8)[None, None, :] * 4
+    words = tl.load((w_ptr + word_off).to(tl.pointer_type(tl.int32)), mask=m2[:, :, None], other=0)
+    n = tl.arange(0, 8)[None, None, None, :]
+    q = (words[:, :, :, None] >> (n * 4)) & 15  # (BN, G, 8, 8)
+    odd = (n % 2) == 1
+    ds = tl.where(odd, ds_odd[:, :, None, None], ds_even[:, :, None, None])
+    dm = tl.where(odd, dm_odd[:, :, None, None], dm_even[:, :, None, None])
+    return ds * _minus(q, 0) - dm
+
+
+@triton.jit
+def q4_k_words_x(x_row_ptr, kb, k_len, SUBS: tl.constexpr):
+    """(1, SUBS // 2, 8, 8) float32 activations in `q4_k_words_tile`'s order (0 past k_len)."""
+    G: tl.constexpr = SUBS // 2
+    g = tl.arange(0, G)[:, None, None]
+    i = tl.arange(0, 8)[None, :, None]
+    n = tl.arange(0, 8)[None, None, :]
+    ks = (kb * SUBS + 2 * g + n % 2) * 32 + 4 * i + n // 2
+    return tl.load(x_row_ptr + ks, mask=ks < k_len, other=0.0).to(tl.float32)[None, :, :, :]
 
 
 @triton.jit

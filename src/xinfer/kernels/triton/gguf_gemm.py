@@ -12,7 +12,13 @@ import triton
 import triton.language as tl
 
 from xinfer.kernels.triton.fused_moe import _silu_mul
-from xinfer.kernels.triton.gguf_dequant import gguf_tile, x_chunk
+from xinfer.kernels.triton.gguf_dequant import (
+    Q4_K,
+    gguf_tile,
+    q4_k_words_tile,
+    q4_k_words_x,
+    x_chunk,
+)
 from xinfer.kernels.triton.moe_blocks import moe_block
 
 
@@ -82,14 +88,24 @@ def gguf_moe_gate_up_gemv_kernel(
     gate_off = e * stride_we + offs_n.to(tl.int64) * stride_wn
     up_off = gate_off + inter_dim * stride_wn
     x_row = x_ptr + tok * stride_xt
-    acc_g = tl.zeros((BLOCK_N, SUBS, 32), dtype=tl.float32)
-    acc_u = tl.zeros((BLOCK_N, SUBS, 32), dtype=tl.float32)
-    for kb in range(0, tl.cdiv(hidden_dim, SUBS * 32)):
-        x = x_chunk(x_row, kb, hidden_dim, SUBS)[None, :, :]
-        acc_g += gguf_tile(w_ptr, gate_off, kb, hidden_dim, mask_n, BTYPE, SUBS) * x
-        acc_u += gguf_tile(w_ptr, up_off, kb, hidden_dim, mask_n, BTYPE, SUBS) * x
-    g = tl.sum(tl.sum(acc_g, axis=2), axis=1)
-    u = tl.sum(tl.sum(acc_u, axis=2), axis=1)
+    if BTYPE == Q4_K and SUBS % 2 == 0:  # 32-bit words, eight weights a load
+        acc_g4 = tl.zeros((BLOCK_N, SUBS // 2, 8, 8), dtype=tl.float32)
+        acc_u4 = tl.zeros((BLOCK_N, SUBS // 2, 8, 8), dtype=tl.float32)
+        for kb in range(0, tl.cdiv(hidden_dim, SUBS * 32)):
+            x4 = q4_k_words_x(x_row, kb, hidden_dim, SUBS)
+            acc_g4 += q4_k_words_tile(w_ptr, gate_off, kb, hidden_dim, mask_n, SUBS) * x4
+            acc_u4 += q4_k_words_tile(w_ptr, up_off, kb, hidden_dim, mask_n, SUBS) * x4
+        g = tl.sum(tl.sum(tl.sum(acc_g4, axis=3), axis=2), axis=1)
+        u = tl.sum(tl.sum(tl.sum(acc_u4, axis=3), axis=2), axis=1)
+    else:
+        acc_g = tl.zeros((BLOCK_N, SUBS, 32), dtype=tl.float32)
+        acc_u = tl.zeros((BLOCK_N, SUBS, 32), dtype=tl.float32)
+        for kb in range(0, tl.cdiv(hidden_dim, SUBS * 32)):
+            x = x_chunk(x_row, kb, hidden_dim, SUBS)[None, :, :]
+            acc_g += gguf_tile(w_ptr, gate_off, kb, hidden_dim, mask_n, BTYPE, SUBS) * x
+            acc_u += gguf_tile(w_ptr, up_off, kb, hidden_dim, mask_n, BTYPE, SUBS) * x
+        g = tl.sum(tl.sum(acc_g, axis=2), axis=1)
+        u = tl.sum(tl.sum(acc_u, axis=2), axis=1)
     h = _silu_mul(g, u, inter_ptr.dtype.element_ty)
     tl.store(inter_ptr + pair.to(tl.int64) * stride_it + offs_n, h, mask=mask_n)
 
@@ -109,11 +125,18 @@ def gguf_moe_down_gemv_kernel(
     mask_n = offs_n < hidden_dim
     row_off = e * stride_we + offs_n.to(tl.int64) * stride_wn
     a_row = inter_ptr + pair * stride_it
-    acc = tl.zeros((BLOCK_N, SUBS, 32), dtype=tl.float32)
-    for kb in range(0, tl.cdiv(inter_dim, SUBS * 32)):
-        a = x_chunk(a_row, kb, inter_dim, SUBS)[None, :, :]
-        acc += gguf_tile(w_ptr, row_off, kb, inter_dim, mask_n, BTYPE, SUBS) * a
-    y = tl.sum(tl.sum(acc, axis=2), axis=1).to(y_ptr.dtype.element_ty)
+    if BTYPE == Q4_K and SUBS % 2 == 0:  # 32-bit words, eight weights a load
+        acc4 = tl.zeros((BLOCK_N, SUBS // 2, 8, 8), dtype=tl.float32)
+        for kb in range(0, tl.cdiv(inter_dim, SUBS * 32)):
+            a4 = q4_k_words_x(a_row, kb, inter_dim, SUBS)
+            acc4 += q4_k_words_tile(w_ptr, row_off, kb, inter_dim, mask_n, SUBS) * a4
+        y = tl.sum(tl.sum(tl.sum(acc4, axis=3), axis=2), axis=1).to(y_ptr.dtype.element_ty)
+    else:
+        acc = tl.zeros((BLOCK_N, SUBS, 32), dtype=tl.float32)
+        for kb in range(0, tl.cdiv(inter_dim, SUBS * 32)):
+            a = x_chunk(a_row, kb, inter_dim, SUBS)[None, :, :]
+            acc += gguf_tile(w_ptr, row_off, kb, inter_dim, mask_n, BTYPE, SUBS) * a
+        y = tl.sum(tl.sum(acc, axis=2), axis=1).to(y_ptr.dtype.element_ty)
     tl.store(y_ptr + pair * stride_yt + offs_n, y, mask=mask_n)
 
 
