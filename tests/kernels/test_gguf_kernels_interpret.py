@@ -167,6 +167,16 @@ def test_q4_k_word_gemv_matches_twin(gl, subs) -> None:
 
 
 @child_only
+def test_q4_k_refuses_odd_subs(gl) -> None:
+    from xinfer.quant.gguf_blocks import BLOCK_TYPES
+
+    k = _k_for("Q4_K", 1)
+    raw = _raw("Q4_K", 16, k, seed=1)
+    with pytest.raises(ValueError, match="Q4_K needs an even SUBS"):
+        gl.linear(torch.zeros(1, k), raw, BLOCK_TYPES["Q4_K"], None, 16, k, gl.GGUFTiles(16, 16, 1))
+
+
+@child_only
 @pytest.mark.parametrize("use_gemv", [True, False], ids=["gemv", "grouped"])
 def test_fused_moe_bits_do_not_depend_on_ids(gl, use_gemv) -> None:
     """Expert ids on the [E, ...] set vs slot ids on a permuted, larger [S, ...] set."""

@@ -66,6 +66,13 @@ def _precision(dtype: torch.dtype) -> str:
     return "ieee" if dtype == torch.float32 else "tf32"
 
 
+def _check_tiles(t: GGUFTiles, *btypes: BlockType) -> GGUFTiles:
+    """Q4_K chunks are read as 32-bit words of two sub-blocks' nibbles: SUBS must be even."""
+    if t.subs % 2 and any(b.name == "Q4_K" for b in btypes):
+        raise ValueError(f"gguf kernels: Q4_K needs an even SUBS, got {t}")
+    return t
+
+
 def _check_raw(w: torch.Tensor, btype: BlockType, rows: int, k: int, what: str) -> None:
     if w.dtype != torch.uint8 or w.shape[-2:] != (rows, btype.row_bytes(k)):
         raise ValueError(
@@ -96,7 +103,7 @@ def linear(
     out = x.new_empty(m, n)
     if m == 0:
         return out.view(*x.shape[:-1], n)
-    t = tiles or linear_tiles(m, x.dtype)
+    t = _check_tiles(tiles or linear_tiles(m, x.dtype), btype)
     n_tiles = triton.cdiv(n, t.block_n)
     k_per_split, splits = decode_split(m, n_tiles, k, t)
     part = out if splits == 1 else out.new_empty(splits, m, n, dtype=torch.float32)
@@ -167,7 +174,7 @@ def fused_moe(
     s13 = (w13.stride(0), w13.stride(1))
     s2 = (w2.stride(0), w2.stride(1))
     if use_gemv:
-        t = tiles or gemv_tiles(hidden.dtype, btype13)
+        t = _check_tiles(tiles or gemv_tiles(hidden.dtype, btype13), btype13, btype2)
         jit.gguf_moe_gate_up_gemv_kernel[(num_pairs, triton.cdiv(inter, t.block_n))](
             hidden, topk_ids, w13, inter_buf, hidden_dim, inter,
             hidden.stride(0), *s13, inter_buf.stride(0),
@@ -180,7 +187,7 @@ def fused_moe(
             BTYPE=btype2.type_id, BLOCK_N=t.block_n, SUBS=t.subs, num_warps=t.num_warps,
         )  # fmt: skip
     else:
-        t = tiles or grouped_tiles(num_pairs, hidden.dtype)
+        t = _check_tiles(tiles or grouped_tiles(num_pairs, hidden.dtype), btype13, btype2)
         sorted_pairs, block_ids, num_rows = moe_launch.align_pairs(
             topk_ids, w13.shape[0], t.block_m
         )

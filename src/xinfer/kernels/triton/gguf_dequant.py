@@ -109,13 +109,12 @@ def _q4_k_scales(w_ptr, base, sj, m2):
 
 @triton.jit
 def q4_k_words_tile(w_ptr, row_off, kb, k_len, mask_n, SUBS: tl.constexpr):
-    """Q4_K weights of chunk kb (SUBS sub-blocks, SUBS even) as a (BLOCK_N, SUBS // 2, 8, 8)
+    """Q4_K weights of chunk kb (SUBS sub-blocks, SUBS even) as a (BLOCK_N, G = SUBS // 2, 8, 8)
     float32 tile [row, pair g, word i, nibble n]: nibble n of the 32-bit word i of qs[32 g' :
     32 g' + 32] (g' the pair within its super-block) is weight 4 i + n // 2 of sub-block
     2 g + n % 2 — one load per eight weights instead of one per weight (`q4_k_words_x`
     gathers the activations in this order). Values as `gguf_tile`'s: (d * sc) * q - dmin * m."""
-    G: tl.constexpr = SUBS // 2
-    pair = kb * G + tl.arange(0, G)[None, :]  # (1, G): pair of sub-blocks in the row
+    pair = kb * (SUBS // 2) + tl.arange(0, SUBS // 2)[None, :]  # (1, G): pairs in the row
     m2 = mask_n[:, None] & (pair * 64 < k_len)  # (BN, G)
     base = row_off[:, None] + (pair // 4) * 144  # the super-block
     gp = pair % 4
@@ -134,8 +133,7 @@ def q4_k_words_tile(w_ptr, row_off, kb, k_len, mask_n, SUBS: tl.constexpr):
 @triton.jit
 def q4_k_words_x(x_row_ptr, kb, k_len, SUBS: tl.constexpr):
     """(1, SUBS // 2, 8, 8) float32 activations in `q4_k_words_tile`'s order (0 past k_len)."""
-    G: tl.constexpr = SUBS // 2
-    g = tl.arange(0, G)[:, None, None]
+    g = tl.arange(0, SUBS // 2)[:, None, None]
     i = tl.arange(0, 8)[None, :, None]
     n = tl.arange(0, 8)[None, None, :]
     ks = (kb * SUBS + 2 * g + n % 2) * 32 + 4 * i + n // 2
