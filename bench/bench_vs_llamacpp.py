@@ -72,7 +72,14 @@ def _formats(llm: LLM) -> str:
     if not moe:
         return ""
     ew = moe[0].expert_weights
-    w13, w2 = ew.proj_fmt("w13").name, ew.proj_fmt("w2").name
+
+    def stored(proj: str) -> str:  # ISQ: the block type the rows really use (fallbacks)
+        fmt = ew.proj_fmt(proj)
+        if hasattr(fmt, "block_format"):
+            return f"{fmt.name}({fmt.block_format(ew.proj_nk(proj)[1]).name})"
+        return fmt.name
+
+    w13, w2 = stored("w13"), stored("w2")
     return w13 if w13 == w2 else f"{w13}+{w2}"
 
 
