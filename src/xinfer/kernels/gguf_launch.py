@@ -81,6 +81,8 @@ def _check_raw(w: torch.Tensor, btype: BlockType, rows: int, k: int, what: str) 
         )
     if w.stride(-1) != 1:
         raise ValueError(f"{what}: block rows must be contiguous in their last dim")
+    if btype.name == "Q4_K" and (w.data_ptr() % 4 or any(s % 4 for s in w.stride()[:-1])):
+        raise ValueError(f"{what}: Q4_K rows are read as 32-bit words: they must be 4-byte aligned")
 
 
 def linear(
