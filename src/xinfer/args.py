@@ -185,7 +185,7 @@ class EngineArgs(OptionSet):
     moe_prefetch_fill: str | None = option(
         None,
         "how prefetch copies move to the GPU (default: as --moe-offload-fill): kernel or "
-        "copy-engine (its copies leave the SMs to the compute they overlap)",
+        "copy-engine (its copies use no SM, so the compute they overlap is not slowed)",
         choices=OFFLOAD_FILLS,
     )
     routing_source: str = option(

@@ -34,9 +34,10 @@ from xinfer.runner.forward_context import ForwardContext, get_forward_context
 
 logger = logging.getLogger("xinfer")
 PREFETCH_PROGRAMS_PER_SM = 2  # the prefetch fill's grid: it shares the SMs with the compute
-# Or a total (None: the per-SM rule). An H200 trace showed the MoE GEMV 11x slower on SMs that
-# also run fill programs (their loads of host memory hold the load queues); fewer programs
-# leave most SMs to the compute at the cost of the fill's rate. The benchmark sets it.
+# Or a total (None: the per-SM rule). An H200 trace showed the MoE GEMV 11x slower beside a
+# running fill kernel (likely: its loads of host memory hold the memory system's request
+# queues); fewer programs may leave more to the compute at the cost of the fill's rate.
+# The benchmark sets it; not yet measured.
 PREFETCH_FILL_PROGRAMS: int | None = None
 # Where layer l issues the prefetch of l + d. Before l's lookup (False), its copies compete
 # with l's own demand fill for the link (and, on the copy engine, queue ahead of it), and
