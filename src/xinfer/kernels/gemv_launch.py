@@ -165,9 +165,17 @@ def _launch(x, weight, bias, out, cfg: GemvConfig) -> None:
         DOT_PRECISION=precision, num_warps=cfg.num_warps, num_stages=cfg.num_stages,
     )  # fmt: skip
     if splits > 1:
-        block = min(1024, max(128, triton.next_power_of_2(n)))  # few compiles for any N
-        gemv_jit.gemv_split_reduce_kernel[(m, triton.cdiv(n, block))](
-            part, bias if bias is not None else x, out,
-            n, part.stride(0), part.stride(1), out.stride(0),
-            SPLIT_K=splits, HAS_BIAS=bias is not None, BLOCK_N=block, num_warps=4,
-        )  # fmt: skip
+        reduce_splits(part, bias, out)
+
+
+def reduce_splits(part: torch.Tensor, bias: torch.Tensor | None, out: torch.Tensor) -> None:
+    """out (M, N) = the float32 partial sums part (splits, M, N) added in split order (so the
+    bits do not depend on timing), plus bias, in out's dtype. The split-K decode linears
+    (here, quant_launch, gguf_launch) end with it."""
+    splits, m, n = part.shape
+    block = min(1024, max(128, triton.next_power_of_2(n)))  # few compiles for any N
+    gemv_jit.gemv_split_reduce_kernel[(m, triton.cdiv(n, block))](
+        part, bias if bias is not None else part, out,
+        n, part.stride(0), part.stride(1), out.stride(0),
+        SPLIT_K=splits, HAS_BIAS=bias is not None, BLOCK_N=block, num_warps=4,
+    )  # fmt: skip

@@ -14,8 +14,7 @@ from dataclasses import dataclass
 import torch
 import triton
 
-from xinfer.kernels import moe_launch
-from xinfer.kernels.triton import gemv as gemv_jit
+from xinfer.kernels import gemv_launch, moe_launch
 from xinfer.kernels.triton import gguf_gemm as jit
 from xinfer.quant.gguf_blocks import BlockType
 
@@ -118,13 +117,8 @@ def linear(
         BLOCK_M=t.block_m, BLOCK_N=t.block_n, SUBS=t.subs,
         DOT_PRECISION=_precision(x.dtype), num_warps=t.num_warps, num_stages=t.num_stages,
     )  # fmt: skip
-    if splits > 1:  # the partial sums added in split order: deterministic
-        block = min(1024, max(128, triton.next_power_of_2(n)))
-        gemv_jit.gemv_split_reduce_kernel[(m, triton.cdiv(n, block))](
-            part, bias if bias is not None else part, out,
-            n, part.stride(0), part.stride(1), out.stride(0),
-            SPLIT_K=splits, HAS_BIAS=bias is not None, BLOCK_N=block, num_warps=4,
-        )  # fmt: skip
+    if splits > 1:
+        gemv_launch.reduce_splits(part, bias, out)
     return out.view(*x.shape[:-1], n)
 
 

@@ -18,9 +18,8 @@ from dataclasses import dataclass
 import torch
 import triton
 
-from xinfer.kernels import moe_launch, quant_prefill
+from xinfer.kernels import gemv_launch, moe_launch, quant_prefill
 from xinfer.kernels.quant_groups import group_t, packed
-from xinfer.kernels.triton import gemv as gemv_jit
 from xinfer.kernels.triton import quant_gemm as jit
 from xinfer.quant.base import KernelWeights, WeightFormat
 
@@ -140,12 +139,7 @@ def linear(
         num_stages=tiles.num_stages,
     )  # fmt: skip
     if splits > 1:
-        block = min(1024, max(128, triton.next_power_of_2(n)))
-        gemv_jit.gemv_split_reduce_kernel[(m, triton.cdiv(n, block))](
-            part, bias if bias is not None else s, out,
-            n, part.stride(0), part.stride(1), out.stride(0),
-            SPLIT_K=splits, HAS_BIAS=bias is not None, BLOCK_N=block, num_warps=4,
-        )  # fmt: skip
+        gemv_launch.reduce_splits(part, bias, out)
     return out.view(*x.shape[:-1], n)
 
 

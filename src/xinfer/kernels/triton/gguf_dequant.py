@@ -1,8 +1,9 @@
 """In-register dequantization of GGUF blocks (used by `gguf_gemm.py`): `gguf_tile` reads the
 raw bytes of BLOCK_N rows over a chunk of SUBS sub-blocks of 32 weights and returns the
 float32 weights as a (BLOCK_N, SUBS, 32) tile, with the per-sub-block scales decoded once
-per (row, sub-block) and broadcast. Each weight is computed with the float32 operations of
-its twin in `quant/gguf_blocks.py`. `BTYPE` is ggml's type id."""
+per (row, sub-block) and broadcast; Q4_K instead as 32-bit words (`q4_k_words_tile`, with
+`q4_k_words_x` for the activations in its order). Each weight is computed with the float32
+operations of its twin in `quant/gguf_blocks.py`. `BTYPE` is ggml's type id."""
 
 from __future__ import annotations
 
@@ -69,28 +70,22 @@ def _legacy_tile(w_ptr, row, sub, m2, m3, BTYPE: tl.constexpr):
 
 
 @triton.jit
-def _q45_k_tile(w_ptr, row, sub, m2, m3, HAS_QH: tl.constexpr):
-    """Q4_K {f16 d, dmin; u8 scales[12]; u8 qs[128]} and Q5_K (qh[32] before qs): sub-block
-    sj of a super-block holds (d * sc[sj]) * q - dmin * m[sj], sc/m six bits each."""
+def _q5_k_tile(w_ptr, row, sub, m2, m3):
+    """Q5_K {f16 d, dmin; u8 scales[12]; u8 qh[32]; u8 qs[128]}: sub-block sj of a
+    super-block holds (d * sc[sj]) * q - dmin * m[sj], sc/m six bits each (Q4_K's scales),
+    q = nibble | bit sj of qh[j] << 4."""
     j = tl.arange(0, 32)[None, None, :]
     sj = sub % 8
-    if HAS_QH:
-        base = row + (sub // 8) * 176
-    else:
-        base = row + (sub // 8) * 144
+    base = row + (sub // 8) * 176
     ds, dm = _q4_k_scales(w_ptr, base, sj, m2)
     ds = ds[:, :, None]
     dm = dm[:, :, None]
     # sub-blocks 2g and 2g + 1 are the low and high nibbles of qs[32 g : 32 g + 32]
     qs_off = (sj // 2)[:, :, None] * 32 + j
     shift = ((sj % 2) * 4)[:, :, None]
-    if HAS_QH:
-        q = (_u8(w_ptr, base[:, :, None] + 48 + qs_off, m3) >> shift) & 15
-        high = (_u8(w_ptr, base[:, :, None] + 16 + j, m3) >> sj[:, :, None]) & 1
-        q = q | (high << 4)
-    else:
-        q = (_u8(w_ptr, base[:, :, None] + 16 + qs_off, m3) >> shift) & 15
-    return ds * _minus(q, 0) - dm
+    q = (_u8(w_ptr, base[:, :, None] + 48 + qs_off, m3) >> shift) & 15
+    high = (_u8(w_ptr, base[:, :, None] + 16 + j, m3) >> sj[:, :, None]) & 1
+    return ds * _minus(q | (high << 4), 0) - dm
 
 
 @triton.jit
@@ -167,10 +162,9 @@ def gguf_tile(w_ptr, row_off, kb, k_len, mask_n, BTYPE: tl.constexpr, SUBS: tl.c
     m2 = mask_n[:, None] & (sub * 32 < k_len)  # (BN, SUBS)
     m3 = m2[:, :, None]
     row = row_off[:, None]
-    if BTYPE == Q4_K:
-        w = _q45_k_tile(w_ptr, row, sub, m2, m3, False)
-    elif BTYPE == Q5_K:
-        w = _q45_k_tile(w_ptr, row, sub, m2, m3, True)
+    tl.static_assert(BTYPE != Q4_K, "Q4_K is read as words: q4_k_words_tile")
+    if BTYPE == Q5_K:
+        w = _q5_k_tile(w_ptr, row, sub, m2, m3)
     elif BTYPE == Q6_K:
         w = _q6_k_tile(w_ptr, row, sub, m2, m3)
     else:
