@@ -25,7 +25,7 @@ for phase in "$@"; do
     gputests) timeout ${GPU_TESTS_TIMEOUT:-540} python3 -m pytest -m gpu -q -p no:cacheprovider -rfE --durations=15 ${GPU_TESTS:-tests} 2>&1 | tee "$OUT/gpu_tests_all.txt" | tail -60 ;;
     # the GPU tests in four concurrent shards (Triton compiles are CPU-bound; 16 cores); a
     # shard past its time gets SIGINT, so pytest still prints the failures it has seen
-    gpushards) shard() { local i=$1; shift; timeout -s INT -k 30 ${GPU_TESTS_TIMEOUT:-360} \
+    gpushards) shard() { local i=$1; shift; XINFER_TEST_CACHE_GB=${XINFER_TEST_CACHE_GB:-6} timeout -s INT -k 30 ${GPU_TESTS_TIMEOUT:-360} \
         python3 -m pytest -m gpu -q -p no:cacheprovider -rfE --durations=8 "$@" > "$OUT/gpu_shard$i.txt" 2>&1; }
       g=tests/kernels/test_gguf_kernels.py
       shard 1 tests/kernels --ignore=$g & shard 2 $g tests/weights &
@@ -75,7 +75,7 @@ for phase in "$@"; do
     # ggufprep unpacks llama.cpp (its gguf-py serves the tests) and starts its build
     ggufprep) bash bench/bench_vs_llamacpp.sh --start-build 2>&1 | tail -3 ;;
     gguftests) PYTHONPATH=$PYTHONPATH:/tmp/lcp/llama.cpp/gguf-py timeout ${GGUF_TESTS_TIMEOUT:-500} python3 -m pytest -q -p no:cacheprovider -rfE --durations=10 tests/kernels/test_gguf_kernels.py tests/kernels/test_attention_window.py tests/weights/test_gguf_gpu.py 2>&1 | tee "$OUT/gguf_tests.txt" | tail -40 ;;
-    ggufkernel) timeout ${GGUF_KERNEL_TIMEOUT:-500} python3 bench/bench_gguf_kernels.py ${GGUF_SWEEP:+--sweep} ${GGUF_TYPES:+--types $GGUF_TYPES} --out "$OUT/gguf_kernels.jsonl" 2>&1 | tee "$OUT/gguf_kernels.txt" | tail -50 ;;
+    ggufkernel) timeout ${GGUF_KERNEL_TIMEOUT:-500} python3 -u bench/bench_gguf_kernels.py ${GGUF_SWEEP:+--sweep} ${GGUF_TYPES:+--types $GGUF_TYPES} --out "$OUT/gguf_kernels.jsonl" 2>&1 | tee "$OUT/gguf_kernels.txt" | tail -50 ;;
     vsllama) ONLY="${VS_ROWS:-q4_k}" timeout ${VS_TIMEOUT:-590} bash bench/bench_vs_llamacpp.sh 2>&1 | grep -v "it/s]" | tee "$OUT/vs_llamacpp_${VS_ROWS:-q4_k}.txt" | tail -30; cp bench/results/vs_llamacpp.jsonl "$OUT/" 2>/dev/null ;;
     *) echo "unknown phase $phase" ;;
   esac

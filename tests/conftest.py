@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import gc
+import os
 
 import pytest
 import torch
@@ -25,3 +26,22 @@ def _release_gpu_memory():
     if torch.cuda.is_available():
         gc.collect()
         torch.cuda.empty_cache()
+
+
+@pytest.fixture(autouse=True)
+def _share_one_gpu(monkeypatch):
+    """`scripts/gpu_run.sh gpushards` runs four pytest processes on one GPU: each engine sizes
+    its caches from the free memory, so the first would take 90% of it and the others run out.
+    XINFER_TEST_CACHE_GB (set by that phase) caps each engine's cache budget instead."""
+    cap = os.environ.get("XINFER_TEST_CACHE_GB")
+    if not cap:
+        return
+    from xinfer.engine import memory, state_cache
+
+    uncapped = memory.gpu_kv_budget
+
+    def capped(engine, device):
+        return min(uncapped(engine, device), int(float(cap) * memory.GIB))
+
+    monkeypatch.setattr(memory, "gpu_kv_budget", capped)
+    monkeypatch.setattr(state_cache, "gpu_kv_budget", capped)

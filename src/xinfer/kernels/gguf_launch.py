@@ -46,8 +46,7 @@ def linear_tiles(m: int, dtype: torch.dtype) -> GGUFTiles:
 def gemv_tiles(dtype: torch.dtype, btype: BlockType | None = None) -> GGUFTiles:
     """MoE decode: one program per (pair, BLOCK_N rows); SUBS=8 reads whole super-blocks.
     Q4_K (w13's type): 4 rows of 2 warps, 34 vs 40 µs at one token and 210 vs 243 at eight
-    on the H200 (bench_gguf_kernels.py --sweep, 2026-12-04, before the word reads: to sweep
-    again); the others are not swept."""
+    on the H200 (bench_gguf_kernels.py --sweep, 2026-12-04); the others are not swept."""
     del dtype
     if btype is not None and btype.name == "Q4_K":
         return GGUFTiles(block_m=1, block_n=4, subs=8, num_warps=2)
@@ -66,13 +65,6 @@ def _precision(dtype: torch.dtype) -> str:
     return "ieee" if dtype == torch.float32 else "tf32"
 
 
-def _check_tiles(t: GGUFTiles, *btypes: BlockType) -> GGUFTiles:
-    """Q4_K chunks are read as 32-bit words of two sub-blocks' nibbles: SUBS must be even."""
-    if t.subs % 2 and any(b.name == "Q4_K" for b in btypes):
-        raise ValueError(f"gguf kernels: Q4_K needs an even SUBS, got {t}")
-    return t
-
-
 def _check_raw(w: torch.Tensor, btype: BlockType, rows: int, k: int, what: str) -> None:
     if w.dtype != torch.uint8 or w.shape[-2:] != (rows, btype.row_bytes(k)):
         raise ValueError(
@@ -81,8 +73,6 @@ def _check_raw(w: torch.Tensor, btype: BlockType, rows: int, k: int, what: str) 
         )
     if w.stride(-1) != 1:
         raise ValueError(f"{what}: block rows must be contiguous in their last dim")
-    if btype.name == "Q4_K" and (w.data_ptr() % 4 or any(s % 4 for s in w.stride()[:-1])):
-        raise ValueError(f"{what}: Q4_K rows are read as 32-bit words: they must be 4-byte aligned")
 
 
 def linear(
@@ -105,7 +95,7 @@ def linear(
     out = x.new_empty(m, n)
     if m == 0:
         return out.view(*x.shape[:-1], n)
-    t = _check_tiles(tiles or linear_tiles(m, x.dtype), btype)
+    t = tiles or linear_tiles(m, x.dtype)
     n_tiles = triton.cdiv(n, t.block_n)
     k_per_split, splits = decode_split(m, n_tiles, k, t)
     part = out if splits == 1 else out.new_empty(splits, m, n, dtype=torch.float32)
@@ -171,7 +161,7 @@ def fused_moe(
     s13 = (w13.stride(0), w13.stride(1))
     s2 = (w2.stride(0), w2.stride(1))
     if use_gemv:
-        t = _check_tiles(tiles or gemv_tiles(hidden.dtype, btype13), btype13, btype2)
+        t = tiles or gemv_tiles(hidden.dtype, btype13)
         jit.gguf_moe_gate_up_gemv_kernel[(num_pairs, triton.cdiv(inter, t.block_n))](
             hidden, topk_ids, w13, inter_buf, hidden_dim, inter,
             hidden.stride(0), *s13, inter_buf.stride(0),
@@ -184,7 +174,7 @@ def fused_moe(
             BTYPE=btype2.type_id, BLOCK_N=t.block_n, SUBS=t.subs, num_warps=t.num_warps,
         )  # fmt: skip
     else:
-        t = _check_tiles(tiles or grouped_tiles(num_pairs, hidden.dtype), btype13, btype2)
+        t = tiles or grouped_tiles(num_pairs, hidden.dtype)
         sorted_pairs, block_ids, num_rows = moe_launch.align_pairs(
             topk_ids, w13.shape[0], t.block_m
         )

@@ -1,9 +1,8 @@
 """In-register dequantization of GGUF blocks (used by `gguf_gemm.py`): `gguf_tile` reads the
 raw bytes of BLOCK_N rows over a chunk of SUBS sub-blocks of 32 weights and returns the
 float32 weights as a (BLOCK_N, SUBS, 32) tile, with the per-sub-block scales decoded once
-per (row, sub-block) and broadcast; Q4_K instead as 32-bit words (`q4_k_words_tile`, with
-`q4_k_words_x` for the activations in its order). Each weight is computed with the float32
-operations of its twin in `quant/gguf_blocks.py`. `BTYPE` is ggml's type id."""
+per (row, sub-block) and broadcast. Each weight is computed with the float32 operations of
+its twin in `quant/gguf_blocks.py`. `BTYPE` is ggml's type id."""
 
 from __future__ import annotations
 
@@ -70,27 +69,15 @@ def _legacy_tile(w_ptr, row, sub, m2, m3, BTYPE: tl.constexpr):
 
 
 @triton.jit
-def _q5_k_tile(w_ptr, row, sub, m2, m3):
-    """Q5_K {f16 d, dmin; u8 scales[12]; u8 qh[32]; u8 qs[128]}: sub-block sj of a
-    super-block holds (d * sc[sj]) * q - dmin * m[sj], sc/m six bits each (Q4_K's scales),
-    q = nibble | bit sj of qh[j] << 4."""
+def _q45_k_tile(w_ptr, row, sub, m2, m3, HAS_QH: tl.constexpr):
+    """Q4_K {f16 d, dmin; u8 scales[12]; u8 qs[128]} and Q5_K (qh[32] before qs): sub-block
+    sj of a super-block holds (d * sc[sj]) * q - dmin * m[sj], sc/m six bits each."""
     j = tl.arange(0, 32)[None, None, :]
     sj = sub % 8
-    base = row + (sub // 8) * 176
-    ds, dm = _q4_k_scales(w_ptr, base, sj, m2)
-    ds = ds[:, :, None]
-    dm = dm[:, :, None]
-    # sub-blocks 2g and 2g + 1 are the low and high nibbles of qs[32 g : 32 g + 32]
-    qs_off = (sj // 2)[:, :, None] * 32 + j
-    shift = ((sj % 2) * 4)[:, :, None]
-    q = (_u8(w_ptr, base[:, :, None] + 48 + qs_off, m3) >> shift) & 15
-    high = (_u8(w_ptr, base[:, :, None] + 16 + j, m3) >> sj[:, :, None]) & 1
-    return ds * _minus(q | (high << 4), 0) - dm
-
-
-@triton.jit
-def _q4_k_scales(w_ptr, base, sj, m2):
-    """Q4_K sub-block sj's (d * sc, dmin * m) for super-blocks at byte offsets `base`."""
+    if HAS_QH:
+        base = row + (sub // 8) * 176
+    else:
+        base = row + (sub // 8) * 144
     d = _f16(w_ptr, base, m2)
     dmin = _f16(w_ptr, base + 2, m2)
     a = _u8(w_ptr, base + 4 + sj, m2)  # scales[sj]
@@ -99,40 +86,18 @@ def _q4_k_scales(w_ptr, base, sj, m2):
     low = sj < 4
     sc = tl.where(low, a & 63, (b & 15) | ((c >> 6) << 4))
     mn = tl.where(low, b & 63, (b >> 4) | ((a >> 6) << 4))
-    return d * _minus(sc, 0), dmin * _minus(mn, 0)
-
-
-@triton.jit
-def q4_k_words_tile(w_ptr, row_off, kb, k_len, mask_n, SUBS: tl.constexpr):
-    """Q4_K weights of chunk kb (SUBS sub-blocks, SUBS even) as a (BLOCK_N, G = SUBS // 2, 8, 8)
-    float32 tile [row, pair g, word i, nibble n]: nibble n of the 32-bit word i of qs[32 g' :
-    32 g' + 32] (g' the pair within its super-block) is weight 4 i + n // 2 of sub-block
-    2 g + n % 2 — one load per eight weights instead of one per weight (`q4_k_words_x`
-    gathers the activations in this order). Values as `gguf_tile`'s: (d * sc) * q - dmin * m."""
-    pair = kb * (SUBS // 2) + tl.arange(0, SUBS // 2)[None, :]  # (1, G): pairs in the row
-    m2 = mask_n[:, None] & (pair * 64 < k_len)  # (BN, G)
-    base = row_off[:, None] + (pair // 4) * 144  # the super-block
-    gp = pair % 4
-    ds_even, dm_even = _q4_k_scales(w_ptr, base, 2 * gp, m2)
-    ds_odd, dm_odd = _q4_k_scales(w_ptr, base, 2 * gp + 1, m2)
-    word_off = base[:, :, None] + 16 + gp[:, :, None] * 32 + tl.arange(0, 8)[None, None, :] * 4
-    words = tl.load((w_ptr + word_off).to(tl.pointer_type(tl.int32)), mask=m2[:, :, None], other=0)
-    n = tl.arange(0, 8)[None, None, None, :]
-    q = (words[:, :, :, None] >> (n * 4)) & 15  # (BN, G, 8, 8)
-    odd = (n % 2) == 1
-    ds = tl.where(odd, ds_odd[:, :, None, None], ds_even[:, :, None, None])
-    dm = tl.where(odd, dm_odd[:, :, None, None], dm_even[:, :, None, None])
+    ds = (d * _minus(sc, 0))[:, :, None]
+    dm = (dmin * _minus(mn, 0))[:, :, None]
+    # sub-blocks 2g and 2g + 1 are the low and high nibbles of qs[32 g : 32 g + 32]
+    qs_off = (sj // 2)[:, :, None] * 32 + j
+    shift = ((sj % 2) * 4)[:, :, None]
+    if HAS_QH:
+        q = (_u8(w_ptr, base[:, :, None] + 48 + qs_off, m3) >> shift) & 15
+        high = (_u8(w_ptr, base[:, :, None] + 16 + j, m3) >> sj[:, :, None]) & 1
+        q = q | (high << 4)
+    else:
+        q = (_u8(w_ptr, base[:, :, None] + 16 + qs_off, m3) >> shift) & 15
     return ds * _minus(q, 0) - dm
-
-
-@triton.jit
-def q4_k_words_x(x_row_ptr, kb, k_len, SUBS: tl.constexpr):
-    """(1, SUBS // 2, 8, 8) float32 activations in `q4_k_words_tile`'s order (0 past k_len)."""
-    g = tl.arange(0, SUBS // 2)[:, None, None]
-    i = tl.arange(0, 8)[None, :, None]
-    n = tl.arange(0, 8)[None, None, :]
-    ks = (kb * SUBS + 2 * g + n % 2) * 32 + 4 * i + n // 2
-    return tl.load(x_row_ptr + ks, mask=ks < k_len, other=0.0).to(tl.float32)[None, :, :, :]
 
 
 @triton.jit
@@ -162,9 +127,10 @@ def gguf_tile(w_ptr, row_off, kb, k_len, mask_n, BTYPE: tl.constexpr, SUBS: tl.c
     m2 = mask_n[:, None] & (sub * 32 < k_len)  # (BN, SUBS)
     m3 = m2[:, :, None]
     row = row_off[:, None]
-    tl.static_assert(BTYPE != Q4_K, "Q4_K is read as words: q4_k_words_tile")
-    if BTYPE == Q5_K:
-        w = _q5_k_tile(w_ptr, row, sub, m2, m3)
+    if BTYPE == Q4_K:
+        w = _q45_k_tile(w_ptr, row, sub, m2, m3, False)
+    elif BTYPE == Q5_K:
+        w = _q45_k_tile(w_ptr, row, sub, m2, m3, True)
     elif BTYPE == Q6_K:
         w = _q6_k_tile(w_ptr, row, sub, m2, m3)
     else:

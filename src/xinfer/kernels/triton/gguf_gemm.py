@@ -12,40 +12,15 @@ import triton
 import triton.language as tl
 
 from xinfer.kernels.triton.fused_moe import _silu_mul
-from xinfer.kernels.triton.gguf_dequant import (
-    Q4_K,
-    gguf_tile,
-    q4_k_words_tile,
-    q4_k_words_x,
-    x_chunk,
-)
+from xinfer.kernels.triton.gguf_dequant import gguf_tile, x_chunk
 from xinfer.kernels.triton.moe_blocks import moe_block
-
-
-@triton.jit
-def _k_offsets(kb, BTYPE: tl.constexpr, SUBS: tl.constexpr):
-    """(SUBS * 32,) the K index of each row of `_dot_tile`'s operand: in order, or for word
-    reads (Q4_K) in `q4_k_words_tile`'s (pair, word, nibble) order. The A operand is loaded at
-    these, so the dot's sum runs over the same weights whatever the order."""
-    if BTYPE == Q4_K:  # 32-bit words (SUBS even: the launcher)
-        g = tl.arange(0, SUBS // 2)[:, None, None]
-        i = tl.arange(0, 8)[None, :, None]
-        n = tl.arange(0, 8)[None, None, :]
-        ks = tl.reshape((kb * SUBS + 2 * g + n % 2) * 32 + 4 * i + n // 2, (SUBS * 32,))
-    else:
-        ks = kb * SUBS * 32 + tl.arange(0, SUBS * 32)
-    return ks
 
 
 @triton.jit
 def _dot_tile(w_ptr, row_off, kb, k_len, mask_n, dtype, BTYPE: tl.constexpr,
               BLOCK_N: tl.constexpr, SUBS: tl.constexpr):  # fmt: skip
-    """(SUBS * 32, BLOCK_N) weights in the activation dtype, rows in `_k_offsets` order: the
-    B operand of tl.dot."""
-    if BTYPE == Q4_K:  # 32-bit words (SUBS even: the launcher)
-        w = q4_k_words_tile(w_ptr, row_off, kb, k_len, mask_n, SUBS)
-    else:
-        w = gguf_tile(w_ptr, row_off, kb, k_len, mask_n, BTYPE, SUBS)
+    """(SUBS * 32, BLOCK_N) weights in the activation dtype: the B operand of tl.dot."""
+    w = gguf_tile(w_ptr, row_off, kb, k_len, mask_n, BTYPE, SUBS)
     return tl.trans(tl.reshape(w, (BLOCK_N, SUBS * 32)).to(dtype))
 
 
@@ -67,6 +42,7 @@ def gguf_linear_kernel(
     split = tl.program_id(2)
     offs_m = pid_m * BLOCK_M + tl.arange(0, BLOCK_M)
     offs_n = pid_n * BLOCK_N + tl.arange(0, BLOCK_N)
+    offs_k = tl.arange(0, SUBS * 32)
     mask_m = offs_m < M
     mask_n = offs_n < N
     row_off = offs_n.to(tl.int64) * stride_wn
@@ -76,7 +52,7 @@ def gguf_linear_kernel(
     kb_start = split * (k_per_split // (SUBS * 32))
     kb_end = tl.minimum(kb_start + k_per_split // (SUBS * 32), tl.cdiv(K, SUBS * 32))
     for kb in range(kb_start, kb_end):
-        ks = _k_offsets(kb, BTYPE, SUBS)
+        ks = kb * SUBS * 32 + offs_k
         x = tl.load(x_rows + ks[None, :], mask=mask_m[:, None] & (ks < K)[None, :], other=0.0)
         w = _dot_tile(w_ptr, row_off, kb, K, mask_n, dtype, BTYPE, BLOCK_N, SUBS)
         acc = tl.dot(x, w, acc, input_precision=DOT_PRECISION)
@@ -106,24 +82,14 @@ def gguf_moe_gate_up_gemv_kernel(
     gate_off = e * stride_we + offs_n.to(tl.int64) * stride_wn
     up_off = gate_off + inter_dim * stride_wn
     x_row = x_ptr + tok * stride_xt
-    if BTYPE == Q4_K:  # 32-bit words, eight weights a load (SUBS even: the launcher)
-        acc_g4 = tl.zeros((BLOCK_N, SUBS // 2, 8, 8), dtype=tl.float32)
-        acc_u4 = tl.zeros((BLOCK_N, SUBS // 2, 8, 8), dtype=tl.float32)
-        for kb in range(0, tl.cdiv(hidden_dim, SUBS * 32)):
-            x4 = q4_k_words_x(x_row, kb, hidden_dim, SUBS)
-            acc_g4 += q4_k_words_tile(w_ptr, gate_off, kb, hidden_dim, mask_n, SUBS) * x4
-            acc_u4 += q4_k_words_tile(w_ptr, up_off, kb, hidden_dim, mask_n, SUBS) * x4
-        g = tl.sum(tl.sum(tl.sum(acc_g4, axis=3), axis=2), axis=1)
-        u = tl.sum(tl.sum(tl.sum(acc_u4, axis=3), axis=2), axis=1)
-    else:
-        acc_g = tl.zeros((BLOCK_N, SUBS, 32), dtype=tl.float32)
-        acc_u = tl.zeros((BLOCK_N, SUBS, 32), dtype=tl.float32)
-        for kb in range(0, tl.cdiv(hidden_dim, SUBS * 32)):
-            x = x_chunk(x_row, kb, hidden_dim, SUBS)[None, :, :]
-            acc_g += gguf_tile(w_ptr, gate_off, kb, hidden_dim, mask_n, BTYPE, SUBS) * x
-            acc_u += gguf_tile(w_ptr, up_off, kb, hidden_dim, mask_n, BTYPE, SUBS) * x
-        g = tl.sum(tl.sum(acc_g, axis=2), axis=1)
-        u = tl.sum(tl.sum(acc_u, axis=2), axis=1)
+    acc_g = tl.zeros((BLOCK_N, SUBS, 32), dtype=tl.float32)
+    acc_u = tl.zeros((BLOCK_N, SUBS, 32), dtype=tl.float32)
+    for kb in range(0, tl.cdiv(hidden_dim, SUBS * 32)):
+        x = x_chunk(x_row, kb, hidden_dim, SUBS)[None, :, :]
+        acc_g += gguf_tile(w_ptr, gate_off, kb, hidden_dim, mask_n, BTYPE, SUBS) * x
+        acc_u += gguf_tile(w_ptr, up_off, kb, hidden_dim, mask_n, BTYPE, SUBS) * x
+    g = tl.sum(tl.sum(acc_g, axis=2), axis=1)
+    u = tl.sum(tl.sum(acc_u, axis=2), axis=1)
     h = _silu_mul(g, u, inter_ptr.dtype.element_ty)
     tl.store(inter_ptr + pair.to(tl.int64) * stride_it + offs_n, h, mask=mask_n)
 
@@ -143,18 +109,11 @@ def gguf_moe_down_gemv_kernel(
     mask_n = offs_n < hidden_dim
     row_off = e * stride_we + offs_n.to(tl.int64) * stride_wn
     a_row = inter_ptr + pair * stride_it
-    if BTYPE == Q4_K:  # 32-bit words, eight weights a load (SUBS even: the launcher)
-        acc4 = tl.zeros((BLOCK_N, SUBS // 2, 8, 8), dtype=tl.float32)
-        for kb in range(0, tl.cdiv(inter_dim, SUBS * 32)):
-            a4 = q4_k_words_x(a_row, kb, inter_dim, SUBS)
-            acc4 += q4_k_words_tile(w_ptr, row_off, kb, inter_dim, mask_n, SUBS) * a4
-        y = tl.sum(tl.sum(tl.sum(acc4, axis=3), axis=2), axis=1).to(y_ptr.dtype.element_ty)
-    else:
-        acc = tl.zeros((BLOCK_N, SUBS, 32), dtype=tl.float32)
-        for kb in range(0, tl.cdiv(inter_dim, SUBS * 32)):
-            a = x_chunk(a_row, kb, inter_dim, SUBS)[None, :, :]
-            acc += gguf_tile(w_ptr, row_off, kb, inter_dim, mask_n, BTYPE, SUBS) * a
-        y = tl.sum(tl.sum(acc, axis=2), axis=1).to(y_ptr.dtype.element_ty)
+    acc = tl.zeros((BLOCK_N, SUBS, 32), dtype=tl.float32)
+    for kb in range(0, tl.cdiv(inter_dim, SUBS * 32)):
+        a = x_chunk(a_row, kb, inter_dim, SUBS)[None, :, :]
+        acc += gguf_tile(w_ptr, row_off, kb, inter_dim, mask_n, BTYPE, SUBS) * a
+    y = tl.sum(tl.sum(acc, axis=2), axis=1).to(y_ptr.dtype.element_ty)
     tl.store(y_ptr + pair * stride_yt + offs_n, y, mask=mask_n)
 
 
@@ -174,13 +133,14 @@ def gguf_moe_gate_up_grouped_kernel(
     if not live:
         return
     toks = (pairs // TOP_K).to(tl.int64)
+    offs_k = tl.arange(0, SUBS * 32)
     gate_off = e * stride_we + offs_n.to(tl.int64) * stride_wn
     up_off = gate_off + inter_dim * stride_wn
     dtype = x_ptr.dtype.element_ty
     acc_g = tl.zeros((BLOCK_M, BLOCK_N), dtype=tl.float32)
     acc_u = tl.zeros((BLOCK_M, BLOCK_N), dtype=tl.float32)
     for kb in range(0, tl.cdiv(hidden_dim, SUBS * 32)):
-        ks = _k_offsets(kb, BTYPE, SUBS)
+        ks = kb * SUBS * 32 + offs_k
         a_ptrs = x_ptr + toks[:, None] * stride_xt + ks[None, :]
         a = tl.load(a_ptrs, mask=mask_m[:, None] & (ks < hidden_dim)[None, :], other=0.0)
         bg = _dot_tile(w_ptr, gate_off, kb, hidden_dim, mask_n, dtype, BTYPE, BLOCK_N, SUBS)
@@ -207,11 +167,12 @@ def gguf_moe_down_grouped_kernel(
     if not live:
         return
     rows = pairs.to(tl.int64)
+    offs_k = tl.arange(0, SUBS * 32)
     row_off = e * stride_we + offs_n.to(tl.int64) * stride_wn
     dtype = inter_ptr.dtype.element_ty
     acc = tl.zeros((BLOCK_M, BLOCK_N), dtype=tl.float32)
     for kb in range(0, tl.cdiv(inter_dim, SUBS * 32)):
-        ks = _k_offsets(kb, BTYPE, SUBS)
+        ks = kb * SUBS * 32 + offs_k
         a_ptrs = inter_ptr + rows[:, None] * stride_it + ks[None, :]
         a = tl.load(a_ptrs, mask=mask_m[:, None] & (ks < inter_dim)[None, :], other=0.0)
         b = _dot_tile(w_ptr, row_off, kb, inter_dim, mask_n, dtype, BTYPE, BLOCK_N, SUBS)
