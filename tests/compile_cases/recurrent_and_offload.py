@@ -190,7 +190,9 @@ def _offload_cases() -> None:
         b = "i64" if big else "i32"
         add(f"routing-model-e128-k8-decode-{b}bases", f"{rm} predict_model_kernel",
             _routing_model, 128, 8, big, True)  # fmt: skip
-    add("routing-model-e60-k4-prefill", rm, _routing_model, 60, 4, False, False)
+    scan = "routing_scan_local_kernel routing_scan_carry_kernel routing_select_kernel"
+    add("routing-model-e60-k4-prefill", scan, _routing_model, 60, 4, False, False)
+    add("routing-model-e256-k8-prefill-i64bases", scan, _routing_model, 256, 8, True, False)
 
 
 _offload_cases()

@@ -40,8 +40,9 @@ def launch():
     return parametric_launch
 
 
-def _case(num_experts: int, seed: int):
-    """A state with rows set up for each carry-in rule, and a batch of 6 sequences."""
+def _case(num_experts: int, seed: int, decode: bool = False):
+    """A state with rows set up for each carry-in rule, and a batch of 6 sequences (decode:
+    one token each)."""
     g = torch.Generator().manual_seed(seed)
     rows = 6
     state = RoutingState.empty(rows, num_experts, torch.device("cpu"))
@@ -52,6 +53,8 @@ def _case(num_experts: int, seed: int):
     # sequences: (row, key, first position, tokens)
     seqs = [(0, 10, 7, 5), (1, 11, 12, 1), (2, 12, 4, 3), (3, 13, 0, 9), (6, -1, -1, 1),
             (4, 14, 41, 1)]  # fmt: skip
+    if decode:
+        seqs = [(row, key, pos + n - 1, 1) for row, key, pos, n in seqs]
     lens = [n for *_, n in seqs]
     qsl = torch.tensor([0] + torch.tensor(lens).cumsum(0).tolist(), dtype=torch.int32)
     batch = SequenceBatch(
@@ -59,7 +62,7 @@ def _case(num_experts: int, seed: int):
         torch.tensor([p + n for _, _, p, n in seqs], dtype=torch.int32),
         torch.tensor([r for r, *_ in seqs], dtype=torch.int64),
         torch.tensor([k for _, k, *_ in seqs], dtype=torch.int64),
-        False,
+        decode,
     )
     params = PRESETS["qwen3-30b-a3b"]
     const = layer_constants(
@@ -75,12 +78,19 @@ def _clone(state: RoutingState) -> RoutingState:
 
 
 @child_only
+@pytest.mark.parametrize(
+    ("block_t", "decode"),
+    [(None, False), (4, False), (2, False), (None, True)],
+    ids=["prefill-one-block", "prefill-block4", "prefill-block2", "decode"],
+)
 @pytest.mark.parametrize("num_experts", [20, 64, 130])
-def test_state_kernel_equals_twin(launch, num_experts):
-    state, batch, const, _, num_tokens = _case(num_experts, seed=num_experts)
+def test_state_kernel_equals_twin(launch, num_experts, block_t, decode):
+    """Prefill: the two scan passes, over one block or several; decode: the per-sequence
+    kernel."""
+    state, batch, const, _, num_tokens = _case(num_experts, seed=num_experts, decode=decode)
     s_ref, s_tri = _clone(state), _clone(state)
     c_ref, key_ref, pos_ref = advance_state_reference(s_ref, batch, const, num_tokens)
-    c_tri, key_tri, pos_tri = launch.advance_state(s_tri, batch, const, num_tokens)
+    c_tri, key_tri, pos_tri = launch.advance_state(s_tri, batch, const, num_tokens, block_t)
     assert torch.equal(key_tri, key_ref) and torch.equal(pos_tri, pos_ref)
     torch.testing.assert_close(c_tri, c_ref, rtol=1e-5, atol=1e-5)
     real = [0, 1, 2, 3, 4]  # the scratch row (6) differs by design: twin and kernel use it apart

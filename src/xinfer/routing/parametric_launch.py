@@ -11,8 +11,15 @@ from xinfer.routing.parametric_ops import LayerConstants, RoutingState, Sequence
 
 
 def advance_state(
-    state: RoutingState, batch: SequenceBatch, const: LayerConstants, num_tokens: int
+    state: RoutingState,
+    batch: SequenceBatch,
+    const: LayerConstants,
+    num_tokens: int,
+    block_t: int | None = None,
 ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """Decode: one program per sequence. Prefill: the two scan passes, BLOCK_T tokens a
+    program (`block_t`, a power of two, by default 8192 floats a tile), so a long prompt's
+    walk is not one program stepping token by token (32k tokens × 48 layers)."""
     num_experts = state.c.shape[1]
     dev = state.c.device
     c = torch.empty(num_tokens, num_experts, dtype=torch.float32, device=dev)
@@ -21,12 +28,29 @@ def advance_state(
     num_seqs = batch.seq_lens.shape[0]
     if num_tokens == 0 or num_seqs == 0:
         return c, tok_key, tok_pos
-    jit.routing_state_kernel[(num_seqs,)](
-        batch.query_start_loc, batch.seq_lens, batch.rows, batch.keys,
-        state.c, state.pos, state.key, c, tok_key, tok_pos,
-        num_experts, state.scratch_row, const.step_base, const.init_base,
-        const.phi, const.innovation,
-        BLOCK_E=triton.next_power_of_2(num_experts), num_warps=4 if num_experts >= 512 else 2,
+    block_e = triton.next_power_of_2(num_experts)
+    seq = (batch.query_start_loc, batch.seq_lens, batch.rows, batch.keys)
+    rows = (state.c, state.pos, state.key)
+    if batch.is_decode:
+        jit.routing_state_kernel[(num_seqs,)](
+            *seq, *rows, c, tok_key, tok_pos,
+            num_experts, state.scratch_row, const.step_base, const.init_base,
+            const.phi, const.innovation,
+            BLOCK_E=block_e, num_warps=4 if num_experts >= 512 else 2,
+        )  # fmt: skip
+        return c, tok_key, tok_pos
+    block_t = block_t or max(1, 8192 // block_e)
+    num_blocks = triton.cdiv(num_tokens, block_t)
+    ends = torch.empty(num_seqs * num_blocks, block_e, dtype=torch.float32, device=dev)
+    grid = (num_seqs, num_blocks)
+    jit.routing_scan_local_kernel[grid](
+        *seq, *rows, c, tok_key, tok_pos, ends,
+        num_experts, num_blocks, const.step_base, const.init_base, const.phi, const.innovation,
+        BLOCK_T=block_t, BLOCK_E=block_e, num_warps=4,
+    )  # fmt: skip
+    jit.routing_scan_carry_kernel[grid](
+        *seq, *rows, c, ends, num_experts, num_blocks, state.scratch_row, const.phi,
+        BLOCK_T=block_t, BLOCK_E=block_e, num_warps=4,
     )  # fmt: skip
     return c, tok_key, tok_pos
 

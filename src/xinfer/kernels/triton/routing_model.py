@@ -40,6 +40,33 @@ def _normal(tok_hash, offs_e):
 
 
 @triton.jit
+def _first_c(state_c_ptr, state_pos_ptr, state_key_ptr, row, key, pos0, step_key, init_key,
+             num_experts, offs, mask, phi, innovation):  # fmt: skip
+    """(BLOCK_E,) c of a sequence's first token, at pos0: it continues the state row
+    (position just before), repeats it (same position: a dropped step computed it) or starts
+    fresh."""
+    prev_c = tl.load(state_c_ptr + row * num_experts + offs, mask=mask, other=0.0)
+    prev_pos = tl.load(state_pos_ptr + row)
+    prev_key = tl.load(state_key_ptr + row)
+    eps = _normal(_mix32(step_key ^ _u32(pos0)), offs)
+    fresh = _normal(_mix32(init_key ^ _u32(pos0)), offs)
+    is_same = (key >= 0) & (prev_key == key)
+    c = tl.where(is_same & (prev_pos == pos0), prev_c, fresh)
+    follows = is_same & (prev_pos == pos0 - 1) & (pos0 > 0)
+    return tl.where(follows, phi * prev_c + innovation * eps, c)
+
+
+@triton.jit
+def _write_state_row(state_c_ptr, state_pos_ptr, state_key_ptr, row, key, last_pos, c,
+                     num_experts, scratch_row, offs, mask):  # fmt: skip
+    """The sequence's last c back to its row (padding sequences: the scratch row)."""
+    target = tl.where(key >= 0, row, scratch_row)
+    tl.store(state_c_ptr + target * num_experts + offs, c, mask=mask)
+    tl.store(state_pos_ptr + target, last_pos)
+    tl.store(state_key_ptr + target, key)
+
+
+@triton.jit
 def routing_state_kernel(
     qsl_ptr, seq_lens_ptr, rows_ptr, keys_ptr,
     state_c_ptr, state_pos_ptr, state_key_ptr,
@@ -47,30 +74,21 @@ def routing_state_kernel(
     num_experts, scratch_row, step_base, init_base, phi, innovation,
     BLOCK_E: tl.constexpr,
 ):  # fmt: skip
-    """grid (B,): one sequence's tokens in order. c of the first token continues the state
-    row (position just before), repeats it (same position: a dropped step computed it) or
-    starts fresh; each next token takes one AR(1) step. c (T, E) f32 and each token's key
-    and position are written; the last c goes back to the row (real sequences only)."""
+    """grid (B,): one sequence's tokens in order (decode: one each). c of the first token
+    from `_first_c`, each next token one AR(1) step. c (T, E) f32 and each token's key and
+    position are written; the last c goes back to the row."""
     b = tl.program_id(0)
     start = tl.load(qsl_ptr + b).to(tl.int64)
     end = tl.load(qsl_ptr + b + 1).to(tl.int64)
     pos0 = tl.load(seq_lens_ptr + b).to(tl.int64) - (end - start)
     key = tl.load(keys_ptr + b)
     row = tl.load(rows_ptr + b)
-    is_valid = key >= 0
     offs = tl.arange(0, BLOCK_E)
     mask = offs < num_experts
-    prev_c = tl.load(state_c_ptr + row * num_experts + offs, mask=mask, other=0.0)
-    prev_pos = tl.load(state_pos_ptr + row)
-    prev_key = tl.load(state_key_ptr + row)
     step_key = _mix32(step_base.to(tl.uint32) ^ _u32(key))
     init_key = _mix32(init_base.to(tl.uint32) ^ _u32(key))
-    eps = _normal(_mix32(step_key ^ _u32(pos0)), offs)
-    fresh = _normal(_mix32(init_key ^ _u32(pos0)), offs)
-    is_same = is_valid & (prev_key == key)
-    c = tl.where(is_same & (prev_pos == pos0), prev_c, fresh)
-    follows = is_same & (prev_pos == pos0 - 1) & (pos0 > 0)
-    c = tl.where(follows, phi * prev_c + innovation * eps, c)
+    c = _first_c(state_c_ptr, state_pos_ptr, state_key_ptr, row, key, pos0, step_key,
+                 init_key, num_experts, offs, mask, phi, innovation)  # fmt: skip
     tl.store(c_out_ptr + start * num_experts + offs, c, mask=mask)
     tl.store(tok_key_ptr + start, key)
     tl.store(tok_pos_ptr + start, pos0)
@@ -81,10 +99,102 @@ def routing_state_kernel(
         tl.store(c_out_ptr + (start + j) * num_experts + offs, c, mask=mask)
         tl.store(tok_key_ptr + start + j, key)
         tl.store(tok_pos_ptr + start + j, pos)
-    target = tl.where(is_valid, row, scratch_row)
-    tl.store(state_c_ptr + target * num_experts + offs, c, mask=mask)
-    tl.store(state_pos_ptr + target, pos0 + (end - start) - 1)
-    tl.store(state_key_ptr + target, key)
+    _write_state_row(state_c_ptr, state_pos_ptr, state_key_ptr, row, key,
+                     pos0 + (end - start) - 1, c, num_experts, scratch_row, offs, mask)  # fmt: skip
+
+
+@triton.jit
+def _ar1_combine(a1, y1, a2, y2):
+    """Two affine maps y -> a·y + x composed (the first, then the second)."""
+    return a1 * a2, a2 * y1 + y2
+
+
+@triton.jit
+def routing_scan_local_kernel(
+    qsl_ptr, seq_lens_ptr, rows_ptr, keys_ptr,
+    state_c_ptr, state_pos_ptr, state_key_ptr,
+    c_out_ptr, tok_key_ptr, tok_pos_ptr, block_end_ptr,
+    num_experts, num_blocks, step_base, init_base, phi, innovation,
+    BLOCK_T: tl.constexpr, BLOCK_E: tl.constexpr,
+):  # fmt: skip
+    """Prefill, pass 1 of 2, grid (B, num_blocks): BLOCK_T tokens of one sequence at once.
+    Every token's innovation in parallel, then the AR(1) walk over the block as a scan from
+    zero (`_ar1_combine`); the block's first row is `_first_c` in the sequence's first
+    block. Writes the local c, keys and positions, and the block's last local c for pass 2."""
+    b = tl.program_id(0)
+    blk = tl.program_id(1)
+    start = tl.load(qsl_ptr + b).to(tl.int64)
+    length = tl.load(qsl_ptr + b + 1).to(tl.int64) - start
+    t0 = blk * BLOCK_T
+    if t0 >= length:
+        return
+    pos0 = tl.load(seq_lens_ptr + b).to(tl.int64) - length
+    key = tl.load(keys_ptr + b)
+    row = tl.load(rows_ptr + b)
+    offs = tl.arange(0, BLOCK_E)
+    mask = offs < num_experts
+    j = t0 + tl.arange(0, BLOCK_T)
+    mask_t = j < length
+    pos = pos0 + j
+    step_key = _mix32(step_base.to(tl.uint32) ^ _u32(key))
+    init_key = _mix32(init_base.to(tl.uint32) ^ _u32(key))
+    eps = _normal(_mix32(step_key ^ _u32(pos))[:, None], offs[None, :])  # (BLOCK_T, BLOCK_E)
+    first = _first_c(state_c_ptr, state_pos_ptr, state_key_ptr, row, key, pos0, step_key,
+                     init_key, num_experts, offs, mask, phi, innovation)  # fmt: skip
+    x = tl.where((j == 0)[:, None], first[None, :], innovation * eps)
+    x = tl.where(mask_t[:, None], x, 0.0)
+    a = tl.full((BLOCK_T, BLOCK_E), 1.0, tl.float32) * phi
+    _, y = tl.associative_scan((a, x), 0, _ar1_combine)
+    rows_t = start + j
+    m2 = mask_t[:, None] & mask[None, :]
+    tl.store(c_out_ptr + rows_t[:, None] * num_experts + offs[None, :], y, mask=m2)
+    tl.store(tok_key_ptr + rows_t, tl.zeros((BLOCK_T,), tl.int64) + key, mask=mask_t)
+    tl.store(tok_pos_ptr + rows_t, pos, mask=mask_t)
+    last = tl.minimum(length - t0, BLOCK_T) - 1
+    y_last = tl.sum(tl.where((tl.arange(0, BLOCK_T) == last)[:, None], y, 0.0), axis=0)
+    tl.store(block_end_ptr + (b * num_blocks + blk) * BLOCK_E + offs, y_last)
+
+
+@triton.jit
+def routing_scan_carry_kernel(
+    qsl_ptr, seq_lens_ptr, rows_ptr, keys_ptr,
+    state_c_ptr, state_pos_ptr, state_key_ptr,
+    c_out_ptr, block_end_ptr,
+    num_experts, num_blocks, scratch_row, phi,
+    BLOCK_T: tl.constexpr, BLOCK_E: tl.constexpr,
+):  # fmt: skip
+    """Prefill, pass 2 of 2, grid (B, num_blocks): the c entering block `blk` from the blocks
+    before it (each a full block: carry ← φ^BLOCK_T·carry + its last local c), added to the
+    block's local c as φ^(i+1)·carry at its row i; the sequence's last block writes the row."""
+    b = tl.program_id(0)
+    blk = tl.program_id(1)
+    start = tl.load(qsl_ptr + b).to(tl.int64)
+    length = tl.load(qsl_ptr + b + 1).to(tl.int64) - start
+    t0 = blk * BLOCK_T
+    if t0 >= length:
+        return
+    offs = tl.arange(0, BLOCK_E)
+    mask = offs < num_experts
+    powers = tl.cumprod(tl.full((BLOCK_T,), 1.0, tl.float32) * phi, 0)  # φ^(i+1)
+    full_decay = tl.sum(tl.where(tl.arange(0, BLOCK_T) == BLOCK_T - 1, powers, 0.0), 0)
+    carry = tl.zeros((BLOCK_E,), tl.float32)
+    for k in range(0, blk):
+        end_k = tl.load(block_end_ptr + (b * num_blocks + k) * BLOCK_E + offs)
+        carry = full_decay * carry + end_k
+    j = t0 + tl.arange(0, BLOCK_T)
+    mask_t = j < length
+    m2 = mask_t[:, None] & mask[None, :]
+    ptrs = c_out_ptr + (start + j)[:, None] * num_experts + offs[None, :]
+    c = tl.load(ptrs, mask=m2, other=0.0) + powers[:, None] * carry[None, :]
+    tl.store(ptrs, c, mask=m2)
+    if t0 + BLOCK_T >= length:
+        last = length - t0 - 1
+        c_last = tl.sum(tl.where((tl.arange(0, BLOCK_T) == last)[:, None], c, 0.0), axis=0)
+        key = tl.load(keys_ptr + b)
+        row = tl.load(rows_ptr + b)
+        pos_last = tl.load(seq_lens_ptr + b).to(tl.int64) - 1
+        _write_state_row(state_c_ptr, state_pos_ptr, state_key_ptr, row, key, pos_last,
+                         c_last, num_experts, scratch_row, offs, mask)  # fmt: skip
 
 
 @triton.jit
