@@ -12,10 +12,21 @@ from xinfer import LLM, SamplingParams
 def test_warm_up_leaves_no_trace(tmp_path):
     path = str(write_checkpoint(make_hf_model("qwen3_moe", seed=2), tmp_path))
     params = SamplingParams(temperature=0.0, max_tokens=12, ignore_eos=True)
-    cold = LLM(path, device="cpu", max_model_len=128, max_num_batched_tokens=64)
-    warm = LLM(path, device="cpu", max_model_len=128, max_num_batched_tokens=64)
+    cold = LLM(path, device="cpu", max_model_len=160, max_num_batched_tokens=64)
+    warm = LLM(path, device="cpu", max_model_len=160, max_num_batched_tokens=64)
     engine = warm.engine
+    ran = []
+    add = engine.add_request
+    engine.add_request = lambda ids, params, request_id: ran.append(len(ids)) or add(
+        ids, params, request_id=request_id
+    )
+    passes = []
+    run_pass = engine.runner.prompt_pass.run
+    engine.runner.prompt_pass.run = lambda s: passes.append(s.prompt_pass) or run_pass(s)
     engine.warm_up_prefill()
+    del engine.add_request, engine.runner.prompt_pass.run
+    # the budget, one token less, and 2·budget − 1 (a prompt pass, chunks after a prefix)
+    assert ran == [127, 64, 63] and passes and passes[-1].is_last
     assert not engine.has_unfinished() and not engine.requests
     assert engine.allocator.num_free == engine.allocator.num_blocks
     batch = prompts(3, seed=9)

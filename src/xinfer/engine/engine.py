@@ -264,13 +264,19 @@ class Engine:
         )
 
     def warm_up_prefill(self) -> None:
-        """Run two throw-away prompts, one step's token budget long and one token shorter
-        (Triton specialises sizes divisible by 16), so that the prefill kernels are compiled
-        before the first user's long prompt waits for them. Leaves no request, block or
-        output behind."""
+        """Run throw-away prompts so that the prefill kernels are compiled before the first
+        user's long prompt waits for them: one step's token budget long, one token shorter
+        (Triton specialises sizes divisible by 16), and, where the context and the KV pool
+        allow, 2·budget − 1 tokens — a prompt longer than the budget: the prompt pass (and
+        under offload its expert streaming) and chunks attending to a prefix. Leaves no
+        request, block or output behind."""
         budget = min(self.config.scheduler.max_num_batched_tokens, self.max_model_len - 1)
+        kv_tokens = self.allocator.num_blocks * self.allocator.block_size
+        lengths = {budget, budget - 1}
+        if 2 * budget - 1 < min(self.max_model_len, kv_tokens):
+            lengths.add(2 * budget - 1)
         greedy_one = SamplingParams(temperature=0.0, max_tokens=1, ignore_eos=True)
-        for n in sorted({budget, budget - 1} - {0}, reverse=True):
+        for n in sorted(lengths - {0}, reverse=True):
             self.add_request([0] * n, greedy_one, request_id=f"xinfer-warm-up-{n}")
             while self.has_unfinished():
                 self.step()
