@@ -17,8 +17,8 @@ def test_warm_up_leaves_no_trace(tmp_path):
     engine = warm.engine
     ran = []
     add = engine.add_request
-    engine.add_request = lambda ids, params, request_id: ran.append(len(ids)) or add(
-        ids, params, request_id=request_id
+    engine.add_request = lambda ids, params, request_id: (
+        ran.append(len(ids)) or add(ids, params, request_id=request_id)
     )
     passes = []
     run_pass = engine.runner.prompt_pass.run
