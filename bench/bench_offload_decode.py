@@ -74,6 +74,8 @@ def build_parser() -> argparse.ArgumentParser:
     a("--max-num-batched-tokens", type=int, default=2048)
     a("--resident-again", action="store_true", help="run the resident engine again at the end")
     a("--trace-dir", default=None, help="also write a Chrome trace of batch-1 steps per rate")
+    a("--trace-ttft", type=int, default=None, metavar="TOKENS",
+      help="each TTFT engine also traces one more prompt of TOKENS tokens (needs --trace-dir)")  # fmt: skip
     a("--prefetch", default="0", help="prefetch distances per rate, 0 = off (0,1: an engine each)")
     a("--fill", default="kernel", choices=("kernel", "copy-engine"),
       help="--moe-offload-fill of the offload engines")  # fmt: skip
@@ -114,6 +116,8 @@ def plan_jobs(args: argparse.Namespace) -> list[dict]:
     steps = per_batch(args.steps, batches, "steps")
     ttft_tokens = int_list(args.ttft_tokens)
     ttft_rates = [r for r in args.ttft_rates.split(",") if r] if ttft_tokens else []
+    if args.trace_ttft and not args.trace_dir:
+        raise SystemExit("--trace-ttft writes its traces to --trace-dir: give one")
     rates = ["0"] + [r for r in args.rates.split(",") if r and r != "0"]
     distances = list(dict.fromkeys(int_list(args.prefetch))) or [0]
     if any(d < 0 for d in distances):
@@ -144,6 +148,9 @@ def plan_jobs(args: argparse.Namespace) -> list[dict]:
                 **base, "rate": rate, "max_model_len": args.max_model_len,
                 "batches": batches if decoding else [], "warmup": warmup, "steps": steps,
                 "ttft_tokens": short if rate in ttft_rates and i == 0 else [],
+                "trace_ttft": _traced(args, rate in ttft_rates and i == 0 and short,
+                                      args.max_model_len),
+                "trace_ttft_dir": args.trace_dir,
                 "num_kv_blocks": None if rate == "auto" else kv_blocks, "prefetch": distance,
             })  # fmt: skip
     if long:
@@ -153,11 +160,19 @@ def plan_jobs(args: argparse.Namespace) -> list[dict]:
             jobs.append({
                 **base, "rate": rate, "max_model_len": max_len, "batches": [], "warmup": [],
                 "steps": [], "ttft_tokens": long, "enforce_eager": True, "trace_dir": None,
+                "trace_ttft": _traced(args, True, max_len), "trace_ttft_dir": args.trace_dir,
                 "num_kv_blocks": None if rate == "auto" else -(-max_len // block) + 4,
                 # auto must leave room for this prompt's KV cache: raise the reserve
                 "reserve_gb": (kv_gb + _KV_WORKSPACE_GB) / 0.9 + 0.5 if rate == "auto" else None,
             })  # fmt: skip
     return jobs
+
+
+def _traced(args: argparse.Namespace, is_ttft_engine: bool, max_model_len: int) -> int | None:
+    """The prompt length this engine traces (--trace-ttft), if it times TTFT and the prompt
+    fits its context."""
+    n = args.trace_ttft
+    return n if n and is_ttft_engine and n < max_model_len else None
 
 
 _RUNNING: list[subprocess.Popen] = []

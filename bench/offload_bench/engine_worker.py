@@ -141,12 +141,14 @@ def decode_row(llm: LLM, cfg: dict, batch: int, warmup: int, timed: int) -> dict
     return row
 
 
-def ttft_row(llm: LLM, num_tokens: int, max_model_len: int) -> dict:
-    """Time from adding one `num_tokens`-token prompt to its first token, the engine idle."""
+def ttft_row(llm: LLM, num_tokens: int, max_model_len: int, seed: int | None = None) -> dict:
+    """Time from adding one `num_tokens`-token prompt (its tokens drawn from `seed`, by
+    default one per length) to its first token, the engine idle."""
     engine = llm.engine
     if num_tokens + 1 > max_model_len:
         return {"tokens": num_tokens, "error": f"over max-model-len {max_model_len}"}
-    prompt = prompt_ids(7 + num_tokens, num_tokens, engine.model_config.vocab_size)
+    seed = 7 + num_tokens if seed is None else seed
+    prompt = prompt_ids(seed, num_tokens, engine.model_config.vocab_size)
     greedy_one = SamplingParams(temperature=0.0, max_tokens=1, ignore_eos=True)
     if torch.cuda.is_available():
         torch.cuda.synchronize()
@@ -180,6 +182,21 @@ def trace_steps(llm: LLM, cfg: dict, path: Path) -> None:
         engine.step()
     path.parent.mkdir(parents=True, exist_ok=True)
     prof.export_chrome_trace(str(path))
+
+
+def trace_ttft(llm: LLM, num_tokens: int, max_model_len: int, path: Path) -> dict:
+    """Chrome trace (host ops, GPU kernels, copies) of one more `num_tokens`-token prompt to
+    its first token (fresh tokens: no prefix-cache hit on the timed rows' prompts)."""
+    from torch.profiler import ProfilerActivity, profile
+
+    activities = [ProfilerActivity.CPU]
+    if torch.cuda.is_available():
+        activities.append(ProfilerActivity.CUDA)
+    with profile(activities=activities) as prof:
+        row = ttft_row(llm, num_tokens, max_model_len, seed=1_000_003 + num_tokens)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    prof.export_chrome_trace(str(path))
+    return row
 
 
 def run(cfg: dict) -> dict:
@@ -218,7 +235,14 @@ def run(cfg: dict) -> dict:
         out["ttft"].append(row)
         print(f"[{name}] TTFT {n} tokens: {row.get('ttft_s') or row['error']}",
               flush=True)  # fmt: skip
-    if cfg.get("trace_dir"):
+    if cfg.get("trace_ttft"):
+        n = cfg["trace_ttft"]
+        path = Path(cfg["trace_ttft_dir"]) / f"ttft_{cfg['rate']}_{n}.json"
+        row = trace_ttft(llm, n, cfg["max_model_len"], path)
+        out["ttft_traced"] = row
+        print(f"[{name}] traced TTFT {n} tokens: {row.get('ttft_s') or row['error']} -> {path}",
+              flush=True)  # fmt: skip
+    if cfg.get("trace_dir") and cfg.get("batches"):
         suffix = f"_prefetch{out['prefetch']}" if out["prefetch"] else ""
         trace_steps(llm, cfg, Path(cfg["trace_dir"]) / f"offload_{cfg['rate']}{suffix}.json")
     return out

@@ -196,6 +196,35 @@ def test_engine_plan_with_prefetch():
         bench.plan_jobs(bench.build_parser().parse_args(["--prefetch", "-1"]))
 
 
+def test_engine_plan_with_ttft_trace(tmp_path):
+    """--trace-ttft: every TTFT engine whose context holds the traced prompt traces one more
+    prompt into --trace-dir; without a directory it refuses."""
+    args = bench.build_parser().parse_args(
+        ["--batches", "", "--ttft-tokens", "2048,32768", "--ttft-rates", "0,0.1",
+         "--trace-ttft", "16384", "--trace-dir", str(tmp_path)]
+    )  # fmt: skip
+    jobs = bench.plan_jobs(args)
+    assert [(j["rate"], j["max_model_len"], j["trace_ttft"]) for j in jobs] == [
+        ("0", 8256, None), ("0.1", 8256, None), ("0", 32832, 16384), ("0.1", 32832, 16384),
+    ]  # fmt: skip
+    assert all(j["trace_ttft_dir"] == str(tmp_path) for j in jobs)
+    with pytest.raises(SystemExit, match="trace-dir"):
+        bench.plan_jobs(bench.build_parser().parse_args(["--trace-ttft", "4096"]))
+
+
+def test_ttft_trace_writes_a_chrome_trace(tmp_path):
+    from tiny_models import make_hf_model, write_checkpoint
+
+    from xinfer import LLM
+
+    model = write_checkpoint(make_hf_model("qwen3_moe", seed=3), tmp_path / "m")
+    llm = LLM(str(model), device="cpu", max_model_len=96, max_num_batched_tokens=16)
+    row = engine_worker.trace_ttft(llm, 40, 96, tmp_path / "t" / "ttft.json")
+    assert row["tokens"] == 40 and row["ttft_s"] > 0 and row["steps"] >= 1
+    events = json.loads((tmp_path / "t" / "ttft.json").read_text())["traceEvents"]
+    assert any(e.get("name", "").startswith("aten::") for e in events)
+
+
 @pytest.mark.slow
 def test_end_to_end_on_cpu(tmp_path):
     from tiny_models import make_hf_model, write_checkpoint
