@@ -139,7 +139,12 @@ def gguf_tile(w_ptr, row_off, kb, k_len, mask_n, BTYPE: tl.constexpr, SUBS: tl.c
 
 
 @triton.jit
-def x_chunk(x_row_ptr, kb, k_len, SUBS: tl.constexpr):
-    """(SUBS, 32) float32 activations matching `gguf_tile`'s chunk kb (0 past k_len)."""
-    ks = kb * SUBS * 32 + tl.arange(0, SUBS)[:, None] * 32 + tl.arange(0, 32)[None, :]
+def x_chunk(x_row_ptr, kb, k_len, SUBS: tl.constexpr, BLOCK_N: tl.constexpr):
+    """(BLOCK_N, SUBS, 32) float32 activations matching `gguf_tile`'s chunk kb (0 past k_len),
+    the same for every row: loaded at the tile's full shape, so each thread loads the
+    activations of the weights it holds (repeats hit L1). A (SUBS, 32) load broadcast over
+    the rows was redistributed through shared memory with 8 barriers an iteration in the
+    Q4_K GEMV and cost Q8_0 twice the loads (bench/sass_report.py)."""
+    ks = kb * SUBS * 32 + tl.arange(0, SUBS)[None, :, None] * 32 + tl.arange(0, 32)[None, None, :]
+    ks = ks + tl.zeros((BLOCK_N, 1, 1), tl.int32)
     return tl.load(x_row_ptr + ks, mask=ks < k_len, other=0.0).to(tl.float32)

@@ -85,7 +85,7 @@ def gguf_moe_gate_up_gemv_kernel(
     acc_g = tl.zeros((BLOCK_N, SUBS, 32), dtype=tl.float32)
     acc_u = tl.zeros((BLOCK_N, SUBS, 32), dtype=tl.float32)
     for kb in range(0, tl.cdiv(hidden_dim, SUBS * 32)):
-        x = x_chunk(x_row, kb, hidden_dim, SUBS)[None, :, :]
+        x = x_chunk(x_row, kb, hidden_dim, SUBS, BLOCK_N)
         acc_g += gguf_tile(w_ptr, gate_off, kb, hidden_dim, mask_n, BTYPE, SUBS) * x
         acc_u += gguf_tile(w_ptr, up_off, kb, hidden_dim, mask_n, BTYPE, SUBS) * x
     g = tl.sum(tl.sum(acc_g, axis=2), axis=1)
@@ -111,7 +111,7 @@ def gguf_moe_down_gemv_kernel(
     a_row = inter_ptr + pair * stride_it
     acc = tl.zeros((BLOCK_N, SUBS, 32), dtype=tl.float32)
     for kb in range(0, tl.cdiv(inter_dim, SUBS * 32)):
-        a = x_chunk(a_row, kb, inter_dim, SUBS)[None, :, :]
+        a = x_chunk(a_row, kb, inter_dim, SUBS, BLOCK_N)
         acc += gguf_tile(w_ptr, row_off, kb, inter_dim, mask_n, BTYPE, SUBS) * a
     y = tl.sum(tl.sum(acc, axis=2), axis=1).to(y_ptr.dtype.element_ty)
     tl.store(y_ptr + pair * stride_yt + offs_n, y, mask=mask_n)

@@ -1,0 +1,330 @@
+"""What a Triton kernel costs the H200's instruction issue, found on a CPU-only machine: the
+launch's exact specialization compiled for sm_90 to SASS (Triton's own ptxas and nvdisasm,
+no GPU), its main loop found (the longest backward branch), and the loop's instructions
+counted by kind — global loads, shared-memory traffic and barriers (layout conversions),
+local memory (register spills), float math, integer/bit work, conversions.
+
+Why: a GEMV that decodes quantized weights in registers is bound by instruction issue, not
+by bytes, when the decoder is long (GGUF Q4_K reads 530-700 GB/s where bf16 reads 2,600).
+Device time is scarce; the SASS shows before any H200 run whether a variant of a kernel
+issues fewer instructions a weight and whether it converts layouts through shared memory
+in its loop (the 3×-slower Q4_K word reads of 2026-12-04 were written without this check).
+
+The report's `warp-instr/weight` = loop instructions × warps ÷ weights a loop iteration
+reads; at the H200's issue rate (132 SMs × 4 schedulers × ~1.98 GHz ≈ 1.05 T warp
+instructions/s) it gives the kernel's issue floor for a call, shown beside its HBM floor.
+Both are floors; the measured time is their max plus latency the warps cannot hide.
+
+    python3 bench/sass_report.py [--cases gguf-q4k,gguf-q8_0,...] [--sass-dir DIR]"""
+
+from __future__ import annotations
+
+import argparse
+import collections
+import os
+import re
+import subprocess
+import sys
+import tempfile
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import torch
+
+ROOT = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(ROOT / "tests"))
+
+ISSUE_RATE = 132 * 4 * 1.98e9  # warp instructions a second, H200 (all SMs, one per scheduler)
+HBM_BYTES_S = 4.2e12  # the device copy rate of ANCHORS.md
+
+_INSTR = re.compile(r"^\s*/\*([0-9a-f]{4,})\*/\s+(@!?U?P\w+\s+)?([A-Z][A-Z0-9_]*)(\.[A-Z0-9_.]+)?")
+_LABEL = re.compile(r"^(\.L_x_\d+):")
+_BRANCH = re.compile(r"\bBRA\s+`?\(?(\.L_x_\d+)")
+
+KINDS = {
+    "global load": ("LDG",),
+    "global store": ("STG", "RED", "ATOMG"),
+    "shared ld/st": ("LDS", "STS", "LDSM", "STSM"),
+    "barrier": ("BAR",),
+    "spill (local)": ("LDL", "STL"),
+    "float fma/mul/add": ("FFMA", "FMUL", "FADD", "HFMA2", "HMUL2", "HADD2", "FFMA2"),
+    "conversion": ("I2F", "F2I", "F2F", "I2FP", "F2FP", "I2I"),
+    "int/bit": (
+        "LOP3",
+        "SHF",
+        "IMAD",
+        "IADD3",
+        "LEA",
+        "SEL",
+        "PRMT",
+        "IABS",
+        "VIADD",
+        "BMSK",
+        "SGXT",
+        "BFE",
+        "BFI",
+        "IMNMX",
+        "VIMNMX",
+        "ISETP",
+        "FSETP",
+        "PLOP3",
+        "IMUL",
+    ),
+    "shuffle": ("SHFL",),
+    "tensor core": ("HMMA", "IMMA", "HGMMA", "QGMMA", "IGMMA"),
+}
+
+
+@dataclass
+class KernelSass:
+    name: str
+    num_warps: int
+    registers: int
+    spill_bytes: int
+    shared_bytes: int
+    total: int
+    loop: int  # instructions in the main loop's body (0: no loop)
+    loop_kinds: dict[str, int] = field(default_factory=dict)
+
+
+def _classify(op: str) -> str:
+    for kind, ops in KINDS.items():
+        if op in ops or (op[:3] in ops and kind != "int/bit"):
+            return kind
+    return "other"
+
+
+def parse_sass(text: str) -> tuple[int, list[str]]:
+    """(instruction count, opcodes of the main loop): the loop is the longest span from a
+    label to a later branch back to it."""
+    addr_of_label: dict[str, int] = {}
+    instrs: list[tuple[int, str, str]] = []  # (address, opcode, line)
+    pending: list[str] = []
+    for line in text.splitlines():
+        m = _LABEL.match(line.strip())
+        if m:
+            pending.append(m.group(1))
+            continue
+        m = _INSTR.match(line)
+        if not m:
+            continue
+        addr = int(m.group(1), 16)
+        for label in pending:
+            addr_of_label[label] = addr
+        pending = []
+        instrs.append((addr, m.group(3), line))
+    best = (0, 0)
+    for addr, op, line in instrs:
+        b = _BRANCH.search(line) if op == "BRA" else None
+        if b and b.group(1) in addr_of_label and addr_of_label[b.group(1)] <= addr:
+            start = addr_of_label[b.group(1)]
+            if addr - start > best[1] - best[0]:
+                best = (start, addr)
+    loop = [op for addr, op, _ in instrs if best[0] <= addr <= best[1]] if best[1] else []
+    return len(instrs), loop
+
+
+def _tool(name: str) -> str:
+    import triton
+
+    return str(Path(triton.__file__).parent / "backends" / "nvidia" / "bin" / name)
+
+
+def _resources(cubin: Path) -> tuple[int, int]:
+    out = subprocess.run([_tool("cuobjdump"), "-res-usage", str(cubin)], capture_output=True,
+                         text=True, check=True).stdout  # fmt: skip
+    reg = re.search(r"REG:(\d+)", out)
+    local = re.search(r"LOCAL:(\d+)", out)
+    return int(reg.group(1)) if reg else -1, int(local.group(1)) if local else 0
+
+
+def compile_to_sass(launch: Callable[[], object], sass_dir: Path | None = None) -> list[KernelSass]:
+    """Every kernel `launch` compiles (CPU tensors; nothing runs), lowered to SASS."""
+    import triton_compile as tc
+    from triton._C.libtriton import ir
+    from triton.backends.nvidia.compiler import CUDABackend
+
+    found: list[KernelSass] = []
+    work = Path(sass_dir or tempfile.mkdtemp(prefix="sass_"))
+    work.mkdir(parents=True, exist_ok=True)
+
+    def to_sass(jit_fn, key, signature, constexprs, options, attrs, target, llir):
+        backend = CUDABackend(target)
+        src = jit_fn.ASTSource(jit_fn, signature, constexprs, attrs)
+        context = ir.context()
+        ir.load_dialects(context)
+        backend.load_dialects(context)
+        codegen = backend.get_codegen_implementation(options)
+        mod = src.make_ir(target, options, codegen, backend.get_module_map(), context)
+        md: dict = {}
+        mod = backend.make_ttir(mod, md, options, target.arch)
+        mod = backend.make_ttgir(mod, md, options, target.arch)
+        llvm = backend.make_llir(mod, md, options, target.arch)
+        ptx = backend.make_ptx(llvm, md, options, target.arch)
+        cubin_bytes = backend.make_cubin(ptx, md, options, target.arch)
+        name = jit_fn.fn.__name__
+        cubin = work / f"{name}_{len(found)}.cubin"
+        cubin.write_bytes(cubin_bytes)
+        sass = subprocess.run([_tool("nvdisasm"), "-c", str(cubin)], capture_output=True,
+                              text=True, check=True).stdout  # fmt: skip
+        (work / f"{name}_{len(found)}.sass").write_text(sass)
+        total, loop = parse_sass(sass)
+        regs, local = _resources(cubin)
+        kinds = collections.Counter(_classify(op) for op in loop)
+        found.append(KernelSass(name, options.num_warps, regs, local, md.get("shared") or 0,
+                                total, len(loop), dict(kinds)))  # fmt: skip
+        return md.get("shared")
+
+    saved = tc._compile
+    tc._COMPILED.clear()
+    tc._compile = to_sass
+    try:
+        with tc.compile_only():
+            launch()
+    finally:
+        tc._compile = saved
+        tc._COMPILED.clear()
+    return found
+
+
+# --- cases: Qwen3-30B-A3B decode shapes (hidden 2048, expert inter 768, top-8) ---
+
+HIDDEN, INTER, TOP_K = 2048, 768, 8
+
+
+@dataclass(frozen=True)
+class Case:
+    """One launch and, per kernel name, the weights a loop iteration of one program reads
+    and the weights and bytes the whole call reads (for the floors)."""
+
+    launch: Callable[[], object]
+    per_iter: dict[str, int]
+    call_weights: dict[str, int]
+    call_bytes: dict[str, int]
+
+
+STORED = 8  # experts whose (zero) weights the launches get: the kernels see only strides
+
+
+def _routing(tokens: int) -> tuple[torch.Tensor, torch.Tensor]:
+    ids = torch.arange(tokens * TOP_K, dtype=torch.int32).reshape(tokens, TOP_K) % STORED
+    return ids, torch.full((tokens, TOP_K), 1.0 / TOP_K)
+
+
+def _gguf_moe(btype_name: str, tokens: int = 1) -> Case:
+    from xinfer.kernels import gguf_launch as gl
+    from xinfer.quant.gguf_blocks import BLOCK_TYPES
+
+    bt = BLOCK_TYPES[btype_name]
+    w13 = torch.zeros(STORED, 2 * INTER, bt.row_bytes(HIDDEN), dtype=torch.uint8)
+    w2 = torch.zeros(STORED, HIDDEN, bt.row_bytes(INTER), dtype=torch.uint8)
+    hidden = torch.zeros(tokens, HIDDEN, dtype=torch.bfloat16)
+    ids, weights = _routing(tokens)
+    t = gl.gemv_tiles(torch.bfloat16, bt)
+    pairs = tokens * TOP_K
+    return Case(
+        lambda: gl.fused_moe(hidden, ids, weights, w13, bt, w2, bt, INTER, True, None),
+        {"gguf_moe_gate_up_gemv_kernel": 2 * t.block_n * t.subs * 32,
+         "gguf_moe_down_gemv_kernel": t.block_n * t.subs * 32},
+        {"gguf_moe_gate_up_gemv_kernel": pairs * 2 * INTER * HIDDEN,
+         "gguf_moe_down_gemv_kernel": pairs * HIDDEN * INTER},
+        {"gguf_moe_gate_up_gemv_kernel": pairs * 2 * INTER * bt.row_bytes(HIDDEN),
+         "gguf_moe_down_gemv_kernel": pairs * HIDDEN * bt.row_bytes(INTER)},
+    )  # fmt: skip
+
+
+def _bf16_moe(tokens: int = 1) -> Case:
+    from xinfer.kernels import moe_launch as ml
+
+    w13 = torch.zeros(STORED, 2 * INTER, HIDDEN, dtype=torch.bfloat16)
+    w2 = torch.zeros(STORED, HIDDEN, INTER, dtype=torch.bfloat16)
+    hidden = torch.zeros(tokens, HIDDEN, dtype=torch.bfloat16)
+    ids, weights = _routing(tokens)
+    pairs = tokens * TOP_K
+    return Case(
+        lambda: ml.fused_moe(hidden, ids, weights, w13, w2),
+        {},  # tiles vary by path: no per-iteration figure
+        {"moe_gate_up_gemv_kernel": pairs * 2 * INTER * HIDDEN, "moe_down_gemv_kernel": pairs * HIDDEN * INTER},
+        {"moe_gate_up_gemv_kernel": pairs * 2 * INTER * HIDDEN * 2,
+         "moe_down_gemv_kernel": pairs * HIDDEN * INTER * 2},
+    )  # fmt: skip
+
+
+def _quant_moe(fmt_name: str, tokens: int = 1) -> Case:
+    """A quantized format's MoE GEMV (8 experts' weights; the ids pick among them)."""
+    from quant_weights import random_weights
+
+    from xinfer.kernels import quant_launch
+    from xinfer.quant.fp8 import Fp8Block
+    from xinfer.quant.gptq import GptqInt4
+    from xinfer.quant.nvfp4 import Nvfp4
+
+    fmt = {"fp8-block128": Fp8Block(128, 128), "gptq-g128": GptqInt4(128, False),
+           "nvfp4": Nvfp4()}[fmt_name]  # fmt: skip
+    experts = STORED
+    w13 = random_weights(fmt, 2 * INTER, HIDDEN, seed=0, count=experts)
+    w2 = random_weights(fmt, HIDDEN, INTER, seed=1, count=experts)
+    hidden = torch.zeros(tokens, HIDDEN, dtype=torch.bfloat16)
+    ids, weights = _routing(tokens)
+    t = quant_launch.gemv_tiles(fmt.kernel_weights(w13, HIDDEN))
+    pairs = tokens * TOP_K
+    per_weight = {n: v.nbytes / (experts * 2 * INTER * HIDDEN) for n, v in w13.items()}
+    nbytes = sum(per_weight.values())
+    return Case(
+        lambda: quant_launch.fused_moe(hidden, ids, weights, fmt, w13, w2, INTER, use_gemv=True),
+        {"quant_moe_gate_up_gemv_kernel": 2 * t.block_n * t.block_k,
+         "quant_moe_down_gemv_kernel": (t.down_block_n or t.block_n) * t.block_k},
+        {"quant_moe_gate_up_gemv_kernel": pairs * 2 * INTER * HIDDEN,
+         "quant_moe_down_gemv_kernel": pairs * HIDDEN * INTER},
+        {"quant_moe_gate_up_gemv_kernel": int(pairs * 2 * INTER * HIDDEN * nbytes),
+         "quant_moe_down_gemv_kernel": int(pairs * HIDDEN * INTER * nbytes)},
+    )  # fmt: skip
+
+
+CASES: dict[str, Callable[[], Case]] = {
+    "fp8": lambda: _quant_moe("fp8-block128"),
+    "gptq": lambda: _quant_moe("gptq-g128"),
+    "nvfp4": lambda: _quant_moe("nvfp4"),
+    "gguf-q4_k": lambda: _gguf_moe("Q4_K"),
+    "gguf-q8_0": lambda: _gguf_moe("Q8_0"),
+    "gguf-q6_k": lambda: _gguf_moe("Q6_K"),
+    "gguf-q5_0": lambda: _gguf_moe("Q5_0"),
+    "gguf-q4_0": lambda: _gguf_moe("Q4_0"),
+    "bf16": _bf16_moe,
+}
+
+
+def report(name: str, case: Case, sass_dir: Path | None) -> list[str]:
+    lines = []
+    for k in compile_to_sass(case.launch, sass_dir / name if sass_dir else None):
+        kinds = ", ".join(f"{n} {c}" for n, c in sorted(k.loop_kinds.items(), key=lambda x: -x[1]))
+        per_w = ""
+        if k.name in case.per_iter and k.loop:
+            wi = k.loop * k.num_warps / case.per_iter[k.name]
+            issue_us = wi * case.call_weights[k.name] / ISSUE_RATE * 1e6
+            hbm_us = case.call_bytes[k.name] / HBM_BYTES_S * 1e6
+            per_w = (
+                f" | {wi:.3f} warp-instr/weight: issue floor {issue_us:.1f} µs, HBM {hbm_us:.1f} µs"
+            )
+        lines.append(
+            f"{name:10s} {k.name:34s} warps {k.num_warps} regs {k.registers} spill {k.spill_bytes} "
+            f"smem {k.shared_bytes} | {k.total} instr, loop {k.loop}{per_w}\n    loop: {kinds}"
+        )
+    return lines
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--cases", default=",".join(CASES))
+    ap.add_argument("--sass-dir", type=Path, default=None, help="keep the cubins and SASS here")
+    args = ap.parse_args()
+    if os.environ.get("TRITON_INTERPRET") == "1":
+        raise SystemExit("needs compiled Triton: unset TRITON_INTERPRET")
+    for name in args.cases.split(","):
+        for line in report(name, CASES[name](), args.sass_dir):
+            print(line, flush=True)
+
+
+if __name__ == "__main__":
+    main()
