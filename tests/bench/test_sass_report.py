@@ -51,11 +51,15 @@ def test_parser_finds_the_loop(sass_report) -> None:
     assert kinds == ["global load", "int/bit", "float fma/mul/add", "barrier", "other"]
 
 
-@pytest.mark.parametrize("btype", ["Q4_K", "Q8_0"])
-def test_gguf_gemv_loops_stay_in_registers(sass_report, btype) -> None:
-    report = sass_report.compile_to_sass(sass_report._gguf_moe(btype).launch)
+@pytest.mark.parametrize("case", ["gguf-q4_k", "gguf-q8_0", "fp8"])
+def test_decode_gemv_loops_stay_in_registers(sass_report, case) -> None:
+    """The MoE GEMVs of GGUF Q4_K / Q8_0 and FP8 (the unpacked quantized formats)."""
+    report = sass_report.compile_to_sass(sass_report.CASES[case]().launch)
     gemvs = [k for k in report if "gemv" in k.name]
-    assert {k.name for k in gemvs} == {"gguf_moe_gate_up_gemv_kernel", "gguf_moe_down_gemv_kernel"}
+    assert len(gemvs) == 2 and {k.name.split("_moe_")[1] for k in gemvs} == {
+        "gate_up_gemv_kernel",
+        "down_gemv_kernel",
+    }
     for k in gemvs:
         assert k.loop > 0 and k.spill_bytes == 0, k
         assert k.loop_kinds.get("barrier", 0) == 0, k

@@ -35,7 +35,14 @@ def _row_dot(
     read whole bytes and multiply the even and odd columns of x. Each weight is rounded to
     x's dtype first, as the twin dequantizes to it; or, FACTORED, the codes' values meet x
     unscaled and each group's sum is scaled once (no per-element scale nor rounding: float32
-    throughout, within the twin's tolerance rather than on its bits)."""
+    throughout, within the twin's tolerance rather than on its bits).
+
+    Unpacked formats load x at the weight tile's full shape (the same values in every row),
+    so each thread loads the activations of the weights it holds; a (groups, columns) load
+    broadcast over the rows was redistributed through shared memory with two barriers every
+    iteration (bench/sass_report.py). The 4-bit formats keep the broadcast: their even/odd
+    columns at the full shape cost 2.2-2.6× the loads and +30% loop instructions (sm_90
+    SASS), against 4 barriers an iteration; which is faster is for the H200 to say."""
     dtype = x_ptr.dtype.element_ty
     rows = offs_n + row_offset
     g = tl.arange(0, BLOCK_K // GROUP_T)
@@ -46,40 +53,42 @@ def _row_dot(
         for k0 in range(0, k_dim, BLOCK_K):
             ke = k0 + pcols
             mask_p = ke < k_dim  # K is even for 4-bit formats: the odd column follows
-            xe = tl.load(x_ptr + ke, mask=mask_p, other=0.0).to(tl.float32)
-            xo = tl.load(x_ptr + ke + 1, mask=mask_p, other=0.0).to(tl.float32)
+            xe = tl.load(x_ptr + ke, mask=mask_p, other=0.0).to(tl.float32)[None, :, :]
+            xo = tl.load(x_ptr + ke + 1, mask=mask_p, other=0.0).to(tl.float32)[None, :, :]
             if FACTORED:
                 lo, hi, sc = load_raw_pairs(
                     w_ptr, s_ptr, z_ptr, rows, k0, mask_n, k_dim,
                     stride_wn, stride_sn, stride_zn, FMT, SCALE_BK, HAS_ZERO, BLOCK_K, GROUP_T,
                 )  # fmt: skip
-                part = tl.sum(lo * xe[None, :, :] + hi * xo[None, :, :], axis=2)
+                part = tl.sum(lo * xe + hi * xo, axis=2)
                 groups += part * sc
             else:
                 lo, hi = load_weight_pairs(
                     w_ptr, s_ptr, z_ptr, rows, k0, mask_n, k_dim,
                     stride_wn, stride_sn, stride_zn, FMT, SCALE_BK, HAS_ZERO, BLOCK_K, GROUP_T,
                 )  # fmt: skip
-                acc += lo.to(dtype).to(tl.float32) * xe[None, :, :]
-                acc += hi.to(dtype).to(tl.float32) * xo[None, :, :]
+                acc += lo.to(dtype).to(tl.float32) * xe
+                acc += hi.to(dtype).to(tl.float32) * xo
     else:
         cols = g[:, None] * GROUP_T + tl.arange(0, GROUP_T)[None, :]
         acc = tl.zeros((BLOCK_N, BLOCK_K // GROUP_T, GROUP_T), dtype=tl.float32)
         for k0 in range(0, k_dim, BLOCK_K):
-            ks = k0 + cols
+            ks = (
+                k0 + cols[None, :, :] + tl.zeros((BLOCK_N, 1, 1), tl.int32)
+            )  # x at the tile's shape
             x = tl.load(x_ptr + ks, mask=ks < k_dim, other=0.0).to(tl.float32)
             if FACTORED:
                 v, sc = load_raw_tile3(
                     w_ptr, s_ptr, z_ptr, rows, k0, mask_n, k_dim, stride_wn, stride_sn,
                     stride_zn, FMT, SCALE_BN, SCALE_BK, HAS_ZERO, BLOCK_K, GROUP_T,
                 )  # fmt: skip
-                groups += tl.sum(v * x[None, :, :], axis=2) * sc
+                groups += tl.sum(v * x, axis=2) * sc
             else:
                 w = load_weight_tile3(
                     w_ptr, s_ptr, z_ptr, rows, k0, mask_n, k_dim, stride_wn, stride_sn,
                     stride_zn, FMT, SCALE_BN, SCALE_BK, HAS_ZERO, BLOCK_K, GROUP_T,
                 )  # fmt: skip
-                acc += w.to(dtype).to(tl.float32) * x[None, :, :]
+                acc += w.to(dtype).to(tl.float32) * x
     if FACTORED:
         out = tl.sum(groups, axis=1)
     else:
