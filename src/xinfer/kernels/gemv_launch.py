@@ -168,6 +168,23 @@ def _launch(x, weight, bias, out, cfg: GemvConfig) -> None:
         reduce_splits(part, bias, out)
 
 
+DECODE_ROWS = 16  # quantized decode linears: at most this many rows (one BLOCK_M = 16 tile)
+DECODE_PROGRAMS = 512  # ... split K, from the shape only, until about this many programs run
+
+
+def decode_split(m: int, n_tiles: int, k: int, chunk: int, enabled: bool = True) -> tuple[int, int]:
+    """(K per split, splits) of a quantized decode linear (`quant_launch`, `gguf_launch`):
+    calls of at most DECODE_ROWS rows with fewer than DECODE_PROGRAMS tiles of N split K into
+    whole `chunk`s (their tile's K), at least two chunks a split. From the shapes only, so
+    a row's bits do not depend on the batch; `enabled` False (benchmarks) never splits."""
+    chunks = triton.cdiv(k, chunk)
+    splits = 1
+    if m <= DECODE_ROWS and enabled:
+        splits = max(1, min(DECODE_PROGRAMS // n_tiles, chunks // 2))
+    per_split = triton.cdiv(chunks, splits)
+    return per_split * chunk, triton.cdiv(chunks, per_split)
+
+
 def reduce_splits(part: torch.Tensor, bias: torch.Tensor | None, out: torch.Tensor) -> None:
     """out (M, N) = the float32 partial sums part (splits, M, N) added in split order (so the
     bits do not depend on timing), plus bias, in out's dtype. The split-K decode linears

@@ -18,8 +18,7 @@ from xinfer.kernels import gemv_launch, moe_launch
 from xinfer.kernels.triton import gguf_gemm as jit
 from xinfer.quant.gguf_blocks import BlockType
 
-DECODE_M = 16  # linears with at most this many rows use one BLOCK_M = 16 tile
-DECODE_PROGRAMS = 512  # decode linears split K (from the shape only) until about this many run
+DECODE_M = gemv_launch.DECODE_ROWS  # linears with at most this many rows: one 16-row tile
 DECODE_SPLIT = True  # the benchmark turns it off to compare
 _DTYPES = (torch.bfloat16, torch.float16, torch.float32)
 
@@ -118,16 +117,9 @@ def linear(
 
 
 def decode_split(m: int, n_tiles: int, k: int, t: GGUFTiles) -> tuple[int, int]:
-    """(K per split, splits) of a linear: decode calls (m <= DECODE_M) with fewer than
-    DECODE_PROGRAMS tiles of N split K into chunks of whole SUBS * 32 sub-blocks, at least
-    two chunks a split; from the shapes only, so a row's bits do not depend on the batch."""
-    chunk = t.subs * 32
-    chunks = triton.cdiv(k, chunk)
-    splits = 1
-    if m <= DECODE_M and DECODE_SPLIT:
-        splits = max(1, min(DECODE_PROGRAMS // n_tiles, chunks // 2))
-    per_split = triton.cdiv(chunks, splits)
-    return per_split * chunk, triton.cdiv(chunks, per_split)
+    """(K per split, splits) of a linear (`gemv_launch.decode_split`), in whole chunks of
+    SUBS * 32 sub-blocks."""
+    return gemv_launch.decode_split(m, n_tiles, k, t.subs * 32, DECODE_SPLIT)
 
 
 def fused_moe(

@@ -23,8 +23,7 @@ from xinfer.kernels.quant_groups import group_t, packed
 from xinfer.kernels.triton import quant_gemm as jit
 from xinfer.quant.base import KernelWeights, WeightFormat
 
-DECODE_M = 16  # linears with at most this many rows use the decode tile (one BLOCK_M)
-DECODE_PROGRAMS = 512  # decode linears split K until about this many programs run
+DECODE_M = gemv_launch.DECODE_ROWS  # linears with at most this many rows: the decode tile
 # From these sizes on, calls take `quant_prefill` (dequantize, then the bf16 kernels), below
 # them the in-register GEMMs. Placed by arithmetic, not yet measured: the dequantized path
 # moves ~5x (FP8) to ~9x (4-bit) the stored bytes of the weights it touches, which pays once
@@ -120,11 +119,7 @@ def linear(
     tiles = tiles or linear_tiles(m, x.dtype, kw)
     (w, s, z), (swn, ssn, szn) = _args(kw, expert_dim=False)
     n_tiles = triton.cdiv(n, tiles.block_n)
-    splits = 1
-    if m <= DECODE_M:  # shape-only, so a row's bits do not depend on the batch
-        splits = max(1, min(DECODE_PROGRAMS // n_tiles, k // (2 * tiles.block_k)))
-    k_per_split = triton.cdiv(triton.cdiv(k, splits), tiles.block_k) * tiles.block_k
-    splits = triton.cdiv(k, k_per_split)
+    k_per_split, splits = gemv_launch.decode_split(m, n_tiles, k, tiles.block_k)
     part = out if splits == 1 else out.new_empty(splits, m, n, dtype=torch.float32)
     fuse_bias = bias is not None and splits == 1
     grid = (triton.cdiv(m, tiles.block_m), n_tiles, splits)
