@@ -142,27 +142,14 @@ def _resources(cubin: Path) -> tuple[int, int]:
 def compile_to_sass(launch: Callable[[], object], sass_dir: Path | None = None) -> list[KernelSass]:
     """Every kernel `launch` compiles (CPU tensors; nothing runs), lowered to SASS."""
     import triton_compile as tc
-    from triton._C.libtriton import ir
-    from triton.backends.nvidia.compiler import CUDABackend
 
     found: list[KernelSass] = []
-    work = Path(sass_dir or tempfile.mkdtemp(prefix="sass_"))
+    scratch = None if sass_dir else tempfile.TemporaryDirectory(prefix="sass_")
+    work = Path(sass_dir or scratch.name)
     work.mkdir(parents=True, exist_ok=True)
 
     def to_sass(jit_fn, key, signature, constexprs, options, attrs, target, llir):
-        backend = CUDABackend(target)
-        src = jit_fn.ASTSource(jit_fn, signature, constexprs, attrs)
-        context = ir.context()
-        ir.load_dialects(context)
-        backend.load_dialects(context)
-        codegen = backend.get_codegen_implementation(options)
-        mod = src.make_ir(target, options, codegen, backend.get_module_map(), context)
-        md: dict = {}
-        mod = backend.make_ttir(mod, md, options, target.arch)
-        mod = backend.make_ttgir(mod, md, options, target.arch)
-        llvm = backend.make_llir(mod, md, options, target.arch)
-        ptx = backend.make_ptx(llvm, md, options, target.arch)
-        cubin_bytes = backend.make_cubin(ptx, md, options, target.arch)
+        md, cubin_bytes = tc.lower(jit_fn, signature, constexprs, options, attrs, target, "cubin")
         name = jit_fn.fn.__name__
         cubin = work / f"{name}_{len(found)}.cubin"
         cubin.write_bytes(cubin_bytes)
@@ -185,6 +172,8 @@ def compile_to_sass(launch: Callable[[], object], sass_dir: Path | None = None) 
     finally:
         tc._compile = saved
         tc._COMPILED.clear()
+        if scratch is not None:
+            scratch.cleanup()
     return found
 
 

@@ -105,9 +105,10 @@ def _constexpr_values(jit_fn, constexprs: dict) -> dict:
     return out
 
 
-def _compile(jit_fn, key, signature, constexprs, options, attrs, target, llir: bool) -> int | None:
-    """The frontend stages of `triton.compile` for one specialization: IR → TTIR → TTGIR
-    (→ LLVM IR); returns the shared-memory bytes (None without the LLVM-IR stage)."""
+def lower(jit_fn, signature, constexprs, options, attrs, target, until: str) -> tuple[dict, object]:
+    """The stages of `triton.compile` for one specialization, IR → TTIR → TTGIR, then as far
+    as `until` ("ttgir", "llir" or "cubin": Triton's bundled ptxas, still no GPU): (metadata,
+    the last stage's module or bytes)."""
     from triton._C.libtriton import ir
     from triton.backends.nvidia.compiler import CUDABackend
 
@@ -121,10 +122,21 @@ def _compile(jit_fn, key, signature, constexprs, options, attrs, target, llir: b
     metadata: dict = {}
     mod = backend.make_ttir(mod, metadata, options, target.arch)
     mod = backend.make_ttgir(mod, metadata, options, target.arch)
-    if not llir:
-        return None
-    backend.make_llir(mod, metadata, options, target.arch)
-    return metadata.get("shared")
+    if until == "ttgir":
+        return metadata, mod
+    llvm = backend.make_llir(mod, metadata, options, target.arch)
+    if until == "llir":
+        return metadata, llvm
+    ptx = backend.make_ptx(llvm, metadata, options, target.arch)
+    return metadata, backend.make_cubin(ptx, metadata, options, target.arch)
+
+
+def _compile(jit_fn, key, signature, constexprs, options, attrs, target, llir: bool) -> int | None:
+    """The frontend stages for one specialization (see `lower`); returns the shared-memory
+    bytes (None without the LLVM-IR stage)."""
+    metadata, _ = lower(jit_fn, signature, constexprs, options, attrs, target,
+                        "llir" if llir else "ttgir")  # fmt: skip
+    return metadata.get("shared") if llir else None
 
 
 @contextlib.contextmanager
