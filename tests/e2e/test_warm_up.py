@@ -1,6 +1,7 @@
 """The start-up prefill warm-up (run on CUDA so the first long prompt does not wait for
-kernel compilation) leaves nothing behind: no request, every KV block free, no output, and
-the next generations equal those of an engine that never warmed up."""
+kernel compilation) computes every token of its prompts (none is another's cached prefix),
+takes the prompt pass, and leaves nothing behind: no request, every KV block free, no
+output, and the next generations equal those of an engine that never warmed up."""
 
 from __future__ import annotations
 
@@ -27,6 +28,8 @@ def test_warm_up_leaves_no_trace(tmp_path):
     del engine.add_request, engine.runner.prompt_pass.run
     # the budget, one token less, and 2·budget − 1 (a prompt pass, chunks after a prefix)
     assert ran == [127, 64, 63] and passes and passes[-1].is_last
+    stats = engine.prefix_cache_stats()
+    assert stats is not None and stats.queries > 0 and stats.hits == 0  # each one computed
     assert not engine.has_unfinished() and not engine.requests
     assert engine.allocator.num_free == engine.allocator.num_blocks
     batch = prompts(3, seed=9)

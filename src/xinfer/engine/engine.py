@@ -276,8 +276,11 @@ class Engine:
         if 2 * budget - 1 < min(self.max_model_len, kv_tokens):
             lengths.add(2 * budget - 1)
         greedy_one = SamplingParams(temperature=0.0, max_tokens=1, ignore_eos=True)
-        for n in sorted(lengths - {0}, reverse=True):
-            self.add_request([0] * n, greedy_one, request_id=f"xinfer-warm-up-{n}")
+        vocab = self.model_config.vocab_size
+        for i, n in enumerate(sorted(lengths - {0}, reverse=True)):
+            # a token of its own per prompt: none is a cached prefix of another, so each
+            # computes all its tokens (with prefix caching on)
+            self.add_request([i % vocab] * n, greedy_one, request_id=f"xinfer-warm-up-{n}")
             while self.has_unfinished():
                 self.step()
 
