@@ -131,6 +131,33 @@ def test_fused_moe_in_cuda_graph(ml, num_tokens) -> None:
     assert torch.equal(out, ml.fused_moe(new_hidden, new_ids, new_weights, w13, w2))
 
 
+@pytest.mark.parametrize("num_ids", [128, 1024, 2048])
+def test_align_pairs_sort_equals_kernel_and_captures(ml, num_ids) -> None:
+    """The sort path (prefill-sized calls: 16384 pairs, offload views of up to 2048 rows)
+    gives the kernel's outputs bit for bit, captures in a CUDA graph (no host sync) and
+    replays with new ids."""
+    g = torch.Generator(DEV).manual_seed(num_ids)
+    ids = torch.randint(-1, num_ids, (2048, 8), generator=g, device=DEV).to(torch.int32)
+    kernel = ml.align_pairs(ids, num_ids, 64, method="kernel")
+    sort = ml.align_pairs(ids, num_ids, 64, method="sort")
+    for a, b in zip(kernel, sort, strict=True):
+        assert torch.equal(a, b)
+    static = ids.clone()
+    stream = torch.cuda.Stream()
+    stream.wait_stream(torch.cuda.current_stream())
+    with torch.cuda.stream(stream):
+        ml.align_pairs(static, num_ids, 64, method="sort")
+    torch.cuda.current_stream().wait_stream(stream)
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(graph):
+        captured = ml.align_pairs(static, num_ids, 64, method="sort")
+    static.copy_(torch.randint(0, num_ids, (2048, 8), generator=g, device=DEV))
+    graph.replay()
+    torch.cuda.synchronize()
+    for a, b in zip(captured, ml.align_pairs(static, num_ids, 64, method="kernel"), strict=True):
+        assert torch.equal(a, b)
+
+
 @pytest.mark.parametrize("num_experts,top_k", [(8, 2), (60, 4), (128, 8), (512, 10), (7, 7)])
 @pytest.mark.parametrize("renormalize", [True, False])
 def test_route_topk_matches_reference(ml, num_experts, top_k, renormalize) -> None:

@@ -91,10 +91,14 @@ def test_fused_moe_bits_do_not_depend_on_ids(ml, use_gemv, cfg, num_slots) -> No
     assert torch.equal(out_e, out_s)
 
 
+ALIGN_METHODS = pytest.mark.parametrize("method", ["kernel", "sort"])
+
+
 @child_only
-def test_align_pairs_sorts_stably_and_pads(ml) -> None:
+@ALIGN_METHODS
+def test_align_pairs_sorts_stably_and_pads(ml, method) -> None:
     ids = torch.tensor([[3, 0], [0, 3], [5, 0], [0, 1]], dtype=torch.int32)
-    sorted_pairs, block_ids, num_rows = ml.align_pairs(ids, num_ids=6, block_m=4)
+    sorted_pairs, block_ids, num_rows = ml.align_pairs(ids, num_ids=6, block_m=4, method=method)
     pad = ids.numel()
     expect = [1, 2, 5, 6, 7, pad, pad, pad, 0, 3, pad, pad, 4, pad, pad, pad]  # ids 0, 1, 3, 5
     assert sorted_pairs[: len(expect)].tolist() == expect
@@ -103,10 +107,13 @@ def test_align_pairs_sorts_stably_and_pads(ml) -> None:
 
 
 @child_only
+@ALIGN_METHODS
 @pytest.mark.parametrize("num_ids,num_pairs,block_m", [(5, 40, 16), (300, 70, 4), (9, 1, 64)])
-def test_align_pairs_matches_torch_sort(ml, num_ids, num_pairs, block_m) -> None:
+def test_align_pairs_matches_torch_sort(ml, num_ids, num_pairs, block_m, method) -> None:
     ids = torch.randint(0, num_ids, (num_pairs, 1), generator=torch.Generator().manual_seed(6))
-    sorted_pairs, block_ids, num_rows = ml.align_pairs(ids.to(torch.int32), num_ids, block_m)
+    sorted_pairs, block_ids, num_rows = ml.align_pairs(
+        ids.to(torch.int32), num_ids, block_m, method=method
+    )
     order = torch.sort(ids.view(-1), stable=True).indices
     rows = sorted_pairs[sorted_pairs < num_pairs]
     assert torch.equal(rows.long(), order)  # stable order once the padding is dropped
@@ -121,11 +128,14 @@ def test_align_pairs_matches_torch_sort(ml, num_ids, num_pairs, block_m) -> None
 
 
 @child_only
-def test_align_pairs_leaves_out_negative_ids(ml) -> None:
+@ALIGN_METHODS
+def test_align_pairs_leaves_out_negative_ids(ml, method) -> None:
     ids = torch.randint(-1, 5, (50, 1), generator=torch.Generator().manual_seed(7))
     ids[0] = -1  # at least one left out, and one kept id after it in the same chunk
     ids[1] = 2
-    sorted_pairs, block_ids, num_rows = ml.align_pairs(ids.to(torch.int32), 5, block_m=8)
+    sorted_pairs, block_ids, num_rows = ml.align_pairs(
+        ids.to(torch.int32), 5, block_m=8, method=method
+    )
     flat = ids.view(-1)
     kept = torch.nonzero(flat >= 0).view(-1)
     order = kept[torch.sort(flat[kept], stable=True).indices]
@@ -133,6 +143,38 @@ def test_align_pairs_leaves_out_negative_ids(ml) -> None:
     assert torch.equal(rows.long(), order)  # exactly the kept pairs, stably sorted
     counts = torch.bincount(flat[kept], minlength=5)
     assert num_rows.item() == ((counts + 7) // 8 * 8).sum().item()
+
+
+@child_only
+@pytest.mark.parametrize(
+    "num_ids,num_pairs,block_m", [(128, 600, 64), (1000, 333, 16), (7, 90, 8), (3, 5, 64)]
+)
+def test_align_pairs_sort_equals_kernel(ml, num_ids, num_pairs, block_m) -> None:
+    """The two methods agree on every output element, padding and tiles past num_rows
+    included (what the GEMMs read), with left-out pairs among the ids."""
+    g = torch.Generator().manual_seed(num_ids + num_pairs)
+    ids = torch.randint(-1, num_ids, (num_pairs,), generator=g).to(torch.int32)
+    kernel = ml.align_pairs(ids, num_ids, block_m, method="kernel")
+    sort = ml.align_pairs(ids, num_ids, block_m, method="sort")
+    for a, b in zip(kernel, sort, strict=True):
+        assert a.dtype == b.dtype and torch.equal(a, b)
+
+
+def test_align_pairs_picks_sort_for_many_pairs(monkeypatch) -> None:
+    """Outside the interpreter: the default method follows the pair count only, and the
+    sort path runs on plain torch (CPU here)."""
+    from xinfer.kernels import moe_launch
+
+    called = []
+    real = moe_launch._align_by_sort
+    monkeypatch.setattr(moe_launch, "_align_by_sort", lambda *a: called.append(a) or real(*a))
+    ids = torch.randint(0, 1500, (moe_launch.SORT_ALIGN_PAIRS,), dtype=torch.int32)
+    sorted_pairs, block_ids, num_rows = moe_launch.align_pairs(ids, 1500, 64)
+    assert called and sorted_pairs.shape[0] % 64 == 0
+    kept = sorted_pairs[sorted_pairs < ids.numel()].long()
+    assert torch.equal(kept, torch.sort(ids.long(), stable=True).indices)
+    with pytest.raises(ValueError, match="method"):
+        moe_launch.align_pairs(ids, 1500, 64, method="radix")
 
 
 @child_only

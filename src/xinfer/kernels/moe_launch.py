@@ -18,6 +18,9 @@ from xinfer.kernels.triton import fused_moe as moe_jit
 _DTYPES = (torch.bfloat16, torch.float16, torch.float32)
 # (token, k) pairs up to which decode uses the GEMV kernels (each pair streams its expert)
 MAX_GEMV_PAIRS = 64
+# (token, k) pairs from which `align_pairs` sorts with torch ops instead of its one-program
+# kernel, whose time grows with pairs × ids (sized from the pairs only: placement-blind)
+SORT_ALIGN_PAIRS = 4096
 
 
 @dataclass(frozen=True)
@@ -131,11 +134,17 @@ def moe_inputs(
 
 
 def align_pairs(
-    topk_ids: torch.Tensor, num_ids: int, block_m: int
+    topk_ids: torch.Tensor, num_ids: int, block_m: int, method: str | None = None
 ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
     """Sort the (token, k) pairs by id (stable) and pad each id's run to a multiple of
-    block_m, in one Triton program. Ids must lie in [0, num_ids) (not checked: no host sync)
-    or be negative: such pairs are left out (a chunk of the ids at a time, `quant_prefill`).
+    block_m. Ids must lie in [0, num_ids) (not checked: no host sync) or be negative: such
+    pairs are left out (a chunk of the ids at a time, `quant_prefill`).
+
+    `method`: "kernel" (one Triton program: no launches to speak of, but its time grows with
+    pairs × ids — ~2 ms for a 2048-token prefill chunk over an offload view of ~1,000 rows,
+    768 such calls in a 32k-token prompt) or "sort" (a stable radix sort and a few torch ops,
+    tens of µs at any size); by default "sort" from SORT_ALIGN_PAIRS pairs. Both give the
+    same outputs, bit for bit.
 
     Returns sorted_pairs int32 (max_rows,) (pair index, or num_pairs for padding),
     block_ids int32 (max_rows / block_m,) (the id of each tile), num_rows int32 (1,)."""
@@ -143,6 +152,11 @@ def align_pairs(
     num_pairs, dev = topk_ids.numel(), topk_ids.device
     # upper bound from host-known sizes only: every used id adds < block_m padding rows
     max_rows = triton.cdiv(num_pairs + min(num_ids, num_pairs) * (block_m - 1), block_m) * block_m
+    method = method or ("sort" if num_pairs >= SORT_ALIGN_PAIRS else "kernel")
+    if method == "sort":
+        return _align_by_sort(topk_ids.view(-1), num_ids, block_m, max_rows)
+    if method != "kernel":
+        raise ValueError(f"align_pairs: method must be 'kernel' or 'sort', got {method!r}")
     sorted_pairs = torch.empty(max_rows, dtype=torch.int32, device=dev)
     block_ids = torch.empty(max_rows // block_m, dtype=torch.int32, device=dev)
     num_rows = torch.empty(1, dtype=torch.int32, device=dev)
@@ -154,6 +168,34 @@ def align_pairs(
         BLOCK_M=block_m, BLOCK_IDS=block_ids_pow2, CHUNK=chunk, num_warps=8,
     )  # fmt: skip
     return sorted_pairs, block_ids, num_rows
+
+
+def _align_by_sort(
+    ids: torch.Tensor, num_ids: int, block_m: int, max_rows: int
+) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """`align_pairs` with torch ops (no host sync; capturable): a stable sort of the ids
+    (left-out pairs as id num_ids, last), each pair's place = its id's padded start + its
+    rank among the id's pairs, tiles' ids by a search of the padded ends."""
+    num_pairs, dev = ids.numel(), ids.device
+    key = torch.where(ids >= 0, ids.long(), num_ids)  # (P,) the left-out sort last
+    order = torch.sort(key, stable=True).indices  # pair indices by id, ties by index
+    counts = torch.zeros(num_ids + 1, dtype=torch.int64, device=dev)
+    counts.index_add_(0, key, torch.ones_like(key))  # integer sums: exact in any order
+    counts[num_ids] = 0  # the left-out take no rows
+    padded = (counts + block_m - 1) // block_m * block_m
+    padded_end = torch.cumsum(padded, 0)
+    start = torch.cumsum(counts, 0) - counts  # each id's first place in `order`
+    sorted_key = key[order]
+    rank = torch.arange(num_pairs, device=dev) - start[sorted_key]
+    place = torch.where(sorted_key < num_ids, padded_end[sorted_key] - padded[sorted_key] + rank,
+                        max_rows)  # fmt: skip  # the left-out: a trash row past the end
+    sorted_pairs = torch.full((max_rows + 1,), num_pairs, dtype=torch.int32, device=dev)
+    sorted_pairs.scatter_(0, place, order.to(torch.int32))
+    tile_starts = torch.arange(max_rows // block_m, device=dev) * block_m
+    block_ids = torch.searchsorted(padded_end[:num_ids], tile_starts, right=True)
+    block_ids = block_ids.clamp_(max=num_ids - 1).to(torch.int32)  # tiles past num_rows exit
+    num_rows = padded_end[num_ids - 1 : num_ids].to(torch.int32)
+    return sorted_pairs[:max_rows], block_ids, num_rows
 
 
 def _moe_grouped(hidden, topk_ids, topk_weights, w13, w2, out, cfg: MoeConfig) -> None:
