@@ -45,7 +45,8 @@ def linear_tiles(m: int, dtype: torch.dtype) -> GGUFTiles:
 def gemv_tiles(dtype: torch.dtype, btype: BlockType | None = None) -> GGUFTiles:
     """MoE decode: one program per (pair, BLOCK_N rows); SUBS=8 reads whole super-blocks.
     Q4_K (w13's type): 4 rows of 2 warps, 34 vs 40 µs at one token and 210 vs 243 at eight
-    on the H200 (bench_gguf_kernels.py --sweep, 2026-12-04); the others are not swept."""
+    on the H200 (bench_gguf_kernels.py --sweep, 2026-12-04, before the activations moved
+    to registers: to sweep again); the others are not swept."""
     del dtype
     if btype is not None and btype.name == "Q4_K":
         return GGUFTiles(block_m=1, block_n=4, subs=8, num_warps=2)

@@ -140,11 +140,12 @@ def align_pairs(
     block_m. Ids must lie in [0, num_ids) (not checked: no host sync) or be negative: such
     pairs are left out (a chunk of the ids at a time, `quant_prefill`).
 
-    `method`: "kernel" (one Triton program: no launches to speak of, but its time grows with
-    pairs × ids — ~2 ms for a 2048-token prefill chunk over an offload view of ~1,000 rows,
-    768 such calls in a 32k-token prompt) or "sort" (a stable radix sort and a few torch ops,
-    tens of µs at any size); by default "sort" from SORT_ALIGN_PAIRS pairs. Both give the
-    same outputs, bit for bit.
+    `method`: "kernel" (one Triton program, one launch, but its time grows with pairs × ids:
+    its sm_90 loops put a 2048-token prefill chunk over an offload view of ~1,000 rows at
+    ≥ 1.3 ms of issue alone, and a 32k-token prompt makes 768 such calls) or "sort" (a
+    stable sort and ~10 small torch ops, whose time grows with the pairs only); by default
+    "sort" from SORT_ALIGN_PAIRS pairs. Both give the same outputs, bit for bit. (Estimates
+    from the SASS, bench/NOTES.md; neither timed on the GPU yet.)
 
     Returns sorted_pairs int32 (max_rows,) (pair index, or num_pairs for padding),
     block_ids int32 (max_rows / block_m,) (the id of each tile), num_rows int32 (1,)."""
@@ -184,11 +185,12 @@ def _align_by_sort(
     counts[num_ids] = 0  # the left-out take no rows
     padded = (counts + block_m - 1) // block_m * block_m
     padded_end = torch.cumsum(padded, 0)
+    padded_start = padded_end - padded
     start = torch.cumsum(counts, 0) - counts  # each id's first place in `order`
     sorted_key = key[order]
     rank = torch.arange(num_pairs, device=dev) - start[sorted_key]
-    place = torch.where(sorted_key < num_ids, padded_end[sorted_key] - padded[sorted_key] + rank,
-                        max_rows)  # fmt: skip  # the left-out: a trash row past the end
+    # the left-out go to a trash row past the end
+    place = torch.where(sorted_key < num_ids, padded_start[sorted_key] + rank, max_rows)
     sorted_pairs = torch.full((max_rows + 1,), num_pairs, dtype=torch.int32, device=dev)
     sorted_pairs.scatter_(0, place, order.to(torch.int32))
     tile_starts = torch.arange(max_rows // block_m, device=dev) * block_m

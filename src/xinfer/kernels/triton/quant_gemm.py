@@ -71,11 +71,10 @@ def _row_dot(
                 acc += hi.to(dtype).to(tl.float32) * xo
     else:
         cols = g[:, None] * GROUP_T + tl.arange(0, GROUP_T)[None, :]
+        cols = cols[None, :, :] + tl.zeros((BLOCK_N, 1, 1), tl.int32)  # x at the tile's shape
         acc = tl.zeros((BLOCK_N, BLOCK_K // GROUP_T, GROUP_T), dtype=tl.float32)
         for k0 in range(0, k_dim, BLOCK_K):
-            ks = (
-                k0 + cols[None, :, :] + tl.zeros((BLOCK_N, 1, 1), tl.int32)
-            )  # x at the tile's shape
+            ks = k0 + cols
             x = tl.load(x_ptr + ks, mask=ks < k_dim, other=0.0).to(tl.float32)
             if FACTORED:
                 v, sc = load_raw_tile3(

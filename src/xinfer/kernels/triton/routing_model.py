@@ -74,33 +74,39 @@ def routing_state_kernel(
     num_experts, scratch_row, step_base, init_base, phi, innovation,
     BLOCK_E: tl.constexpr,
 ):  # fmt: skip
-    """grid (B,): one sequence's tokens in order (decode: one each). c of the first token
-    from `_first_c`, each next token one AR(1) step. c (T, E) f32 and each token's key and
-    position are written; the last c goes back to the row."""
+    """Decode, grid (B,): each sequence's one token, its c from `_first_c` (the row's c one
+    AR(1) step on, repeated, or fresh); c (B, E) f32, the token's key and position written,
+    c back to the row. Prompts take the scan passes below."""
     b = tl.program_id(0)
-    start = tl.load(qsl_ptr + b).to(tl.int64)
-    end = tl.load(qsl_ptr + b + 1).to(tl.int64)
-    pos0 = tl.load(seq_lens_ptr + b).to(tl.int64) - (end - start)
+    tok = tl.load(qsl_ptr + b).to(tl.int64)
+    pos = tl.load(seq_lens_ptr + b).to(tl.int64) - 1
     key = tl.load(keys_ptr + b)
     row = tl.load(rows_ptr + b)
     offs = tl.arange(0, BLOCK_E)
     mask = offs < num_experts
     step_key = _mix32(step_base.to(tl.uint32) ^ _u32(key))
     init_key = _mix32(init_base.to(tl.uint32) ^ _u32(key))
-    c = _first_c(state_c_ptr, state_pos_ptr, state_key_ptr, row, key, pos0, step_key,
+    c = _first_c(state_c_ptr, state_pos_ptr, state_key_ptr, row, key, pos, step_key,
                  init_key, num_experts, offs, mask, phi, innovation)  # fmt: skip
-    tl.store(c_out_ptr + start * num_experts + offs, c, mask=mask)
-    tl.store(tok_key_ptr + start, key)
-    tl.store(tok_pos_ptr + start, pos0)
-    for j in range(1, end - start):
-        pos = pos0 + j
-        eps = _normal(_mix32(step_key ^ _u32(pos)), offs)
-        c = phi * c + innovation * eps
-        tl.store(c_out_ptr + (start + j) * num_experts + offs, c, mask=mask)
-        tl.store(tok_key_ptr + start + j, key)
-        tl.store(tok_pos_ptr + start + j, pos)
-    _write_state_row(state_c_ptr, state_pos_ptr, state_key_ptr, row, key,
-                     pos0 + (end - start) - 1, c, num_experts, scratch_row, offs, mask)  # fmt: skip
+    tl.store(c_out_ptr + tok * num_experts + offs, c, mask=mask)
+    tl.store(tok_key_ptr + tok, key)
+    tl.store(tok_pos_ptr + tok, pos)
+    _write_state_row(state_c_ptr, state_pos_ptr, state_key_ptr, row, key, pos, c,
+                     num_experts, scratch_row, offs, mask)  # fmt: skip
+
+
+@triton.jit
+def _block_of(qsl_ptr, b, blk, BLOCK_T: tl.constexpr):
+    """(first token, tokens) of sequence b and the first token of its block blk in it."""
+    start = tl.load(qsl_ptr + b).to(tl.int64)
+    length = tl.load(qsl_ptr + b + 1).to(tl.int64) - start
+    return start, length, blk * BLOCK_T
+
+
+@triton.jit
+def _row_at(tile, i, BLOCK_T: tl.constexpr):
+    """Row i of a (BLOCK_T, BLOCK_E) tile (a masked sum: no dynamic indexing)."""
+    return tl.sum(tl.where((tl.arange(0, BLOCK_T) == i)[:, None], tile, 0.0), axis=0)
 
 
 @triton.jit
@@ -123,9 +129,7 @@ def routing_scan_local_kernel(
     block. Writes the local c, keys and positions, and the block's last local c for pass 2."""
     b = tl.program_id(0)
     blk = tl.program_id(1)
-    start = tl.load(qsl_ptr + b).to(tl.int64)
-    length = tl.load(qsl_ptr + b + 1).to(tl.int64) - start
-    t0 = blk * BLOCK_T
+    start, length, t0 = _block_of(qsl_ptr, b, blk, BLOCK_T)
     if t0 >= length:
         return
     pos0 = tl.load(seq_lens_ptr + b).to(tl.int64) - length
@@ -150,8 +154,7 @@ def routing_scan_local_kernel(
     tl.store(c_out_ptr + rows_t[:, None] * num_experts + offs[None, :], y, mask=m2)
     tl.store(tok_key_ptr + rows_t, tl.zeros((BLOCK_T,), tl.int64) + key, mask=mask_t)
     tl.store(tok_pos_ptr + rows_t, pos, mask=mask_t)
-    last = tl.minimum(length - t0, BLOCK_T) - 1
-    y_last = tl.sum(tl.where((tl.arange(0, BLOCK_T) == last)[:, None], y, 0.0), axis=0)
+    y_last = _row_at(y, tl.minimum(length - t0, BLOCK_T) - 1, BLOCK_T)
     tl.store(block_end_ptr + (b * num_blocks + blk) * BLOCK_E + offs, y_last)
 
 
@@ -168,9 +171,7 @@ def routing_scan_carry_kernel(
     block's local c as φ^(i+1)·carry at its row i; the sequence's last block writes the row."""
     b = tl.program_id(0)
     blk = tl.program_id(1)
-    start = tl.load(qsl_ptr + b).to(tl.int64)
-    length = tl.load(qsl_ptr + b + 1).to(tl.int64) - start
-    t0 = blk * BLOCK_T
+    start, length, t0 = _block_of(qsl_ptr, b, blk, BLOCK_T)
     if t0 >= length:
         return
     offs = tl.arange(0, BLOCK_E)
@@ -188,8 +189,7 @@ def routing_scan_carry_kernel(
     c = tl.load(ptrs, mask=m2, other=0.0) + powers[:, None] * carry[None, :]
     tl.store(ptrs, c, mask=m2)
     if t0 + BLOCK_T >= length:
-        last = length - t0 - 1
-        c_last = tl.sum(tl.where((tl.arange(0, BLOCK_T) == last)[:, None], c, 0.0), axis=0)
+        c_last = _row_at(c, length - t0 - 1, BLOCK_T)
         key = tl.load(keys_ptr + b)
         row = tl.load(rows_ptr + b)
         pos_last = tl.load(seq_lens_ptr + b).to(tl.int64) - 1
