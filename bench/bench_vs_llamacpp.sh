@@ -34,7 +34,7 @@ if [ ! -d "$LCP/llama.cpp" ]; then
 fi
 if [ "${1:-}" = "--start-build" ]; then  # 242 s on 16 cores; survives this command
   if [ ! -x "$LCP/llama.cpp/build/bin/llama-bench" ]; then
-    (cd "$LCP/llama.cpp" && nohup setsid bash peer-kit/build.sh > "$LCP/build.log" 2>&1 &)
+    (cd "$LCP/llama.cpp" && nohup setsid nice -n 19 bash peer-kit/build.sh < /dev/null > "$LCP/build.log" 2>&1 &)
   fi
   echo "llama.cpp unpacked in $LCP (gguf-py: $LCP/llama.cpp/gguf-py); build log $LCP/build.log"
   exit 0

@@ -75,7 +75,8 @@ for phase in "$@"; do
     tpbench) timeout ${TP_BENCH_TIMEOUT:-590} python3 bench/bench_tp.py --tp ${TP_SIZES:-1,2} --rates ${TP_RATES:-0,0.1,0.2,auto} --batches ${TP_BATCHES:-1,8,32} --gpu-memory-limit-gb 24 ${TP_EXTRA:-} --out "$OUT/tp" 2>&1 | grep -v "it/s]" | tail -40 ;;
     # GGUF (issue 16): carry bench/.llamacpp_kit (bash bench/bench_vs_llamacpp.sh --stage-kit);
     # ggufprep unpacks llama.cpp (its gguf-py serves the tests) and starts its build
-    ggufprep) bash bench/bench_vs_llamacpp.sh --start-build 2>&1 | tail -3 ;;
+    # (to a file, not a pipe: on 2026-12-04 the pipe stayed open for the whole 4-min build)
+    ggufprep) bash bench/bench_vs_llamacpp.sh --start-build > "$OUT/ggufprep.txt" 2>&1; tail -3 "$OUT/ggufprep.txt" ;;
     gguftests) PYTHONPATH=$PYTHONPATH:/tmp/lcp/llama.cpp/gguf-py timeout ${GGUF_TESTS_TIMEOUT:-500} python3 -m pytest -q -p no:cacheprovider -rfE --durations=10 tests/kernels/test_gguf_kernels.py tests/kernels/test_attention_window.py tests/weights/test_gguf_gpu.py 2>&1 | tee "$OUT/gguf_tests.txt" | tail -40 ;;
     ggufkernel) timeout ${GGUF_KERNEL_TIMEOUT:-500} python3 -u bench/bench_gguf_kernels.py ${GGUF_SWEEP:+--sweep} ${GGUF_TYPES:+--types $GGUF_TYPES} --out "$OUT/gguf_kernels.jsonl" 2>&1 | tee "$OUT/gguf_kernels.txt" | tail -50 ;;
     vsllama) ONLY="${VS_ROWS:-q4_k}" timeout ${VS_TIMEOUT:-590} bash bench/bench_vs_llamacpp.sh 2>&1 | grep -v "it/s]" | tee "$OUT/vs_llamacpp_${VS_ROWS:-q4_k}.txt" | tail -30; cp bench/results/vs_llamacpp.jsonl "$OUT/" 2>/dev/null ;;

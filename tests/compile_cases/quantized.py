@@ -170,6 +170,7 @@ def _gguf_cases() -> None:
     add("gguf-Q4_K+Q6_K-moe-fp16-gemv", G_GEMV, _gguf_moe, "Q4_K", "Q6_K", F16, 2, True)
     add("gguf-Q4_K+Q6_K-moe-bf16-grouped-large", G_GROUPED, _gguf_moe, "Q4_K", "Q6_K", BF16,
         130, False)  # fmt: skip
+    add("gguf-Q8_0-moe-bf16-grouped-large", G_GROUPED, _gguf_moe, "Q8_0", "Q8_0", BF16, 130, False)
     add("gguf-Q8_0-moe-fp32-grouped", G_GROUPED, _gguf_moe, "Q8_0", "Q8_0", F32, 40, False)
 
 

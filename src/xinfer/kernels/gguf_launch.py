@@ -44,25 +44,35 @@ def linear_tiles(m: int, dtype: torch.dtype) -> GGUFTiles:
 
 def gemv_tiles(dtype: torch.dtype, btype: BlockType | None = None) -> GGUFTiles:
     """MoE decode: one program per (pair, BLOCK_N rows); SUBS=8 reads whole super-blocks.
-    Q4_K (w13's type): 4 rows of 2 warps, 34 vs 40 µs at one token and 210 vs 243 at eight
-    on the H200 (bench_gguf_kernels.py --sweep, 2026-12-04, before the activations moved
-    to registers: to sweep again); the others are not swept."""
+    Swept on the H200 (bench_gguf_kernels.py --sweep, Qwen3-30B-A3B shape, 2026-12-04 fifth
+    session, activations in registers), µs for 1 / 8 tokens: Q4_K 4 rows of 2 warps, 31.1 /
+    196.0 (best of 24 tiles 30.7 at one token: within noise); Q8_0 4 rows of 2 warps and 4
+    blocks a step, 31.4 / 179.3 against 44.9 / 245.2 for the general tile. The other types
+    are not swept."""
     del dtype
-    if btype is not None and btype.name == "Q4_K":
+    name = btype.name if btype is not None else None
+    if name == "Q4_K":
         return GGUFTiles(block_m=1, block_n=4, subs=8, num_warps=2)
+    if name == "Q8_0":
+        return GGUFTiles(block_m=1, block_n=4, subs=4, num_warps=2)
     return GGUFTiles(block_m=1, block_n=8, subs=8, num_warps=4)
 
 
 def grouped_tiles(num_pairs: int, dtype: torch.dtype, btype: BlockType | None = None) -> GGUFTiles:
-    """MoE prefill. Q4_K (w13's type) at many rows: 4 warps, 2,843 vs 3,156 µs for 2048
-    tokens of the Qwen3-30B-A3B shape on the H200 (bench_gguf_kernels.py --sweep,
-    2026-12-04); the others are not swept."""
+    """MoE prefill. At many rows, 2048 tokens of the Qwen3-30B-A3B shape on the H200
+    (bench_gguf_kernels.py --sweep): Q4_K 4 warps, 2,843 vs 3,156 µs (2026-12-04; 2,256 µs
+    in the fifth session's run); Q8_0 4 warps and 4 blocks a step, 2,041 vs 2,326 µs (fifth
+    session, best of 16 tiles). The others are not swept."""
     if dtype == torch.float32:
         return GGUFTiles(block_m=32, block_n=32, subs=2, num_warps=4)
     if num_pairs <= 1024:  # few rows per expert: small M, many programs
         return GGUFTiles(block_m=16, block_n=64, subs=4, num_warps=4)
-    warps = 4 if btype is not None and btype.name == "Q4_K" else 8
-    return GGUFTiles(block_m=64, block_n=64, subs=2, num_warps=warps)
+    name = btype.name if btype is not None else None
+    if name == "Q4_K":
+        return GGUFTiles(block_m=64, block_n=64, subs=2, num_warps=4)
+    if name == "Q8_0":
+        return GGUFTiles(block_m=64, block_n=64, subs=4, num_warps=4)
+    return GGUFTiles(block_m=64, block_n=64, subs=2, num_warps=8)
 
 
 def _precision(dtype: torch.dtype) -> str:

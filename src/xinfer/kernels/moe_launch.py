@@ -181,8 +181,9 @@ def _align_by_sort(
     key = torch.where(ids >= 0, ids.long(), num_ids)  # (P,) the left-out sort last
     order = torch.sort(key, stable=True).indices  # pair indices by id, ties by index
     counts = torch.zeros(num_ids + 1, dtype=torch.int64, device=dev)
-    counts.index_add_(0, key, torch.ones_like(key))  # integer sums: exact in any order
-    counts[num_ids] = 0  # the left-out take no rows
+    # integer sums, exact in any order; the left-out (key num_ids) add 0 and take no rows
+    # (a weight, not an item assignment: a host scalar copy cannot be graph-captured)
+    counts.index_add_(0, key, (key < num_ids).long())
     padded = (counts + block_m - 1) // block_m * block_m
     padded_end = torch.cumsum(padded, 0)
     padded_start = padded_end - padded
