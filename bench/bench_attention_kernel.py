@@ -135,7 +135,7 @@ def bench_decode(a, batch: int, ctx: int, copy_bw: float) -> dict:
     )  # fmt: skip
 
 
-def bench_prefill(a, new: int, ctx: int, config=None) -> dict:
+def bench_prefill(a, new: int, ctx: int, config=None, sdpa: bool = True) -> dict:
     q, [(k, v)], tables, lens, qsl = paged_case(a, [ctx], [new])
     scale = a.head_dim**-0.5
     sec = timed(
@@ -144,7 +144,7 @@ def bench_prefill(a, new: int, ctx: int, config=None) -> dict:
     visible = sum(ctx - new + i + 1 for i in range(new))  # causal (query, key) pairs
     flops = 4 * a.heads * a.head_dim * visible
     sdpa_us = float("nan")
-    if new == ctx:  # torch SDPA (flash) on contiguous tensors, same math
+    if sdpa and new == ctx:  # torch SDPA (flash) on contiguous tensors, same math
         qs = q.view(1, new, a.heads, a.head_dim).transpose(1, 2)
         ks = torch.randn(1, a.kv_heads, new, a.head_dim, device=DEV, dtype=DTYPE)
         fn = lambda: F.scaled_dot_product_attention(qs, ks, ks, is_causal=True, enable_gqa=True)
@@ -154,13 +154,57 @@ def bench_prefill(a, new: int, ctx: int, config=None) -> dict:
     )
 
 
+PREFILL_TILES = (  # (BLOCK_M, BLOCK_N, num_warps, num_stages); the first is the default
+    (128, 32, 8, 2), (128, 32, 8, 3), (128, 64, 8, 2), (128, 64, 8, 3), (128, 128, 8, 2),
+    (128, 64, 4, 2), (128, 32, 4, 2), (64, 64, 4, 2), (64, 64, 4, 3), (64, 128, 4, 2),
+    (64, 32, 4, 2),
+)  # fmt: skip
+
+
 def sweep_prefill(a) -> None:
-    print("prefill tile sweep")
-    for bm, bn, warps, stages in ((128, 32, 8, 2), (128, 64, 8, 2), (64, 32, 4, 2),
-                                  (64, 64, 4, 2), (128, 32, 8, 3), (128, 32, 4, 2)):  # fmt: skip
+    """Every PREFILL_TILES config checked against reference.py, then timed on a fresh prompt
+    of `--prefill` tokens and on the same tokens after 15 × as many cached ones (a late
+    chunk of a long prompt: where a 32k TTFT spends its attention time)."""
+    scale = a.head_dim**-0.5
+    q, [(k, v)], tables, lens, qsl = paged_case(a, [40, 1030, 2048], [1, 5, 2048])
+    ref = reference.paged_attention(q, k, v, tables, lens, qsl, scale)
+    cases = ((a.prefill, a.prefill), (a.prefill, 16 * a.prefill))
+    print("prefill tile sweep, one sequence, µs (TFLOP/s); SDPA flash: fresh causal prompt of")
+    print("the context's length on contiguous tensors (its TFLOP/s is the ceiling to compare)")
+    for _, ctx in cases:
+        print(f"  SDPA fresh {ctx}: {sdpa_tflops(a, ctx):.0f} TFLOP/s")
+    print(
+        "| BLOCK_M, BLOCK_N, warps, stages | "
+        + " | ".join(f"{n} new / {c}" for n, c in cases)
+        + " |"
+    )
+    print("|---|" + "---|" * len(cases))
+    best = {}
+    for bm, bn, warps, stages in PREFILL_TILES:
         cfg = dict(BLOCK_M=bm, BLOCK_N=bn, num_warps=warps, num_stages=stages)
-        r = bench_prefill(a, a.prefill, a.prefill, cfg)
-        print(f"  prefill {a.prefill} {cfg}: {r['us']:8.1f} us  {r['tflops']:6.1f} TFLOP/s")
+        try:
+            got = al.paged_attention(q, k, v, tables, lens, qsl, scale, config=cfg)
+            torch.testing.assert_close(got, ref, atol=2e-2, rtol=2e-2)
+        except Exception as e:  # a config that does not compile or is wrong: say so, go on
+            print(f"| {bm}, {bn}, {warps}, {stages} | failed: {type(e).__name__}: {e} |"[:200])
+            continue
+        cells = []
+        for new, ctx in cases:
+            r = bench_prefill(a, new, ctx, cfg, sdpa=False)
+            cells.append(f"{r['us']:.0f} ({r['tflops']:.0f})")
+            if r["us"] < best.get((new, ctx), (float("inf"),))[0]:
+                best[(new, ctx)] = (r["us"], (bm, bn, warps, stages))
+        print(f"| {bm}, {bn}, {warps}, {stages} | " + " | ".join(cells) + " |")
+    for key, (us, tiles) in best.items():
+        print(f"best {key[0]} new / {key[1]}: {tiles} {us:.0f} µs")
+
+
+def sdpa_tflops(a, ctx: int) -> float:
+    qs = torch.randn(1, a.heads, ctx, a.head_dim, device=DEV, dtype=DTYPE)
+    ks = torch.randn(1, a.kv_heads, ctx, a.head_dim, device=DEV, dtype=DTYPE)
+    fn = lambda: F.scaled_dot_product_attention(qs, ks, ks, is_causal=True, enable_gqa=True)  # noqa: E731
+    sec = timed(fn, a.iters)
+    return 4 * a.heads * a.head_dim * ctx * (ctx + 1) / 2 / sec / 1e12
 
 
 def sweep_configs() -> list[tuple[int, int, int, int]]:

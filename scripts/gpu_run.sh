@@ -56,6 +56,7 @@ for phase in "$@"; do
     moesweep) timeout 200 python3 bench/bench_moe_kernel.py --sweep --decode 1 --prefill "" 2>&1 | tee "$OUT/moe_sweep.txt" | tail -20 ;;
     gemvbench) timeout 240 python3 bench/bench_gemv.py 2>&1 | tee "$OUT/gemv.txt" | tail -40 ;;
     attnsweep) timeout 240 python3 bench/bench_attention_kernel.py --sweep 2>&1 | tee "$OUT/attn_sweep.txt" | tail -40 ;;
+    attnprefill) timeout ${ATTN_TIMEOUT:-200} python3 bench/bench_attention_kernel.py --sweep-prefill 2>&1 | tee "$OUT/attn_prefill_sweep.txt" | tail -25 ;;
     offloadtrace) timeout ${TRACE_TIMEOUT:-200} python3 bench/bench_offload_decode.py --rates ${TRACE_RATES:-0.35} --batches 1 --steps 32 --warmup-steps 16 --ttft-tokens "" --routing ${OFFLOAD_ROUTING:-qwen3-30b-a3b} ${TRACE_PREFETCH:+--prefetch $TRACE_PREFETCH} ${TRACE_PFILL:+--prefetch-fill $TRACE_PFILL} ${PREFETCH_PROGRAMS:+--prefetch-programs $PREFETCH_PROGRAMS} --trace-dir "$OUT" --out "$OUT/offload_trace" 2>&1 | grep -v "it/s]" | tail -12; gzip -f "$OUT"/offload_*.json ;;
     fillvariants) timeout 200 python3 bench/bench_offload_fill.py --variants --json "$OUT/fill_variants.json" 2>&1 | tee "$OUT/fill_variants.txt" | tail -60 ;;
     # the copy-engine fill (conditional graph nodes): probe (stage by stage), its GPU tests,
