@@ -4,8 +4,8 @@ CUDA tensors (and by the tests on CPU tensors under TRITON_INTERPRET=1). No host
 in CUDA graphs.
 
 Determinism: tiles depend only on (M <= DECODE_M or not, dtype) for linears and on (T*k vs
-MAX_GEMV_PAIRS, dtype) for experts, never on ids; so a decode row's bits do not depend on the
-batch, and an expert's bits do not depend on which slot holds it."""
+MAX_GEMV_PAIRS, dtype, block type) for experts, never on ids; so a decode row's bits do not
+depend on the batch, and an expert's bits do not depend on which slot holds it."""
 
 from __future__ import annotations
 
@@ -42,6 +42,16 @@ def linear_tiles(m: int, dtype: torch.dtype) -> GGUFTiles:
     return GGUFTiles(block_m=64, block_n=64, subs=2, num_warps=8)
 
 
+_SWEPT_GEMV = {  # w13's block type → its swept best MoE GEMV tile
+    "Q4_K": GGUFTiles(block_m=1, block_n=4, subs=8, num_warps=2),
+    "Q8_0": GGUFTiles(block_m=1, block_n=4, subs=4, num_warps=2),
+}
+_SWEPT_GROUPED = {  # w13's block type → its swept best grouped tile at many rows
+    "Q4_K": GGUFTiles(block_m=64, block_n=64, subs=2, num_warps=4),
+    "Q8_0": GGUFTiles(block_m=64, block_n=64, subs=4, num_warps=4),
+}
+
+
 def gemv_tiles(dtype: torch.dtype, btype: BlockType | None = None) -> GGUFTiles:
     """MoE decode: one program per (pair, BLOCK_N rows); SUBS=8 reads whole super-blocks.
     Swept on the H200 (bench_gguf_kernels.py --sweep, Qwen3-30B-A3B shape, 2026-12-04 fifth
@@ -50,12 +60,7 @@ def gemv_tiles(dtype: torch.dtype, btype: BlockType | None = None) -> GGUFTiles:
     blocks a step, 31.4 / 179.3 against 44.9 / 245.2 for the general tile. The other types
     are not swept."""
     del dtype
-    name = btype.name if btype is not None else None
-    if name == "Q4_K":
-        return GGUFTiles(block_m=1, block_n=4, subs=8, num_warps=2)
-    if name == "Q8_0":
-        return GGUFTiles(block_m=1, block_n=4, subs=4, num_warps=2)
-    return GGUFTiles(block_m=1, block_n=8, subs=8, num_warps=4)
+    return _SWEPT_GEMV.get(btype.name if btype else "", GGUFTiles(1, 8, 8, num_warps=4))
 
 
 def grouped_tiles(num_pairs: int, dtype: torch.dtype, btype: BlockType | None = None) -> GGUFTiles:
@@ -67,12 +72,7 @@ def grouped_tiles(num_pairs: int, dtype: torch.dtype, btype: BlockType | None = 
         return GGUFTiles(block_m=32, block_n=32, subs=2, num_warps=4)
     if num_pairs <= 1024:  # few rows per expert: small M, many programs
         return GGUFTiles(block_m=16, block_n=64, subs=4, num_warps=4)
-    name = btype.name if btype is not None else None
-    if name == "Q4_K":
-        return GGUFTiles(block_m=64, block_n=64, subs=2, num_warps=4)
-    if name == "Q8_0":
-        return GGUFTiles(block_m=64, block_n=64, subs=4, num_warps=4)
-    return GGUFTiles(block_m=64, block_n=64, subs=2, num_warps=8)
+    return _SWEPT_GROUPED.get(btype.name if btype else "", GGUFTiles(64, 64, 2, num_warps=8))
 
 
 def _precision(dtype: torch.dtype) -> str:
