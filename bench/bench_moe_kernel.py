@@ -110,14 +110,26 @@ def sweep(args, w13, w2, decode: list[int], prefill: list[int]) -> None:
         (16, 64, 128, 4, 4, 64), (16, 128, 128, 4, 3, 128), (32, 64, 128, 4, 4, 64),
         (64, 64, 64, 4, 3, 128), (64, 128, 64, 4, 3, 128), (64, 128, 64, 8, 3, 128),
         (128, 128, 64, 8, 3, 128), (64, 64, 128, 4, 3, 64), (128, 64, 64, 4, 4, 128),
+        (128, 128, 64, 8, 4, 128), (64, 128, 128, 4, 3, 128), (128, 128, 128, 8, 3, 128),
+        (64, 256, 64, 8, 3, 128),
     ]  # fmt: skip
     for num_tokens in [t for t in decode if t * args.top_k > ml.MAX_GEMV_PAIRS] + prefill:
-        print(f"\nsweep grouped, T={num_tokens} (m, n, k, warps, stages, down_n): ms")
+        print(f"\nsweep grouped, T={num_tokens} (m, n, k, warps, stages, down_n): ms, TFLOP/s")
+        hidden, ids, weights = make_batch(args, num_tokens, seed=1)
+        ref = ml.fused_moe(hidden, ids, weights, w13, w2, use_gemv=False)
+        flops = 6 * num_tokens * args.top_k * args.hidden * args.inter
         for bm, bn, bk, nw, ns, dn in grouped:
             cfg = ml.MoeConfig(bn, bk, nw, block_m=bm, num_stages=ns, down_block_n=dn)
+            try:  # a config that does not compile or is wrong is reported, not timed
+                got = ml.fused_moe(hidden, ids, weights, w13, w2, config=cfg, use_gemv=False)
+                torch.testing.assert_close(got, ref, atol=2e-2, rtol=2e-2)
+            except Exception as e:
+                print(f"  {bm:3d} {bn:3d} {bk:3d} {nw} {ns} {dn:3d}: failed: {e}"[:160])
+                continue
             timer = time_prefill if num_tokens in prefill else time_decode
             sec, _ = timer(args, w13, w2, num_tokens, config=cfg, use_gemv=False)
-            print(f"  {bm:3d} {bn:3d} {bk:3d} {nw} {ns} {dn:3d}: {sec * 1e3:8.3f}")
+            print(f"  {bm:3d} {bn:3d} {bk:3d} {nw} {ns} {dn:3d}: {sec * 1e3:8.3f} "
+                  f"{flops / sec / 1e12:6.0f}")  # fmt: skip
 
 
 def main() -> None:
