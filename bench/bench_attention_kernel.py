@@ -197,6 +197,52 @@ def sweep_prefill(a) -> None:
         print(f"| {bm}, {bn}, {warps}, {stages} | " + " | ".join(cells) + " |")
     for key, (us, tiles) in best.items():
         print(f"best {key[0]} new / {key[1]}: {tiles} {us:.0f} µs")
+    for new, ctx in cases:
+        print(sdpa_split_row(a, new, ctx))
+
+
+def flash_op():
+    """torch's FA2 forward, which returns the log-sum-exp beside the output."""
+    return torch.ops.aten._scaled_dot_product_flash_attention
+
+
+def sdpa_split_row(a, new: int, ctx: int) -> str:
+    """A candidate for long prompts: the paged K/V gathered into contiguous tensors, then
+    torch's flash attention (FA2) twice — the new tokens against the cached prefix (no mask)
+    and against themselves (causal) — merged by their log-sum-exps. Checked against the
+    reference, then timed whole (gather included)."""
+    scale = a.head_dim**-0.5
+    q, [(k, v)], tables, lens, qsl = paged_case(a, [ctx], [new])
+    flash = flash_op()
+
+    def run() -> torch.Tensor:
+        bs = k.shape[1]
+        blocks = tables[0, : -(-ctx // bs)].long()
+        kc = k[blocks].flatten(0, 1)[:ctx].transpose(0, 1).unsqueeze(0)  # (1, Hk, S, D)
+        vc = v[blocks].flatten(0, 1)[:ctx].transpose(0, 1).unsqueeze(0)
+        qh = q.transpose(0, 1).unsqueeze(0)  # (1, Hq, L, D)
+        out_c, lse_c = flash(qh, kc[:, :, ctx - new :], vc[:, :, ctx - new :], 0.0, True,
+                             scale=scale)[:2]  # fmt: skip
+        if ctx == new:
+            return out_c[0].transpose(0, 1)
+        out_p, lse_p = flash(qh, kc[:, :, : ctx - new], vc[:, :, : ctx - new], 0.0, False,
+                             scale=scale)[:2]  # fmt: skip
+        m = torch.maximum(lse_c, lse_p)
+        w_c, w_p = torch.exp(lse_c - m), torch.exp(lse_p - m)
+        out = (out_c * w_c[..., None] + out_p * w_p[..., None]) / (w_c + w_p)[..., None]
+        return out[0].transpose(0, 1).to(q.dtype)
+
+    try:
+        ref = reference.paged_attention(q, k, v, tables, lens, qsl, scale)
+        torch.testing.assert_close(run(), ref, atol=2e-2, rtol=2e-2)
+    except Exception as e:  # the op or its GQA may be missing from this torch build
+        return f"SDPA split {new} new / {ctx}: failed: {type(e).__name__}: {e}"[:200]
+    sec = timed(run, a.iters)
+    visible = sum(ctx - new + i + 1 for i in range(new))
+    return (
+        f"SDPA split {new} new / {ctx}: {sec * 1e6:.0f} µs "
+        f"({4 * a.heads * a.head_dim * visible / sec / 1e12:.0f} TFLOP/s, gather included)"
+    )
 
 
 def sdpa_tflops(a, ctx: int) -> float:
