@@ -57,6 +57,15 @@ def XINFER_DISABLE_TRITON() -> bool:
     return _bool("XINFER_DISABLE_TRITON")
 
 
+def XINFER_PREFILL_ATTENTION() -> str:
+    """`triton` (default) or `flash`: a long one-sequence prefill step (a prompt pass's
+    chunks) on torch's flash attention instead of the Triton kernel (kernels/attn_flash.py)."""
+    raw = (_get("XINFER_PREFILL_ATTENTION") or "triton").lower()
+    if raw not in ("triton", "flash"):
+        raise UserError(f"XINFER_PREFILL_ATTENTION must be triton or flash, got {raw!r}")
+    return raw
+
+
 LOG_LEVELS = ("debug", "info", "warning", "error", "critical")
 
 

@@ -204,8 +204,12 @@ def paged_attention(
     if sliding_window is not None and max_seq_len is not None and max_seq_len <= sliding_window:
         sliding_window = None  # every key is inside the window
     if use_triton(q):
-        from xinfer.kernels import attn_launch
+        from xinfer.kernels import attn_flash, attn_launch
 
+        if attn_flash.wanted(q, k_cache, block_tables, max_query_len, max_seq_len, sliding_window):
+            return attn_flash.prefill_one_sequence(
+                q, k_cache, v_cache, block_tables[0], max_seq_len, scale
+            )
         return attn_launch.paged_attention(
             q, k_cache, v_cache, block_tables, seq_lens, query_start_loc, scale,
             max_query_len=max_query_len, max_seq_len=max_seq_len, sliding_window=sliding_window,
