@@ -21,8 +21,8 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "src"))
 
 from cuda_timing import cuda_graph_seconds  # noqa: E402
 
+from xinfer.kernels import gemv_launch, moe_launch, reference  # noqa: E402
 from xinfer.kernels import gguf_launch as gl  # noqa: E402
-from xinfer.kernels import moe_launch, reference  # noqa: E402
 from xinfer.quant.gguf_blocks import BLOCK_TYPES  # noqa: E402
 
 H, INTER, E, TOP_K = 2048, 768, 128, 8  # Qwen3-30B-A3B
@@ -93,6 +93,17 @@ def bench_type(name: str, sweep: bool) -> list[dict]:
                              tiles=str(tiles) + ("" if split else " unsplit"), splits=splits, us=round(us, 1),
                              GBps=round(w.numel() / us / 1e3, 1)))  # fmt: skip
         gl.DECODE_SPLIT = True
+        if sweep:  # more K splits at the default tiles: programs in flight vs the reduce
+            default = gemv_launch.DECODE_PROGRAMS
+            for programs in (1024, 2048):
+                gemv_launch.DECODE_PROGRAMS = programs
+                us = _time_us(partial(gl.linear, x, w, bt, None, n, k))
+                t = gl.linear_tiles(1, x.dtype)
+                splits = gl.decode_split(1, -(-n // t.block_n), k, t)[1]
+                rows.append(dict(kernel=f"linear {label}", type=name, tokens=1,
+                                 tiles=f"None programs {programs}", splits=splits,
+                                 us=round(us, 1), GBps=round(w.numel() / us / 1e3, 1)))  # fmt: skip
+            gemv_launch.DECODE_PROGRAMS = default
     x, ids, weights = _moe_case(2048)
     configs = [None]
     if sweep:
