@@ -84,6 +84,9 @@ def bench_type(name: str, sweep: bool) -> list[dict]:
         if sweep:
             configs += [gl.GGUFTiles(16, bn, subs, warps) for bn in (16, 32, 64)
                         for subs in (4, 8) for warps in (4, 8)]  # fmt: skip
+            # fewer warps a program, more programs an SM (the loop is latency-bound)
+            configs += [gl.GGUFTiles(16, 16, subs, warps) for subs in (2, 4, 8)
+                        for warps in (1, 2)]  # fmt: skip
         for tiles, split in [(None, False)] + [(t, True) for t in configs]:
             gl.DECODE_SPLIT = split  # K split (the default) or not, at the default tiles
             us = _time_us(partial(gl.linear, x, w, bt, None, n, k, tiles))
