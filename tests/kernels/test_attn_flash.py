@@ -63,6 +63,17 @@ def test_the_option_is_validated_and_off_by_default(monkeypatch) -> None:
         envs.XINFER_PREFILL_ATTENTION()
 
 
+def test_the_engine_refuses_a_bad_switch_before_loading(monkeypatch, tmp_path) -> None:
+    from tiny_models import make_hf_model, write_checkpoint
+
+    from xinfer import LLM
+
+    ckpt = str(write_checkpoint(make_hf_model("qwen3_moe"), tmp_path / "m"))
+    monkeypatch.setenv("XINFER_PREFILL_ATTENTION", "fa3")
+    with pytest.raises(UserError, match="XINFER_PREFILL_ATTENTION must be triton or flash"):
+        LLM(ckpt, device="cpu")
+
+
 def test_cpu_calls_keep_the_reference(monkeypatch) -> None:
     monkeypatch.setenv("XINFER_PREFILL_ATTENTION", "flash")
     q, k, v, table, lens, qsl = _case(1024, 1500, torch.bfloat16, "cpu")

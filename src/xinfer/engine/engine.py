@@ -10,6 +10,7 @@ from dataclasses import replace
 
 import torch
 
+from xinfer import envs
 from xinfer.config import EngineConfig, ModelConfig
 from xinfer.engine.kv_cache import BlockAllocator
 from xinfer.engine.memory import plan_num_blocks
@@ -68,6 +69,8 @@ class Engine:
             phase_start[0] = now
 
         self.config = config
+        # the kernel switches read at every call: a bad value fails here, before any loading
+        envs.XINFER_DISABLE_TRITON(), envs.XINFER_PREFILL_ATTENTION()
         self.device = torch.device(config.device)
         self.model_config = cfg = ModelConfig.from_dir(config.model)
         self.tokenizer = Tokenizer.from_dir(config.model)
