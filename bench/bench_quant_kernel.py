@@ -25,7 +25,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "src"))
 
 from cuda_timing import cuda_graph_seconds, cuda_seconds  # noqa: E402
 
-from xinfer.kernels import moe_launch, reference  # noqa: E402
+from xinfer.kernels import gemv_launch, moe_launch, reference  # noqa: E402
 from xinfer.kernels import quant_launch as ql  # noqa: E402
 from xinfer.quant.awq import AwqInt4  # noqa: E402
 from xinfer.quant.compressed_tensors import PackQuantizedInt4  # noqa: E402
@@ -152,6 +152,13 @@ def linear_case(name, fmt, n, k, m, sweep):
             print(f"  {what}: {sec * 1e6:7.1f} us")
     if sweep and best and best[1] is not None:
         print(f"  best {best[1]}: {best[0] * 1e6:.1f} us")
+    if sweep and name != "bf16" and m <= ql.DECODE_M:  # more K splits at the default tiles
+        default = gemv_launch.DECODE_PROGRAMS
+        for programs in (1024, 2048):
+            gemv_launch.DECODE_PROGRAMS = programs
+            sec = timer(run, 50)
+            print(f"  split-K program target {programs}: {sec * 1e6:7.1f} us")
+        gemv_launch.DECODE_PROGRAMS = default
 
 
 def main() -> None:
