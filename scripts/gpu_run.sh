@@ -54,7 +54,7 @@ for phase in "$@"; do
     routingtests) timeout 300 python3 -m pytest -q -p no:cacheprovider -m gpu tests/routing tests/unit/test_sampling_no_sync.py tests/offload/test_offload_resident.py 2>&1 | tee "$OUT/routing_tests.txt" | tail -30 ;;
     decode-nohf) timeout 170 python3 bench/bench_decode.py --no-hf --trace "$OUT/trace.json" --out "$OUT/decode" 2>&1 | grep -v "it/s]" | tail -60; gzip -f "$OUT/trace.json" ;;
     moesweep) timeout 200 python3 bench/bench_moe_kernel.py --sweep --decode 1 --prefill "" 2>&1 | tee "$OUT/moe_sweep.txt" | tail -20 ;;
-    moeprefill) timeout ${MOE_TIMEOUT:-200} python3 bench/bench_moe_kernel.py --sweep --decode "" --prefill ${MOE_PREFILL:-2048} 2>&1 | tee "$OUT/moe_prefill_sweep.txt" | tail -20 ;;
+    moeprefill) timeout ${MOE_TIMEOUT:-200} python3 bench/bench_moe_kernel.py --sweep --decode "" --prefill ${MOE_PREFILL:-2048,8192} 2>&1 | tee "$OUT/moe_prefill_sweep.txt" | tail -20 ;;
     gemvbench) timeout 240 python3 bench/bench_gemv.py 2>&1 | tee "$OUT/gemv.txt" | tail -40 ;;
     attnsweep) timeout 240 python3 bench/bench_attention_kernel.py --sweep 2>&1 | tee "$OUT/attn_sweep.txt" | tail -40 ;;
     attnprefill) timeout ${ATTN_TIMEOUT:-200} python3 bench/bench_attention_kernel.py --sweep-prefill 2>&1 | tee "$OUT/attn_prefill_sweep.txt" | tail -25 ;;
