@@ -36,8 +36,11 @@ from cuda_timing import device_copy_bandwidth
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "src"))
 
+from xinfer.kernels import (
+    attn_flash,  # noqa: E402
+    reference,  # noqa: E402
+)
 from xinfer.kernels import attn_launch as al  # noqa: E402
-from xinfer.kernels import reference  # noqa: E402
 
 DEV = "cuda"
 DTYPE = torch.bfloat16
@@ -201,36 +204,17 @@ def sweep_prefill(a) -> None:
         print(sdpa_split_row(a, new, ctx))
 
 
-def flash_op():
-    """torch's FA2 forward, which returns the log-sum-exp beside the output."""
-    return torch.ops.aten._scaled_dot_product_flash_attention
-
-
 def sdpa_split_row(a, new: int, ctx: int) -> str:
-    """A candidate for long prompts: the paged K/V gathered into contiguous tensors, then
-    torch's flash attention (FA2) twice — the new tokens against the cached prefix (no mask)
-    and against themselves (causal) — merged by their log-sum-exps. Checked against the
-    reference, then timed whole (gather included)."""
+    """The engine's FA2 candidate for long prompts (`kernels/attn_flash.py`,
+    `XINFER_PREFILL_ATTENTION=flash`): the paged K/V gathered, then torch's flash attention
+    twice — the new tokens against the cached prefix (no mask) and against themselves
+    (causal) — merged by their log-sum-exps. Checked against the reference, then timed
+    whole (gather included)."""
     scale = a.head_dim**-0.5
     q, [(k, v)], tables, lens, qsl = paged_case(a, [ctx], [new])
-    flash = flash_op()
 
     def run() -> torch.Tensor:
-        bs = k.shape[1]
-        blocks = tables[0, : -(-ctx // bs)].long()
-        kc = k[blocks].flatten(0, 1)[:ctx].transpose(0, 1).unsqueeze(0)  # (1, Hk, S, D)
-        vc = v[blocks].flatten(0, 1)[:ctx].transpose(0, 1).unsqueeze(0)
-        qh = q.transpose(0, 1).unsqueeze(0)  # (1, Hq, L, D)
-        out_c, lse_c = flash(qh, kc[:, :, ctx - new :], vc[:, :, ctx - new :], 0.0, True,
-                             scale=scale)[:2]  # fmt: skip
-        if ctx == new:
-            return out_c[0].transpose(0, 1)
-        out_p, lse_p = flash(qh, kc[:, :, : ctx - new], vc[:, :, : ctx - new], 0.0, False,
-                             scale=scale)[:2]  # fmt: skip
-        m = torch.maximum(lse_c, lse_p)
-        w_c, w_p = torch.exp(lse_c - m), torch.exp(lse_p - m)
-        out = (out_c * w_c[..., None] + out_p * w_p[..., None]) / (w_c + w_p)[..., None]
-        return out[0].transpose(0, 1).to(q.dtype)
+        return attn_flash.prefill_one_sequence(q, k, v, tables[0], ctx, scale)
 
     try:
         ref = reference.paged_attention(q, k, v, tables, lens, qsl, scale)
