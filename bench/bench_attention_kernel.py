@@ -36,10 +36,7 @@ from cuda_timing import device_copy_bandwidth
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "src"))
 
-from xinfer.kernels import (
-    attn_flash,  # noqa: E402
-    reference,  # noqa: E402
-)
+from xinfer.kernels import attn_flash, reference  # noqa: E402
 from xinfer.kernels import attn_launch as al  # noqa: E402
 
 DEV = "cuda"
