@@ -11,6 +11,7 @@ from __future__ import annotations
 import argparse
 import json
 import sys
+from dataclasses import replace
 from functools import partial
 from pathlib import Path
 
@@ -87,26 +88,20 @@ def bench_type(name: str, sweep: bool) -> list[dict]:
             # fewer warps a program, more programs an SM (the loop is latency-bound)
             configs += [gl.GGUFTiles(16, 16, subs, warps) for subs in (2, 4, 8)
                         for warps in (1, 2)]  # fmt: skip
-        for tiles, split in [(None, False)] + [(t, True) for t in configs]:
-            gl.DECODE_SPLIT = split  # K split (the default) or not, at the default tiles
+        default = gl.linear_tiles(1, x.dtype)
+        # the default tiles unsplit, then every tile with the default split-K target, then
+        # the default tiles at 2 and 4 times that target (programs in flight vs the reduce)
+        runs = [(replace(default, split_programs=0), "None unsplit")]
+        runs += [(t or default, str(t)) for t in configs]
+        if sweep:
+            runs += [(replace(default, split_programs=p * gemv_launch.DECODE_PROGRAMS),
+                      f"None programs x{p}") for p in (2, 4)]  # fmt: skip
+        for tiles, label_tiles in runs:
             us = _time_us(partial(gl.linear, x, w, bt, None, n, k, tiles))
-            t = tiles or gl.linear_tiles(1, x.dtype)
-            splits = gl.decode_split(1, -(-n // t.block_n), k, t)[1]
-            rows.append(dict(kernel=f"linear {label}", type=name, tokens=1,
-                             tiles=str(tiles) + ("" if split else " unsplit"), splits=splits, us=round(us, 1),
+            splits = gl.decode_split(1, -(-n // tiles.block_n), k, tiles)[1]
+            rows.append(dict(kernel=f"linear {label}", type=name, tokens=1, tiles=label_tiles,
+                             splits=splits, us=round(us, 1),
                              GBps=round(w.numel() / us / 1e3, 1)))  # fmt: skip
-        gl.DECODE_SPLIT = True
-        if sweep:  # more K splits at the default tiles: programs in flight vs the reduce
-            default = gemv_launch.DECODE_PROGRAMS
-            for programs in (1024, 2048):
-                gemv_launch.DECODE_PROGRAMS = programs
-                us = _time_us(partial(gl.linear, x, w, bt, None, n, k))
-                t = gl.linear_tiles(1, x.dtype)
-                splits = gl.decode_split(1, -(-n // t.block_n), k, t)[1]
-                rows.append(dict(kernel=f"linear {label}", type=name, tokens=1,
-                                 tiles=f"None programs {programs}", splits=splits,
-                                 us=round(us, 1), GBps=round(w.numel() / us / 1e3, 1)))  # fmt: skip
-            gemv_launch.DECODE_PROGRAMS = default
     x, ids, weights = _moe_case(2048)
     configs = [None]
     if sweep:

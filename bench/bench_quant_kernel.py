@@ -153,12 +153,12 @@ def linear_case(name, fmt, n, k, m, sweep):
     if sweep and best and best[1] is not None:
         print(f"  best {best[1]}: {best[0] * 1e6:.1f} us")
     if sweep and name != "bf16" and m <= ql.DECODE_M:  # more K splits at the default tiles
-        default = gemv_launch.DECODE_PROGRAMS
-        for programs in (1024, 2048):
-            gemv_launch.DECODE_PROGRAMS = programs
-            sec = timer(run, 50)
+        default = ql.linear_tiles(m, x.dtype, fmt.kernel_weights(t, k))
+        for times in (2, 4):
+            programs = times * gemv_launch.DECODE_PROGRAMS
+            cfg = dataclasses.replace(default, split_programs=programs)
+            sec = timer(lambda cfg=cfg: run(tiles=cfg), 50)
             print(f"  split-K program target {programs}: {sec * 1e6:7.1f} us")
-        gemv_launch.DECODE_PROGRAMS = default
 
 
 def main() -> None:

@@ -172,15 +172,19 @@ DECODE_ROWS = 16  # quantized decode linears: at most this many rows (one BLOCK_
 DECODE_PROGRAMS = 512  # ... split K, from the shape only, until about this many programs run
 
 
-def decode_split(m: int, n_tiles: int, k: int, chunk: int, enabled: bool = True) -> tuple[int, int]:
+def decode_split(
+    m: int, n_tiles: int, k: int, chunk: int, programs: int | None = None
+) -> tuple[int, int]:
     """(K per split, splits) of a quantized decode linear (`quant_launch`, `gguf_launch`):
-    calls of at most DECODE_ROWS rows with fewer than DECODE_PROGRAMS tiles of N split K into
-    whole `chunk`s (their tile's K), at least two chunks a split. From the shapes only, so
-    a row's bits do not depend on the batch; `enabled` False (benchmarks) never splits."""
+    calls of at most DECODE_ROWS rows with fewer than `programs` (default DECODE_PROGRAMS)
+    tiles of N split K into whole `chunk`s (their tile's K), at least two chunks a split.
+    From the shapes only, so a row's bits do not depend on the batch; `programs` 0 never
+    splits (the tiles' `split_programs`: benchmarks compare)."""
+    programs = DECODE_PROGRAMS if programs is None else programs
     chunks = triton.cdiv(k, chunk)
     splits = 1
-    if m <= DECODE_ROWS and enabled:
-        splits = max(1, min(DECODE_PROGRAMS // n_tiles, chunks // 2))
+    if m <= DECODE_ROWS and programs > 0:
+        splits = max(1, min(programs // n_tiles, chunks // 2))
     per_split = triton.cdiv(chunks, splits)
     return per_split * chunk, triton.cdiv(chunks, per_split)
 

@@ -19,7 +19,6 @@ from xinfer.kernels.triton import gguf_gemm as jit
 from xinfer.quant.gguf_blocks import BlockType
 
 DECODE_M = gemv_launch.DECODE_ROWS  # linears with at most this many rows: one 16-row tile
-DECODE_SPLIT = True  # the benchmark turns it off to compare
 _DTYPES = (torch.bfloat16, torch.float16, torch.float32)
 
 
@@ -32,6 +31,7 @@ class GGUFTiles:
     subs: int
     num_warps: int = 4
     num_stages: int = 2
+    split_programs: int | None = None  # decode linears' split-K target (None: the default)
 
 
 def linear_tiles(m: int, dtype: torch.dtype) -> GGUFTiles:
@@ -130,7 +130,7 @@ def linear(
 def decode_split(m: int, n_tiles: int, k: int, t: GGUFTiles) -> tuple[int, int]:
     """(K per split, splits) of a linear (`gemv_launch.decode_split`), in whole chunks of
     SUBS * 32 sub-blocks."""
-    return gemv_launch.decode_split(m, n_tiles, k, t.subs * 32, DECODE_SPLIT)
+    return gemv_launch.decode_split(m, n_tiles, k, t.subs * 32, t.split_programs)
 
 
 def fused_moe(

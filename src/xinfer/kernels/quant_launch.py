@@ -49,6 +49,7 @@ class QuantTiles:
     num_stages: int = 3
     down_block_n: int = 0  # MoE GEMV: the down projection's rows per program (0: block_n)
     factored: bool | None = None  # MoE GEMV: scale group sums, not weights (None: FACTORED)
+    split_programs: int | None = None  # decode linears' split-K target (None: the default)
 
 
 def _decode_block_k(kw: KernelWeights) -> int:
@@ -119,7 +120,9 @@ def linear(
     tiles = tiles or linear_tiles(m, x.dtype, kw)
     (w, s, z), (swn, ssn, szn) = _args(kw, expert_dim=False)
     n_tiles = triton.cdiv(n, tiles.block_n)
-    k_per_split, splits = gemv_launch.decode_split(m, n_tiles, k, tiles.block_k)
+    k_per_split, splits = gemv_launch.decode_split(
+        m, n_tiles, k, tiles.block_k, tiles.split_programs
+    )
     part = out if splits == 1 else out.new_empty(splits, m, n, dtype=torch.float32)
     fuse_bias = bias is not None and splits == 1
     grid = (triton.cdiv(m, tiles.block_m), n_tiles, splits)
