@@ -83,7 +83,7 @@ def build_parser() -> argparse.ArgumentParser:
         "--prefetch-issue",
         default="after-fill",
         choices=("after-fill", "before-lookup"),
-        help="where layer l issues the prefetch of l + d (offload/prefetch.py ISSUE_AFTER_FILL)",
+        help="where layer l issues the prefetch of l + d (= --moe-prefetch-issue)",
     )
     a("--prefetch-fill", default=None, choices=("kernel", "copy-engine"),
       help="--moe-prefetch-fill of the prefetch engines (default: as --fill)")  # fmt: skip

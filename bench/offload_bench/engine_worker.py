@@ -65,6 +65,10 @@ def engine_kwargs(cfg: dict) -> dict:
             kw["moe_prefetch_margin"] = float(cfg["prefetch_margin"])
         if cfg.get("prefetch_fill"):
             kw["moe_prefetch_fill"] = cfg["prefetch_fill"]
+        if cfg.get("prefetch_programs"):
+            kw["moe_prefetch_programs"] = int(cfg["prefetch_programs"])
+        if cfg.get("prefetch_issue"):
+            kw["moe_prefetch_issue"] = cfg["prefetch_issue"]
     return kw
 
 
@@ -200,10 +204,6 @@ def trace_ttft(llm: LLM, num_tokens: int, max_model_len: int, path: Path) -> dic
 
 
 def run(cfg: dict) -> dict:
-    from xinfer.offload import prefetch
-
-    prefetch.ISSUE_AFTER_FILL = cfg.get("prefetch_issue", "after-fill") == "after-fill"
-    prefetch.PREFETCH_FILL_PROGRAMS = cfg.get("prefetch_programs")
     t0 = time.perf_counter()
     llm = LLM(cfg["model"], **engine_kwargs(cfg))
     out: dict = {"rate": cfg["rate"], "prefetch": int(cfg.get("prefetch") or 0),

@@ -17,6 +17,7 @@ from xinfer import envs
 from xinfer.config import (
     MAX_PREFETCH_DISTANCE,
     OFFLOAD_FILLS,
+    PREFETCH_ISSUE_POINTS,
     CacheConfig,
     EngineConfig,
     OffloadConfig,
@@ -188,6 +189,19 @@ class EngineArgs(OptionSet):
         "copy-engine (its copies use no SM, so the compute they overlap is not slowed)",
         choices=OFFLOAD_FILLS,
     )
+    moe_prefetch_programs: int | None = option(
+        None,
+        "programs of the prefetch fill kernel (default: 2 per SM); fewer leave more of the "
+        "memory system to the compute the copies overlap, at the copies' rate",
+        check=at_least(1),
+        metavar="N",
+    )
+    moe_prefetch_issue: str = option(
+        "after-fill",
+        "where layer l issues the prefetch of layer l + distance: after-fill (after l's own "
+        "demand fill, so the two do not share the link) or before-lookup",
+        choices=PREFETCH_ISSUE_POINTS,
+    )
     routing_source: str = option(
         ROUTER,
         "benchmarks with dummy weights: where MoE layers' experts come from: router (the "
@@ -232,6 +246,8 @@ class EngineArgs(OptionSet):
             prefetch_margin=self.moe_prefetch_margin,
             fill=self.moe_offload_fill,
             prefetch_fill=self.moe_prefetch_fill,
+            prefetch_programs=self.moe_prefetch_programs,
+            prefetch_issue=self.moe_prefetch_issue,
         )
 
     def create_engine_config(self) -> EngineConfig:

@@ -239,6 +239,7 @@ MAX_PREFETCH_DISTANCE = 4
 # store) or `copy-engine` (copy-engine copies chosen on the device by conditional graph nodes,
 # offload/copy_engine.py).
 OFFLOAD_FILLS = ("kernel", "copy-engine")
+PREFETCH_ISSUE_POINTS = ("after-fill", "before-lookup")
 
 
 @dataclass(frozen=True)
@@ -258,6 +259,10 @@ class OffloadConfig:
     # How the prefetch copies move (None: as `fill`). HBM-bound kernels beside the fill
     # kernel ran ~11x slower on the H200; copy-engine copies use no SM.
     prefetch_fill: str | None = None
+    # The prefetch fill kernel's programs (None: 2 per SM) and where layer l issues the
+    # prefetch of l + d (offload/prefetch.py); decisions and output are the same either way.
+    prefetch_programs: int | None = None
+    prefetch_issue: str = "after-fill"  # one of PREFETCH_ISSUE_POINTS
 
     def __post_init__(self) -> None:
         for what, value in (("fill", self.fill), ("prefetch fill", self.prefetch_fill)):
@@ -283,6 +288,24 @@ class OffloadConfig:
             raise UserError(
                 f"MoE prefetch distance must be 0 (off) to {MAX_PREFETCH_DISTANCE} layers, "
                 f"got {self.prefetch_distance}"
+            )
+        if self.prefetch_issue not in PREFETCH_ISSUE_POINTS:
+            raise UserError(
+                f"MoE prefetch issue point must be one of {', '.join(PREFETCH_ISSUE_POINTS)}, "
+                f"got {self.prefetch_issue!r}"
+            )
+        if self.prefetch_programs is not None and self.prefetch_programs < 1:
+            raise UserError(f"MoE prefetch programs must be >= 1, got {self.prefetch_programs}")
+        tuned = self.prefetch_programs is not None or self.prefetch_issue != "after-fill"
+        if tuned and not self.prefetch_distance:
+            raise UserError(
+                "--moe-prefetch-programs and --moe-prefetch-issue tune prefetching: they need "
+                "--moe-prefetch"
+            )
+        if self.prefetch_programs is not None and (self.prefetch_fill or self.fill) != "kernel":
+            raise UserError(
+                "--moe-prefetch-programs sizes the prefetch fill kernel: the copy-engine "
+                "prefetch fill has no programs"
             )
         if not self.prefetch_margin >= 0:
             raise UserError(f"MoE prefetch margin must be >= 0, got {self.prefetch_margin}")

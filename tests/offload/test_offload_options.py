@@ -197,6 +197,34 @@ def test_prefetch_fill_option_is_checked(ckpt):
             moe_prefetch_fill="copy-engine")  # fmt: skip
 
 
+def test_prefetch_tuning_options_are_checked(ckpt):
+    """`--moe-prefetch-programs` / `--moe-prefetch-issue`: valid values only, only with
+    prefetch, programs only for the kernel prefetch fill; honoured by the prefetcher."""
+    cfg = OffloadConfig.parse(
+        "0.2", prefetch_distance=1, prefetch_programs=64, prefetch_issue="before-lookup"
+    )
+    assert (cfg.prefetch_programs, cfg.prefetch_issue) == (64, "before-lookup")
+    with pytest.raises(UserError, match="issue point must be one of after-fill, before-lookup"):
+        OffloadConfig.parse("0.2", prefetch_distance=1, prefetch_issue="early")
+    with pytest.raises(UserError, match="prefetch programs must be >= 1"):
+        OffloadConfig.parse("0.2", prefetch_distance=1, prefetch_programs=0)
+    with pytest.raises(UserError, match="they need --moe-prefetch"):
+        OffloadConfig.parse("0.2", prefetch_programs=64)
+    with pytest.raises(UserError, match="they need --moe-prefetch"):
+        OffloadConfig.parse("0.2", prefetch_issue="before-lookup")
+    with pytest.raises(UserError, match="copy-engine prefetch fill has no programs"):
+        OffloadConfig.parse(
+            "0.2", prefetch_distance=1, prefetch_fill="copy-engine", prefetch_programs=8
+        )
+    with pytest.raises(UserError, match="--moe-prefetch-programs must be >= 1"):
+        LLM(ckpt, device="cpu", moe_offload=0.5, moe_prefetch=1, moe_prefetch_programs=0)
+    llm = LLM(ckpt, device="cpu", moe_offload=0.5, moe_prefetch=1,
+              moe_prefetch_issue="before-lookup")  # fmt: skip
+    prefetcher = next(x.prefetch[0] for x in llm.engine.offload_manager.executors
+                      if getattr(x, "prefetch", None))  # fmt: skip
+    assert prefetcher.issue_after_fill is False
+
+
 def test_copy_engine_fill_is_refused_without_a_gpu(ckpt):
     """On CPU there is no copy engine: one sentence that names the way out, not a fallback
     that silently does something else."""

@@ -84,17 +84,16 @@ def test_prefetch_without_offload_is_refused(checkpoint):
 
 
 def test_issue_point_changes_neither_output_nor_decisions(tmp_path, monkeypatch):
-    """Prefetch issued before a layer's lookup or after its demand fill (prefetch.
-    ISSUE_AFTER_FILL): each layer's table and slots are its own, so the same tokens and the
-    same counts — hits, misses, every prefetch statistic, per layer."""
-    from xinfer.offload import prefetch
-
+    """Prefetch issued before a layer's lookup or after its demand fill
+    (--moe-prefetch-issue): each layer's table and slots are its own, so the same tokens and
+    the same counts — hits, misses, every prefetch statistic, per layer."""
     model = make_hf_model("qwen3_moe", seed=3, num_hidden_layers=6, num_experts=NUM_EXPERTS)
     path = write_checkpoint(model, tmp_path)
     runs = {}
     for after_fill in (False, True):
-        monkeypatch.setattr(prefetch, "ISSUE_AFTER_FILL", after_fill)
-        runs[after_fill] = _run(path, moe_offload=0.25, moe_prefetch=1, moe_prefetch_margin=0)
+        issue = "after-fill" if after_fill else "before-lookup"
+        runs[after_fill] = _run(path, moe_offload=0.25, moe_prefetch=1, moe_prefetch_margin=0,
+                                moe_prefetch_issue=issue)  # fmt: skip
     (tokens_before, stats_before), (tokens_after, stats_after) = runs[False], runs[True]
     assert tokens_before == tokens_after
     check_prefetch_stats(stats_after)

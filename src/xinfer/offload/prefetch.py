@@ -3,7 +3,7 @@ l + d are copied from host memory into layer l + d's slots, so that the host→G
 working while the GPU computes.
 
 Per call of an offloaded layer l on the lookup path (OffloadExecutor → `before_lookup`, its
-lookup and demand fill, then `after_fill`; with ISSUE_AFTER_FILL steps 1-3 run in
+lookup and demand fill, then `after_fill`; with `issue_after_fill` steps 1-3 run in
 `after_fill`, otherwise in `before_lookup` ahead of step 4):
 1. if layer t = l + d is offloaded: the predictor gives t's expected experts from l's expert
    input (decode calls of at most `max_tokens` tokens; other calls predict nothing, but the
@@ -33,19 +33,17 @@ from xinfer.offload.prefetch_table import PrefetchTable, reserve
 from xinfer.runner.forward_context import ForwardContext, get_forward_context
 
 logger = logging.getLogger("xinfer")
-PREFETCH_PROGRAMS_PER_SM = 2  # the prefetch fill's grid: it shares the SMs with the compute
-# Or a total (None: the per-SM rule). An H200 trace showed the MoE GEMV 11x slower beside a
-# running fill kernel (likely: its loads of host memory hold the memory system's request
-# queues); fewer programs may leave more to the compute at the cost of the fill's rate.
-# The benchmark sets it; not yet measured.
-PREFETCH_FILL_PROGRAMS: int | None = None
-# Where layer l issues the prefetch of l + d. Before l's lookup (False), its copies compete
-# with l's own demand fill for the link (and, on the copy engine, queue ahead of it), and
-# l's GEMM waits for that demand fill: on the H200 that gave no gain (docs/benchmarks.md,
-# 2026-12-04). After l's demand fill (True), they share the link with nothing and overlap
-# l's GEMM and the next layer's attention. Decisions and output are the same either way
-# (each layer's table and slots are its own); the benchmark sets it to compare.
-ISSUE_AFTER_FILL = True
+PREFETCH_PROGRAMS_PER_SM = 2  # the prefetch fill's default grid: it shares the SMs with the
+# compute. `fill_programs` (--moe-prefetch-programs) sets a total instead: an H200 trace
+# showed the MoE GEMV 11x slower beside a running fill kernel (likely: its loads of host
+# memory hold the memory system's request queues); fewer programs may leave more to the
+# compute at the cost of the fill's rate (not yet measured).
+# `issue_after_fill` (--moe-prefetch-issue): where layer l issues the prefetch of l + d.
+# Before l's lookup (False), its copies compete with l's own demand fill for the link (and,
+# on the copy engine, queue ahead of it), and l's GEMM waits for that demand fill: on the
+# H200 that gave no gain (docs/benchmarks.md, 2026-12-04). After l's demand fill (True),
+# they share the link with nothing and overlap l's GEMM and the next layer's attention.
+# Decisions and output are the same either way (each layer's table and slots are its own).
 
 
 class Prefetcher:
@@ -60,6 +58,8 @@ class Prefetcher:
         distance: int,
         max_tokens: int,
         device: torch.device,
+        fill_programs: int | None = None,
+        issue_after_fill: bool = True,
     ) -> None:
         if distance < 1:
             raise ValueError(f"prefetch distance must be >= 1, got {distance}")
@@ -71,10 +71,11 @@ class Prefetcher:
             torch.cuda.Event() if self.is_cuda and t is not None else None for t in tables
         ]
         self.is_issued = [False] * len(tables)  # host: an event to wait for before the lookup
+        self.issue_after_fill = issue_after_fill
         self.fill_programs = None
         if self.is_cuda:
             sms = torch.cuda.get_device_properties(device).multi_processor_count
-            self.fill_programs = PREFETCH_FILL_PROGRAMS or PREFETCH_PROGRAMS_PER_SM * sms
+            self.fill_programs = fill_programs or PREFETCH_PROGRAMS_PER_SM * sms
         # a (1, 1) "no prediction" for calls that only settle (no empty tensor to a kernel)
         self._nothing = torch.full((1, 1), -1, dtype=torch.int32, device=device)
         self.copies: list | None = None  # per layer: its copy-engine prefetch fill, if used
@@ -96,9 +97,9 @@ class Prefetcher:
 
     def before_lookup(self, layer: int, hidden: torch.Tensor) -> None:
         """Layer `layer`'s call with expert input `hidden` (T, H), before its lookup: issue
-        the prefetch of layer + distance (unless ISSUE_AFTER_FILL), then wait for this
+        the prefetch of layer + distance (unless `issue_after_fill`), then wait for this
         layer's own."""
-        if not ISSUE_AFTER_FILL:
+        if not self.issue_after_fill:
             self._issue_ahead(layer, hidden)
         if self.is_issued[layer]:
             torch.cuda.current_stream(self.device).wait_event(self.events[layer])
@@ -106,8 +107,8 @@ class Prefetcher:
 
     def after_fill(self, layer: int, hidden: torch.Tensor) -> None:
         """Layer `layer`'s call after its lookup and demand fill, before its GEMM: issue the
-        prefetch of layer + distance (with ISSUE_AFTER_FILL)."""
-        if ISSUE_AFTER_FILL:
+        prefetch of layer + distance (with `issue_after_fill`)."""
+        if self.issue_after_fill:
             self._issue_ahead(layer, hidden)
 
     def _issue_ahead(self, layer: int, hidden: torch.Tensor) -> None:

@@ -75,8 +75,10 @@ def install_prefetch(
     ]
     predictor = make_predictor(model, layers, config, routing)
     prefetcher = Prefetcher(
-        executors, tables, predictor, config.prefetch_distance, max_tokens, manager.device
-    )
+        executors, tables, predictor, config.prefetch_distance, max_tokens, manager.device,
+        fill_programs=config.prefetch_programs,
+        issue_after_fill=config.prefetch_issue == "after-fill",
+    )  # fmt: skip
     if (config.prefetch_fill or config.fill) == "copy-engine":
         prefetcher.use_copy_engine()
     for i, x in enumerate(executors):
