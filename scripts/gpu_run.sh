@@ -22,16 +22,16 @@ for phase in "$@"; do
   echo "=== phase $phase $(date +%T)"
   case "$phase" in
     tests) timeout 300 python3 -m pytest -m gpu -q -p no:cacheprovider --ignore=tests/server tests 2>&1 | tee "$OUT/gpu_tests.txt" | tail -40 ;;
-    gputests) timeout ${GPU_TESTS_TIMEOUT:-540} python3 -m pytest -m gpu -q -p no:cacheprovider -rfE --durations=15 ${GPU_TESTS:-tests} 2>&1 | tee "$OUT/gpu_tests_all.txt" | tail -60 ;;
+    gputests) timeout ${GPU_TESTS_TIMEOUT:-540} python3 -m pytest -m gpu -q -p no:cacheprovider -rfE --durations=15 -rs ${GPU_TESTS:-tests} 2>&1 | tee "$OUT/gpu_tests_all.txt" | tail -60 ;;
     # the GPU tests in four concurrent shards (Triton compiles are CPU-bound; 16 cores); a
     # shard past its time gets SIGINT, so pytest still prints the failures it has seen
     gpushards) shard() { local i=$1; shift; XINFER_TEST_CACHE_GB=${XINFER_TEST_CACHE_GB:-6} timeout -s INT -k 30 ${GPU_TESTS_TIMEOUT:-360} \
-        python3 -m pytest -m gpu -q -p no:cacheprovider -rfE --durations=8 "$@" > "$OUT/gpu_shard$i.txt" 2>&1; }
+        python3 -m pytest -m gpu -q -p no:cacheprovider -rfEs --durations=8 "$@" > "$OUT/gpu_shard$i.txt" 2>&1; }
       g=tests/kernels/test_gguf_kernels.py
       shard 1 tests/kernels --ignore=$g & shard 2 $g tests/weights &
       shard 3 tests/models tests/e2e tests/structured tests/unit tests/parallel &
       shard 4 tests/offload tests/quant tests/routing tests/bench tests/server &
-      wait; for f in "$OUT"/gpu_shard*.txt; do echo "--- $f"; grep -E "^(FAILED|ERROR)|passed|failed|KeyboardInterrupt" "$f" | tail -25; done ;;
+      wait; for f in "$OUT"/gpu_shard*.txt; do echo "--- $f"; grep -E "^(FAILED|ERROR|SKIPPED)|passed|failed|KeyboardInterrupt" "$f" | tail -40; done ;;
     parity) timeout 150 python3 -m pytest -q -x -p no:cacheprovider tests/models/test_gpu_parity.py 2>&1 | tail -30 | tee "$OUT/parity.txt" ;;
     offload) timeout 120 python3 -m pytest -q -p no:cacheprovider tests/offload -m gpu 2>&1 | tail -30 | tee "$OUT/offload_tests.txt" ;;
     newtests) timeout 300 python3 -m pytest -q -p no:cacheprovider tests/kernels/test_attention_kernels.py tests/kernels/test_qkv_prep.py tests/kernels/test_gemv.py tests/models/test_gpu_parity.py tests/offload/test_offload_gpu.py 2>&1 | tee "$OUT/new_tests.txt" | tail -30 ;;
