@@ -22,7 +22,7 @@ for phase in "$@"; do
   echo "=== phase $phase $(date +%T)"
   case "$phase" in
     tests) timeout 300 python3 -m pytest -m gpu -q -p no:cacheprovider --ignore=tests/server tests 2>&1 | tee "$OUT/gpu_tests.txt" | tail -40 ;;
-    gputests) timeout ${GPU_TESTS_TIMEOUT:-540} python3 -m pytest -m gpu -q -p no:cacheprovider -rfE --durations=15 -rs ${GPU_TESTS:-tests} 2>&1 | tee "$OUT/gpu_tests_all.txt" | tail -60 ;;
+    gputests) timeout ${GPU_TESTS_TIMEOUT:-540} python3 -m pytest -m gpu -q -p no:cacheprovider -rfEs --durations=15 ${GPU_TESTS:-tests} 2>&1 | tee "$OUT/gpu_tests_all.txt" | tail -60 ;;
     # the GPU tests in four concurrent shards (Triton compiles are CPU-bound; 16 cores); a
     # shard past its time gets SIGINT, so pytest still prints the failures it has seen
     gpushards) shard() { local i=$1; shift; XINFER_TEST_CACHE_GB=${XINFER_TEST_CACHE_GB:-6} timeout -s INT -k 30 ${GPU_TESTS_TIMEOUT:-360} \
