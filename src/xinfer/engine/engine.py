@@ -69,8 +69,9 @@ class Engine:
             phase_start[0] = now
 
         self.config = config
-        # the kernel switches read at every call: a bad value fails here, before any loading
-        envs.XINFER_DISABLE_TRITON(), envs.XINFER_PREFILL_ATTENTION()
+        # the kernel switches are read at every call: a bad value fails here, before loading
+        envs.XINFER_DISABLE_TRITON()
+        envs.XINFER_PREFILL_ATTENTION()
         self.device = torch.device(config.device)
         self.model_config = cfg = ModelConfig.from_dir(config.model)
         self.tokenizer = Tokenizer.from_dir(config.model)

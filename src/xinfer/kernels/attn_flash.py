@@ -31,16 +31,17 @@ def wanted(
     max_seq_len: int | None,
     sliding_window: int | None,
 ) -> bool:
-    """Whether this call takes FA2: chosen, and a case it serves (see the module)."""
-    if envs.XINFER_PREFILL_ATTENTION() != "flash":
-        return False
+    """Whether this call takes FA2: a case it serves (see the module), and chosen. The sizes
+    come first: decode steps (one query a sequence) stop there, before the switch is read."""
     return (
-        q.is_cuda
-        and q.dtype in _DTYPES
-        and k_cache.dtype == q.dtype
+        max_query_len is not None
+        and max_query_len == q.shape[0] >= MIN_QUERY
         and block_tables.shape[0] == 1
         and max_seq_len is not None
-        and max_query_len == q.shape[0] >= MIN_QUERY
+        and envs.XINFER_PREFILL_ATTENTION() == "flash"
+        and q.is_cuda
+        and q.dtype in _DTYPES
+        and k_cache.dtype == q.dtype
         and sliding_window is None
         and q.shape[-1] % 8 == 0
         and q.shape[-1] <= 256
