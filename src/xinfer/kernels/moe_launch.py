@@ -7,6 +7,7 @@ number of ids N or on the id values, so an expert's output bits do not depend on
 
 from __future__ import annotations
 
+import functools
 from dataclasses import dataclass
 
 import torch
@@ -46,12 +47,42 @@ def gemv_config(num_pairs: int, hidden_dim: int, inter_dim: int, dtype: torch.dt
     return MoeConfig(block_n=8, block_k=128, num_warps=8, down_block_n=16)
 
 
-def grouped_config(num_pairs: int, dtype: torch.dtype) -> MoeConfig:
+def grouped_config(
+    num_pairs: int, dtype: torch.dtype, device: torch.device | None = None
+) -> MoeConfig:
+    """Tiles of the grouped (prefill) GEMMs from the pair count and dtype; `device` only
+    rules out the large tile where its shared memory (144 KiB in 3 stages) does not fit."""
     if dtype == torch.float32:  # fp32 tiles are twice the bytes: keep shared memory small
         return MoeConfig(block_m=32, block_n=32, block_k=32, num_warps=4, num_stages=2)
     if num_pairs <= 1024:  # few rows per id: memory-bound, small M, many programs
         return MoeConfig(block_m=16, block_n=64, block_k=128, num_warps=4, num_stages=4)
+    if num_pairs >= LARGE_TILE_PAIRS and _shared_memory(device) >= LARGE_TILE_SHARED:
+        # the best of eleven on the H200 (bench_moe_kernel.py --sweep, 2026-12-04, Qwen3-30B
+        # shape, k=8): 2k tokens 0.966 -> 0.699 ms, 8k 1.787 -> 1.553 ms against the tile
+        # below; at 1k tokens it lost (1.339 against 1.227), at 4k it tied (1.136, 1.159)
+        return MoeConfig(block_m=128, block_n=128, block_k=64, num_warps=8, down_block_n=128)
     return MoeConfig(block_m=64, block_n=64, block_k=64, num_warps=4, down_block_n=128)
+
+
+# pairs (T x k) from which the grouped GEMMs take their 128 x 128 tile, and the shared
+# memory a block must be allowed for it: 3 stages of the x, gate and up tiles (128 x 64
+# bf16 each) = 144 KiB, with room for the epilogue (the H200 allows 227 KiB)
+LARGE_TILE_PAIRS = 16384
+LARGE_TILE_SHARED = 160 * 1024
+
+
+@functools.cache
+def _device_shared_memory(index: int) -> int:
+    props = torch.cuda.get_device_properties(index)
+    return int(getattr(props, "shared_memory_per_block_optin", 0))
+
+
+def _shared_memory(device: torch.device | None) -> int:
+    """Shared memory one block may use on `device` (a CUDA device; CPU tensors run under the
+    interpreter, which has no limit)."""
+    if device is None or device.type != "cuda":
+        return LARGE_TILE_SHARED
+    return _device_shared_memory(device.index if device.index is not None else 0)
 
 
 def _check_moe(hidden, topk_ids, topk_weights, w13, w2) -> None:
@@ -93,7 +124,7 @@ def fused_moe(
         config = config or gemv_config(num_pairs, w13.shape[2], w2.shape[2], hidden.dtype)
         _moe_gemv(hidden, topk_ids, topk_weights, w13, w2, out, config)
     else:
-        config = config or grouped_config(num_pairs, hidden.dtype)
+        config = config or grouped_config(num_pairs, hidden.dtype, hidden.device)
         _moe_grouped(hidden, topk_ids, topk_weights, w13, w2, out, config)
     return out
 
