@@ -190,7 +190,8 @@ def prefetch_table(rows: list[dict]) -> str:
 
 
 def ttft_table(rows: list[dict]) -> str:
-    """One row per fraction, one column per prompt length: TTFT (prefill tok/s)."""
+    """One row per fraction, one column per prompt length: TTFT (prefill tok/s) of the
+    second prompt of that length, and the first's where it was timed."""
     lengths = sorted({t["tokens"] for r in rows for t in r["ttft"]})
     if not lengths:
         return ""
@@ -207,7 +208,10 @@ def ttft_table(rows: list[dict]) -> str:
                 continue
             moved = t.get("bytes_moved")
             gb = f", {moved / 1e9:.3g} GB moved" if moved else ""
-            cells.append(f"{t['ttft_s']:.2f} s ({t['tokens'] / t['ttft_s'] / 1e3:.1f}k tok/s{gb})")
+            first = f"; first prompt {t['first_ttft_s']:.2f} s" if "first_ttft_s" in t else ""
+            cells.append(
+                f"{t['ttft_s']:.2f} s ({t['tokens'] / t['ttft_s'] / 1e3:.1f}k tok/s{gb}{first})"
+            )
         label = rate_label(r["rate"], r.get("slots"), r.get("num_experts"))
         lines.append(f"| {label} | " + " | ".join(cells) + " |")
     return "\n".join(lines)
