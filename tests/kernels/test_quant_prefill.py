@@ -1,8 +1,9 @@
 """GPU checks of the quantized prefill path (`kernels/quant_prefill.py`, run on the H200 test
 machine) at the Qwen3-30B-A3B shapes: bf16 dequantization has the twin's bits (rounded to
 nearest, which the interpreter cannot check), linears and routed experts equal the bf16
-kernels on the twin-dequantized weights bit for bit, chunked or not, and the chunked expert
-path of a batch-32 decode (256 pairs: past the GEMV) replays inside a CUDA graph."""
+kernels on the twin-dequantized weights bit for bit, chunked or not, on a larger slot view or
+not, and the chunked expert path of a batch-32 decode (256 pairs: past the GEMV) replays
+inside a CUDA graph."""
 
 from __future__ import annotations
 
@@ -84,17 +85,57 @@ def test_fused_moe_equals_the_bf16_grouped_path_on_twin_weights(name, tokens):
         assert torch.equal(out, ref), chunk
 
 
+def _raw(t):
+    """One-byte float tensors as uint8 (indexing them need not be implemented for fp8)."""
+    return t.view(torch.uint8) if t.element_size() == 1 and t.is_floating_point() else t
+
+
+@pytest.mark.parametrize("name", list(FORMATS))
+def test_fused_moe_on_a_slot_view_equals_the_resident_call(name):
+    """The experts at scattered rows of a larger view (an offload slot view: later layers'
+    slots and the shared regions), the other rows garbage: the call's bits do not depend on
+    the view, its chunking or `max_ids` (the rounds then cover the ids used, not the rows)."""
+    fmt, hidden, ids, weights, w13, w2 = _moe_inputs(name, 2048, seed=9)
+    kw13, kw2 = fmt.kernel_weights(w13, HIDDEN), fmt.kernel_weights(w2, INTER)
+    resident = quant_prefill.fused_moe(hidden, ids, weights, kw13, kw2, INTER)
+    num_rows = 96
+    rows = torch.randperm(num_rows, device=DEV)[:NUM_EXPERTS]
+
+    def to_view(t):
+        raw = _raw(t)
+        v = raw[torch.randint(0, NUM_EXPERTS, (num_rows,), device=DEV)].clone()
+        v[rows] = raw
+        return v.view(t.dtype)
+
+    v13 = fmt.kernel_weights({n: to_view(t) for n, t in w13.items()}, HIDDEN)
+    v2 = fmt.kernel_weights({n: to_view(t) for n, t in w2.items()}, INTER)
+    view_ids = rows[ids.long()].to(torch.int32)
+    for chunk, max_ids in ((None, NUM_EXPERTS), (None, None), (5, NUM_EXPERTS), (7, None)):
+        out = quant_prefill.fused_moe(hidden, view_ids, weights, v13, v2, INTER, None, chunk,
+                                      max_ids)  # fmt: skip
+        assert torch.equal(out, resident), (chunk, max_ids)
+
+
 @pytest.mark.parametrize("name", list(FORMATS))
 def test_chunked_grouped_path_replays_in_cuda_graphs(name):
     fmt, hidden, ids, weights, w13, w2 = _moe_inputs(name, 32, seed=5)  # 256 pairs
     kw13, kw2 = fmt.kernel_weights(w13, HIDDEN), fmt.kernel_weights(w2, INTER)
     lin = _weights(fmt, 5120, HIDDEN, seed=7)
+    # the same experts at rows 40.. of a 56-row view: the ids are numbered on the device
+    pad = torch.zeros(40, dtype=torch.long, device=DEV)
+    view = lambda t: torch.cat([_raw(t)[pad], _raw(t)]).view(t.dtype)  # noqa: E731
+    v13 = fmt.kernel_weights({n: view(t) for n, t in w13.items()}, HIDDEN)
+    v2 = fmt.kernel_weights({n: view(t) for n, t in w2.items()}, INTER)
 
     def step():
+        view_ids = ids + 40
         return (
             quant_prefill.fused_moe(hidden, ids, weights, kw13, kw2, INTER, chunk=5),
             ql.fused_moe(hidden, ids, weights, fmt, w13, w2, INTER, use_gemv=False, dequant=True),
             ql.linear(hidden, fmt, lin, None, 5120, HIDDEN),  # 32 rows: dequant + cuBLAS
+            quant_prefill.fused_moe(
+                hidden, view_ids, weights, v13, v2, INTER, chunk=5, max_ids=NUM_EXPERTS
+            ),
         )
 
     step()  # compile outside the capture
@@ -110,3 +151,4 @@ def test_chunked_grouped_path_replays_in_cuda_graphs(name):
     eager = step()
     assert all(torch.equal(s, e) for s, e in zip(static, eager, strict=True))
     assert torch.equal(static[0], static[1])  # chunked or whole, the same bits
+    assert torch.equal(static[0], static[3])  # on a view or not

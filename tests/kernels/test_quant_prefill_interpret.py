@@ -73,13 +73,16 @@ def test_dequantize_has_the_twin_bits(qp, name, dtype):
     w = qp.dequantize_weight(fmt.kernel_weights(tensors, k), n, k, dtype)
     assert w.dtype == dtype and torch.equal(w, fmt.dequantize(tensors, n, k).to(dtype))
 
-    # experts 1..3 of a set of 5, expert 2 flagged unused: its rows keep what they held
+    # experts 2..3 of a set of 5; then gathered: the list's entries 1..3 (experts 3, none, 1),
+    # the negative id skipped: its rows keep what they held
     experts = _weights(fmt, n, k, seed=2, count=5)
-    out = torch.full((3, n, k), 7.0, dtype=dtype)
-    used = torch.tensor([1, 1, 0, 1, 1], dtype=torch.int8)
-    qp.dequantize(fmt.kernel_weights(experts, k), n, k, out, first=1, used=used)
     twin = _twin_set(fmt, experts, n, k, dtype)
-    assert torch.equal(out[0], twin[1]) and torch.equal(out[2], twin[3])
+    kw = fmt.kernel_weights(experts, k)
+    assert torch.equal(qp.dequantize(kw, n, k, torch.empty(2, n, k, dtype=dtype), 2), twin[2:4])
+    out = torch.full((3, n, k), 7.0, dtype=dtype)
+    ids = torch.tensor([0, 3, -1, 1], dtype=torch.int32)
+    qp.dequantize(kw, n, k, out, first=1, ids=ids)
+    assert torch.equal(out[0], twin[3]) and torch.equal(out[2], twin[1])
     assert (out[1] == 7.0).all()
 
 
@@ -162,3 +165,58 @@ def test_fused_moe_bits_do_not_depend_on_slots_or_chunks(qp, name):
     for chunk in (None, 3):
         out_s = qp.fused_moe(hidden, slot_ids, weights, kw13, kw2, inter, cfg, chunk=chunk)
         assert torch.equal(out, out_s), chunk
+
+
+@child_only
+@pytest.mark.parametrize("name", ["fp8-16x32", "gptq-g32-sym"])
+def test_fused_moe_on_a_large_view_runs_only_the_ids_it_uses(qp, name, monkeypatch):
+    """An offload slot view has many more rows than a call can use (later layers' slots, the
+    shared regions): the call dequantizes the ids it uses and runs cdiv(max_ids, chunk) rounds
+    of grouped GEMMs, not one a chunk of the view's rows, with the resident call's bits."""
+    from xinfer.kernels import moe_launch
+
+    dtype = torch.float16
+    fmt, hidden, _, weights, w13, w2, inter = _moe_case(name, dtype, num_experts=5)
+    hidden_dim = hidden.shape[1]
+    g = torch.Generator().manual_seed(9)
+    ids = torch.tensor([[4, 1], [1, 0], [0, 4], [4, 0], [1, 4], [0, 1], [4, 1]])  # 2 unused
+    rows = torch.tensor([2, 37, 5, 60, 38])  # expert → its row: slots at the start, overflow
+    num_rows = 64
+
+    def to_view(t):  # garbage (other experts' bytes) in every row no call of ours uses
+        v = t[torch.randint(0, 5, (num_rows,), generator=g)].clone()
+        v[rows] = t
+        return v
+
+    v13 = fmt.kernel_weights({n: to_view(t) for n, t in w13.items()}, hidden_dim)
+    v2 = fmt.kernel_weights({n: to_view(t) for n, t in w2.items()}, inter)
+    r13, r2 = fmt.kernel_weights(w13, hidden_dim), fmt.kernel_weights(w2, inter)
+    cfg = moe_launch.MoeConfig(block_m=16, block_n=16, block_k=32, num_warps=4)
+    resident = qp.fused_moe(hidden, ids, weights, r13, r2, inter, cfg, chunk=2)
+    d13 = _twin_set(fmt, w13, 2 * inter, hidden_dim, dtype)
+    d2 = _twin_set(fmt, w2, hidden_dim, inter, dtype)
+    ref = moe_launch.fused_moe(hidden, ids, weights, d13, d2, config=cfg, use_gemv=False)
+    assert torch.equal(resident, ref)
+
+    rounds, dequantized = [], []
+    grouped, dequantize = moe_launch.grouped_outputs, qp.dequantize
+
+    def count_grouped(*args, **kwargs):
+        rounds.append(1)
+        return grouped(*args, **kwargs)
+
+    def count_dequantize(kw, n, k, out, first=0, ids=None):
+        dequantized.extend(e for e in ids[first : first + out.shape[0]].tolist() if e >= 0)
+        return dequantize(kw, n, k, out, first, ids)
+
+    monkeypatch.setattr(moe_launch, "grouped_outputs", count_grouped)
+    monkeypatch.setattr(qp, "dequantize", count_dequantize)
+    slot_ids = rows[ids].to(torch.int32)
+    for chunk, max_ids, want_rounds in ((2, 5, 3), (2, None, 7), (None, 5, 1), (1, 5, 5)):
+        rounds.clear()
+        dequantized.clear()
+        out = qp.fused_moe(hidden, slot_ids, weights, v13, v2, inter, cfg, chunk, max_ids)
+        assert torch.equal(out, resident), (chunk, max_ids)
+        # None: bounded by the 14 pairs, not by the 64 rows; the 3 used rows, once a projection
+        assert len(rounds) == want_rounds, (chunk, max_ids, len(rounds))
+        assert sorted(dequantized) == [2, 2, 37, 37, 38, 38], (chunk, max_ids)

@@ -67,14 +67,18 @@ def format_moe(
     w2: dict[str, torch.Tensor],
     inter: int,
     w2_fmt: WeightFormat | None = None,
+    max_ids: int | None = None,
 ) -> torch.Tensor:
     """Routed experts whose w13 (2I, H) and w2 (H, I) tensor sets are stored in `fmt` (w2 in
     `w2_fmt` when given: `fmt` then runs both), with a leading dim of experts or slots that
-    `topk_ids` (T, k) index."""
+    `topk_ids` (T, k) index. `max_ids`: at most this many distinct ids in `topk_ids` (the
+    layer's experts, on a slot view of more rows), for the GPU path's sizing."""
     if topk_ids.shape != topk_weights.shape or topk_ids.shape[0] != hidden.shape[0]:
         raise ValueError("fused_moe: topk_ids, topk_weights and hidden disagree on tokens")
     extra = {} if w2_fmt is None else {"w2_fmt": w2_fmt}
     if use_triton(hidden):
+        if max_ids is not None:
+            extra["max_ids"] = max_ids
         return fmt.triton_moe(hidden, topk_ids, topk_weights, w13, w2, inter, **extra)
     return fmt.reference_moe(hidden, topk_ids, topk_weights, w13, w2, inter, **extra)
 

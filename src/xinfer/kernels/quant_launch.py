@@ -152,11 +152,13 @@ def fused_moe(
     use_gemv: bool | None = None,
     tiles: QuantTiles | None = None,
     dequant: bool | None = None,
+    max_ids: int | None = None,
 ) -> torch.Tensor:
     """Routed experts on `[N, ...]` expert sets stored in `fmt` (N experts or slots).
     `use_gemv` (default: at most MAX_GEMV_PAIRS pairs) or else the grouped path, there
     `dequant` `quant_prefill` (default from PREFILL_MIN_PAIRS pairs) or the in-register
-    grouped GEMMs; `tiles`: the chosen kernels' (as `moe_launch.MoeConfig` for the former)."""
+    grouped GEMMs; `tiles`: the chosen kernels' (as `moe_launch.MoeConfig` for the former).
+    `max_ids`: at most this many distinct ids in `topk_ids` (`quant_prefill.id_bound`)."""
     if hidden.dim() != 2 or topk_ids.shape != topk_weights.shape:
         raise ValueError("fused_moe: expected hidden (T, H) and topk_ids/weights (T, k)")
     num_tokens, top_k = topk_ids.shape
@@ -172,7 +174,9 @@ def fused_moe(
             block_n=tiles.block_n, block_k=tiles.block_k, num_warps=tiles.num_warps,
             block_m=tiles.block_m, num_stages=tiles.num_stages,
         )  # fmt: skip
-        return quant_prefill.fused_moe(hidden, topk_ids, topk_weights, kw13, kw2, inter, cfg)
+        return quant_prefill.fused_moe(
+            hidden, topk_ids, topk_weights, kw13, kw2, inter, cfg, max_ids=max_ids
+        )
     hidden, topk_ids, topk_weights, out = moe_launch.moe_inputs(hidden, topk_ids, topk_weights)
     if num_pairs == 0:
         return out

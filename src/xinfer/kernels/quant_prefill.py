@@ -8,11 +8,18 @@ PREFILL_MIN_ROWS rows (linears) and PREFILL_MIN_PAIRS (token, k) pairs (routed e
 
 Cost: the dequantization moves the stored bytes once and writes the dense copy once, per
 call. Linears dequantize the whole weight (a transient N x K copy; one F.linear keeps the
-twin's bits). Experts are dequantized in chunks of `chunk` ids into one reused buffer of at
-most CHUNK_BYTES, each chunk's pairs running the grouped GEMMs (the other pairs' ids set to
--1, which `align_pairs` leaves out) into one (T*k, H) buffer of unweighted outputs that is
-combined once at the end, in k order: bits do not depend on the chunking. Experts no pair
-uses are skipped (a device flag per id), so a call moves only what it touches.
+twin's bits). Experts: the ids the call uses are numbered 0, 1, ... in id order on the
+device (`compact_ids`; ids keep their own where the set is no larger than the bound below),
+and those numbers are dequantized in chunks of `chunk` (ids no pair uses skipped) into one
+reused buffer of at most CHUNK_BYTES, each chunk's pairs running the grouped GEMMs (the other
+pairs' ids set to -1, which `align_pairs` leaves out) into one (T*k, H) buffer of unweighted
+outputs that is combined once at the end, in k order: bits do not depend on the chunking.
+The chunks cover the numbers a call can need (`id_bound`: at most its pairs, and at most
+`max_ids`, the layer's experts, however many rows the set has), not the rows of the set: an
+offload slot view holds every later layer's slots and the shared regions (slot_pool.py:
+3,338 rows for layer 0 of Qwen3-30B-A3B at 67 slots), and chunking its rows took 120
+rounds of dequant + align + grouped GEMMs a call (~40 launches each, the sorted align's small
+torch ops most of them) where 5 rounds hold every expert a call can use.
 
 For Qwen3-30B-A3B (128 experts, H 2048, I 768) a 2048-token prefill touches all of them: per
 layer 0.6 GB of FP8 read and 1.2 GB of bf16 written, ~0.4 ms at ~4.5 TB/s, beside ~0.15
@@ -21,7 +28,7 @@ every weight tile for each tile of rows. Each touched weight costs its stored by
 2 + 2 bf16 bytes (written, read back): ~5x the bytes of an in-register pass for FP8, ~9x for
 4-bit, which is what decode-sized calls would pay; hence `quant_launch`'s size bounds.
 
-No host sync (fixed shapes, flags and ids remapped on the device): safe in CUDA graphs."""
+No host sync (fixed shapes, ids numbered on the device): safe in CUDA graphs."""
 
 from __future__ import annotations
 
@@ -44,23 +51,24 @@ def dequantize(
     k: int,
     out: torch.Tensor,
     first: int = 0,
-    used: torch.Tensor | None = None,
+    ids: torch.Tensor | None = None,
 ) -> torch.Tensor:
     """Experts first .. first + len(out) of the `[E, ...]` set `kw` (N, K each) → `out`
-    (count, N, K), contiguous rows, in its dtype. `used` (E,) int8: experts flagged 0 are
-    skipped and their rows of `out` left as they are."""
+    (count, N, K), contiguous rows, in its dtype; given `ids` (int32, contiguous), experts
+    ids[first + j] → out[j] instead, a negative id skipped (its rows of `out` left as they
+    are)."""
     count = out.shape[0]
     if count == 0 or n == 0 or k == 0:
         return out
     z = kw.z if kw.z is not None else kw.s
     grid = (triton.cdiv(n, BLOCK_N), triton.cdiv(k, BLOCK_K), count)
     jit.dequant_kernel[grid](
-        kw.w, kw.s, z, used if used is not None else kw.s, out,
+        kw.w, kw.s, z, ids if ids is not None else kw.s, out,
         first, n, k,
         kw.w.stride(0), kw.w.stride(1), kw.s.stride(0), kw.s.stride(1),
         z.stride(0), z.stride(1), out.stride(0), out.stride(1),
         FMT=kw.fmt_code, SCALE_BN=kw.scale_bn, SCALE_BK=kw.scale_bk, HAS_ZERO=kw.has_zero,
-        USE_FLAGS=used is not None, BLOCK_N=BLOCK_N, BLOCK_K=BLOCK_K,
+        GATHER=ids is not None, BLOCK_N=BLOCK_N, BLOCK_K=BLOCK_K,
         GROUP_T=group_t(kw, BLOCK_K, k), num_warps=4,
     )  # fmt: skip
     return out
@@ -90,6 +98,38 @@ def chunk_size(num_ids: int, hidden_dim: int, inter: int, dtype: torch.dtype) ->
     return triton.cdiv(num_ids, triton.cdiv(num_ids, most)) if num_ids else 1
 
 
+def id_bound(num_ids: int, num_pairs: int, max_ids: int | None = None) -> int:
+    """The most distinct ids a call of `num_pairs` pairs on a set of `num_ids` can use: one
+    a pair, and at most `max_ids` (the caller's promise; None: any id of the set)."""
+    bound = min(num_ids, num_pairs)
+    return bound if max_ids is None else max(1, min(bound, max_ids))
+
+
+def compact_ids(
+    topk_ids: torch.Tensor, num_ids: int, bound: int
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """Number the ids `topk_ids` (T, k) int32 contiguous uses 0, 1, ... in increasing id
+    order, on the device (no host read): (experts (bound,) int32, the id of each number, -1
+    past the last; local (T, k) int32, each pair's number). Where `bound` is the set's size
+    every id keeps its own number (-1 for the unused: 3 small kernels, not ~15). A call using
+    more than `bound` ids breaks the promise of `id_bound`: numbers from `bound` on are
+    dropped and their pairs get -1 (left out, their outputs undefined), never an address
+    outside the buffers."""
+    dev = topk_ids.device
+    flat = topk_ids.view(-1).long()
+    if bound >= num_ids:
+        experts = torch.full((num_ids,), -1, dtype=torch.int32, device=dev)
+        return experts.scatter_(0, flat, topk_ids.view(-1)), topk_ids
+    used = torch.zeros(num_ids, dtype=torch.int32, device=dev).index_fill_(0, flat, 1)
+    number = torch.cumsum(used, 0) - 1  # (num_ids,) int64: the number of each used id
+    place = torch.where((used > 0) & (number < bound), number, bound)  # bound: discarded
+    experts = torch.full((bound + 1,), -1, dtype=torch.int32, device=dev)
+    experts.scatter_(0, place, torch.arange(num_ids, dtype=torch.int32, device=dev))
+    local = number[flat]
+    local = torch.where(local < bound, local, -1).to(torch.int32).view(topk_ids.shape)
+    return experts[:bound], local
+
+
 def fused_moe(
     hidden: torch.Tensor,
     topk_ids: torch.Tensor,
@@ -99,31 +139,35 @@ def fused_moe(
     inter: int,
     config: moe_launch.MoeConfig | None = None,
     chunk: int | None = None,
+    max_ids: int | None = None,
 ) -> torch.Tensor:
-    """Routed experts on `[N, ...]` expert sets (experts or slots) dequantized `chunk` ids at
-    a time (default `chunk_size`): equal to `moe_launch.fused_moe` on the dequantized sets
-    with the grouped path. `config`: the grouped GEMMs' tiles (default `grouped_config`)."""
+    """Routed experts on `[N, ...]` expert sets (experts or slots), the ids the call uses
+    dequantized `chunk` at a time (default `chunk_size` of their bound, `id_bound`): equal
+    to `moe_launch.fused_moe` on the dequantized sets with the grouped path. `config`: the
+    grouped GEMMs' tiles (default `grouped_config`). `max_ids`: at most this many distinct
+    ids in `topk_ids` (a slot view's layer has E experts however many rows the view has);
+    None: any number up to the set's size."""
     num_tokens, top_k = topk_ids.shape
     num_pairs, hidden_dim = num_tokens * top_k, hidden.shape[1]
     num_ids = kw13.w.shape[0]
     hidden, topk_ids, topk_weights, out = moe_launch.moe_inputs(hidden, topk_ids, topk_weights)
     if num_pairs == 0:
         return out
-    cfg = config or moe_launch.grouped_config(num_pairs, hidden.dtype)
-    chunk = min(num_ids, chunk or chunk_size(num_ids, hidden_dim, inter, hidden.dtype))
-    flat_ids = topk_ids.view(-1).long()
-    used = torch.zeros(num_ids, dtype=torch.int8, device=hidden.device).index_fill_(0, flat_ids, 1)
+    cfg = config or moe_launch.grouped_config(num_pairs, hidden.dtype, hidden.device)
+    bound = id_bound(num_ids, num_pairs, max_ids)
+    chunk = min(bound, chunk or chunk_size(bound, hidden_dim, inter, hidden.dtype))
+    experts, local = compact_ids(topk_ids, num_ids, bound)
     d13 = hidden.new_empty(chunk, 2 * inter, hidden_dim)
     d2 = hidden.new_empty(chunk, hidden_dim, inter)
     inter_buf = hidden.new_empty(num_pairs, inter)
     y = hidden.new_empty(num_pairs, hidden_dim)  # (T*k, H) unweighted, every row once
-    for first in range(0, num_ids, chunk):
-        count = min(chunk, num_ids - first)
+    for first in range(0, bound, chunk):
+        count = min(chunk, bound - first)
         w13, w2 = d13[:count], d2[:count]
-        dequantize(kw13, 2 * inter, hidden_dim, w13, first, used)
-        dequantize(kw2, hidden_dim, inter, w2, first, used)
-        ids = topk_ids if count == num_ids else _chunk_ids(topk_ids, first, count)
-        moe_launch.grouped_outputs(hidden, ids, w13, w2, y, cfg, inter_buf)
+        dequantize(kw13, 2 * inter, hidden_dim, w13, first, experts)
+        dequantize(kw2, hidden_dim, inter, w2, first, experts)
+        pairs = local if count == bound else _chunk_ids(local, first, count)
+        moe_launch.grouped_outputs(hidden, pairs, w13, w2, y, cfg, inter_buf)
     moe_launch._combine(y, topk_weights, out, top_k)
     return out
 

@@ -33,11 +33,15 @@ def run_experts(
     topk_weights: torch.Tensor,
     tensors: dict[str, torch.Tensor],
     weights: ExpertWeights | None = None,
+    max_ids: int | None = None,
 ) -> torch.Tensor:
     """The unchanged MoE kernel on an expert set (`[E, ...]` or `[S, ...]` with slot ids), in
-    the layer's weight format (`weights`; None: the plain {w13, w2} set)."""
+    the layer's weight format (`weights`; None: the plain {w13, w2} set). `max_ids`: the
+    layer's experts E, given with a slot view: a call uses at most E of its rows, which
+    bounds the work of kernels that would otherwise size it by the view's rows (the view
+    holds later layers' slots and the shared regions: offload/slot_pool.py)."""
     if weights is not None:
-        return weights(hidden, ids, topk_weights, tensors)
+        return weights(hidden, ids, topk_weights, tensors, max_ids)
     return kernels.fused_moe(hidden, ids, topk_weights, tensors["w13"], tensors["w2"])
 
 
@@ -78,6 +82,12 @@ class OffloadExecutor(ExpertExecutor):
         # copy-engine fill (offload/copy_engine.py), used while a decode graph is captured.
         self.copies = None
 
+    @property
+    def max_ids(self) -> int:
+        """Distinct rows of the view one call can use: one per expert of the layer, whether
+        they are slots, overflow rows or a prompt pass's streamed rows."""
+        return self.cache.num_experts
+
     def load_experts(
         self, topk_ids: torch.Tensor, hidden: torch.Tensor | None = None
     ) -> tuple[torch.Tensor, dict]:
@@ -105,7 +115,7 @@ class OffloadExecutor(ExpertExecutor):
         if self.profile is not None:
             return self._profiled(hidden, topk_ids, topk_weights)
         ids, tensors = self.load_experts(topk_ids, hidden)
-        return run_experts(hidden, ids, topk_weights, tensors, self.weights)
+        return run_experts(hidden, ids, topk_weights, tensors, self.weights, self.max_ids)
 
     def _profiled(
         self, hidden: torch.Tensor, topk_ids: torch.Tensor, topk_weights: torch.Tensor
@@ -118,7 +128,7 @@ class OffloadExecutor(ExpertExecutor):
         ids, tensors = self.load_experts(topk_ids, hidden)
         p.sync()
         t_gemm = clock()
-        out = run_experts(hidden, ids, topk_weights, tensors, self.weights)
+        out = run_experts(hidden, ids, topk_weights, tensors, self.weights, self.max_ids)
         t_launched = clock()
         p.sync()
         t_done = clock()

@@ -197,8 +197,12 @@ class WeightFormat(ABC):
         w13: dict[str, torch.Tensor],
         w2: dict[str, torch.Tensor],
         inter: int,
+        max_ids: int | None = None,
     ) -> torch.Tensor:
-        """The GPU path: routed experts on `[N, ...]` tensor sets (experts or slots)."""
+        """The GPU path: routed experts on `[N, ...]` tensor sets (experts or slots).
+        `max_ids`: at most this many distinct ids in `topk_ids` (an offloaded layer's E,
+        where the set is a slot view of many more rows), for kernels whose work would
+        otherwise grow with N; None: up to N."""
         return self.reference_moe(hidden, topk_ids, topk_weights, w13, w2, inter)
 
     def __repr__(self) -> str:

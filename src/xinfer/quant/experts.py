@@ -50,15 +50,18 @@ class ExpertWeights:
         topk_ids: torch.Tensor,
         topk_weights: torch.Tensor,
         tensors: dict[str, torch.Tensor],
+        max_ids: int | None = None,
     ) -> torch.Tensor:
         """hidden (T, H), topk_ids (T, k) into the first dim of `tensors`, weights float32
-        (T, k) → (T, H)."""
+        (T, k) → (T, H). `max_ids`: at most this many distinct ids in `topk_ids` (an
+        offloaded layer's E on its slot view; None: any row of `tensors`)."""
         w13 = _proj_set(tensors, "w13", self.fmt.tensor_specs(*self.proj_nk("w13")))
         w2 = _proj_set(tensors, "w2", self.proj_fmt("w2").tensor_specs(*self.proj_nk("w2")))
         w2_fmt = self.w2_fmt if self.w2_fmt not in (None, self.fmt) else None
         return kernels.format_moe(
-            hidden, topk_ids, topk_weights, self.fmt, w13, w2, self.intermediate_size, w2_fmt
-        )
+            hidden, topk_ids, topk_weights, self.fmt, w13, w2, self.intermediate_size, w2_fmt,
+            max_ids,
+        )  # fmt: skip
 
 
 def _proj_set(tensors: dict[str, torch.Tensor], proj: str, names) -> dict[str, torch.Tensor]:

@@ -69,7 +69,8 @@ class GGUFFormat(WeightFormat):
 
         return gguf_launch.linear(x, tensors["weight"], self.btype, bias, n, k)
 
-    def triton_moe(self, hidden, topk_ids, topk_weights, w13, w2, inter, w2_fmt=None):
+    def triton_moe(self, hidden, topk_ids, topk_weights, w13, w2, inter, w2_fmt=None, max_ids=None):
+        # max_ids: unused, the in-register grouped GEMMs' work does not grow with the set
         from xinfer.kernels import gguf_launch
 
         down = w2_fmt or self

@@ -79,7 +79,9 @@ class Int4Grouped(WeightFormat):
 
         return quant_launch.linear(x, self, tensors, bias, n, k)
 
-    def triton_moe(self, hidden, topk_ids, topk_weights, w13, w2, inter):
+    def triton_moe(self, hidden, topk_ids, topk_weights, w13, w2, inter, max_ids=None):
         from xinfer.kernels import quant_launch
 
-        return quant_launch.fused_moe(hidden, topk_ids, topk_weights, self, w13, w2, inter)
+        return quant_launch.fused_moe(
+            hidden, topk_ids, topk_weights, self, w13, w2, inter, max_ids=max_ids
+        )

@@ -96,9 +96,11 @@ class IsqFormat(WeightFormat):
     def triton_linear(self, x, tensors, bias, n, k):
         return self.block_format(k).triton_linear(x, tensors, bias, n, k)
 
-    def triton_moe(self, hidden, topk_ids, topk_weights, w13, w2, inter):
+    def triton_moe(self, hidden, topk_ids, topk_weights, w13, w2, inter, max_ids=None):
         f13, f2 = self.block_format(hidden.shape[-1]), self.block_format(inter)
-        return f13.triton_moe(hidden, topk_ids, topk_weights, w13, w2, inter, w2_fmt=f2)
+        return f13.triton_moe(
+            hidden, topk_ids, topk_weights, w13, w2, inter, w2_fmt=f2, max_ids=max_ids
+        )
 
 
 def isq_config(isq: str, include_dense: bool, device: torch.device | str) -> QuantConfig:

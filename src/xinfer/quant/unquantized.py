@@ -58,5 +58,6 @@ class Unquantized(WeightFormat):
     def reference_moe(self, hidden, topk_ids, topk_weights, w13, w2, inter):
         return reference.fused_moe(hidden, topk_ids, topk_weights, w13["weight"], w2["weight"])
 
-    def triton_moe(self, hidden, topk_ids, topk_weights, w13, w2, inter):
+    def triton_moe(self, hidden, topk_ids, topk_weights, w13, w2, inter, max_ids=None):
+        # max_ids: unused, the grouped GEMMs' work does not grow with the set's rows
         return kernels.fused_moe(hidden, topk_ids, topk_weights, w13["weight"], w2["weight"])

@@ -27,23 +27,25 @@ def _tile(
 
 @triton.jit(do_not_specialize=["first"])
 def dequant_kernel(
-    w_ptr, s_ptr, z_ptr, used_ptr, out_ptr,
+    w_ptr, s_ptr, z_ptr, ids_ptr, out_ptr,
     first, N, K,
     stride_we, stride_wn, stride_se, stride_sn, stride_ze, stride_zn, stride_oe, stride_on,
     FMT: tl.constexpr, SCALE_BN: tl.constexpr, SCALE_BK: tl.constexpr, HAS_ZERO: tl.constexpr,
-    USE_FLAGS: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr,
+    GATHER: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr,
     GROUP_T: tl.constexpr,
 ):  # fmt: skip
     """grid (cdiv(N, BLOCK_N), cdiv(K, BLOCK_K), count): out[j] = dequant(W[first + j]) for
-    the `count` experts from `first`. USE_FLAGS: an expert whose `used` flag (int8, one per
-    expert of the set) is 0 is skipped, its rows of `out` left as they are."""
+    the `count` experts from `first`; GATHER: out[j] = dequant(W[ids[first + j]]) (`ids`
+    int32), a negative id skipped, its rows of `out` left as they are."""
     pid_n = tl.program_id(0)
     pid_k = tl.program_id(1)
     j = tl.program_id(2).to(tl.int64)
-    e = first + j
-    if USE_FLAGS:
-        if tl.load(used_ptr + e) == 0:
+    if GATHER:
+        e = tl.load(ids_ptr + first + j).to(tl.int64)
+        if e < 0:
             return
+    else:
+        e = first + j
     offs_n = pid_n * BLOCK_N + tl.arange(0, BLOCK_N)
     offs_k = pid_k * BLOCK_K + tl.arange(0, BLOCK_K)
     mask_n = offs_n < N
