@@ -83,6 +83,15 @@ def format_moe(
     return fmt.reference_moe(hidden, topk_ids, topk_weights, w13, w2, inter, **extra)
 
 
+def moe_merge_key(weights, num_pairs: int, hidden: torch.Tensor) -> object | None:
+    """What fixes each row's bits in a routed-expert call of `num_pairs` pairs on expert
+    weights `weights` (an ExpertWeights; None: plain): calls with equal keys give a row the
+    same bits whatever the other rows (None: no such promise, never join calls)."""
+    if weights is None or weights.w2_fmt not in (None, weights.fmt):
+        return None
+    return weights.fmt.moe_merge_key(num_pairs, hidden)
+
+
 def rms_norm(
     x: torch.Tensor, weight: torch.Tensor, eps: float, residual: torch.Tensor | None = None
 ) -> torch.Tensor | tuple[torch.Tensor, torch.Tensor]:

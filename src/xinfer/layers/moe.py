@@ -82,10 +82,26 @@ class FusedMoE(nn.Module):
 
     def forward(self, x: torch.Tensor, router_logits: torch.Tensor) -> torch.Tensor:
         """x (T, H), router_logits (T, E) → (T, H)."""
+        return self.run(x, *self.select(router_logits))
+
+    def select(self, router_logits: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        """router_logits (T, E) → (topk_weights float32 (T, k), topk_ids (T, k))."""
+        if self.routing is None:
+            return kernels.route_topk(router_logits, self.top_k, self.renormalize)
+        return self.routing(router_logits)
+
+    def run(
+        self, x: torch.Tensor, topk_weights: torch.Tensor, topk_ids: torch.Tensor
+    ) -> torch.Tensor:
+        """The routed experts of x (T, H) for the choice `select` made → (T, H)."""
         if self.executor is None:
             self.attach_executor(ResidentExecutor(self.expert_tensors, self.expert_weights))
-        if self.routing is None:
-            topk_weights, topk_ids = kernels.route_topk(router_logits, self.top_k, self.renormalize)
-        else:
-            topk_weights, topk_ids = self.routing(router_logits)
         return self.executor(x, topk_ids, topk_weights)
+
+    def merge_key(self, num_tokens: int, x: torch.Tensor) -> object | None:
+        """What fixes each token's bits in a `run` of `num_tokens` tokens like x: runs with
+        equal keys give a token the same bits whatever the other tokens, so a prompt pass may
+        join its chunks' runs into one (None: never join)."""
+        if self.executor is not None and not self.executor.takes_any_width:
+            return None
+        return kernels.moe_merge_key(self.expert_weights, num_tokens * self.top_k, x)

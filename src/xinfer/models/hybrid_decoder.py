@@ -145,13 +145,19 @@ class HybridDecoderLayer(nn.Module):
     def forward(
         self, positions: torch.Tensor, x: torch.Tensor, residual: torch.Tensor | None
     ) -> tuple[torch.Tensor, torch.Tensor]:
+        x, residual = self.forward_attention(positions, x, residual)
+        return self.mlp(x), residual
+
+    def forward_attention(
+        self, positions: torch.Tensor, x: torch.Tensor, residual: torch.Tensor | None
+    ) -> tuple[torch.Tensor, torch.Tensor]:
+        """The layer up to its MLP: (the MLP's input, the residual)."""
         if residual is None:
             residual, x = x, self.input_layernorm(x)
         else:
             x, residual = self.input_layernorm(x, residual)
         x = self.linear_attn(x) if self.is_linear else self.self_attn(positions, x)
-        x, residual = self.post_attention_layernorm(x, residual)
-        return self.mlp(x), residual
+        return self.post_attention_layernorm(x, residual)
 
 
 class HybridModel(nn.Module):

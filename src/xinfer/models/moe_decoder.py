@@ -85,10 +85,19 @@ class SparseMoeBlock(nn.Module):
             self.shared_expert_gate = Linear(cfg.hidden_size, 1, quantizable=False)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        out = self.experts(x, self.gate(x))
+        return self.finish(x, self.experts.run(x, *self.route(x)))
+
+    # A prompt pass runs the block in three parts so that its chunks' routed-expert runs
+    # can be one (runner/expert_merge.py): route per chunk, `experts.run`, finish per chunk.
+    def route(self, x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        """x (T, H) → the experts' choice (topk_weights, topk_ids) for `experts.run`."""
+        return self.experts.select(self.gate(x))
+
+    def finish(self, x: torch.Tensor, routed: torch.Tensor) -> torch.Tensor:
+        """The block's output from its input x and the routed experts' output."""
         if self.shared_expert is not None:
-            out = out + torch.sigmoid(self.shared_expert_gate(x)) * self.shared_expert(x)
-        return out
+            return routed + torch.sigmoid(self.shared_expert_gate(x)) * self.shared_expert(x)
+        return routed
 
 
 class DecoderLayer(nn.Module):
@@ -107,13 +116,19 @@ class DecoderLayer(nn.Module):
     def forward(
         self, positions: torch.Tensor, x: torch.Tensor, residual: torch.Tensor | None
     ) -> tuple[torch.Tensor, torch.Tensor]:
+        x, residual = self.forward_attention(positions, x, residual)
+        return self.mlp(x), residual
+
+    def forward_attention(
+        self, positions: torch.Tensor, x: torch.Tensor, residual: torch.Tensor | None
+    ) -> tuple[torch.Tensor, torch.Tensor]:
+        """The layer up to its MLP: (the MLP's input, the residual)."""
         if residual is None:
             residual, x = x, self.input_layernorm(x)
         else:
             x, residual = self.input_layernorm(x, residual)
         x = self.self_attn(positions, x)
-        x, residual = self.post_attention_layernorm(x, residual)
-        return self.mlp(x), residual
+        return self.post_attention_layernorm(x, residual)
 
 
 class MoeModel(nn.Module):

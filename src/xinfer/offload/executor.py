@@ -26,6 +26,12 @@ class ExpertExecutor(ABC):
     ) -> torch.Tensor:
         """hidden (T, H), topk_ids int32 (T, k) expert ids, topk_weights float32 (T, k)."""
 
+    @property
+    def takes_any_width(self) -> bool:
+        """Whether a call may be wider than one engine step's tokens (a prompt pass joining
+        its chunks' calls, runner/expert_merge.py)."""
+        return True
+
 
 def run_experts(
     hidden: torch.Tensor,
@@ -81,6 +87,12 @@ class OffloadExecutor(ExpertExecutor):
         # Set by offload/setup.py for `--moe-offload-fill copy-engine`: the layer's
         # copy-engine fill (offload/copy_engine.py), used while a decode graph is captured.
         self.copies = None
+
+    @property
+    def takes_any_width(self) -> bool:
+        """Only while a prompt pass streams the layer: the lookup path's overflow rows are
+        sized for one step's tokens."""
+        return self.streamed is not None
 
     @property
     def max_ids(self) -> int:

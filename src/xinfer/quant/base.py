@@ -205,5 +205,11 @@ class WeightFormat(ABC):
         otherwise grow with N; None: up to N."""
         return self.reference_moe(hidden, topk_ids, topk_weights, w13, w2, inter)
 
+    def moe_merge_key(self, num_pairs: int, hidden: torch.Tensor) -> object | None:
+        """The GPU path's choice of kernel and tiles for a routed-expert call of `num_pairs`
+        (token, k) pairs, where that choice alone fixes each row's bits (calls with equal keys
+        may be joined into one); None where a row's bits may depend on the call: never join."""
+        return None
+
     def __repr__(self) -> str:
         return f"{type(self).__name__}({self.name})"

@@ -61,3 +61,12 @@ class Unquantized(WeightFormat):
     def triton_moe(self, hidden, topk_ids, topk_weights, w13, w2, inter, max_ids=None):
         # max_ids: unused, the grouped GEMMs' work does not grow with the set's rows
         return kernels.fused_moe(hidden, topk_ids, topk_weights, w13["weight"], w2["weight"])
+
+    def moe_merge_key(self, num_pairs, hidden):
+        # the grouped GEMMs: a row's bits depend only on the tiles (the K order), never on
+        # the other rows; GEMV-sized calls (and the CPU twin) are never joined
+        from xinfer.kernels import moe_launch
+
+        if not kernels.use_triton(hidden) or num_pairs <= moe_launch.MAX_GEMV_PAIRS:
+            return None
+        return moe_launch.grouped_config(num_pairs, hidden.dtype, hidden.device)

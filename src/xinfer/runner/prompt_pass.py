@@ -5,8 +5,9 @@ not once per chunk (offload/staging.py copies layer l+1 while layer l computes).
 Each chunk is exactly the batch the chunked path would run alone (same tokens, positions,
 KV slots and block table; the forward context of a one-request step), and each layer runs its
 chunks in order, so every kernel call sees what it would see chunk by chunk: the result is
-the same bits. The scheduler cuts the pass into slices of layers (engine/scheduler.py); the
-hidden states of all chunks live here between slices."""
+the same bits. Where a layer offers it, the chunks' routed-expert calls run as one
+(runner/expert_merge.py; the same bits too). The scheduler cuts the pass into slices of
+layers (engine/scheduler.py); the hidden states of all chunks live here between slices."""
 
 from __future__ import annotations
 
@@ -17,6 +18,7 @@ from typing import Protocol
 import torch
 
 from xinfer.engine.scheduler import ScheduledRequest
+from xinfer.runner import expert_merge
 from xinfer.runner.forward_context import forward_context
 
 
@@ -86,6 +88,12 @@ class PromptPassRunner:
         try:
             for i, layer in enumerate(layers[lo:hi]):
                 hooks.enter(i)
+                block = expert_merge.mergeable_block(layer) if len(state.chunks) > 1 else None
+                if block is not None:  # the chunks' routed-expert calls joined
+                    expert_merge.run_layer(layer, block, state.chunks, state.hidden,
+                                           state.residual)  # fmt: skip
+                    hooks.exit(i)
+                    continue
                 for c, inp in enumerate(state.chunks):  # in order: each sees the KV before it
                     with forward_context(inp.ctx):
                         state.hidden[c], state.residual[c] = layer(

@@ -1,0 +1,162 @@
+"""A prompt pass's routed-expert calls joined across its chunks (runner/expert_merge.py): which
+chunks join (equal keys, the joined call's key unchanged, a size cap), that a joined pass
+gives the chunked path's tokens resident and offloaded (on CPU the twin has no key: the
+tests give it one), and where joining is refused (tensor-parallel hooks, an offload layer on
+its lookup path, GEMV-sized calls, the CPU twin)."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+from tiny_models import make_hf_model, prompts, write_checkpoint
+
+from xinfer import LLM, SamplingParams
+from xinfer.layers.moe import FusedMoE
+from xinfer.quant.unquantized import Unquantized
+from xinfer.runner import expert_merge
+
+
+def _tile_key(top_k: int):
+    """The shape of moe_launch's choice: GEMV up to 64 pairs (never joined), then three
+    grouped tiles by pair count."""
+
+    def key(tokens: int):
+        pairs = tokens * top_k
+        if pairs <= 64:
+            return None
+        return "small" if pairs <= 1024 else "mid" if pairs < 16384 else "large"
+
+    return key
+
+
+@pytest.mark.parametrize(
+    "sizes, top_k, max_tokens, groups",
+    [
+        ([2048] * 4 + [100], 8, 9362, [[0, 1, 2, 3], [4]]),  # the short last chunk: its own tile
+        ([2048] * 6, 8, 9362, [[0, 1, 2, 3], [4, 5]]),  # the size cap
+        ([2048] * 4, 2, 10**9, [[0, 1, 2], [3]]),  # joined, 4 chunks would change the tile
+        ([512, 512, 300], 4, 10**9, [[0, 1, 2]]),  # all "mid": the short last one joins
+        ([8, 8, 8], 8, 10**9, [[0], [1], [2]]),  # GEMV-sized: never
+        ([2048], 8, 10**9, [[0]]),
+    ],
+)
+def test_join_groups(sizes, top_k, max_tokens, groups):
+    assert expert_merge.join_groups(sizes, _tile_key(top_k), max_tokens) == groups
+
+
+def _generate(path, prompt, layered: bool, frac=None) -> tuple[list[int], LLM]:
+    llm = LLM(str(path), device="cpu", moe_offload=frac, max_num_batched_tokens=16)
+    llm.engine.scheduler.layered_prompts = layered
+    params = SamplingParams(max_tokens=6, temperature=0.0, ignore_eos=True)
+    return llm.generate(prompt, params)[0].token_ids, llm
+
+
+@pytest.mark.parametrize("frac", [None, 0.25])
+def test_joined_pass_equals_chunked_path(tmp_path, monkeypatch, frac):
+    """A 70-token prompt, 16-token chunks (4 full and a short one): with a key for every
+    call, each MoE layer of the pass runs its experts once; the tokens are the chunked
+    path's (float32 on CPU, where joining is otherwise off)."""
+    path = write_checkpoint(make_hf_model("olmoe", seed=2, num_experts=16), tmp_path)
+    prompt = (prompts(4, seed=6)[3] * 3)[:70]
+    chunked, _ = _generate(path, prompt, layered=False, frac=frac)
+
+    monkeypatch.setattr(Unquantized, "moe_merge_key", lambda self, pairs, x: "one tile")
+    widths: list[int] = []
+    run = FusedMoE.run
+
+    def counting_run(self, x, weights, ids):
+        widths.append(x.shape[0])
+        return run(self, x, weights, ids)
+
+    monkeypatch.setattr(FusedMoE, "run", counting_run)
+    joined, llm = _generate(path, prompt, layered=True, frac=frac)
+    assert joined == chunked
+    layers = len(llm.engine.model.moe_layers())
+    prompt_calls = [w for w in widths if w > 1]  # the decode steps' calls are one token wide
+    assert prompt_calls.count(70) == layers  # the pass: one call per layer over all chunks
+
+
+def test_no_key_on_the_cpu_twin_and_for_gemv_sized_calls():
+    fmt = Unquantized(torch.float32)
+    assert fmt.moe_merge_key(4096, torch.zeros(2, 2)) is None  # CPU: the reference twin
+
+
+def test_refused_under_tensor_parallel_hooks(tmp_path):
+    path = write_checkpoint(make_hf_model("olmoe", seed=2, num_experts=16), tmp_path)
+    llm = LLM(str(path), device="cpu")
+    layer = llm.engine.model.model.layers[0]
+    assert expert_merge.mergeable_block(layer) is layer.mlp
+    layer.mlp.register_forward_hook(lambda module, args, out: out)  # as parallel/model.py does
+    assert expert_merge.mergeable_block(layer) is None
+
+
+def test_offload_lookup_path_takes_no_joined_call(tmp_path, monkeypatch):
+    """An offloaded layer outside a pass's streaming (its overflow rows are sized for one
+    step's tokens) gives no key, whatever its format would say."""
+    monkeypatch.setattr(Unquantized, "moe_merge_key", lambda self, pairs, x: "one tile")
+    path = write_checkpoint(make_hf_model("olmoe", seed=2, num_experts=16), tmp_path)
+    llm = LLM(str(path), device="cpu", moe_offload=0.25)
+    moe = llm.engine.model.moe_layers()[0]
+    x = torch.zeros(4, moe.hidden_size)
+    assert moe.executor.streamed is None and moe.merge_key(32, x) is None
+    moe.executor.streamed = (torch.zeros(16, dtype=torch.int32), {})
+    assert moe.merge_key(32, x) == "one tile"
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize(
+    "chunk, top_k, count", [(100, 4, 2), (512, 4, 3), (300, 8, 2), (2048, 8, 4)]
+)
+def test_joined_call_gives_each_row_its_bits_on_cuda(chunk, top_k, count):
+    """The key's promise on the GPU kernels, for each grouped tile (small, mid, large): one
+    call over `count` chunks == the chunks' own calls, bit for bit."""
+    from xinfer import kernels
+
+    dev, dt = torch.device("cuda", 0), torch.bfloat16
+    g = torch.Generator(device=dev).manual_seed(chunk + top_k)
+    num_experts, hidden, inter = 64, 512, 256
+    w13 = torch.randn(num_experts, 2 * inter, hidden, device=dev, generator=g).to(dt) / 16
+    w2 = torch.randn(num_experts, hidden, inter, device=dev, generator=g).to(dt) / 16
+    xs = [torch.randn(chunk, hidden, device=dev, generator=g).to(dt) for _ in range(count)]
+    logits = [torch.randn(chunk, num_experts, device=dev, generator=g) for _ in range(count)]
+    choices = [kernels.route_topk(lg, top_k, True) for lg in logits]
+    fmt = Unquantized(dt)
+    assert fmt.moe_merge_key(chunk * top_k, xs[0]) is not None
+    assert fmt.moe_merge_key(chunk * top_k, xs[0]) == fmt.moe_merge_key(
+        count * chunk * top_k, xs[0]
+    )
+    own = [kernels.fused_moe(x, i, w, w13, w2) for x, (w, i) in zip(xs, choices)]
+    joined = kernels.fused_moe(
+        torch.cat(xs), torch.cat([i for _, i in choices]), torch.cat([w for w, _ in choices]),
+        w13, w2,
+    )  # fmt: skip
+    assert torch.equal(joined.view(torch.int16), torch.cat(own).view(torch.int16))
+
+
+@pytest.mark.gpu
+def test_engine_pass_joins_its_expert_calls_on_cuda(tmp_path, monkeypatch):
+    """A 2,400-token prompt, 1,024-token chunks, bf16 on the GPU: the two full chunks' expert
+    calls run as one 2,048-token call (the short last chunk keeps its smaller tile), and the
+    greedy tokens are the chunked path's."""
+    path = write_checkpoint(make_hf_model("qwen3_moe", max_position_embeddings=4096), tmp_path)
+    prompt = (prompts(4, seed=3)[3] * 200)[:2400]
+    params = SamplingParams(max_tokens=8, temperature=0.0, ignore_eos=True)
+    widths: list[int] = []
+    run = FusedMoE.run
+
+    def counting_run(self, x, weights, ids):
+        widths.append(x.shape[0])
+        return run(self, x, weights, ids)
+
+    monkeypatch.setattr(FusedMoE, "run", counting_run)
+    outs, joined_calls = [], []
+    for layered in (False, True):
+        llm = LLM(str(path), device="cuda:0", dtype="bfloat16", max_num_batched_tokens=1024,
+                  max_model_len=4096)  # fmt: skip
+        llm.engine.scheduler.layered_prompts = layered
+        widths.clear()
+        outs.append(llm.generate(prompt, params)[0].token_ids)
+        joined_calls.append(widths.count(2048))
+        num_moe = len(llm.engine.model.moe_layers())
+        del llm
+    assert joined_calls == [0, num_moe] and outs[0] == outs[1]
