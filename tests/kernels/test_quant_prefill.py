@@ -152,3 +152,20 @@ def test_chunked_grouped_path_replays_in_cuda_graphs(name):
     assert all(torch.equal(s, e) for s, e in zip(static, eager, strict=True))
     assert torch.equal(static[0], static[1])  # chunked or whole, the same bits
     assert torch.equal(static[0], static[3])  # on a view or not
+
+
+@pytest.mark.parametrize("name", list(FORMATS))
+@pytest.mark.parametrize("chunk_tokens, count", [(256, 3), (2048, 2)])
+def test_joined_call_gives_each_row_its_bits(name, chunk_tokens, count):
+    """The formats' merge key (`quant_launch.moe_merge_key`) promises that calls with one key
+    give a token the same bits whatever the other tokens: one call over `count` chunks (a
+    prompt pass joining them, runner/expert_merge.py) == the chunks' own calls, bit for bit."""
+    fmt, hidden, ids, weights, w13, w2 = _moe_inputs(name, chunk_tokens * count, seed=11)
+    key = fmt.moe_merge_key(chunk_tokens * TOP_K, hidden)
+    assert key is not None and key == fmt.moe_merge_key(count * chunk_tokens * TOP_K, hidden)
+    own = [
+        fmt.triton_moe(hidden[s], ids[s], weights[s], w13, w2, INTER)
+        for s in (slice(c * chunk_tokens, (c + 1) * chunk_tokens) for c in range(count))
+    ]
+    joined = fmt.triton_moe(hidden, ids, weights, w13, w2, INTER)
+    assert torch.equal(joined.view(torch.int16), torch.cat(own).view(torch.int16))

@@ -220,3 +220,19 @@ def test_fused_moe_on_a_large_view_runs_only_the_ids_it_uses(qp, name, monkeypat
         # None: bounded by the 14 pairs, not by the 64 rows; the 3 used rows, once a projection
         assert len(rounds) == want_rounds, (chunk, max_ids, len(rounds))
         assert sorted(dequantized) == [2, 2, 37, 37, 38, 38], (chunk, max_ids)
+
+
+@child_only
+@pytest.mark.parametrize("name", ["fp8-16x32", "gptq-g32-sym", "nvfp4"])
+def test_joined_call_gives_each_row_its_bits(qp, name):
+    """One call over two chunks' pairs (a prompt pass joining them, runner/expert_merge.py)
+    == each chunk's own call with the same tiles, bit for bit."""
+    from xinfer.kernels import moe_launch
+
+    fmt, hidden, ids, weights, w13, w2, inter = _moe_case(name, torch.float16, tokens=14)
+    cfg = moe_launch.MoeConfig(block_m=16, block_n=16, block_k=32, num_warps=4)
+    kw13, kw2 = fmt.kernel_weights(w13, hidden.shape[1]), fmt.kernel_weights(w2, inter)
+    own = [qp.fused_moe(hidden[s], ids[s], weights[s], kw13, kw2, inter, cfg)
+           for s in (slice(0, 9), slice(9, 14))]  # fmt: skip
+    joined = qp.fused_moe(hidden, ids, weights, kw13, kw2, inter, cfg)
+    assert torch.equal(joined, torch.cat(own))

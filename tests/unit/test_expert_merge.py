@@ -81,6 +81,30 @@ def test_no_key_on_the_cpu_twin_and_for_gemv_sized_calls():
     assert fmt.moe_merge_key(4096, torch.zeros(2, 2)) is None  # CPU: the reference twin
 
 
+def test_quantized_keys_follow_the_dequantized_path(monkeypatch):
+    """FP8 / INT4 / NVFP4: a key only where the call dequantizes and runs the grouped GEMMs
+    (from PREFILL_MIN_PAIRS pairs), equal where the grouped tiles are; GGUF (and ISQ, its
+    blocks) none yet; the CPU twin none."""
+    from xinfer import kernels
+    from xinfer.kernels import quant_launch
+    from xinfer.quant.base import WeightFormat
+    from xinfer.quant.fp8 import Fp8Block
+    from xinfer.quant.gguf_formats import GGUFFormat
+    from xinfer.quant.gptq import GptqInt4
+    from xinfer.quant.nvfp4 import Nvfp4
+
+    x = torch.zeros(2, 2, dtype=torch.bfloat16)
+    low = quant_launch.PREFILL_MIN_PAIRS
+    formats = (Fp8Block(128, 128), GptqInt4(group_size=128, has_zero=False), Nvfp4())
+    assert all(f.moe_merge_key(4 * low, x) is None for f in formats)  # CPU tensors
+    monkeypatch.setattr(kernels, "use_triton", lambda t: True)
+    for fmt in formats:
+        assert fmt.moe_merge_key(low - 1, x) is None  # the in-register kernels
+        assert fmt.moe_merge_key(low + 8, x) == fmt.moe_merge_key(2 * low, x) is not None
+        assert fmt.moe_merge_key(2048 * 8, x) != fmt.moe_merge_key(1024 * 8, x)  # tiles differ
+    assert GGUFFormat.moe_merge_key is WeightFormat.moe_merge_key  # the default: none
+
+
 def test_refused_under_tensor_parallel_hooks(tmp_path):
     path = write_checkpoint(make_hf_model("olmoe", seed=2, num_experts=16), tmp_path)
     llm = LLM(str(path), device="cpu")

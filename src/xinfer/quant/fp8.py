@@ -91,6 +91,11 @@ class Fp8Block(WeightFormat):
             hidden, topk_ids, topk_weights, self, w13, w2, inter, max_ids=max_ids
         )
 
+    def moe_merge_key(self, num_pairs, hidden):
+        from xinfer.kernels import quant_launch
+
+        return quant_launch.moe_merge_key(num_pairs, hidden)
+
 
 PER_ROW = 1 << 30  # a "block" wider than any row: one scale per row
 

@@ -100,3 +100,8 @@ class Nvfp4(WeightFormat):
         return quant_launch.fused_moe(
             hidden, topk_ids, topk_weights, self, w13, w2, inter, max_ids=max_ids
         )
+
+    def moe_merge_key(self, num_pairs, hidden):
+        from xinfer.kernels import quant_launch
+
+        return quant_launch.moe_merge_key(num_pairs, hidden)
