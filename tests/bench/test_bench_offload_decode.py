@@ -138,11 +138,11 @@ def test_tables():
         {"rate": "0", "ttft": [{"tokens": 2048, "ttft_s": 0.1}, {"tokens": 32768,
                                                                   "error": "over max-model-len"}]},
         {"rate": "auto", "slots": [40], "num_experts": 128,
-         "ttft": [{"tokens": 2048, "ttft_s": 0.5, "bytes_moved": 2e10}]},
+         "ttft": [{"tokens": 2048, "ttft_s": 0.5, "bytes_moved": 2e10, "first_ttft_s": 0.61}]},
     ])  # fmt: skip
     assert "| GPU experts | 2k tokens | 32k tokens |" in ttft
     assert "| none (resident) | 0.10 s (20.5k tok/s) | over max-model-len |" in ttft
-    assert "| auto (40/128) | 0.50 s (4.1k tok/s, 20 GB moved) | — |" in ttft
+    assert "| auto (40/128) | 0.50 s (4.1k tok/s, 20 GB moved; first prompt 0.61 s) | — |" in ttft
 
 
 def test_engine_plan():

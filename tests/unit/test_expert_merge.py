@@ -51,6 +51,19 @@ def _generate(path, prompt, layered: bool, frac=None) -> tuple[list[int], LLM]:
     return llm.generate(prompt, params)[0].token_ids, llm
 
 
+def _count_run_widths(monkeypatch) -> list[int]:
+    """The token count of every `FusedMoE.run` call from now on (the list fills as they run)."""
+    widths: list[int] = []
+    run = FusedMoE.run
+
+    def counting_run(self, x, weights, ids):
+        widths.append(x.shape[0])
+        return run(self, x, weights, ids)
+
+    monkeypatch.setattr(FusedMoE, "run", counting_run)
+    return widths
+
+
 @pytest.mark.parametrize("frac", [None, 0.25])
 def test_joined_pass_equals_chunked_path(tmp_path, monkeypatch, frac):
     """A 70-token prompt, 16-token chunks (4 full and a short one): with a key for every
@@ -61,14 +74,7 @@ def test_joined_pass_equals_chunked_path(tmp_path, monkeypatch, frac):
     chunked, _ = _generate(path, prompt, layered=False, frac=frac)
 
     monkeypatch.setattr(Unquantized, "moe_merge_key", lambda self, pairs, x: "one tile")
-    widths: list[int] = []
-    run = FusedMoE.run
-
-    def counting_run(self, x, weights, ids):
-        widths.append(x.shape[0])
-        return run(self, x, weights, ids)
-
-    monkeypatch.setattr(FusedMoE, "run", counting_run)
+    widths = _count_run_widths(monkeypatch)
     joined, llm = _generate(path, prompt, layered=True, frac=frac)
     assert joined == chunked
     layers = len(llm.engine.model.moe_layers())
@@ -158,6 +164,21 @@ def test_joined_call_gives_each_row_its_bits_on_cuda(chunk, top_k, count):
 
 
 @pytest.mark.gpu
+def test_prefill_chunks_take_the_large_grouped_tile_on_cuda():
+    """A 2,048-token chunk at top-8 takes the 128 x 128 tile where the device allows its
+    shared memory (the H200: 227 KiB), not the fallback a missing device property would
+    give silently."""
+    from xinfer.kernels import moe_launch
+
+    dev = torch.device("cuda", 0)
+    props = torch.cuda.get_device_properties(dev)
+    cfg = moe_launch.grouped_config(2048 * 8, torch.bfloat16, dev)
+    assert props.shared_memory_per_block_optin == moe_launch._shared_memory(dev)
+    want = 128 if props.shared_memory_per_block_optin >= moe_launch.LARGE_TILE_SHARED else 64
+    assert cfg.block_m == want
+
+
+@pytest.mark.gpu
 def test_engine_pass_joins_its_expert_calls_on_cuda(tmp_path, monkeypatch):
     """A 2,400-token prompt, 1,024-token chunks, bf16 on the GPU: the two full chunks' expert
     calls run as one 2,048-token call (the short last chunk keeps its smaller tile), and the
@@ -165,14 +186,7 @@ def test_engine_pass_joins_its_expert_calls_on_cuda(tmp_path, monkeypatch):
     path = write_checkpoint(make_hf_model("qwen3_moe", max_position_embeddings=4096), tmp_path)
     prompt = (prompts(4, seed=3)[3] * 200)[:2400]
     params = SamplingParams(max_tokens=8, temperature=0.0, ignore_eos=True)
-    widths: list[int] = []
-    run = FusedMoE.run
-
-    def counting_run(self, x, weights, ids):
-        widths.append(x.shape[0])
-        return run(self, x, weights, ids)
-
-    monkeypatch.setattr(FusedMoE, "run", counting_run)
+    widths = _count_run_widths(monkeypatch)
     outs, joined_calls = [], []
     for layered in (False, True):
         llm = LLM(str(path), device="cuda:0", dtype="bfloat16", max_num_batched_tokens=1024,

@@ -73,8 +73,8 @@ LARGE_TILE_SHARED = 160 * 1024
 
 @functools.cache
 def _device_shared_memory(index: int) -> int:
-    props = torch.cuda.get_device_properties(index)
-    return int(getattr(props, "shared_memory_per_block_optin", 0))
+    props = torch.cuda.get_device_properties(index)  # HIP has no opt-in figure: the default
+    return int(getattr(props, "shared_memory_per_block_optin", props.shared_memory_per_block))
 
 
 def _shared_memory(device: torch.device | None) -> int:
