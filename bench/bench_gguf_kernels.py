@@ -103,16 +103,30 @@ def bench_type(name: str, sweep: bool) -> list[dict]:
                              splits=splits, us=round(us, 1),
                              GBps=round(w.numel() / us / 1e3, 1)))  # fmt: skip
     x, ids, weights = _moe_case(2048)
-    configs = [None]
+    # the prefill path (dequantize, then the bf16 grouped GEMMs) and the in-register grouped
+    # GEMMs at their default tile (and the sweep's)
+    configs: list = ["dequant", None]
     if sweep:
         configs += [gl.GGUFTiles(bm, bn, subs, warps) for bm in (32, 64) for bn in (64, 128)
                     for subs in (2, 4) for warps in (4, 8)]  # fmt: skip
     for tiles in configs:
-        run = partial(gl.fused_moe, x, ids, weights, w13, bt, w2, bt, INTER, False, tiles)
+        dequant = tiles == "dequant"
+        run = partial(gl.fused_moe, x, ids, weights, w13, bt, w2, bt, INTER, False,
+                      None if dequant else tiles, dequant=dequant)  # fmt: skip
         us = _time_us(run, iters=10)
         flops = 2 * 2048 * TOP_K * 3 * H * INTER
         rows.append(dict(kernel="moe_grouped", type=name, tokens=2048, tiles=str(tiles),
                          us=round(us, 1), TFLOPs=round(flops / us / 1e6, 1)))  # fmt: skip
+    for label, (n, k) in LINEARS.items():  # a 2048-token prefill chunk's linears, both paths
+        if label == "lm_head":
+            continue
+        w = _raw(name, n, k)
+        xp = (torch.randn(2048, k, device="cuda") * 0.05).bfloat16()
+        for dequant in (True, False):
+            us = _time_us(partial(gl.linear, xp, w, bt, None, n, k, dequant=dequant), iters=10)
+            rows.append(dict(kernel=f"linear {label}", type=name, tokens=2048,
+                             tiles="dequant" if dequant else "registers", us=round(us, 1),
+                             TFLOPs=round(2 * 2048 * n * k / us / 1e6, 1)))  # fmt: skip
     return rows
 
 

@@ -128,17 +128,17 @@ def _gguf_rows(name: str, rows: int, k: int, experts: int | None = None) -> torc
     return torch.zeros((experts, *shape) if experts else shape, dtype=torch.uint8)
 
 
-def _gguf_linear(name: str, dtype, m: int, bias: bool = True) -> None:
+def _gguf_linear(name: str, dtype, m: int, bias: bool = True, dequant=None) -> None:
     from xinfer.kernels import gguf_launch
     from xinfer.quant.gguf_blocks import BLOCK_TYPES
 
     n, k = 96, 1024
     b = _randn(n, dtype=dtype) if bias else None
     w = _gguf_rows(name, n, k)
-    gguf_launch.linear(_randn(m, k, dtype=dtype), w, BLOCK_TYPES[name], b, n, k)
+    gguf_launch.linear(_randn(m, k, dtype=dtype), w, BLOCK_TYPES[name], b, n, k, dequant=dequant)
 
 
-def _gguf_moe(t13: str, t2: str, dtype, tokens: int, use_gemv: bool) -> None:
+def _gguf_moe(t13: str, t2: str, dtype, tokens: int, use_gemv: bool, dequant=None) -> None:
     from xinfer.kernels import gguf_launch
     from xinfer.quant.gguf_blocks import BLOCK_TYPES
 
@@ -147,7 +147,8 @@ def _gguf_moe(t13: str, t2: str, dtype, tokens: int, use_gemv: bool) -> None:
     w2 = _gguf_rows(t2, hidden_dim, inter, num_experts)
     weights, ids = _routing(num_experts, top_k, True)(tokens)
     gguf_launch.fused_moe(_randn(tokens, hidden_dim, dtype=dtype), ids, weights,
-                          w13, BLOCK_TYPES[t13], w2, BLOCK_TYPES[t2], inter, use_gemv)  # fmt: skip
+                          w13, BLOCK_TYPES[t13], w2, BLOCK_TYPES[t2], inter, use_gemv,
+                          dequant=dequant)  # fmt: skip
 
 
 G_GEMV = "gguf_moe_gate_up_gemv_kernel gguf_moe_down_gemv_kernel moe_combine_kernel"
@@ -157,20 +158,31 @@ G_GROUPED = (
 )
 
 
+G_DEQUANT = "gguf_dequant_kernel"
+G_PREFILL_MOE = f"gguf_dequant_kernel {MOE_GROUPED}"
+
+
 def _gguf_cases() -> None:
     g = "gguf_linear_kernel"
     split = "gguf_linear_kernel gemv_split_reduce_kernel"  # K = 1024: 2 splits of 512
     for name in GGUF_TYPES:
         add(f"gguf-{name}-linear-bf16-m1", split, _gguf_linear, name, BF16, 1)
-        add(f"gguf-{name}-linear-bf16-m128", g, _gguf_linear, name, BF16, 128)
+        add(f"gguf-{name}-linear-bf16-m127", g, _gguf_linear, name, BF16, 127)
+        add(f"gguf-{name}-linear-bf16-m128-prefill", G_DEQUANT, _gguf_linear, name, BF16, 128)
         add(f"gguf-{name}-moe-bf16-gemv", G_GEMV, _gguf_moe, name, name, BF16, 1, True)
         add(f"gguf-{name}-moe-bf16-grouped", G_GROUPED, _gguf_moe, name, name, BF16, 40, False)
+        add(f"gguf-{name}-moe-bf16-prefill", G_PREFILL_MOE, _gguf_moe, name, name, BF16, 130,
+            False)  # fmt: skip
     add("gguf-Q4_K-linear-fp16-m16-nobias", split, _gguf_linear, "Q4_K", F16, 16, bias=False)
     add("gguf-Q6_K-linear-fp32-m64", g, _gguf_linear, "Q6_K", F32, 64)
+    add("gguf-Q4_K-linear-fp16-m128-prefill", G_DEQUANT, _gguf_linear, "Q4_K", F16, 128)
     add("gguf-Q4_K+Q6_K-moe-fp16-gemv", G_GEMV, _gguf_moe, "Q4_K", "Q6_K", F16, 2, True)
     add("gguf-Q4_K+Q6_K-moe-bf16-grouped-large", G_GROUPED, _gguf_moe, "Q4_K", "Q6_K", BF16,
-        130, False)  # fmt: skip
-    add("gguf-Q8_0-moe-bf16-grouped-large", G_GROUPED, _gguf_moe, "Q8_0", "Q8_0", BF16, 130, False)
+        130, False, dequant=False)  # fmt: skip
+    add("gguf-Q4_K+Q6_K-moe-fp16-prefill", G_PREFILL_MOE, _gguf_moe, "Q4_K", "Q6_K", F16, 130,
+        False)  # fmt: skip
+    add("gguf-Q8_0-moe-bf16-grouped-large", G_GROUPED, _gguf_moe, "Q8_0", "Q8_0", BF16, 130, False,
+        dequant=False)  # fmt: skip
     add("gguf-Q8_0-moe-fp32-grouped", G_GROUPED, _gguf_moe, "Q8_0", "Q8_0", F32, 40, False)
 
 

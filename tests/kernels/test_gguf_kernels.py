@@ -124,3 +124,86 @@ def test_graph_replays_the_kernels() -> None:
     again = run()
     assert all(torch.equal(a, b) for a, b in zip(captured, again))
     assert not torch.equal(eager[0], again[0])
+
+
+# --- the prefill path: dequantize to bf16, then the bf16 kernels ----------------------------
+
+
+@pytest.mark.parametrize("name", TYPES)
+def test_dequantize_has_the_twin_bits(name) -> None:
+    """Launched without FMA contraction: each weight is the twin's float32 value, rounded
+    once (float32 output: the value itself; bf16: the twin's weight rounded to bf16)."""
+    n, k = 1536, 2048
+    bt = GGUFFormat(name).btype
+    raw = _raw(name, n, k, seed=31, experts=3)
+    twin = torch.stack([GGUFFormat(name).dequantize({"weight": raw[e]}, n, k) for e in range(3)])
+    out = gl.dequantize(raw, bt, k, torch.empty(3, n, k, device=DEV))
+    assert torch.equal(out, twin)
+    ids = torch.tensor([2, -1, 0], dtype=torch.int32, device=DEV)
+    out16 = torch.zeros(3, n, k, dtype=torch.bfloat16, device=DEV)
+    gl.dequantize(raw, bt, k, out16, ids=ids)
+    assert torch.equal(out16[0], twin[2].to(torch.bfloat16))
+    assert torch.equal(out16[2], twin[0].to(torch.bfloat16)) and not out16[1].any()
+
+
+@pytest.mark.parametrize("t13,t2", [("Q4_K", "Q6_K"), ("Q8_0", "Q8_0")])
+@pytest.mark.parametrize("num_tokens", [130, 2048])  # the 64 x 64 and the large grouped tile
+def test_prefill_moe_is_the_bf16_grouped_path_on_dequantized_experts(t13, t2, num_tokens):
+    """A prefill-sized call equals moe_launch's grouped GEMMs on the dequantized experts, bit
+    for bit, on the expert set and on a larger slot view with `max_ids`; the merge key's
+    promise holds (two chunks joined == each chunk's call); a CUDA graph replays it."""
+    from xinfer.kernels import moe_launch
+
+    x, ids, weights, w13, w2, inter = _moe(t13, t2, num_tokens)
+    f13, f2 = GGUFFormat(t13), GGUFFormat(t2)
+    hidden_dim, num_experts = x.shape[1], w13.shape[0]
+    d13 = torch.empty(num_experts, 2 * inter, hidden_dim, dtype=x.dtype, device=DEV)
+    d2 = torch.empty(num_experts, hidden_dim, inter, dtype=x.dtype, device=DEV)
+    gl.dequantize(w13, f13.btype, hidden_dim, d13)
+    gl.dequantize(w2, f2.btype, inter, d2)
+    args = (x, ids, weights, {"weight": w13}, {"weight": w2}, inter)
+    out = f13.triton_moe(*args, w2_fmt=f2)
+    assert torch.equal(out, moe_launch.fused_moe(x, ids, weights, d13, d2, use_gemv=False))
+    _close(out, f13.reference_moe(*args, w2_fmt=f2))
+
+    rows = torch.randperm(200, device=DEV)[:num_experts]  # a 200-row view, garbage elsewhere
+    v13 = w13[torch.randint(0, num_experts, (200,), device=DEV)]
+    v2 = w2[torch.randint(0, num_experts, (200,), device=DEV)]
+    v13[rows], v2[rows] = w13, w2
+    view_ids = rows[ids.long()].int()
+    on_view = gl.fused_moe(x, view_ids, weights, v13, f13.btype, v2, f2.btype, inter,
+                           max_ids=num_experts)  # fmt: skip
+    assert torch.equal(on_view, out)
+
+    # a second chunk of other tokens: joined, each row keeps the bits of its own chunk's call
+    x2, ids2, weights2 = x.flip(0) * 0.5, ids.flip(0).contiguous(), weights.flip(0).contiguous()
+    pairs = num_tokens * ids.shape[1]
+    assert f13.moe_merge_key(pairs, x) == f13.moe_merge_key(2 * pairs, x) is not None
+    other = f13.triton_moe(x2, ids2, weights2, {"weight": w13}, {"weight": w2}, inter, w2_fmt=f2)
+    joined = f13.triton_moe(torch.cat([x, x2]), torch.cat([ids, ids2]),
+                            torch.cat([weights, weights2]), {"weight": w13}, {"weight": w2},
+                            inter, w2_fmt=f2)  # fmt: skip
+    assert torch.equal(joined, torch.cat([out, other]))
+
+    run = lambda: f13.triton_moe(*args, w2_fmt=f2)  # noqa: E731
+    stream = torch.cuda.Stream()
+    with torch.cuda.stream(stream):
+        run()
+    torch.cuda.synchronize()
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(graph):
+        captured = run()
+    graph.replay()
+    torch.cuda.synchronize()
+    assert torch.equal(captured, out)
+
+
+def test_prefill_linear_is_cublas_on_the_dequantized_weight() -> None:
+    from xinfer import kernels
+
+    n, k = 5120, 2048  # Qwen3-30B-A3B's qkv
+    fmt = GGUFFormat("Q4_K")
+    raw = _raw("Q4_K", n, k, seed=32)
+    x = (torch.randn(1000, k, device=DEV) * 0.5).to(torch.bfloat16)
+    dense = gl.dequantize_weight(raw, fmt.btype, k, torch.bfloat16)
+    assert torch.equal(fmt.triton_linear(x, {"weight": raw}, None, n, k), kernels.linear(x, dense))

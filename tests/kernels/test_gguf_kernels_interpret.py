@@ -185,3 +185,105 @@ def test_fused_moe_bits_do_not_depend_on_ids(gl, use_gemv) -> None:
     slot_ids = slot_of[ids.long()].to(torch.int32)
     out = gl.fused_moe(hidden, slot_ids, weights, s13, b13, s2, b2, inter, use_gemv, tiles)
     assert torch.equal(out, base)
+
+
+# --- the prefill path: dequantize to the activation dtype, then the bf16 kernels ----------
+
+
+@child_only
+@pytest.mark.parametrize("dtype", [torch.float32, torch.float16])
+@pytest.mark.parametrize("name", TYPES)
+def test_dequantize_has_the_twin_bits(gl, name, dtype) -> None:
+    """The dequant kernel gives each weight the twin's float32 value rounded once to the
+    dtype; a range of experts, or ids gathered (a negative id skipped, its rows kept)."""
+    from xinfer.quant.gguf_blocks import BLOCK_TYPES, dequantize
+
+    bt = BLOCK_TYPES[name]
+    k, n = _k_for(name, 2 if name.endswith("_K") else 9), 37  # 9 blocks: a partial chunk
+    experts = _raw(name, n, k, seed=21, experts=4)
+    twin = torch.stack([dequantize(experts[e], bt, k) for e in range(4)]).to(dtype)
+    assert torch.equal(gl.dequantize_weight(experts[1], bt, k, dtype), twin[1])
+    two = gl.dequantize(experts, bt, k, torch.empty(2, n, k, dtype=dtype), 2)
+    assert torch.equal(two, twin[2:])
+    out = torch.full((3, n, k), 7.0, dtype=dtype)
+    ids = torch.tensor([0, 3, -1, 1], dtype=torch.int32)
+    gl.dequantize(experts, bt, k, out, first=1, ids=ids)
+    assert torch.equal(out[0], twin[3]) and torch.equal(out[2], twin[1])
+    assert (out[1] == 7.0).all()
+
+
+@child_only
+@pytest.mark.parametrize("name", ["Q4_K", "Q8_0", "Q5_0"])
+def test_prefill_linear_is_the_float_linear_on_the_twin_weight(gl, name) -> None:
+    from xinfer.kernels import quant_launch, reference
+    from xinfer.quant.gguf_formats import GGUFFormat
+
+    fmt, dtype = GGUFFormat(name), torch.float16
+    k, n = _k_for(name, 2 if name.endswith("_K") else 5), 19
+    tensors = {"weight": _raw(name, n, k, seed=22)}
+    dense = fmt.dequantize(tensors, n, k).to(dtype)
+    g = torch.Generator().manual_seed(23)
+    bias = torch.randn(n, generator=g).to(dtype)
+    x = (torch.randn(3, 7, k, generator=g) * 0.1).to(dtype)  # asked for the prefill path
+    out = gl.linear(x, tensors["weight"], fmt.btype, bias, n, k, dequant=True)
+    assert out.shape == (3, 7, n) and torch.equal(out, reference.linear(x, dense, bias))
+    rows = (torch.randn(quant_launch.PREFILL_MIN_ROWS, k, generator=g) * 0.1).to(dtype)
+    want = reference.linear(rows, dense, bias)  # the default from PREFILL_MIN_ROWS rows
+    assert torch.equal(gl.linear(rows, tensors["weight"], fmt.btype, bias, n, k), want)
+
+
+@child_only
+def test_prefill_linear_of_a_large_weight_runs_in_column_blocks(gl, monkeypatch) -> None:
+    """A weight whose dense copy exceeds CHUNK_BYTES (an LM head) is dequantized a block of
+    output columns at a time (multiples of 128 rows; the last block shorter), each block the
+    float linear on its twin rows."""
+    from xinfer.kernels import quant_prefill, reference
+    from xinfer.quant.gguf_formats import GGUFFormat
+
+    fmt, dtype, n, k = GGUFFormat("Q8_0"), torch.float16, 300, 64
+    tensors = {"weight": _raw("Q8_0", n, k, seed=27)}
+    dense = fmt.dequantize(tensors, n, k).to(dtype)
+    g = torch.Generator().manual_seed(28)
+    bias = torch.randn(n, generator=g).to(dtype)
+    x = (torch.randn(5, k, generator=g) * 0.1).to(dtype)
+    monkeypatch.setattr(quant_prefill, "CHUNK_BYTES", 128 * k * 2)  # 128 rows a block
+    out = gl.linear(x, tensors["weight"], fmt.btype, bias, n, k, dequant=True)
+    blocks = [slice(0, 128), slice(128, 256), slice(256, 300)]
+    want = torch.cat([reference.linear(x, dense[b], bias[b]) for b in blocks], dim=1)
+    assert torch.equal(out, want)
+
+
+@child_only
+@pytest.mark.parametrize("t13,t2", PAIRS)
+def test_prefill_moe_is_the_float_grouped_path_on_twin_weights(gl, t13, t2) -> None:
+    """Prefill-sized expert calls (forced here: `dequant=True`) equal the bf16 grouped GEMMs
+    on the twin-dequantized experts, bit for bit, w2 in another block type; on a larger
+    slot view with a `max_ids` bound, the same bits; each row's bits are its own (a joined
+    call over two chunks == the chunks' calls: the merge key's promise)."""
+    from xinfer.kernels import moe_launch
+    from xinfer.quant.gguf_blocks import BLOCK_TYPES, dequantize
+
+    dtype = torch.float16
+    hidden, ids, weights, w13, w2, inter = _moe_case(t13, t2, seed=24)
+    hidden = hidden.to(dtype)
+    b13, b2 = BLOCK_TYPES[t13], BLOCK_TYPES[t2]
+    num_experts, hidden_dim = w13.shape[0], hidden.shape[1]
+    d13 = torch.stack([dequantize(w13[e], b13, hidden_dim) for e in range(num_experts)])
+    d2 = torch.stack([dequantize(w2[e], b2, inter) for e in range(num_experts)])
+    cfg = moe_launch.MoeConfig(block_m=16, block_n=16, block_k=32, num_warps=4)
+    ref = moe_launch.fused_moe(hidden, ids, weights, d13.to(dtype), d2.to(dtype), cfg, False)
+    run = dict(use_gemv=False, dequant=True, config=cfg)
+    out = gl.fused_moe(hidden, ids, weights, w13, b13, w2, b2, inter, **run)
+    assert torch.equal(out, ref)
+
+    rows = torch.tensor([9, 2, 30, 17])  # expert → its row of a 32-row view of garbage
+    v13 = w13[torch.randint(0, num_experts, (32,), generator=torch.Generator().manual_seed(25))]
+    v2 = w2[torch.randint(0, num_experts, (32,), generator=torch.Generator().manual_seed(26))]
+    v13[rows], v2[rows] = w13, w2
+    view_ids = rows[ids.long()].to(torch.int32)
+    on_view = gl.fused_moe(hidden, view_ids, weights, v13, b13, v2, b2, inter, max_ids=4, **run)
+    assert torch.equal(on_view, ref)
+
+    parts = [gl.fused_moe(hidden[s], ids[s], weights[s], w13, b13, w2, b2, inter, **run)
+             for s in (slice(0, 1), slice(1, 3))]  # fmt: skip
+    assert torch.equal(torch.cat(parts), out)

@@ -88,27 +88,50 @@ def test_no_key_on_the_cpu_twin_and_for_gemv_sized_calls():
 
 
 def test_quantized_keys_follow_the_dequantized_path(monkeypatch):
-    """FP8 / INT4 / NVFP4: a key only where the call dequantizes and runs the grouped GEMMs
-    (from PREFILL_MIN_PAIRS pairs), equal where the grouped tiles are; GGUF (and ISQ, its
-    blocks) none yet; the CPU twin none."""
+    """FP8 / INT4 / NVFP4 / GGUF block types / ISQ: a key only where the call dequantizes and
+    runs the grouped GEMMs (from PREFILL_MIN_PAIRS pairs), equal where the grouped tiles are,
+    whatever the format; the CPU twin none."""
     from xinfer import kernels
     from xinfer.kernels import quant_launch
-    from xinfer.quant.base import WeightFormat
     from xinfer.quant.fp8 import Fp8Block
     from xinfer.quant.gguf_formats import GGUFFormat
     from xinfer.quant.gptq import GptqInt4
+    from xinfer.quant.isq import IsqFormat
     from xinfer.quant.nvfp4 import Nvfp4
 
-    x = torch.zeros(2, 2, dtype=torch.bfloat16)
+    x = torch.zeros(2, 256, dtype=torch.bfloat16)  # ISQ picks its block type by row length
     low = quant_launch.PREFILL_MIN_PAIRS
-    formats = (Fp8Block(128, 128), GptqInt4(group_size=128, has_zero=False), Nvfp4())
+    formats = (
+        Fp8Block(128, 128), GptqInt4(group_size=128, has_zero=False), Nvfp4(),
+        GGUFFormat("Q4_K"), GGUFFormat("Q6_K"), IsqFormat("Q4_K"),
+    )  # fmt: skip
     assert all(f.moe_merge_key(4 * low, x) is None for f in formats)  # CPU tensors
     monkeypatch.setattr(kernels, "use_triton", lambda t: True)
     for fmt in formats:
         assert fmt.moe_merge_key(low - 1, x) is None  # the in-register kernels
         assert fmt.moe_merge_key(low + 8, x) == fmt.moe_merge_key(2 * low, x) is not None
         assert fmt.moe_merge_key(2048 * 8, x) != fmt.moe_merge_key(1024 * 8, x)  # tiles differ
-    assert GGUFFormat.moe_merge_key is WeightFormat.moe_merge_key  # the default: none
+    assert len({f.moe_merge_key(2 * low, x) for f in formats}) == 1  # one path for all
+
+
+def test_mixed_w2_block_type_joins_where_both_formats_agree(monkeypatch):
+    """GGUF files often store w2 in another block type (Q4_K_M: Q6_K for some layers): the
+    layer's key is its formats' common key, none where they differ."""
+    from xinfer import kernels
+    from xinfer.kernels import quant_launch
+    from xinfer.quant.experts import ExpertWeights
+    from xinfer.quant.fp8 import Fp8Block
+    from xinfer.quant.gguf_formats import GGUFFormat
+
+    x = torch.zeros(2, 2, dtype=torch.bfloat16)
+    pairs = 4 * quant_launch.PREFILL_MIN_PAIRS
+    monkeypatch.setattr(kernels, "use_triton", lambda t: True)
+    mixed = ExpertWeights(GGUFFormat("Q4_K"), 256, 256, GGUFFormat("Q6_K"))
+    assert kernels.moe_merge_key(mixed, pairs, x) == GGUFFormat("Q4_K").moe_merge_key(pairs, x)
+    assert kernels.moe_merge_key(mixed, 8, x) is None
+    monkeypatch.setattr(Fp8Block, "moe_merge_key", lambda self, n, h: ("other", n))
+    odd = ExpertWeights(GGUFFormat("Q4_K"), 256, 256, Fp8Block(128, 128))
+    assert kernels.moe_merge_key(odd, pairs, x) is None
 
 
 def test_refused_under_tensor_parallel_hooks(tmp_path):

@@ -86,10 +86,14 @@ def format_moe(
 def moe_merge_key(weights, num_pairs: int, hidden: torch.Tensor) -> object | None:
     """What fixes each row's bits in a routed-expert call of `num_pairs` pairs on expert
     weights `weights` (an ExpertWeights; None: plain): calls with equal keys give a row the
-    same bits whatever the other rows (None: no such promise, never join calls)."""
-    if weights is None or weights.w2_fmt not in (None, weights.fmt):
+    same bits whatever the other rows (None: no such promise, never join calls). With w2 in
+    a format of its own, both formats must give the same key."""
+    if weights is None:
         return None
-    return weights.fmt.moe_merge_key(num_pairs, hidden)
+    key = weights.fmt.moe_merge_key(num_pairs, hidden)
+    if weights.w2_fmt in (None, weights.fmt) or key is None:
+        return key
+    return key if weights.w2_fmt.moe_merge_key(num_pairs, hidden) == key else None
 
 
 def rms_norm(

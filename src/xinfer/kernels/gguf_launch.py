@@ -3,6 +3,17 @@ block rows uint8 (N, K / block_size * type_size). Called through `GGUFFormat.tri
 CUDA tensors (and by the tests on CPU tensors under TRITON_INTERPRET=1). No host sync: safe
 in CUDA graphs.
 
+Prefill-sized calls (from `quant_launch.PREFILL_MIN_ROWS` rows / `PREFILL_MIN_PAIRS` pairs,
+the thresholds of the other quantized formats) dequantize the weights they use to the
+activation dtype (`triton/gguf_dequant_kernel.py`) and run the bf16 kernels: cuBLAS for
+linears, `moe_launch`'s grouped GEMMs for experts through `quant_prefill.fused_moe_with`
+(which numbers the ids a call uses, so an offload slot view costs no more than the layer).
+The in-register grouped GEMMs re-dequantized every weight tile once per tile of rows: a
+2048-token chunk of Qwen3-30B-A3B's experts in Q4_K took 2.8 ms (H200, 2026-12-04) against
+0.7 ms for the bf16 grouped GEMMs; the dequantized path adds ~1.5 GB of writes and reads
+a layer for a chunk that touches all 128 experts (~0.4 ms at ~4 TB/s). Estimated, not
+measured: bench/NOTES.md.
+
 Determinism: tiles depend only on (M <= DECODE_M or not, dtype) for linears and on (T*k vs
 MAX_GEMV_PAIRS, dtype, block type) for experts, never on ids; so a decode row's bits do not
 depend on the batch, and an expert's bits do not depend on which slot holds it."""
@@ -14,12 +25,15 @@ from dataclasses import dataclass
 import torch
 import triton
 
-from xinfer.kernels import gemv_launch, moe_launch
+from xinfer import kernels
+from xinfer.kernels import gemv_launch, moe_launch, quant_launch, quant_prefill
+from xinfer.kernels.triton import gguf_dequant_kernel as deq_jit
 from xinfer.kernels.triton import gguf_gemm as jit
 from xinfer.quant.gguf_blocks import BlockType
 
 DECODE_M = gemv_launch.DECODE_ROWS  # linears with at most this many rows: one 16-row tile
 _DTYPES = (torch.bfloat16, torch.float16, torch.float32)
+DEQUANT_BLOCK_N, DEQUANT_SUBS = 32, 8  # dequant tiles: elementwise, the bits do not depend on them
 
 
 @dataclass(frozen=True)
@@ -89,6 +103,38 @@ def _check_raw(w: torch.Tensor, btype: BlockType, rows: int, k: int, what: str) 
         raise ValueError(f"{what}: block rows must be contiguous in their last dim")
 
 
+def dequantize(
+    w: torch.Tensor,
+    btype: BlockType,
+    k: int,
+    out: torch.Tensor,
+    first: int = 0,
+    ids: torch.Tensor | None = None,
+) -> torch.Tensor:
+    """Experts first .. first + len(out) of the block rows `w` (E, N, row bytes) → `out`
+    (count, N, K), contiguous rows, in its dtype (the twin's float32 weights rounded once);
+    given `ids` (int32, contiguous), experts ids[first + j] → out[j] instead, a negative id
+    skipped (its rows of `out` left as they are)."""
+    count, n = out.shape[0], out.shape[1]
+    if count == 0 or n == 0 or k == 0:
+        return out
+    grid = (triton.cdiv(n, DEQUANT_BLOCK_N), triton.cdiv(k, DEQUANT_SUBS * 32), count)
+    deq_jit.gguf_dequant_kernel[grid](
+        w, ids if ids is not None else w, out,
+        first, n, k,
+        w.stride(0), w.stride(1), out.stride(0), out.stride(1),
+        BTYPE=btype.type_id, GATHER=ids is not None, BLOCK_N=DEQUANT_BLOCK_N,
+        SUBS=DEQUANT_SUBS, num_warps=4, enable_fp_fusion=False,  # the twin's roundings
+    )  # fmt: skip
+    return out
+
+
+def dequantize_weight(w: torch.Tensor, btype: BlockType, k: int, dtype: torch.dtype):
+    """One weight's block rows (N, row bytes) → its dense (N, K) copy in `dtype`."""
+    out = torch.empty(1, w.shape[0], k, dtype=dtype, device=w.device)
+    return dequantize(w.unsqueeze(0), btype, k, out)[0]
+
+
 def linear(
     x: torch.Tensor,
     w: torch.Tensor,
@@ -97,8 +143,11 @@ def linear(
     n: int,
     k: int,
     tiles: GGUFTiles | None = None,
+    dequant: bool | None = None,
 ) -> torch.Tensor:
-    """x (..., K) @ W^T (+ bias) in x's dtype; W (N, K) stored as `btype` blocks (N, row bytes)."""
+    """x (..., K) @ W^T (+ bias) in x's dtype; W (N, K) stored as `btype` blocks (N, row bytes).
+    `dequant`: whether to dequantize W and run `kernels.linear` (default: from
+    PREFILL_MIN_ROWS rows); `tiles`: the in-register kernel's."""
     _check_raw(w, btype, n, k, "gguf linear")
     if x.dtype not in _DTYPES or x.shape[-1] != k:
         raise ValueError(f"gguf linear: x {x.dtype} {tuple(x.shape)} for K={k}")
@@ -106,6 +155,8 @@ def linear(
     if x2.stride(-1) != 1:
         x2 = x2.contiguous()
     m = x2.shape[0]
+    if m >= quant_launch.PREFILL_MIN_ROWS if dequant is None else dequant:
+        return _dequantized_linear(x2, w, btype, bias, n, k).view(*x.shape[:-1], n)
     out = x.new_empty(m, n)
     if m == 0:
         return out.view(*x.shape[:-1], n)
@@ -127,6 +178,24 @@ def linear(
     return out.view(*x.shape[:-1], n)
 
 
+def _dequantized_linear(x2, w, btype: BlockType, bias, n: int, k: int) -> torch.Tensor:
+    """x2 (M, K) @ W^T (+ bias) with W dequantized to x2's dtype, at most
+    quant_prefill.CHUNK_BYTES of it at a time (an LM head of 151,936 x 2048 would be a 622
+    MB copy): whole-weight `kernels.linear` where it fits, else column blocks of the output."""
+    row_bytes = k * x2.element_size()
+    rows = max(128, quant_prefill.CHUNK_BYTES // row_bytes // 128 * 128)
+    if rows >= n:
+        return kernels.linear(x2, dequantize_weight(w, btype, k, x2.dtype), bias)
+    out = x2.new_empty(x2.shape[0], n)
+    dense = x2.new_empty(1, rows, k)
+    for n0 in range(0, n, rows):
+        part = dense[:, : min(rows, n - n0)]
+        dequantize(w[n0 : n0 + part.shape[1]].unsqueeze(0), btype, k, part)
+        b = None if bias is None else bias[n0 : n0 + part.shape[1]]
+        out[:, n0 : n0 + part.shape[1]] = kernels.linear(x2, part[0], b)
+    return out
+
+
 def decode_split(m: int, n_tiles: int, k: int, t: GGUFTiles) -> tuple[int, int]:
     """(K per split, splits) of a linear (`gemv_launch.decode_split`), in whole chunks of
     SUBS * 32 sub-blocks."""
@@ -144,9 +213,16 @@ def fused_moe(
     inter: int,
     use_gemv: bool | None = None,
     tiles: GGUFTiles | None = None,
+    dequant: bool | None = None,
+    max_ids: int | None = None,
+    config: moe_launch.MoeConfig | None = None,
 ) -> torch.Tensor:
     """Routed experts: w13 (N, 2I, row bytes) in `btype13`, w2 (N, H, row bytes) in `btype2`,
-    N experts or slots that `topk_ids` (T, k) index; weights float32 (T, k) → (T, H)."""
+    N experts or slots that `topk_ids` (T, k) index; weights float32 (T, k) → (T, H).
+    `use_gemv` (default: at most MAX_GEMV_PAIRS pairs) or else the grouped path, there
+    `dequant` (default from PREFILL_MIN_PAIRS pairs) the dequantized experts in the bf16
+    grouped GEMMs (tiles `config`, default `grouped_config`; `max_ids`: at most this many
+    distinct ids in `topk_ids`, `quant_prefill.id_bound`) or the in-register ones (`tiles`)."""
     if hidden.dim() != 2 or topk_ids.shape != topk_weights.shape:
         raise ValueError("gguf fused_moe: expected hidden (T, H) and topk_ids/weights (T, k)")
     if hidden.dtype not in _DTYPES or topk_ids.shape[0] != hidden.shape[0]:
@@ -158,11 +234,25 @@ def fused_moe(
     if w13.shape[0] != w2.shape[0]:
         raise ValueError(f"gguf fused_moe: w13 {tuple(w13.shape)} / w2 {tuple(w2.shape)} ids")
     num_pairs = num_tokens * top_k
+    if use_gemv is None:
+        use_gemv = num_pairs <= moe_launch.MAX_GEMV_PAIRS
+    if dequant is None:
+        dequant = num_pairs >= quant_launch.PREFILL_MIN_PAIRS
+    if not use_gemv and dequant:
+
+        def deq13(out, first, ids):
+            dequantize(w13, btype13, hidden_dim, out, first, ids)
+
+        def deq2(out, first, ids):
+            dequantize(w2, btype2, inter, out, first, ids)
+
+        return quant_prefill.fused_moe_with(
+            hidden, topk_ids, topk_weights, w13.shape[0], inter, deq13, deq2, config,
+            max_ids=max_ids,
+        )  # fmt: skip
     hidden, topk_ids, topk_weights, out = moe_launch.moe_inputs(hidden, topk_ids, topk_weights)
     if num_pairs == 0:
         return out
-    if use_gemv is None:
-        use_gemv = num_pairs <= moe_launch.MAX_GEMV_PAIRS
     inter_buf = hidden.new_empty(num_pairs, inter)  # (T*k, I)
     y = hidden.new_empty(num_pairs, hidden_dim)  # (T*k, H) unweighted expert outputs
     s13 = (w13.stride(0), w13.stride(1))

@@ -1,5 +1,6 @@
 """The prefill path of the quantized formats: dequantize the weight to the activation dtype
-(`triton/quant_dequant_kernel.py`), then run the bf16 kernels the unquantized model runs
+(`triton/quant_dequant_kernel.py`; GGUF block types: `triton/gguf_dequant_kernel.py`, through
+`fused_moe_with` and `gguf_launch.dequantize`), then run the bf16 kernels the unquantized model runs
 (`kernels.linear`: cuBLAS at these sizes; `moe_launch`'s grouped GEMMs). The twins
 dequantize to the activation dtype and then multiply, so this is the twin's math exactly:
 the dequantized weight has the twin's bits, and the bf16 kernels then give the bits that
@@ -31,6 +32,8 @@ every weight tile for each tile of rows. Each touched weight costs its stored by
 No host sync (fixed shapes, ids numbered on the device): safe in CUDA graphs."""
 
 from __future__ import annotations
+
+from collections.abc import Callable
 
 import torch
 import triton
@@ -141,15 +144,48 @@ def fused_moe(
     chunk: int | None = None,
     max_ids: int | None = None,
 ) -> torch.Tensor:
-    """Routed experts on `[N, ...]` expert sets (experts or slots), the ids the call uses
-    dequantized `chunk` at a time (default `chunk_size` of their bound, `id_bound`): equal
-    to `moe_launch.fused_moe` on the dequantized sets with the grouped path. `config`: the
+    """Routed experts on `[N, ...]` expert sets (experts or slots) of the shared quantized
+    formats: `fused_moe_with` their dequantizer (`dequantize`)."""
+    hidden_dim = hidden.shape[1]
+
+    def deq13(out, first, ids):
+        dequantize(kw13, 2 * inter, hidden_dim, out, first, ids)
+
+    def deq2(out, first, ids):
+        dequantize(kw2, hidden_dim, inter, out, first, ids)
+
+    return fused_moe_with(
+        hidden, topk_ids, topk_weights, kw13.w.shape[0], inter, deq13, deq2, config, chunk,
+        max_ids,
+    )  # fmt: skip
+
+
+# A dequantizer of one projection of an expert set: (out (count, N, K), first, ids) → out[j]
+# = the dense copy of expert ids[first + j] (a negative id: out[j] left as it is).
+Dequantizer = Callable[[torch.Tensor, int, torch.Tensor], None]
+
+
+def fused_moe_with(
+    hidden: torch.Tensor,
+    topk_ids: torch.Tensor,
+    topk_weights: torch.Tensor,
+    num_ids: int,
+    inter: int,
+    deq13: Dequantizer,
+    deq2: Dequantizer,
+    config: moe_launch.MoeConfig | None = None,
+    chunk: int | None = None,
+    max_ids: int | None = None,
+) -> torch.Tensor:
+    """Routed experts on `[num_ids, ...]` expert sets of any format whose `deq13` / `deq2`
+    write the dense w13 (2I, H) / w2 (H, I) copies, the ids the call uses dequantized `chunk`
+    at a time (default `chunk_size` of their bound, `id_bound`): equal to
+    `moe_launch.fused_moe` on the dequantized sets with the grouped path. `config`: the
     grouped GEMMs' tiles (default `grouped_config`). `max_ids`: at most this many distinct
     ids in `topk_ids` (a slot view's layer has E experts however many rows the view has);
     None: any number up to the set's size."""
     num_tokens, top_k = topk_ids.shape
     num_pairs, hidden_dim = num_tokens * top_k, hidden.shape[1]
-    num_ids = kw13.w.shape[0]
     hidden, topk_ids, topk_weights, out = moe_launch.moe_inputs(hidden, topk_ids, topk_weights)
     if num_pairs == 0:
         return out
@@ -164,8 +200,8 @@ def fused_moe(
     for first in range(0, bound, chunk):
         count = min(chunk, bound - first)
         w13, w2 = d13[:count], d2[:count]
-        dequantize(kw13, 2 * inter, hidden_dim, w13, first, experts)
-        dequantize(kw2, hidden_dim, inter, w2, first, experts)
+        deq13(w13, first, experts)
+        deq2(w2, first, experts)
         pairs = local if count == bound else _chunk_ids(local, first, count)
         moe_launch.grouped_outputs(hidden, pairs, w13, w2, y, cfg, inter_buf)
     moe_launch._combine(y, topk_weights, out, top_k)

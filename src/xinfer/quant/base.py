@@ -213,3 +213,29 @@ class WeightFormat(ABC):
 
     def __repr__(self) -> str:
         return f"{type(self).__name__}({self.name})"
+
+
+class SharedKernelFormat(WeightFormat):
+    """A format run by the shared quantized kernels (`kernels/quant_launch.py`: in-register
+    GEMV / GEMM, `quant_prefill` for prefill-sized calls) from its `kernel_weights`: FP8,
+    INT4 (GPTQ, AWQ, compressed-tensors) and NVFP4."""
+
+    @abstractmethod
+    def kernel_weights(self, tensors: dict[str, torch.Tensor], k: int) -> KernelWeights: ...
+
+    def triton_linear(self, x, tensors, bias, n, k):
+        from xinfer.kernels import quant_launch
+
+        return quant_launch.linear(x, self, tensors, bias, n, k)
+
+    def triton_moe(self, hidden, topk_ids, topk_weights, w13, w2, inter, max_ids=None):
+        from xinfer.kernels import quant_launch
+
+        return quant_launch.fused_moe(
+            hidden, topk_ids, topk_weights, self, w13, w2, inter, max_ids=max_ids
+        )
+
+    def moe_merge_key(self, num_pairs, hidden):
+        from xinfer.kernels import quant_launch
+
+        return quant_launch.moe_merge_key(num_pairs, hidden)

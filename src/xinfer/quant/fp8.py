@@ -15,7 +15,7 @@ from typing import Any
 import torch
 
 from xinfer.errors import UserError
-from xinfer.quant.base import KernelWeights, TensorSpec, WeightFormat
+from xinfer.quant.base import KernelWeights, SharedKernelFormat, TensorSpec
 from xinfer.quant.checks import cdiv, expect, float_scale
 from xinfer.quant.config import ModuleMatcher, QuantConfig
 
@@ -25,7 +25,7 @@ FP8_MAX = 448.0
 
 
 @dataclass(frozen=True, repr=False)
-class Fp8Block(WeightFormat):
+class Fp8Block(SharedKernelFormat):
     block_n: int = 128
     block_k: int = 128
 
@@ -78,23 +78,6 @@ class Fp8Block(WeightFormat):
     def kernel_weights(self, tensors, k):
         w, s = tensors["weight"], tensors["weight_scale_inv"]
         return KernelWeights(1, w, s, None, self.block_n, self.block_k)
-
-    def triton_linear(self, x, tensors, bias, n, k):
-        from xinfer.kernels import quant_launch
-
-        return quant_launch.linear(x, self, tensors, bias, n, k)
-
-    def triton_moe(self, hidden, topk_ids, topk_weights, w13, w2, inter, max_ids=None):
-        from xinfer.kernels import quant_launch
-
-        return quant_launch.fused_moe(
-            hidden, topk_ids, topk_weights, self, w13, w2, inter, max_ids=max_ids
-        )
-
-    def moe_merge_key(self, num_pairs, hidden):
-        from xinfer.kernels import quant_launch
-
-        return quant_launch.moe_merge_key(num_pairs, hidden)
 
 
 PER_ROW = 1 << 30  # a "block" wider than any row: one scale per row

@@ -70,7 +70,6 @@ class GGUFFormat(WeightFormat):
         return gguf_launch.linear(x, tensors["weight"], self.btype, bias, n, k)
 
     def triton_moe(self, hidden, topk_ids, topk_weights, w13, w2, inter, w2_fmt=None, max_ids=None):
-        # max_ids: unused, the in-register grouped GEMMs' work does not grow with the set
         from xinfer.kernels import gguf_launch
 
         down = w2_fmt or self
@@ -78,8 +77,15 @@ class GGUFFormat(WeightFormat):
             raise TypeError(f"a {self.name} expert layer cannot run w2 in {down.name}")
         return gguf_launch.fused_moe(
             hidden, topk_ids, topk_weights, w13["weight"], self.btype,
-            w2["weight"], down.btype, inter,
+            w2["weight"], down.btype, inter, max_ids=max_ids,
         )  # fmt: skip
+
+    def moe_merge_key(self, num_pairs, hidden):
+        # prefill-sized calls dequantize (the bits of a weight depend on it alone) and run the
+        # bf16 grouped GEMMs, whatever the block types of w13 and w2
+        from xinfer.kernels import quant_launch
+
+        return quant_launch.moe_merge_key(num_pairs, hidden)
 
 
 @dataclass(frozen=True)

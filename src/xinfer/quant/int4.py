@@ -9,7 +9,7 @@ from dataclasses import dataclass
 
 import torch
 
-from xinfer.quant.base import KernelWeights, TensorSpec, WeightFormat
+from xinfer.quant.base import KernelWeights, SharedKernelFormat, TensorSpec
 from xinfer.quant.checks import cdiv
 from xinfer.quant.packing import unpack_nibbles
 
@@ -17,7 +17,7 @@ SYM_ZERO = 8
 
 
 @dataclass(frozen=True, repr=False)
-class Int4Grouped(WeightFormat):
+class Int4Grouped(SharedKernelFormat):
     """`group_size` 0 means one group per row (per-channel scales)."""
 
     group_size: int = 128
@@ -73,20 +73,3 @@ class Int4Grouped(WeightFormat):
     def kernel_weights(self, tensors, k):
         w, s, z = tensors["qweight"], tensors["scales"], tensors.get("zeros")
         return KernelWeights(2, w, s, z, 1, self.group(k), self.has_zero)
-
-    def triton_linear(self, x, tensors, bias, n, k):
-        from xinfer.kernels import quant_launch
-
-        return quant_launch.linear(x, self, tensors, bias, n, k)
-
-    def triton_moe(self, hidden, topk_ids, topk_weights, w13, w2, inter, max_ids=None):
-        from xinfer.kernels import quant_launch
-
-        return quant_launch.fused_moe(
-            hidden, topk_ids, topk_weights, self, w13, w2, inter, max_ids=max_ids
-        )
-
-    def moe_merge_key(self, num_pairs, hidden):
-        from xinfer.kernels import quant_launch
-
-        return quant_launch.moe_merge_key(num_pairs, hidden)

@@ -102,6 +102,10 @@ class IsqFormat(WeightFormat):
             hidden, topk_ids, topk_weights, w13, w2, inter, w2_fmt=f2, max_ids=max_ids
         )
 
+    def moe_merge_key(self, num_pairs, hidden):
+        # w2's block type may differ (`block_format_for`); every GGUF type gives the same key
+        return self.block_format(hidden.shape[-1]).moe_merge_key(num_pairs, hidden)
+
 
 def isq_config(isq: str, include_dense: bool, device: torch.device | str) -> QuantConfig:
     """The QuantConfig of `--isq` (experts only unless `include_dense`)."""

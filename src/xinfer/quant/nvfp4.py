@@ -12,7 +12,7 @@ from dataclasses import dataclass
 import torch
 
 from xinfer.errors import UserError
-from xinfer.quant.base import KernelWeights, TensorSpec, WeightFormat
+from xinfer.quant.base import KernelWeights, SharedKernelFormat, TensorSpec
 from xinfer.quant.checks import expect
 from xinfer.quant.packing import pack_nibbles, unpack_nibbles
 
@@ -28,7 +28,7 @@ def e2m1_table(device: torch.device | None = None) -> torch.Tensor:
 
 
 @dataclass(frozen=True, repr=False)
-class Nvfp4(WeightFormat):
+class Nvfp4(SharedKernelFormat):
     name = "nvfp4"
 
     def tensor_specs(self, n: int, k: int) -> dict[str, TensorSpec]:
@@ -88,20 +88,3 @@ class Nvfp4(WeightFormat):
     def kernel_weights(self, tensors, k):
         w, s, s2 = tensors["weight"], tensors["weight_scale"], tensors["weight_scale_2"]
         return KernelWeights(3, w, s, s2, 1, GROUP)
-
-    def triton_linear(self, x, tensors, bias, n, k):
-        from xinfer.kernels import quant_launch
-
-        return quant_launch.linear(x, self, tensors, bias, n, k)
-
-    def triton_moe(self, hidden, topk_ids, topk_weights, w13, w2, inter, max_ids=None):
-        from xinfer.kernels import quant_launch
-
-        return quant_launch.fused_moe(
-            hidden, topk_ids, topk_weights, self, w13, w2, inter, max_ids=max_ids
-        )
-
-    def moe_merge_key(self, num_pairs, hidden):
-        from xinfer.kernels import quant_launch
-
-        return quant_launch.moe_merge_key(num_pairs, hidden)
