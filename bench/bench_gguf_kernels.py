@@ -88,7 +88,7 @@ def bench_type(name: str, sweep: bool) -> list[dict]:
             # fewer warps a program, more programs an SM (the loop is latency-bound)
             configs += [gl.GGUFTiles(16, 16, subs, warps) for subs in (2, 4, 8)
                         for warps in (1, 2)]  # fmt: skip
-        default = gl.linear_tiles(1, x.dtype)
+        default = gl.linear_tiles(1, x.dtype, bt, n)
         # the default tiles unsplit, then every tile with the default split-K target, then
         # the default tiles at 2 and 4 times that target (programs in flight vs the reduce)
         runs = [(replace(default, split_programs=0), "None unsplit")]

@@ -128,11 +128,11 @@ def _gguf_rows(name: str, rows: int, k: int, experts: int | None = None) -> torc
     return torch.zeros((experts, *shape) if experts else shape, dtype=torch.uint8)
 
 
-def _gguf_linear(name: str, dtype, m: int, bias: bool = True, dequant=None) -> None:
+def _gguf_linear(name: str, dtype, m: int, bias: bool = True, dequant=None, n: int = 96) -> None:
     from xinfer.kernels import gguf_launch
     from xinfer.quant.gguf_blocks import BLOCK_TYPES
 
-    n, k = 96, 1024
+    k = 1024
     b = _randn(n, dtype=dtype) if bias else None
     w = _gguf_rows(name, n, k)
     gguf_launch.linear(_randn(m, k, dtype=dtype), w, BLOCK_TYPES[name], b, n, k, dequant=dequant)
@@ -175,6 +175,7 @@ def _gguf_cases() -> None:
             False)  # fmt: skip
     add("gguf-Q4_K-linear-fp16-m16-nobias", split, _gguf_linear, "Q4_K", F16, 16, bias=False)
     add("gguf-Q6_K-linear-fp32-m64", g, _gguf_linear, "Q6_K", F32, 64)
+    add("gguf-Q4_K-linear-bf16-m1-head", g, _gguf_linear, "Q4_K", BF16, 1, n=65536)  # 1 warp
     add("gguf-Q4_K-linear-fp16-m128-prefill", G_DEQUANT, _gguf_linear, "Q4_K", F16, 128)
     add("gguf-Q4_K+Q6_K-moe-fp16-gemv", G_GEMV, _gguf_moe, "Q4_K", "Q6_K", F16, 2, True)
     add("gguf-Q4_K+Q6_K-moe-bf16-grouped-large", G_GROUPED, _gguf_moe, "Q4_K", "Q6_K", BF16,

@@ -207,3 +207,15 @@ def test_prefill_linear_is_cublas_on_the_dequantized_weight() -> None:
     x = (torch.randn(1000, k, device=DEV) * 0.5).to(torch.bfloat16)
     dense = gl.dequantize_weight(raw, fmt.btype, k, torch.bfloat16)
     assert torch.equal(fmt.triton_linear(x, {"weight": raw}, None, n, k), kernels.linear(x, dense))
+
+
+def test_q4_k_head_tile_matches_twin_and_keeps_row_bits() -> None:
+    """The swept one-warp tile of vocabulary-sized Q4_K outputs (gguf_launch.HEAD_ROWS)."""
+    n, k = gl.HEAD_ROWS, 2048
+    fmt = GGUFFormat("Q4_K")
+    raw = _raw("Q4_K", n, k, seed=33)
+    assert gl.linear_tiles(1, torch.bfloat16, fmt.btype, n).num_warps == 1
+    x = (torch.randn(8, k, device=DEV) * 0.5).to(torch.bfloat16)
+    batch = fmt.triton_linear(x, {"weight": raw}, None, n, k)
+    _close(batch, fmt.reference_linear(x, {"weight": raw}, None, n, k))
+    assert torch.equal(fmt.triton_linear(x[3:4], {"weight": raw}, None, n, k)[0], batch[3])

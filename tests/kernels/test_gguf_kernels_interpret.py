@@ -86,6 +86,21 @@ def test_decode_linear_row_bits_do_not_depend_on_the_batch(gl, name) -> None:
     assert torch.equal(alone[0], batch[4])
 
 
+def test_decode_tiles_depend_on_the_shape_and_type_only() -> None:
+    """The swept LM-head tile: Q4_K outputs of at least HEAD_ROWS rows, at every decode batch
+    (one tile for M <= DECODE_M keeps a row's bits batch-invariant); not other types/shapes."""
+    from xinfer.kernels import gguf_launch as gl
+    from xinfer.quant.gguf_blocks import BLOCK_TYPES
+
+    q4k, q6k, bf16 = BLOCK_TYPES["Q4_K"], BLOCK_TYPES["Q6_K"], torch.bfloat16
+    head = {gl.linear_tiles(m, bf16, q4k, gl.HEAD_ROWS) for m in range(1, gl.DECODE_M + 1)}
+    assert len(head) == 1 and head.pop().num_warps == 1
+    general = gl.linear_tiles(1, bf16)
+    assert gl.linear_tiles(1, bf16, q4k, gl.HEAD_ROWS - 1) == general
+    assert gl.linear_tiles(1, bf16, q6k, gl.HEAD_ROWS) == general
+    assert gl.linear_tiles(gl.DECODE_M + 1, bf16, q4k, gl.HEAD_ROWS).block_m > 16
+
+
 @child_only
 @pytest.mark.parametrize("name", ["Q8_0", "Q4_K", "Q6_K"])
 def test_decode_linear_split_k_matches_twin_and_keeps_row_bits(gl, name) -> None:

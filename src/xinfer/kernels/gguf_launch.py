@@ -48,9 +48,22 @@ class GGUFTiles:
     split_programs: int | None = None  # decode linears' split-K target (None: the default)
 
 
-def linear_tiles(m: int, dtype: torch.dtype) -> GGUFTiles:
+# Decode tiles swept for vocabulary-sized outputs (LM heads) by block type: the Q4_K head of
+# Qwen3-30B-A3B (151,936 x 2048) took 318 µs with one warp and 2 sub-blocks a step against
+# 431 µs for the general tile (H200, bench_gguf_kernels.py --sweep, 2026-12-04 sixth session;
+# o_proj and qkv gained nothing from it). Other block types' heads are not swept.
+HEAD_ROWS = 65536
+_SWEPT_HEAD = {"Q4_K": GGUFTiles(block_m=16, block_n=16, subs=2, num_warps=1)}
+
+
+def linear_tiles(
+    m: int, dtype: torch.dtype, btype: BlockType | None = None, n: int = 0
+) -> GGUFTiles:
+    """The linear's tiles from (M bucket, dtype, block type, N ≥ HEAD_ROWS): never from the
+    batch within a bucket, so a decode row's bits do not depend on the batch."""
     if m <= DECODE_M:  # weight-bound: narrow N tiles give every SM work
-        return GGUFTiles(block_m=16, block_n=16, subs=8, num_warps=4)
+        head = _SWEPT_HEAD.get(btype.name) if btype is not None and n >= HEAD_ROWS else None
+        return head or GGUFTiles(block_m=16, block_n=16, subs=8, num_warps=4)
     if dtype == torch.float32:
         return GGUFTiles(block_m=32, block_n=32, subs=2, num_warps=4)
     return GGUFTiles(block_m=64, block_n=64, subs=2, num_warps=8)
@@ -160,7 +173,7 @@ def linear(
     out = x.new_empty(m, n)
     if m == 0:
         return out.view(*x.shape[:-1], n)
-    t = tiles or linear_tiles(m, x.dtype)
+    t = tiles or linear_tiles(m, x.dtype, btype, n)
     n_tiles = triton.cdiv(n, t.block_n)
     k_per_split, splits = decode_split(m, n_tiles, k, t)
     part = out if splits == 1 else out.new_empty(splits, m, n, dtype=torch.float32)
