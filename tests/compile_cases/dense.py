@@ -196,6 +196,15 @@ def _fused_moe(dtype, tokens: int, top_k: int, use_gemv: bool, num_experts: int 
 MOE_GEMV = "moe_gate_up_gemv_kernel moe_down_gemv_kernel moe_combine_kernel"
 
 
+def _align_numbered(num_ids: int, num_pairs: int, block_m: int, max_ids: int) -> None:
+    """The align kernel numbering the used ids first (an offload slot view, `max_ids` E)."""
+    from xinfer.kernels import moe_launch
+
+    ids = torch.randint(-1, num_ids, (num_pairs,), generator=_gen(), dtype=torch.int32)
+    assert moe_launch._numbered_bound(num_ids, num_pairs, max_ids)
+    moe_launch.align_pairs(ids, num_ids, block_m, method="kernel", max_ids=max_ids)
+
+
 def _moe_cases() -> None:
     for dtype in (BF16, F16, F32):
         add(f"silu_and_mul-{DT[dtype]}", "silu_and_mul_kernel", _silu, dtype, 768)
@@ -203,6 +212,9 @@ def _moe_cases() -> None:
         add(f"moe-{DT[dtype]}-grouped-t40", MOE_GROUPED, _fused_moe, dtype, 40, 8, False)
     # more than 1024 pairs: the large grouped tiles (bf16/fp16 only; fp32 has one config)
     add("moe-bf16-grouped-t130k8", MOE_GROUPED, _fused_moe, BF16, 130, 8, False)
+    for pairs, block_m in ((72, 16), (4088, 64)):  # decode batches 9 and 511 at k=8
+        add(f"moe-align-numbered-p{pairs}", "moe_align_kernel", _align_numbered, 3338, pairs,
+            block_m, 128)  # fmt: skip
     add("silu_and_mul-bf16-wide", "silu_and_mul_kernel", _silu, BF16, 5632)
     r = "route_topk_kernel"
     add("route_topk-bf16-e128-k8-renorm", r, _route_topk, BF16, 128, 8, True)

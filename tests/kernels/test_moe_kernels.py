@@ -158,6 +158,51 @@ def test_align_pairs_sort_equals_kernel_and_captures(ml, num_ids) -> None:
         assert torch.equal(a, b)
 
 
+@pytest.mark.parametrize("num_tokens,block_m", [(9, 16), (64, 16), (511, 64)])
+@pytest.mark.parametrize("view_rows", [1000, 3338])
+def test_align_pairs_numbered_on_a_view_equals_sort_and_captures(
+    ml, num_tokens, block_m, view_rows
+) -> None:
+    """Decode batches (k=8) on an offload slot view, `max_ids` the layer's 128 experts: the
+    kernel numbering the used rows first gives the sort's outputs below num_rows and the
+    unnumbered kernel's everywhere its shorter outputs reach, captures in a CUDA graph (no
+    host sync) and replays with new ids."""
+
+    def view_ids(seed: int) -> torch.Tensor:
+        g = torch.Generator(DEV).manual_seed(seed)
+        rows = torch.randperm(view_rows, generator=g, device=DEV)[:128]
+        ids = rows[torch.randint(0, 128, (num_tokens, 8), generator=g, device=DEV)]
+        ids[0, 1] = -1  # a left-out pair
+        return ids.to(torch.int32)
+
+    def check(got, ids) -> None:
+        sort = ml.align_pairs(ids, view_rows, block_m, method="sort")
+        kernel = ml.align_pairs(ids, view_rows, block_m, method="kernel")
+        num_rows = sort[2].item()
+        assert torch.equal(got[2], sort[2]) and torch.equal(got[2], kernel[2])
+        assert torch.equal(got[0][:num_rows], sort[0][:num_rows])
+        assert torch.equal(got[1][: num_rows // block_m], sort[1][: num_rows // block_m])
+        assert torch.equal(got[0], kernel[0][: got[0].numel()])
+        assert torch.equal(got[1], kernel[1][: got[1].numel()])
+
+    ids = view_ids(view_rows + num_tokens)
+    assert ml._numbered_bound(view_rows, ids.numel(), 128) > 0  # the numbered kernel runs
+    check(ml.align_pairs(ids, view_rows, block_m, method="kernel", max_ids=128), ids)
+    static = ids.clone()
+    stream = torch.cuda.Stream()
+    stream.wait_stream(torch.cuda.current_stream())
+    with torch.cuda.stream(stream):
+        ml.align_pairs(static, view_rows, block_m, method="kernel", max_ids=128)
+    torch.cuda.current_stream().wait_stream(stream)
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(graph):
+        captured = ml.align_pairs(static, view_rows, block_m, method="kernel", max_ids=128)
+    static.copy_(view_ids(view_rows + num_tokens + 1))
+    graph.replay()
+    torch.cuda.synchronize()
+    check(captured, static)
+
+
 @pytest.mark.parametrize("num_experts,top_k", [(8, 2), (60, 4), (128, 8), (512, 10), (7, 7)])
 @pytest.mark.parametrize("renormalize", [True, False])
 def test_route_topk_matches_reference(ml, num_experts, top_k, renormalize) -> None:

@@ -12,7 +12,7 @@ import pytest
 import torch
 from interpreter_child import child_only, interpreter_child_test
 
-pytest.importorskip("triton")
+triton = pytest.importorskip("triton")
 
 
 test_interpreter_child = interpreter_child_test(__file__)
@@ -158,6 +158,125 @@ def test_align_pairs_sort_equals_kernel(ml, num_ids, num_pairs, block_m) -> None
     sort = ml.align_pairs(ids, num_ids, block_m, method="sort")
     for a, b in zip(kernel, sort, strict=True):
         assert a.dtype == b.dtype and torch.equal(a, b)
+
+
+# an offload slot view: layer 0's rows of Qwen3-30B-A3B at 67 slots, its layer's 128 experts
+VIEW_ROWS, VIEW_EXPERTS = 3338, 128
+
+
+def _view_ids(num_pairs: int, num_used: int, seed: int) -> torch.Tensor:
+    """(num_pairs,) int32 ids of `num_used` random rows of the view, ~1/8 of them -1."""
+    g = torch.Generator().manual_seed(seed)
+    rows = torch.randperm(VIEW_ROWS, generator=g)[:num_used]
+    ids = rows[torch.randint(0, num_used, (num_pairs,), generator=g)].to(torch.int32)
+    ids[torch.randint(0, num_pairs, (num_pairs // 8,), generator=g)] = -1
+    return ids
+
+
+@child_only
+@pytest.mark.parametrize(
+    "num_pairs,block_m,num_used",
+    [(65, 16, 128), (333, 64, 128), (1000, 64, 128), (4095, 16, 128), (200, 16, 3)],
+)
+def test_align_pairs_numbered_equals_unnumbered_and_sort(ml, num_pairs, block_m, num_used):
+    """Decode batches of 9-511 sequences on a slot view of 3,338 rows with the layer's 128
+    experts as `max_ids`: the ids numbered first give the unnumbered kernel's and the sort's
+    outputs bit for bit (the tiles past num_rows too, as far as the shorter outputs go),
+    from fewer rows (max_rows sized from the bound)."""
+    ids = _view_ids(num_pairs, num_used, seed=num_pairs + block_m)
+    numbered = ml.align_pairs(ids, VIEW_ROWS, block_m, method="kernel", max_ids=VIEW_EXPERTS)
+    kernel = ml.align_pairs(ids, VIEW_ROWS, block_m, method="kernel")
+    sort = ml.align_pairs(ids, VIEW_ROWS, block_m, method="sort")
+    bound = min(num_pairs, VIEW_EXPERTS)
+    assert numbered[0].numel() == triton.cdiv(num_pairs + bound * (block_m - 1), block_m) * block_m
+    assert numbered[0].numel() <= kernel[0].numel()
+    assert ml._numbered_bound(VIEW_ROWS, num_pairs, VIEW_EXPERTS) == bound  # it did number
+    for a, b in zip(kernel, sort, strict=True):
+        assert torch.equal(a, b)
+    sorted_pairs, block_ids, num_rows = numbered
+    assert torch.equal(num_rows, kernel[2])
+    assert torch.equal(sorted_pairs, kernel[0][: sorted_pairs.numel()])
+    assert torch.equal(block_ids, kernel[1][: block_ids.numel()])
+    assert (sorted_pairs[num_rows.item() :] == num_pairs).all()  # padding past the rows used
+
+
+class _GuardedTorch:
+    """`torch` for `moe_launch` whose `empty` buffers have sentinel guards either side."""
+
+    GUARD, SENTINEL = 4096, -7777  # the align kernel writes only values >= -1
+
+    def __init__(self) -> None:
+        self.buffers: list[torch.Tensor] = []
+
+    def __getattr__(self, name):
+        return getattr(torch, name)
+
+    def empty(self, n: int, dtype: torch.dtype, device) -> torch.Tensor:
+        buf = torch.full((n + 2 * self.GUARD,), self.SENTINEL, dtype=dtype, device=device)
+        self.buffers.append(buf)
+        return buf[self.GUARD : self.GUARD + n]
+
+    def guards_intact(self) -> bool:
+        g = self.GUARD
+        return all((b[:g] == self.SENTINEL).all() and (b[-g:] == self.SENTINEL).all()
+                   for b in self.buffers)  # fmt: skip
+
+
+@child_only
+@pytest.mark.parametrize("block_m", [16, 64])
+def test_align_pairs_with_more_ids_than_promised_stays_in_its_buffers(ml, monkeypatch, block_m):
+    """A broken promise (300 distinct ids, `max_ids` 128): the pairs of the ids numbered from
+    128 on (the largest) are left out, the rest aligned as if those were -1, and no store
+    lands outside the outputs and the scratch (sentinel guards around every buffer)."""
+    num_pairs = 1500
+    ids = _view_ids(num_pairs, 300, seed=block_m)
+    assert torch.unique(ids[ids >= 0]).numel() > VIEW_EXPERTS
+    guarded = _GuardedTorch()
+    monkeypatch.setattr(ml, "torch", guarded)
+    sorted_pairs, block_ids, num_rows = ml.align_pairs(
+        ids, VIEW_ROWS, block_m, method="kernel", max_ids=VIEW_EXPERTS
+    )
+    monkeypatch.undo()
+    assert len(guarded.buffers) == 4 and guarded.guards_intact()  # 3 outputs, 1 scratch
+    kept = torch.unique(ids[ids >= 0])[:VIEW_EXPERTS]  # the 128 smallest used ids
+    dropped = torch.where(torch.isin(ids, kept), ids, -1)
+    want = ml.align_pairs(dropped, VIEW_ROWS, block_m, method="sort")
+    assert num_rows.item() <= sorted_pairs.numel() and torch.equal(num_rows, want[2])
+    assert torch.equal(sorted_pairs, want[0][: sorted_pairs.numel()])
+    assert torch.equal(block_ids, want[1][: block_ids.numel()])
+
+
+@child_only
+def test_fused_moe_on_a_slot_view_with_max_ids_has_the_same_bits(ml, monkeypatch) -> None:
+    """The grouped path on a view of many rows (8 experts' rows among 1,100 of garbage):
+    with the layer's expert count as `max_ids` (the align numbering the used rows) the
+    output is the unbounded call's, bit for bit, and the expert set's; the plain weight
+    format hands its `max_ids` down to the align."""
+    from xinfer.quant.unquantized import Unquantized
+
+    num_experts, top_k, num_tokens, rows = 8, 4, 20, 1100
+    hidden, ids, weights, w13, w2 = _moe_inputs(num_tokens, top_k, 24, 20, num_experts,
+                                                torch.float32, seed=9)  # fmt: skip
+    g = torch.Generator().manual_seed(10)
+    slot_of = torch.randperm(rows, generator=g)[:num_experts]
+    v13 = torch.randn(rows, *w13.shape[1:], generator=g)
+    v2 = torch.randn(rows, *w2.shape[1:], generator=g)
+    v13[slot_of], v2[slot_of] = w13, w2
+    slot_ids = slot_of[ids.long()].to(torch.int32)
+    config = ml.MoeConfig(**SMALL_GROUPED)
+    run = dict(config=config, use_gemv=False)
+    bounded = ml.fused_moe(hidden, slot_ids, weights, v13, v2, max_ids=num_experts, **run)
+    unbounded = ml.fused_moe(hidden, slot_ids, weights, v13, v2, **run)
+    assert torch.equal(bounded, unbounded)
+    assert torch.equal(bounded, ml.fused_moe(hidden, ids, weights, w13, w2, **run))
+
+    seen, align = [], ml.align_pairs
+    monkeypatch.setattr(ml, "align_pairs", lambda *a, **k: seen.append(k) or align(*a, **k))
+    fmt = Unquantized(torch.float32)  # its default tiles: the grouped path at 80 pairs
+    out = fmt.triton_moe(hidden, slot_ids, weights, {"weight": v13}, {"weight": v2}, 20,
+                         max_ids=num_experts)  # fmt: skip
+    assert seen[-1]["max_ids"] == num_experts
+    assert torch.equal(out, ml.fused_moe(hidden, slot_ids, weights, v13, v2))
 
 
 def test_align_pairs_picks_sort_for_many_pairs(monkeypatch) -> None:

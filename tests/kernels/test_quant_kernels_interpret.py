@@ -113,8 +113,8 @@ def test_split_k_decode_linear_matches_twin_and_the_batch(ql, name):
                                   (False, False, None)],
     ids=["gemv", "gemv-factored", "grouped", "grouped-in-registers"],
 )  # fmt: skip
-def test_fused_moe_matches_twin(ql, name, use_gemv, dequant, factored):
-    from xinfer.kernels import reference
+def test_fused_moe_matches_twin(ql, monkeypatch, name, use_gemv, dequant, factored):
+    from xinfer.kernels import moe_launch, reference
 
     fmt = _formats()[name]
     num_experts, top_k, tokens = 5, 2, 7
@@ -133,20 +133,26 @@ def test_fused_moe_matches_twin(ql, name, use_gemv, dequant, factored):
     ref = fmt.reference_moe(hidden, ids, weights, w13, w2, inter)
     torch.testing.assert_close(out, ref, rtol=1e-5, atol=1e-5)
 
-    # the same experts at permuted slot ids of a larger [S, ...] set: identical bits
-    slots = 8
-    perm = torch.randperm(slots, generator=g)[:num_experts]
+    # the same experts at permuted slot ids of a larger [S, ...] set: identical bits; on a
+    # view of many more rows with the expert count as `max_ids` (handed to the grouped
+    # path's align, which numbers the used rows first), too
+    seen, align = [], moe_launch.align_pairs
+    monkeypatch.setattr(moe_launch, "align_pairs", lambda *a, **k: seen.append(k) or align(*a, **k))
+    for slots, max_ids in ((8, None), (40, num_experts)):
+        perm = torch.randperm(slots, generator=g)[:num_experts]
 
-    def to_slots(t):  # noqa: E306
-        s = torch.zeros((slots, *t.shape[1:]), dtype=t.dtype)
-        s[perm] = t
-        return s
+        def to_slots(t, slots=slots, perm=perm):  # noqa: E306
+            s = torch.zeros((slots, *t.shape[1:]), dtype=t.dtype)
+            s[perm] = t
+            return s
 
-    s13 = {n: to_slots(t) for n, t in w13.items()}
-    s2 = {n: to_slots(t) for n, t in w2.items()}
-    slot_ids = perm[ids.long()].to(torch.int32)
-    out_s = ql.fused_moe(hidden, slot_ids, weights, fmt, s13, s2, inter, **run)
-    assert torch.equal(out, out_s)
+        s13 = {n: to_slots(t) for n, t in w13.items()}
+        s2 = {n: to_slots(t) for n, t in w2.items()}
+        slot_ids = perm[ids.long()].to(torch.int32)
+        out_s = ql.fused_moe(hidden, slot_ids, weights, fmt, s13, s2, inter, **run,
+                             max_ids=max_ids)  # fmt: skip
+        assert torch.equal(out, out_s), (slots, max_ids)
+    assert [k.get("max_ids") for k in seen] == ([] if use_gemv else [None, num_experts])
 
 
 @triton.jit

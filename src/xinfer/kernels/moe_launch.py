@@ -3,7 +3,8 @@ route_topk and silu_and_mul. Called from `xinfer.kernels` on CUDA tensors (and b
 on CPU tensors under TRITON_INTERPRET=1). No host sync anywhere: safe in CUDA graphs.
 
 Determinism: the kernel and tile config depend only on (T, k, H, I, dtype), never on the
-number of ids N or on the id values, so an expert's output bits do not depend on placement."""
+number of ids N or on the id values, so an expert's output bits do not depend on placement
+(the align's path depends on N and `max_ids`, its outputs do not)."""
 
 from __future__ import annotations
 
@@ -110,9 +111,12 @@ def fused_moe(
     w2: torch.Tensor,
     config: MoeConfig | None = None,
     use_gemv: bool | None = None,
+    max_ids: int | None = None,
 ) -> torch.Tensor:
     """Triton twin of `reference.fused_moe`. `config`/`use_gemv` override the choice
-    (tests, benchmarks); by default both depend only on (T, k, H, I, dtype)."""
+    (tests, benchmarks); by default both depend only on (T, k, H, I, dtype). `max_ids`: at
+    most this many distinct ids in `topk_ids` (a slot view's layer has E experts however
+    many rows the view has): bounds the grouped path's align (`align_pairs`), bits unchanged."""
     _check_moe(hidden, topk_ids, topk_weights, w13, w2)
     num_pairs = topk_ids.numel()
     if use_gemv is None:
@@ -125,7 +129,7 @@ def fused_moe(
         _moe_gemv(hidden, topk_ids, topk_weights, w13, w2, out, config)
     else:
         config = config or grouped_config(num_pairs, hidden.dtype, hidden.device)
-        _moe_grouped(hidden, topk_ids, topk_weights, w13, w2, out, config)
+        _moe_grouped(hidden, topk_ids, topk_weights, w13, w2, out, config, max_ids)
     return out
 
 
@@ -165,7 +169,11 @@ def moe_inputs(
 
 
 def align_pairs(
-    topk_ids: torch.Tensor, num_ids: int, block_m: int, method: str | None = None
+    topk_ids: torch.Tensor,
+    num_ids: int,
+    block_m: int,
+    method: str | None = None,
+    max_ids: int | None = None,
 ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
     """Sort the (token, k) pairs by id (stable) and pad each id's run to a multiple of
     block_m. Ids must lie in [0, num_ids) (not checked: no host sync) or be negative: such
@@ -179,28 +187,64 @@ def align_pairs(
     The kernel's cost is a SASS estimate (bench/NOTES.md), neither is timed alone; with the
     sort (and the routing model's scan passes) a 32k prompt at 10% went 5.41 → 3.66 s.
 
+    `max_ids`: the caller's promise that the call uses at most this many distinct ids (an
+    offload slot view of ~850-3,300 rows whose layer has E experts: pass E). Where the bound
+    min(num_ids, pairs, max_ids) has a smaller power of two than num_ids, "kernel" numbers
+    the used ids 0, 1, ... in id order on the device, in the same launch (`_number_ids`,
+    O(pairs + num_ids)), sorts by the numbers (one-hot work pairs × next_pow2(bound)) and
+    maps each tile's number back to its id: the same outputs as without, bit for bit, tiles
+    past num_rows included, but max_rows (their length) is sized from the bound. A call
+    using more ids than `max_ids` breaks the promise: the pairs of ids numbered from the
+    bound on (the largest ids) are left out, their outputs undefined, and nothing is
+    written outside the buffers. "sort" ignores `max_ids` (its work does not grow with it).
+
     Returns sorted_pairs int32 (max_rows,) (pair index, or num_pairs for padding),
     block_ids int32 (max_rows / block_m,) (the id of each tile), num_rows int32 (1,)."""
     topk_ids = topk_ids.to(torch.int32).contiguous()
     num_pairs, dev = topk_ids.numel(), topk_ids.device
-    # upper bound from host-known sizes only: every used id adds < block_m padding rows
-    max_rows = triton.cdiv(num_pairs + min(num_ids, num_pairs) * (block_m - 1), block_m) * block_m
     method = method or ("sort" if num_pairs >= SORT_ALIGN_PAIRS else "kernel")
+    bound = min(num_ids, num_pairs)  # the most distinct ids the call can use
     if method == "sort":
-        return _align_by_sort(topk_ids.view(-1), num_ids, block_m, max_rows)
+        return _align_by_sort(
+            topk_ids.view(-1), num_ids, block_m, _max_rows(num_pairs, bound, block_m)
+        )
     if method != "kernel":
         raise ValueError(f"align_pairs: method must be 'kernel' or 'sort', got {method!r}")
+    numbered = _numbered_bound(num_ids, num_pairs, max_ids)
+    bound = numbered or bound
+    max_rows = _max_rows(num_pairs, bound, block_m)
     sorted_pairs = torch.empty(max_rows, dtype=torch.int32, device=dev)
     block_ids = torch.empty(max_rows // block_m, dtype=torch.int32, device=dev)
     num_rows = torch.empty(1, dtype=torch.int32, device=dev)
-    block_ids_pow2 = triton.next_power_of_2(num_ids)
+    if numbered:  # scratch of `_number_ids`: flags (num_ids,), experts (bound,), numbers (P,)
+        scratch = torch.empty(num_ids + bound + num_pairs, dtype=torch.int32, device=dev)
+        flags, experts, numbers = scratch.split([num_ids, bound, num_pairs])
+    else:
+        flags = experts = numbers = topk_ids  # unused
+    block_ids_pow2 = triton.next_power_of_2(bound if numbered else num_ids)
     chunk = max(8, min(128, 8192 // block_ids_pow2))  # keeps the (chunk, ids) masks in registers
     moe_jit.moe_align_kernel[(1,)](
-        topk_ids, sorted_pairs, block_ids, num_rows,
-        num_pairs, num_ids, max_rows,
-        BLOCK_M=block_m, BLOCK_IDS=block_ids_pow2, CHUNK=chunk, num_warps=8,
+        topk_ids, sorted_pairs, block_ids, num_rows, flags, experts, numbers,
+        num_pairs, bound if numbered else num_ids, max_rows, num_ids,
+        BLOCK_M=block_m, BLOCK_IDS=block_ids_pow2, CHUNK=chunk,
+        NUMBERED=bool(numbered), NUMBER_BLOCK=1024, num_warps=8,
     )  # fmt: skip
     return sorted_pairs, block_ids, num_rows
+
+
+def _max_rows(num_pairs: int, bound: int, block_m: int) -> int:
+    """Rows the aligned pairs can take, from host-known sizes only: each of at most `bound`
+    used ids adds < block_m padding rows."""
+    return triton.cdiv(num_pairs + bound * (block_m - 1), block_m) * block_m
+
+
+def _numbered_bound(num_ids: int, num_pairs: int, max_ids: int | None) -> int:
+    """The id bound `align_pairs`' kernel numbers the used ids under, or 0 where it does not:
+    without `max_ids`, or where the bound's power of two is num_ids' (nothing to gain)."""
+    if max_ids is None or num_pairs == 0:
+        return 0
+    bound = max(1, min(num_ids, num_pairs, max_ids))
+    return bound if triton.next_power_of_2(bound) < triton.next_power_of_2(num_ids) else 0
 
 
 def _align_by_sort(
@@ -233,9 +277,9 @@ def _align_by_sort(
     return sorted_pairs[:max_rows], block_ids, num_rows
 
 
-def _moe_grouped(hidden, topk_ids, topk_weights, w13, w2, out, cfg: MoeConfig) -> None:
+def _moe_grouped(hidden, topk_ids, topk_weights, w13, w2, out, cfg: MoeConfig, max_ids) -> None:
     y = hidden.new_empty(topk_ids.numel(), hidden.shape[1])  # (T*k, H) unweighted outputs
-    grouped_outputs(hidden, topk_ids, w13, w2, y, cfg)
+    grouped_outputs(hidden, topk_ids, w13, w2, y, cfg, max_ids=max_ids)
     _combine(y, topk_weights, out, topk_ids.shape[1])
 
 
@@ -247,15 +291,17 @@ def grouped_outputs(
     y: torch.Tensor,
     cfg: MoeConfig,
     inter: torch.Tensor | None = None,
+    max_ids: int | None = None,
 ) -> None:
     """The grouped GEMMs: y[pair] (T*k, H) = the unweighted output of expert topk_ids[pair]
     (int32, contiguous) for every pair; rows of pairs with a negative id are left as they
-    are. `inter` (T*k, I): the gate/up scratch, reused across calls when given."""
+    are. `inter` (T*k, I): the gate/up scratch, reused across calls when given. `max_ids`:
+    at most this many distinct ids in `topk_ids` (`align_pairs`)."""
     num_tokens, top_k = topk_ids.shape
     num_pairs = num_tokens * top_k
     num_ids, hidden_dim, inter_dim = w2.shape
     precision = "ieee" if hidden.dtype == torch.float32 else "tf32"  # fp32 must not use tf32
-    sorted_pairs, block_ids, num_rows = align_pairs(topk_ids, num_ids, cfg.block_m)
+    sorted_pairs, block_ids, num_rows = align_pairs(topk_ids, num_ids, cfg.block_m, max_ids=max_ids)
     num_blocks = block_ids.numel()
     if inter is None:
         inter = hidden.new_empty(num_pairs, inter_dim)  # (T*k, I), pair order

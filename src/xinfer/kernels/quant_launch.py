@@ -219,7 +219,9 @@ def fused_moe(
     else:
         t = tiles or _grouped_tiles(num_pairs, hidden.dtype)
         num_ids = kw13.w.shape[0]
-        sorted_pairs, block_ids, num_rows = moe_launch.align_pairs(topk_ids, num_ids, t.block_m)
+        sorted_pairs, block_ids, num_rows = moe_launch.align_pairs(
+            topk_ids, num_ids, t.block_m, max_ids=max_ids
+        )
         common = dict(BLOCK_M=t.block_m, BLOCK_N=t.block_n, BLOCK_K=t.block_k,
                       DOT_PRECISION=_precision(hidden.dtype), num_warps=t.num_warps,
                       num_stages=t.num_stages)  # fmt: skip

@@ -59,8 +59,12 @@ class Unquantized(WeightFormat):
         return reference.fused_moe(hidden, topk_ids, topk_weights, w13["weight"], w2["weight"])
 
     def triton_moe(self, hidden, topk_ids, topk_weights, w13, w2, inter, max_ids=None):
-        # max_ids: unused, the grouped GEMMs' work does not grow with the set's rows
-        return kernels.fused_moe(hidden, topk_ids, topk_weights, w13["weight"], w2["weight"])
+        # max_ids bounds the grouped path's align on a slot view (its rows, not its experts)
+        from xinfer.kernels import moe_launch
+
+        return moe_launch.fused_moe(
+            hidden, topk_ids, topk_weights, w13["weight"], w2["weight"], max_ids=max_ids
+        )
 
     def moe_merge_key(self, num_pairs, hidden):
         # the grouped GEMMs: a row's bits depend only on the tiles (the K order), never on

@@ -164,20 +164,78 @@ def moe_combine_kernel(
 
 
 @triton.jit
+def _number_ids(
+    ids_ptr, flags_ptr, experts_ptr, numbers_ptr,
+    num_pairs, num_set_ids, num_numbers,
+    BLOCK: tl.constexpr,
+):  # fmt: skip
+    """Number the ids the pairs use 0, 1, ... in increasing id order: experts[number] = its id,
+    numbers[pair] = its id's number. flags (num_set_ids,) is scratch (zeroed here). Ids that
+    are negative or >= num_set_ids, and numbers from num_numbers on (a call using more ids
+    than its promised bound), give their pairs -1: left out, never an address outside the
+    buffers. O(pairs + ids) work; ends with a barrier so every thread may read numbers."""
+    offs = tl.arange(0, BLOCK)
+    for i0 in range(0, num_set_ids, BLOCK):
+        zero = tl.zeros((BLOCK,), dtype=tl.int32)
+        tl.store(flags_ptr + i0 + offs, zero, mask=i0 + offs < num_set_ids)
+    tl.debug_barrier()  # the zeros must land before the 1s
+    one = tl.full((BLOCK,), 1, dtype=tl.int32)
+    for c0 in range(0, num_pairs, BLOCK):
+        ids = tl.load(ids_ptr + c0 + offs, mask=c0 + offs < num_pairs, other=-1)
+        tl.store(flags_ptr + ids, one, mask=(ids >= 0) & (ids < num_set_ids))  # same value: no race
+    tl.debug_barrier()
+    carry = tl.full((), 0, dtype=tl.int32)  # used ids below i0
+    for i0 in range(0, num_set_ids, BLOCK):
+        in_set = i0 + offs < num_set_ids
+        used = tl.load(flags_ptr + i0 + offs, mask=in_set, other=0)
+        number = carry + tl.cumsum(used, axis=0) - 1
+        keep = (used > 0) & (number < num_numbers)
+        tl.store(experts_ptr + number, i0 + offs, mask=keep)
+        # in place: an id's number needs its own flag, so no thread can store over a flag
+        # another thread has yet to load
+        tl.store(flags_ptr + i0 + offs, tl.where(keep, number, -1), mask=in_set)
+        carry += tl.sum(used, axis=0)
+    tl.debug_barrier()
+    for c0 in range(0, num_pairs, BLOCK):
+        ids = tl.load(ids_ptr + c0 + offs, mask=c0 + offs < num_pairs, other=-1)
+        number = tl.load(flags_ptr + ids, mask=(ids >= 0) & (ids < num_set_ids), other=-1)
+        tl.store(numbers_ptr + c0 + offs, number, mask=c0 + offs < num_pairs)
+    tl.debug_barrier()  # the numbers are read back by other threads
+
+
+@triton.jit
 def moe_align_kernel(
     ids_ptr, sorted_pairs_ptr, block_ids_ptr, num_rows_ptr,
-    num_pairs, num_ids, max_rows,
+    flags_ptr, experts_ptr, numbers_ptr,
+    num_pairs, num_ids, max_rows, num_set_ids,
     BLOCK_M: tl.constexpr, BLOCK_IDS: tl.constexpr, CHUNK: tl.constexpr,
+    NUMBERED: tl.constexpr, NUMBER_BLOCK: tl.constexpr,
 ):  # fmt: skip
     """grid (1,): stable sort of the pairs by id, each id's run padded to BLOCK_M.
     sorted_pairs (max_rows,) gets pair indices (num_pairs = padding), block_ids the id of
-    each BLOCK_M tile, num_rows the padded total. Pairs with a negative id are left out.
-    One program: no atomics, no host sync."""
+    each BLOCK_M tile (num_set_ids - 1 past num_rows), num_rows the padded total. Pairs with
+    a negative id are left out. One program: no atomics, no host sync.
+
+    NUMBERED (a set of num_set_ids rows of which a call uses at most num_ids, e.g. an offload
+    slot view): the used ids are first numbered 0, 1, ... in id order (`_number_ids`, into
+    the scratch flags (num_set_ids,), experts (num_ids,), numbers (num_pairs,)), the pairs
+    sorted by number (the same order: numbers grow with ids) and each tile's number mapped
+    back to its id, so the one-hot work is pairs × BLOCK_IDS with BLOCK_IDS =
+    next_pow2(num_ids), not next_pow2(num_set_ids). Unnumbered: num_set_ids == num_ids and
+    the flags/experts/numbers pointers are unused."""
+    if NUMBERED:
+        _number_ids(
+            ids_ptr, flags_ptr, experts_ptr, numbers_ptr, num_pairs, num_set_ids, num_ids,
+            NUMBER_BLOCK,
+        )  # fmt: skip
+        src_ptr = numbers_ptr
+    else:
+        src_ptr = ids_ptr
     offs_e = tl.arange(0, BLOCK_IDS)
     offs_c = tl.arange(0, CHUNK)
     counts = tl.zeros((BLOCK_IDS,), dtype=tl.int32)
     for c0 in range(0, num_pairs, CHUNK):
-        ids = tl.load(ids_ptr + c0 + offs_c, mask=c0 + offs_c < num_pairs, other=-1)
+        ids = tl.load(src_ptr + c0 + offs_c, mask=c0 + offs_c < num_pairs, other=-1)
         counts += tl.sum((ids[None, :] == offs_e[:, None]).to(tl.int32), axis=1)
     padded = (counts + BLOCK_M - 1) // BLOCK_M * BLOCK_M
     padded_end = tl.cumsum(padded, axis=0)  # (BLOCK_IDS,)
@@ -189,12 +247,17 @@ def moe_align_kernel(
     for b0 in range(0, max_rows // BLOCK_M, CHUNK):
         starts = (b0 + offs_c) * BLOCK_M
         blk = tl.sum((padded_end[None, :] <= starts[:, None]).to(tl.int32), axis=1)
-        blk = tl.minimum(blk, num_ids - 1)  # tiles past num_rows exit early in the GEMMs
+        if NUMBERED:
+            # below num_rows blk is a used number; past it blk = BLOCK_IDS >= num_ids, and
+            # the tile gets what the unnumbered kernel gives it (the GEMMs exit there)
+            blk = tl.load(experts_ptr + blk, mask=blk < num_ids, other=num_set_ids - 1)
+        else:
+            blk = tl.minimum(blk, num_ids - 1)  # tiles past num_rows exit early in the GEMMs
         tl.store(block_ids_ptr + b0 + offs_c, blk, mask=b0 + offs_c < max_rows // BLOCK_M)
     tl.debug_barrier()  # the padding fill above must land before the pairs below
     seen = tl.zeros((BLOCK_IDS,), dtype=tl.int32)  # pairs of each id placed so far
     for c0 in range(0, num_pairs, CHUNK):
-        ids = tl.load(ids_ptr + c0 + offs_c, mask=c0 + offs_c < num_pairs, other=-1)
+        ids = tl.load(src_ptr + c0 + offs_c, mask=c0 + offs_c < num_pairs, other=-1)
         mask = ids >= 0  # in range and not left out (the counts above never match -1)
         onehot = ids[:, None] == offs_e[None, :]  # (CHUNK, BLOCK_IDS)
         base = tl.sum(tl.where(onehot, (padded_start + seen)[None, :], 0), axis=1)
