@@ -200,6 +200,10 @@ def test_fused_moe_bits_do_not_depend_on_ids(gl, use_gemv) -> None:
     slot_ids = slot_of[ids.long()].to(torch.int32)
     out = gl.fused_moe(hidden, slot_ids, weights, s13, b13, s2, b2, inter, use_gemv, tiles)
     assert torch.equal(out, base)
+    # the layer's E as `max_ids`: the grouped path's align numbers the used slots first
+    out = gl.fused_moe(hidden, slot_ids, weights, s13, b13, s2, b2, inter, use_gemv, tiles,
+                       max_ids=4)  # fmt: skip
+    assert torch.equal(out, base)
 
 
 # --- the prefill path: dequantize to the activation dtype, then the bf16 kernels ----------

@@ -234,8 +234,9 @@ def fused_moe(
     N experts or slots that `topk_ids` (T, k) index; weights float32 (T, k) → (T, H).
     `use_gemv` (default: at most MAX_GEMV_PAIRS pairs) or else the grouped path, there
     `dequant` (default from PREFILL_MIN_PAIRS pairs) the dequantized experts in the bf16
-    grouped GEMMs (tiles `config`, default `grouped_config`; `max_ids`: at most this many
-    distinct ids in `topk_ids`, `quant_prefill.id_bound`) or the in-register ones (`tiles`)."""
+    grouped GEMMs (tiles `config`, default `grouped_config`) or the in-register ones
+    (`tiles`). `max_ids`: at most this many distinct ids in `topk_ids` (an offloaded layer's
+    E on its slot view: `quant_prefill.id_bound`, `moe_launch.align_pairs`)."""
     if hidden.dim() != 2 or topk_ids.shape != topk_weights.shape:
         raise ValueError("gguf fused_moe: expected hidden (T, H) and topk_ids/weights (T, k)")
     if hidden.dtype not in _DTYPES or topk_ids.shape[0] != hidden.shape[0]:
@@ -286,7 +287,7 @@ def fused_moe(
     else:
         t = tiles or grouped_tiles(num_pairs, hidden.dtype, btype13)
         sorted_pairs, block_ids, num_rows = moe_launch.align_pairs(
-            topk_ids, w13.shape[0], t.block_m
+            topk_ids, w13.shape[0], t.block_m, max_ids=max_ids
         )
         common = dict(
             BLOCK_M=t.block_m, BLOCK_N=t.block_n, SUBS=t.subs,
