@@ -176,6 +176,13 @@ def _silu(dtype, inter: int) -> None:
     moe_launch.silu_and_mul(_randn(9, 2 * inter, dtype=dtype))
 
 
+def _gated_add(dtype, hidden: int) -> None:
+    from xinfer.kernels import moe_launch
+
+    base, x = _randn(9, hidden, dtype=dtype), _randn(9, hidden, dtype=dtype)
+    moe_launch.sigmoid_gated_add(base, _randn(9, 1, dtype=dtype), x)
+
+
 def _route_topk(dtype, num_experts: int, top_k: int, renormalize: bool) -> None:
     from xinfer.kernels import moe_launch
 
@@ -216,6 +223,8 @@ def _moe_cases() -> None:
         add(f"moe-align-numbered-p{pairs}", "moe_align_kernel", _align_numbered, 3338, pairs,
             block_m, 128)  # fmt: skip
     add("silu_and_mul-bf16-wide", "silu_and_mul_kernel", _silu, BF16, 5632)
+    for dtype in (BF16, F32):
+        add(f"sigmoid_gated_add-{DT[dtype]}", "sigmoid_gated_add_kernel", _gated_add, dtype, 2048)
     r = "route_topk_kernel"
     add("route_topk-bf16-e128-k8-renorm", r, _route_topk, BF16, 128, 8, True)
     add("route_topk-fp16-e60-k4", r, _route_topk, F16, 60, 4, False)

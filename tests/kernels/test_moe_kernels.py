@@ -1,6 +1,6 @@
 """Triton MoE kernels on CUDA against `kernels/reference.py` (also on CUDA): fused_moe on the
 decode (GEMV) and prefill (grouped GEMM) paths, the placement-independence of its bits, CUDA
-graph capture, route_topk and silu_and_mul. All `gpu`: skipped without CUDA.
+graph capture, route_topk, silu_and_mul and sigmoid_gated_add. All `gpu`: skipped without CUDA.
 
 Tolerances: fp32 1e-4 relative (both sides accumulate in fp32, only the order differs).
 bf16/fp16 compare relative to the output's scale: the reference (cuBLAS) and the kernel round
@@ -236,4 +236,15 @@ def test_silu_and_mul_matches_reference(ml, shape, dtype) -> None:
     if dtype == torch.float32:
         torch.testing.assert_close(out, ref, rtol=1e-5, atol=1e-6)
     else:  # elementwise, same rounding steps: at most one ulp apart (exp differs slightly)
+        torch.testing.assert_close(out, ref, rtol=8e-3, atol=1e-3)
+
+
+@pytest.mark.parametrize("dtype", DTYPES)
+def test_sigmoid_gated_add_matches_reference(ml, dtype) -> None:
+    base, x = (torch.randn(37, 2048, device=DEV).to(dtype) for _ in range(2))
+    gate = (torch.randn(37, 1, device=DEV) * 3).to(dtype)
+    out, ref = ml.sigmoid_gated_add(base, gate, x), reference.sigmoid_gated_add(base, gate, x)
+    if dtype == torch.float32:
+        torch.testing.assert_close(out, ref, rtol=1e-5, atol=1e-6)
+    else:  # the reference's three roundings, same order: at most an ulp apart (exp differs)
         torch.testing.assert_close(out, ref, rtol=8e-3, atol=1e-3)

@@ -330,6 +330,25 @@ def test_silu_and_mul_matches_reference(ml, dtype) -> None:
 
 
 @child_only
+@pytest.mark.parametrize("dtype", [torch.float32, torch.float16])
+def test_sigmoid_gated_add_matches_reference(ml, dtype) -> None:
+    """A MoE block's routed output + sigmoid(gate) * shared expert, rounded op by op as the
+    reference (three torch ops) rounds; H off the block size, a strided gate column."""
+    from xinfer.kernels import reference
+
+    g = torch.Generator().manual_seed(6)
+    base, x = (torch.randn(5, 1100, generator=g).to(dtype) for _ in range(2))
+    gate = (torch.randn(5, 3, generator=g) * 3).to(dtype)[:, 1:2]  # a (T, 1) column view
+    out = ml.sigmoid_gated_add(base, gate, x)
+    assert out.shape == base.shape and out.dtype == dtype
+    tol = 1e-6 if dtype == torch.float32 else 1e-3
+    want = reference.sigmoid_gated_add(base, gate, x)
+    torch.testing.assert_close(out.float(), want.float(), rtol=tol, atol=tol)
+    with pytest.raises(ValueError):
+        ml.sigmoid_gated_add(base, gate.to(torch.float64), x)
+
+
+@child_only
 def test_bf16_runs_close_to_reference(ml) -> None:
     """bf16 through the interpreter (GEMV path, routing, activation): truncating casts make it
     a few bf16 ulps off, so this only guards against gross errors; the GPU tests are exact."""

@@ -126,6 +126,15 @@ def silu_and_mul(x: torch.Tensor) -> torch.Tensor:
     return reference.silu_and_mul(x)
 
 
+def sigmoid_gated_add(base: torch.Tensor, gate: torch.Tensor, x: torch.Tensor) -> torch.Tensor:
+    """base (T, H) + sigmoid(gate (T, 1)) * x (T, H)."""
+    if use_triton(base):
+        from xinfer.kernels import moe_launch
+
+        return moe_launch.sigmoid_gated_add(base, gate, x)
+    return reference.sigmoid_gated_add(base, gate, x)
+
+
 def route_topk(
     router_logits: torch.Tensor, top_k: int, renormalize: bool
 ) -> tuple[torch.Tensor, torch.Tensor]:

@@ -375,3 +375,24 @@ def silu_and_mul(x: torch.Tensor) -> torch.Tensor:
         x2, out, inter_dim, x2.stride(0), out.stride(0), BLOCK=block, num_warps=4
     )
     return out.view(*x.shape[:-1], inter_dim)
+
+
+def sigmoid_gated_add(base: torch.Tensor, gate: torch.Tensor, x: torch.Tensor) -> torch.Tensor:
+    """Triton twin of `reference.sigmoid_gated_add`: base (T, H) + sigmoid(gate (T, 1)) * x
+    (T, H), one launch instead of three."""
+    if base.dtype not in _DTYPES or not (base.dtype == gate.dtype == x.dtype):
+        raise ValueError(f"sigmoid_gated_add: dtypes {base.dtype}, {gate.dtype}, {x.dtype}")
+    if base.dim() != 2 or base.shape != x.shape or gate.shape != (base.shape[0], 1):
+        raise ValueError(f"sigmoid_gated_add: shapes {base.shape}, {gate.shape}, {x.shape}")
+    if base.stride(-1) != 1 or x.stride(-1) != 1:
+        base, x = base.contiguous(), x.contiguous()
+    out = torch.empty_like(base)
+    if out.numel() == 0:
+        return out
+    n_cols = base.shape[1]
+    block = min(1024, triton.next_power_of_2(n_cols))
+    activation.sigmoid_gated_add_kernel[(base.shape[0], triton.cdiv(n_cols, block))](
+        base, gate, x, out, n_cols,
+        base.stride(0), gate.stride(0), x.stride(0), out.stride(0), BLOCK=block, num_warps=4,
+    )  # fmt: skip
+    return out

@@ -54,6 +54,12 @@ def silu_and_mul(x: torch.Tensor) -> torch.Tensor:
     return F.silu(gate) * up
 
 
+def sigmoid_gated_add(base: torch.Tensor, gate: torch.Tensor, x: torch.Tensor) -> torch.Tensor:
+    """base (T, H) + sigmoid(gate (T, 1)) * x (T, H): a MoE block's routed output plus its
+    gated shared expert (Qwen2-MoE, Qwen3.5 / Qwen3-Next), in the dtype, op by op."""
+    return base + torch.sigmoid(gate) * x
+
+
 def route_topk(
     router_logits: torch.Tensor, top_k: int, renormalize: bool
 ) -> tuple[torch.Tensor, torch.Tensor]:

@@ -96,7 +96,8 @@ class SparseMoeBlock(nn.Module):
     def finish(self, x: torch.Tensor, routed: torch.Tensor) -> torch.Tensor:
         """The block's output from its input x and the routed experts' output."""
         if self.shared_expert is not None:
-            return routed + torch.sigmoid(self.shared_expert_gate(x)) * self.shared_expert(x)
+            gate = self.shared_expert_gate(x)
+            return kernels.sigmoid_gated_add(routed, gate, self.shared_expert(x))
         return routed
 
 

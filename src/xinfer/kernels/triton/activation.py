@@ -23,3 +23,24 @@ def silu_and_mul_kernel(
     dtype = out_ptr.dtype.element_ty
     s = (g / (1.0 + tl.exp(-g))).to(dtype).to(tl.float32)
     tl.store(out_ptr + tok * stride_ot + offs, (s * u.to(tl.float32)).to(dtype), mask=mask)
+
+
+@triton.jit
+def sigmoid_gated_add_kernel(
+    base_ptr, gate_ptr, x_ptr, out_ptr,
+    n_cols, stride_bt, stride_gt, stride_xt, stride_ot,
+    BLOCK: tl.constexpr,
+):  # fmt: skip
+    """grid (T, cdiv(H, BLOCK)): out[t] = base[t] + sigmoid(gate[t, 0]) * x[t], rounding like
+    the reference's three ops (sigmoid rounded to the dtype, the product rounded, the sum
+    rounded): a MoE block's routed output plus its gated shared expert in one pass."""
+    tok = tl.program_id(0).to(tl.int64)
+    offs = tl.program_id(1) * BLOCK + tl.arange(0, BLOCK)
+    mask = offs < n_cols
+    dtype = out_ptr.dtype.element_ty
+    g = tl.load(gate_ptr + tok * stride_gt).to(tl.float32)
+    s = tl.sigmoid(g).to(dtype).to(tl.float32)  # torch.sigmoid rounds to the dtype
+    x = tl.load(x_ptr + tok * stride_xt + offs, mask=mask, other=0.0).to(tl.float32)
+    base = tl.load(base_ptr + tok * stride_bt + offs, mask=mask, other=0.0).to(tl.float32)
+    prod = (s * x).to(dtype).to(tl.float32)
+    tl.store(out_ptr + tok * stride_ot + offs, (base + prod).to(dtype), mask=mask)
