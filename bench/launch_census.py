@@ -9,7 +9,7 @@ tensors, so the engine takes its GPU path; a TorchDispatchMode counts the aten o
 would launch a kernel (views, reshapes and allocations launch none) and a wrapper counts
 Triton launches. The step is the difference between generating n + 1 and n tokens.
 
-    python3 bench/launch_census.py --arch qwen3_5_moe [--batch 1]
+    python3 bench/launch_census.py --arch qwen3_5_moe [--batch 1] [--moe-offload 0.5]
 
 Not a timing: the counts are what the GPU path launches outside cuBLAS's own internals
 (one F.linear = one kernel here and on the GPU, as in the H200 traces)."""
@@ -87,8 +87,9 @@ def _take_gpu_path(kernels) -> None:
             module.use_triton = always
 
 
-def census(arch: str, batch: int = 1, tokens: int = 3) -> tuple[Counter[str], int]:
-    """(launches of one decode step by name, the model's layers) for `arch`'s tiny model."""
+def census(arch: str, batch: int = 1, tokens: int = 3, **options) -> tuple[Counter[str], int]:
+    """(launches of one decode step by name, the model's layers) for `arch`'s tiny model;
+    `options`: engine options (e.g. moe_offload="0.5")."""
     from tiny_models import make_hf_model, write_checkpoint
 
     from xinfer import kernels
@@ -100,7 +101,7 @@ def census(arch: str, batch: int = 1, tokens: int = 3) -> tuple[Counter[str], in
     _count_triton(counter)
     with tempfile.TemporaryDirectory() as tmp:
         path = write_checkpoint(make_hf_model(arch, seed=0), Path(tmp))
-        llm = LLM(str(path), device="cpu")
+        llm = LLM(str(path), device="cpu", **options)
         prompts = [[5 + i, 17, 33, 2] for i in range(batch)]
 
         def run(n: int) -> Counter[str]:
@@ -119,8 +120,10 @@ def main() -> None:
     ap.add_argument("--arch", default="qwen3_moe")
     ap.add_argument("--batch", type=int, default=1)
     ap.add_argument("--tokens", type=int, default=3, help="decode steps before the counted one")
+    ap.add_argument("--moe-offload", default=None, help="an expert fraction, e.g. 0.5")
     args = ap.parse_args()
-    step, layers = census(args.arch, args.batch, args.tokens)
+    options = {"moe_offload": args.moe_offload} if args.moe_offload else {}
+    step, layers = census(args.arch, args.batch, args.tokens, **options)
     total = sum(step.values())
     print(f"{args.arch}, batch {args.batch}: {total} launches a decode step, {layers} layers")
     for name, n in sorted(step.items(), key=lambda kv: (-kv[1], kv[0])):
