@@ -12,7 +12,9 @@ Triton launches. The step is the difference between generating n + 1 and n token
     python3 bench/launch_census.py --arch qwen3_5_moe [--batch 1] [--moe-offload 0.5]
 
 Not a timing: the counts are what the GPU path launches outside cuBLAS's own internals
-(one F.linear = one kernel here and on the GPU, as in the H200 traces)."""
+(one F.linear = one kernel here and on the GPU, as in the H200 traces). Host-side checks
+that run only for CPU tensors show up too (under offload: the lookup's id range check,
+torch.min/max a MoE layer); the H200 does not run them."""
 
 from __future__ import annotations
 
