@@ -14,7 +14,7 @@ import torch
 pytest.importorskip("triton")
 
 from xinfer import kernels  # noqa: E402
-from xinfer.kernels import moe_launch, quant_prefill  # noqa: E402
+from xinfer.kernels import gguf_launch, moe_launch, quant_prefill  # noqa: E402
 from xinfer.offload.executor import OffloadExecutor  # noqa: E402
 from xinfer.offload.slot_cache import NUM_COUNTERS  # noqa: E402
 from xinfer.offload.slot_pool import build_slot_caches  # noqa: E402
@@ -40,12 +40,24 @@ def counted(monkeypatch):
         work["dequantized"] += [e for e in ids[first : first + out.shape[0]].tolist() if e >= 0]
         return out
 
+    fused_with = quant_prefill.fused_moe_with
+
+    def fused_moe_with(*args, **kwargs):
+        work["max_ids"].append(kwargs.get("max_ids"))
+        return fused_with(*args, **kwargs)
+
+    def gguf_dequantize(w, btype, k, out, first=0, ids=None):
+        work["max_ids"].append("gguf")  # reached through gguf_launch's prefill route
+        return dequantize(None, 0, k, out, first, ids)
+
     def grouped_outputs(*args, **kwargs):
         work["rounds"] += 1
 
     monkeypatch.setattr(kernels, "use_triton", lambda t: True)
     monkeypatch.setattr(quant_prefill, "fused_moe", fused_moe)
     monkeypatch.setattr(quant_prefill, "dequantize", dequantize)
+    monkeypatch.setattr(quant_prefill, "fused_moe_with", fused_moe_with)
+    monkeypatch.setattr(gguf_launch, "dequantize", gguf_dequantize)
     monkeypatch.setattr(moe_launch, "grouped_outputs", grouped_outputs)
     monkeypatch.setattr(moe_launch, "_combine", lambda y, w, out, k: None)
     # chunks of 4 experts (at the real shapes: 28 of Qwen3-30B-A3B's under 256 MiB)
@@ -53,8 +65,8 @@ def counted(monkeypatch):
     return work
 
 
-def _executor(layer: int) -> OffloadExecutor:
-    weights = ExpertWeights(Fp8Block(), HIDDEN, INTER)
+def _executor(layer: int, fmt=None) -> OffloadExecutor:
+    weights = ExpertWeights(fmt or Fp8Block(), HIDDEN, INTER)
     specs = weights.specs(NUM_EXPERTS)
     hosts = [{key: torch.zeros(s.shape, dtype=s.dtype) for key, s in specs.items()}] * NUM_LAYERS
     counters = torch.zeros(NUM_LAYERS, NUM_COUNTERS, dtype=torch.int64)
@@ -78,3 +90,27 @@ def test_offloaded_quantized_call_does_not_scale_with_the_view(counted, layer):
         used = sorted(set(counted["dequantized"]))  # each once in w13's, once in w2's rounds
         assert len(used) == NUM_EXPERTS and sorted(counted["dequantized"]) == sorted(used * 2)
         assert all(r < NUM_SLOTS or r >= x.cache.overflow_base for r in used)
+
+
+def test_offloaded_gguf_call_takes_the_dequantized_route_over_the_used_ids(counted):
+    """A GGUF layer (Q4_K gate/up, Q6_K down, as Q4_K_M files store them) on its slot view:
+    a prefill-sized call reaches quant_prefill through gguf_launch's dequantizer with the
+    layer's E as `max_ids`, so it too runs cdiv(E, chunk) rounds, not one per chunk of rows."""
+    from xinfer.quant.gguf_formats import GGUFFormat
+
+    weights = ExpertWeights(GGUFFormat("Q4_K"), HIDDEN * 2, INTER * 2, GGUFFormat("Q6_K"))
+    specs = weights.specs(NUM_EXPERTS)
+    hosts = [{key: torch.zeros(s.shape, dtype=s.dtype) for key, s in specs.items()}] * NUM_LAYERS
+    counters = torch.zeros(NUM_LAYERS, NUM_COUNTERS, dtype=torch.int64)
+    caches, _ = build_slot_caches(hosts, [NUM_SLOTS] * NUM_LAYERS, CPU, counters, TOKENS * TOP_K)
+    x = OffloadExecutor(caches[0], hosts[0], TOP_K, weights=weights)
+    hidden = torch.zeros(TOKENS, HIDDEN * 2, dtype=torch.bfloat16)
+    ids = (torch.arange(TOKENS * TOP_K) % NUM_EXPERTS).view(TOKENS, TOP_K).to(torch.int32)
+    x(hidden, ids, torch.full((TOKENS, TOP_K), 1.0 / TOP_K))
+    # chunks of 4 experts of the fixture's bf16 size at these shapes hold 1 of the doubled ones
+    assert counted["rounds"] == NUM_EXPERTS
+    used = sorted(set(counted["dequantized"]))
+    assert len(used) == NUM_EXPERTS and len(counted["dequantized"]) == 2 * NUM_EXPERTS
+    assert all(r < NUM_SLOTS or r >= x.cache.overflow_base for r in used)
+    assert counted["max_ids"].count("gguf") == 2 * NUM_EXPERTS  # w13 and w2, each expert
+    assert counted["max_ids"][0] == NUM_EXPERTS  # quant_prefill.fused_moe_with's bound

@@ -156,7 +156,7 @@ def fused_moe(
 
     return fused_moe_with(
         hidden, topk_ids, topk_weights, kw13.w.shape[0], inter, deq13, deq2, config, chunk,
-        max_ids,
+        max_ids=max_ids,
     )  # fmt: skip
 
 
