@@ -212,6 +212,17 @@ def _align_numbered(num_ids: int, num_pairs: int, block_m: int, max_ids: int) ->
     moe_launch.align_pairs(ids, num_ids, block_m, method="kernel", max_ids=max_ids)
 
 
+def _align_count(num_ids: int, num_pairs: int, block_m: int, max_ids=None, method="count"):
+    """The counting-sort align (`method` None: the default picks it at these sizes)."""
+    from xinfer.kernels import moe_launch
+
+    ids = torch.randint(-1, num_ids, (num_pairs,), generator=_gen(), dtype=torch.int32)
+    moe_launch.align_pairs(ids, num_ids, block_m, method=method, max_ids=max_ids)
+
+
+ALIGN_COUNT = "moe_count_kernel moe_count_starts_kernel moe_count_place_kernel"
+
+
 def _moe_cases() -> None:
     for dtype in (BF16, F16, F32):
         add(f"silu_and_mul-{DT[dtype]}", "silu_and_mul_kernel", _silu, dtype, 768)
@@ -222,6 +233,13 @@ def _moe_cases() -> None:
     for pairs, block_m in ((72, 16), (4088, 64)):  # decode batches 9 and 511 at k=8
         add(f"moe-align-numbered-p{pairs}", "moe_align_kernel", _align_numbered, 3338, pairs,
             block_m, 128)  # fmt: skip
+    # the counting sort: blocks x ids scanned in the starts kernel (64 x 128), or by the
+    # prefix kernel (79 x 3,338: a joined prompt call over an offload view); numbered to E
+    add("moe-align-count-p16384-e128", ALIGN_COUNT, _align_count, 128, 16384, 64,
+        method=None)  # fmt: skip
+    add("moe-align-count-p20000-e3338", f"{ALIGN_COUNT} moe_count_prefix_kernel",
+        _align_count, 3338, 20000, 16)  # fmt: skip
+    add("moe-align-count-numbered-p4095", ALIGN_COUNT, _align_count, 3338, 4095, 128, 128)
     add("silu_and_mul-bf16-wide", "silu_and_mul_kernel", _silu, BF16, 5632)
     for dtype in (BF16, F32):
         add(f"sigmoid_gated_add-{DT[dtype]}", "sigmoid_gated_add_kernel", _gated_add, dtype, 2048)

@@ -203,6 +203,60 @@ def test_align_pairs_numbered_on_a_view_equals_sort_and_captures(
     check(captured, static)
 
 
+@pytest.mark.parametrize(
+    "num_pairs,num_ids,block_m,max_ids",
+    [
+        (16384, 128, 64, None),  # a 2048-token chunk at top-8: 3 launches
+        (65536, 128, 128, None),  # a joined 8k-token prompt call: 4 launches (512 x 128 counts)
+        (4095, 3338, 16, None),  # an offload slot view, unnumbered: 4 launches
+        (4095, 3338, 64, 128),  # ... with the layer's 128 experts as max_ids
+    ],
+)
+def test_align_pairs_count_equals_sort_and_captures(
+    ml, num_pairs, num_ids, block_m, max_ids
+) -> None:
+    """The counting sort (`triton/moe_sort.py`) gives the torch sort's outputs bit for bit
+    (all of them; with `max_ids` its shorter outputs, and the numbered kernel's in full),
+    captures in a CUDA graph (no host sync) and replays with new ids."""
+
+    def make_ids(seed: int) -> torch.Tensor:
+        g = torch.Generator(DEV).manual_seed(seed)
+        used = max_ids or num_ids
+        rows = torch.randperm(num_ids, generator=g, device=DEV)[:used]
+        ids = rows[torch.randint(0, used, (num_pairs,), generator=g, device=DEV)]
+        ids[torch.randint(0, num_pairs, (num_pairs // 8,), generator=g, device=DEV)] = -1
+        return ids.to(torch.int32).view(num_pairs, 1)
+
+    def check(got, ids) -> None:
+        sort = ml.align_pairs(ids, num_ids, block_m, method="sort")
+        assert torch.equal(got[2], sort[2])
+        if max_ids is None:
+            assert got[0].numel() == sort[0].numel() and got[1].numel() == sort[1].numel()
+        assert torch.equal(got[0], sort[0][: got[0].numel()])
+        assert torch.equal(got[1], sort[1][: got[1].numel()])
+        if max_ids is not None:
+            kernel = ml.align_pairs(ids, num_ids, block_m, method="kernel", max_ids=max_ids)
+            for a, b in zip(got, kernel, strict=True):
+                assert torch.equal(a, b)
+
+    args = (num_ids, block_m)
+    ids = make_ids(num_pairs + num_ids)
+    check(ml.align_pairs(ids, *args, method="count", max_ids=max_ids), ids)
+    static = ids.clone()
+    stream = torch.cuda.Stream()
+    stream.wait_stream(torch.cuda.current_stream())
+    with torch.cuda.stream(stream):
+        ml.align_pairs(static, *args, method="count", max_ids=max_ids)
+    torch.cuda.current_stream().wait_stream(stream)
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(graph):
+        captured = ml.align_pairs(static, *args, method="count", max_ids=max_ids)
+    static.copy_(make_ids(num_pairs + num_ids + 1))
+    graph.replay()
+    torch.cuda.synchronize()
+    check(captured, static)
+
+
 @pytest.mark.parametrize("num_experts,top_k", [(8, 2), (60, 4), (128, 8), (512, 10), (7, 7)])
 @pytest.mark.parametrize("renormalize", [True, False])
 def test_route_topk_matches_reference(ml, num_experts, top_k, renormalize) -> None:

@@ -91,161 +91,6 @@ def test_fused_moe_bits_do_not_depend_on_ids(ml, use_gemv, cfg, num_slots) -> No
     assert torch.equal(out_e, out_s)
 
 
-ALIGN_METHODS = pytest.mark.parametrize("method", ["kernel", "sort"])
-
-
-@child_only
-@ALIGN_METHODS
-def test_align_pairs_sorts_stably_and_pads(ml, method) -> None:
-    ids = torch.tensor([[3, 0], [0, 3], [5, 0], [0, 1]], dtype=torch.int32)
-    sorted_pairs, block_ids, num_rows = ml.align_pairs(ids, num_ids=6, block_m=4, method=method)
-    pad = ids.numel()
-    expect = [1, 2, 5, 6, 7, pad, pad, pad, 0, 3, pad, pad, 4, pad, pad, pad]  # ids 0, 1, 3, 5
-    assert sorted_pairs[: len(expect)].tolist() == expect
-    assert (sorted_pairs[len(expect) :] == pad).all()
-    assert block_ids[:4].tolist() == [0, 1, 3, 5] and num_rows.tolist() == [16]
-
-
-@child_only
-@ALIGN_METHODS
-@pytest.mark.parametrize("num_ids,num_pairs,block_m", [(5, 40, 16), (300, 70, 4), (9, 1, 64)])
-def test_align_pairs_matches_torch_sort(ml, num_ids, num_pairs, block_m, method) -> None:
-    ids = torch.randint(0, num_ids, (num_pairs, 1), generator=torch.Generator().manual_seed(6))
-    sorted_pairs, block_ids, num_rows = ml.align_pairs(
-        ids.to(torch.int32), num_ids, block_m, method=method
-    )
-    order = torch.sort(ids.view(-1), stable=True).indices
-    rows = sorted_pairs[sorted_pairs < num_pairs]
-    assert torch.equal(rows.long(), order)  # stable order once the padding is dropped
-    counts = torch.bincount(ids.view(-1), minlength=num_ids)
-    padded = (counts + block_m - 1) // block_m * block_m
-    assert num_rows.item() == padded.sum().item()
-    tile_ids = torch.repeat_interleave(torch.arange(num_ids), padded // block_m)
-    assert torch.equal(block_ids[: len(tile_ids)].long(), tile_ids)
-    for tile, e in enumerate(tile_ids.tolist()):  # each tile: its id's pairs, then padding
-        pairs = sorted_pairs[tile * block_m : (tile + 1) * block_m]
-        assert (ids.view(-1)[pairs[pairs < num_pairs].long()] == e).all()
-
-
-@child_only
-@ALIGN_METHODS
-def test_align_pairs_leaves_out_negative_ids(ml, method) -> None:
-    ids = torch.randint(-1, 5, (50, 1), generator=torch.Generator().manual_seed(7))
-    ids[0] = -1  # at least one left out, and one kept id after it in the same chunk
-    ids[1] = 2
-    sorted_pairs, block_ids, num_rows = ml.align_pairs(
-        ids.to(torch.int32), 5, block_m=8, method=method
-    )
-    flat = ids.view(-1)
-    kept = torch.nonzero(flat >= 0).view(-1)
-    order = kept[torch.sort(flat[kept], stable=True).indices]
-    rows = sorted_pairs[sorted_pairs < flat.numel()]
-    assert torch.equal(rows.long(), order)  # exactly the kept pairs, stably sorted
-    counts = torch.bincount(flat[kept], minlength=5)
-    assert num_rows.item() == ((counts + 7) // 8 * 8).sum().item()
-
-
-@child_only
-@pytest.mark.parametrize(
-    "num_ids,num_pairs,block_m", [(128, 600, 64), (1000, 333, 16), (7, 90, 8), (3, 5, 64)]
-)
-def test_align_pairs_sort_equals_kernel(ml, num_ids, num_pairs, block_m) -> None:
-    """The two methods agree on every output element, padding and tiles past num_rows
-    included (what the GEMMs read), with left-out pairs among the ids."""
-    g = torch.Generator().manual_seed(num_ids + num_pairs)
-    ids = torch.randint(-1, num_ids, (num_pairs,), generator=g).to(torch.int32)
-    kernel = ml.align_pairs(ids, num_ids, block_m, method="kernel")
-    sort = ml.align_pairs(ids, num_ids, block_m, method="sort")
-    for a, b in zip(kernel, sort, strict=True):
-        assert a.dtype == b.dtype and torch.equal(a, b)
-
-
-# an offload slot view: layer 0's rows of Qwen3-30B-A3B at 67 slots, its layer's 128 experts
-VIEW_ROWS, VIEW_EXPERTS = 3338, 128
-
-
-def _view_ids(num_pairs: int, num_used: int, seed: int) -> torch.Tensor:
-    """(num_pairs,) int32 ids of `num_used` random rows of the view, ~1/8 of them -1."""
-    g = torch.Generator().manual_seed(seed)
-    rows = torch.randperm(VIEW_ROWS, generator=g)[:num_used]
-    ids = rows[torch.randint(0, num_used, (num_pairs,), generator=g)].to(torch.int32)
-    ids[torch.randint(0, num_pairs, (num_pairs // 8,), generator=g)] = -1
-    return ids
-
-
-@child_only
-@pytest.mark.parametrize(
-    "num_pairs,block_m,num_used",
-    [(65, 16, 128), (333, 64, 128), (1000, 64, 128), (4095, 16, 128), (200, 16, 3)],
-)
-def test_align_pairs_numbered_equals_unnumbered_and_sort(ml, num_pairs, block_m, num_used):
-    """Decode batches of 9-511 sequences on a slot view of 3,338 rows with the layer's 128
-    experts as `max_ids`: the ids numbered first give the unnumbered kernel's and the sort's
-    outputs bit for bit (the tiles past num_rows too, as far as the shorter outputs go),
-    from fewer rows (max_rows sized from the bound)."""
-    ids = _view_ids(num_pairs, num_used, seed=num_pairs + block_m)
-    numbered = ml.align_pairs(ids, VIEW_ROWS, block_m, method="kernel", max_ids=VIEW_EXPERTS)
-    kernel = ml.align_pairs(ids, VIEW_ROWS, block_m, method="kernel")
-    sort = ml.align_pairs(ids, VIEW_ROWS, block_m, method="sort")
-    bound = min(num_pairs, VIEW_EXPERTS)
-    assert numbered[0].numel() == triton.cdiv(num_pairs + bound * (block_m - 1), block_m) * block_m
-    assert numbered[0].numel() <= kernel[0].numel()
-    assert ml._numbered_bound(VIEW_ROWS, num_pairs, VIEW_EXPERTS) == bound  # it did number
-    for a, b in zip(kernel, sort, strict=True):
-        assert torch.equal(a, b)
-    sorted_pairs, block_ids, num_rows = numbered
-    assert torch.equal(num_rows, kernel[2])
-    assert torch.equal(sorted_pairs, kernel[0][: sorted_pairs.numel()])
-    assert torch.equal(block_ids, kernel[1][: block_ids.numel()])
-    assert (sorted_pairs[num_rows.item() :] == num_pairs).all()  # padding past the rows used
-
-
-class _GuardedTorch:
-    """`torch` for `moe_launch` whose `empty` buffers have sentinel guards either side."""
-
-    GUARD, SENTINEL = 4096, -7777  # the align kernel writes only values >= -1
-
-    def __init__(self) -> None:
-        self.buffers: list[torch.Tensor] = []
-
-    def __getattr__(self, name):
-        return getattr(torch, name)
-
-    def empty(self, n: int, dtype: torch.dtype, device) -> torch.Tensor:
-        buf = torch.full((n + 2 * self.GUARD,), self.SENTINEL, dtype=dtype, device=device)
-        self.buffers.append(buf)
-        return buf[self.GUARD : self.GUARD + n]
-
-    def guards_intact(self) -> bool:
-        g = self.GUARD
-        return all((b[:g] == self.SENTINEL).all() and (b[-g:] == self.SENTINEL).all()
-                   for b in self.buffers)  # fmt: skip
-
-
-@child_only
-@pytest.mark.parametrize("block_m", [16, 64])
-def test_align_pairs_with_more_ids_than_promised_stays_in_its_buffers(ml, monkeypatch, block_m):
-    """A broken promise (300 distinct ids, `max_ids` 128): the pairs of the ids numbered from
-    128 on (the largest) are left out, the rest aligned as if those were -1, and no store
-    lands outside the outputs and the scratch (sentinel guards around every buffer)."""
-    num_pairs = 1500
-    ids = _view_ids(num_pairs, 300, seed=block_m)
-    assert torch.unique(ids[ids >= 0]).numel() > VIEW_EXPERTS
-    guarded = _GuardedTorch()
-    monkeypatch.setattr(ml, "torch", guarded)
-    sorted_pairs, block_ids, num_rows = ml.align_pairs(
-        ids, VIEW_ROWS, block_m, method="kernel", max_ids=VIEW_EXPERTS
-    )
-    monkeypatch.undo()
-    assert len(guarded.buffers) == 4 and guarded.guards_intact()  # 3 outputs, 1 scratch
-    kept = torch.unique(ids[ids >= 0])[:VIEW_EXPERTS]  # the 128 smallest used ids
-    dropped = torch.where(torch.isin(ids, kept), ids, -1)
-    want = ml.align_pairs(dropped, VIEW_ROWS, block_m, method="sort")
-    assert num_rows.item() <= sorted_pairs.numel() and torch.equal(num_rows, want[2])
-    assert torch.equal(sorted_pairs, want[0][: sorted_pairs.numel()])
-    assert torch.equal(block_ids, want[1][: block_ids.numel()])
-
-
 @child_only
 def test_fused_moe_on_a_slot_view_with_max_ids_has_the_same_bits(ml, monkeypatch) -> None:
     """The grouped path on a view of many rows (8 experts' rows among 1,100 of garbage):
@@ -279,21 +124,29 @@ def test_fused_moe_on_a_slot_view_with_max_ids_has_the_same_bits(ml, monkeypatch
     assert torch.equal(out, ml.fused_moe(hidden, slot_ids, weights, v13, v2))
 
 
-def test_align_pairs_picks_sort_for_many_pairs(monkeypatch) -> None:
-    """Outside the interpreter: the default method follows the pair count only, and the
-    sort path runs on plain torch (CPU here)."""
-    from xinfer.kernels import moe_launch
-
-    called = []
-    real = moe_launch._align_by_sort
-    monkeypatch.setattr(moe_launch, "_align_by_sort", lambda *a: called.append(a) or real(*a))
-    ids = torch.randint(0, 1500, (moe_launch.SORT_ALIGN_PAIRS,), dtype=torch.int32)
-    sorted_pairs, block_ids, num_rows = moe_launch.align_pairs(ids, 1500, 64)
-    assert called and sorted_pairs.shape[0] % 64 == 0
-    kept = sorted_pairs[sorted_pairs < ids.numel()].long()
-    assert torch.equal(kept, torch.sort(ids.long(), stable=True).indices)
-    with pytest.raises(ValueError, match="method"):
-        moe_launch.align_pairs(ids, 1500, 64, method="radix")
+@child_only
+@pytest.mark.parametrize("view_rows", [None, 300])
+def test_fused_moe_grouped_bits_do_not_depend_on_the_align_method(ml, monkeypatch, view_rows):
+    """The grouped path end to end with each align method (the counting sort, the torch
+    sort, the one-program kernel) gives the same bits; on a slot view (the layer's 16
+    experts among 300 rows, `max_ids` 16) the counting sort's shorter outputs too."""
+    num_experts, top_k, num_tokens = 16, 4, 70
+    hidden, ids, weights, w13, w2 = _moe_inputs(num_tokens, top_k, 40, 24, num_experts,
+                                                torch.float32, seed=11)  # fmt: skip
+    max_ids = None
+    if view_rows:
+        g = torch.Generator().manual_seed(12)
+        slot_of = torch.randperm(view_rows, generator=g)[:num_experts]
+        v13 = torch.randn(view_rows, *w13.shape[1:], generator=g)
+        v2 = torch.randn(view_rows, *w2.shape[1:], generator=g)
+        v13[slot_of], v2[slot_of] = w13, w2
+        ids, w13, w2, max_ids = slot_of[ids.long()].to(torch.int32), v13, v2, num_experts
+    align, outs = ml.align_pairs, {}
+    run = dict(use_gemv=False, config=ml.MoeConfig(**SMALL_GROUPED), max_ids=max_ids)
+    for method in ("count", "sort", "kernel"):
+        monkeypatch.setattr(ml, "align_pairs", lambda *a, m=method, **k: align(*a, **k, method=m))
+        outs[method] = ml.fused_moe(hidden, ids, weights, w13, w2, **run)
+    assert torch.equal(outs["count"], outs["sort"]) and torch.equal(outs["count"], outs["kernel"])
 
 
 @child_only
