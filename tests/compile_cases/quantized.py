@@ -172,7 +172,7 @@ def _gguf_cases() -> None:
         add(f"gguf-{name}-moe-bf16-gemv", G_GEMV, _gguf_moe, name, name, BF16, 1, True)
         add(f"gguf-{name}-moe-bf16-grouped", G_GROUPED, _gguf_moe, name, name, BF16, 40, False)
         add(f"gguf-{name}-moe-bf16-prefill", G_PREFILL_MOE, _gguf_moe, name, name, BF16, 130,
-            False)  # fmt: skip
+            False, dequant=True)  # fmt: skip
     add("gguf-Q4_K-linear-fp16-m16-nobias", split, _gguf_linear, "Q4_K", F16, 16, bias=False)
     add("gguf-Q6_K-linear-fp32-m64", g, _gguf_linear, "Q6_K", F32, 64)
     add("gguf-Q4_K-linear-bf16-m1-head", g, _gguf_linear, "Q4_K", BF16, 1, n=65536)  # 1 warp
@@ -181,7 +181,7 @@ def _gguf_cases() -> None:
     add("gguf-Q4_K+Q6_K-moe-bf16-grouped-large", G_GROUPED, _gguf_moe, "Q4_K", "Q6_K", BF16,
         130, False, dequant=False)  # fmt: skip
     add("gguf-Q4_K+Q6_K-moe-fp16-prefill", G_PREFILL_MOE, _gguf_moe, "Q4_K", "Q6_K", F16, 130,
-        False)  # fmt: skip
+        False, dequant=True)  # fmt: skip
     add("gguf-Q8_0-moe-bf16-grouped-large", G_GROUPED, _gguf_moe, "Q8_0", "Q8_0", BF16, 130, False,
         dequant=False)  # fmt: skip
     add("gguf-Q8_0-moe-fp32-grouped", G_GROUPED, _gguf_moe, "Q8_0", "Q8_0", F32, 40, False)

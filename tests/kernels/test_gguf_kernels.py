@@ -147,7 +147,7 @@ def test_dequantize_has_the_twin_bits(name) -> None:
 
 
 @pytest.mark.parametrize("t13,t2", [("Q4_K", "Q6_K"), ("Q8_0", "Q8_0")])
-@pytest.mark.parametrize("num_tokens", [130, 2048])  # the 64 x 64 and the large grouped tile
+@pytest.mark.parametrize("num_tokens", [520, 2048])  # the 64 x 64 and the large grouped tile
 def test_prefill_moe_is_the_bf16_grouped_path_on_dequantized_experts(t13, t2, num_tokens):
     """A prefill-sized call equals moe_launch's grouped GEMMs on the dequantized experts, bit
     for bit, on the expert set and on a larger slot view with `max_ids`; the merge key's

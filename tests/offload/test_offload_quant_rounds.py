@@ -92,12 +92,14 @@ def test_offloaded_quantized_call_does_not_scale_with_the_view(counted, layer):
         assert all(r < NUM_SLOTS or r >= x.cache.overflow_base for r in used)
 
 
-def test_offloaded_gguf_call_takes_the_dequantized_route_over_the_used_ids(counted):
+def test_offloaded_gguf_call_takes_the_dequantized_route_over_the_used_ids(counted, monkeypatch):
     """A GGUF layer (Q4_K gate/up, Q6_K down, as Q4_K_M files store them) on its slot view:
     a prefill-sized call reaches quant_prefill through gguf_launch's dequantizer with the
     layer's E as `max_ids`, so it too runs cdiv(E, chunk) rounds, not one per chunk of rows."""
     from xinfer.quant.gguf_formats import GGUFFormat
 
+    assert TOKENS * TOP_K < gguf_launch.PREFILL_MIN_PAIRS  # a smaller call, asked for the route
+    monkeypatch.setattr(gguf_launch, "PREFILL_MIN_PAIRS", TOKENS * TOP_K)
     weights = ExpertWeights(GGUFFormat("Q4_K"), HIDDEN * 2, INTER * 2, GGUFFormat("Q6_K"))
     specs = weights.specs(NUM_EXPERTS)
     hosts = [{key: torch.zeros(s.shape, dtype=s.dtype) for key, s in specs.items()}] * NUM_LAYERS

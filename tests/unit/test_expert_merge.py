@@ -92,7 +92,7 @@ def test_quantized_keys_follow_the_dequantized_path(monkeypatch):
     runs the grouped GEMMs (from PREFILL_MIN_PAIRS pairs), equal where the grouped tiles are,
     whatever the format; the CPU twin none."""
     from xinfer import kernels
-    from xinfer.kernels import quant_launch
+    from xinfer.kernels import gguf_launch, quant_launch
     from xinfer.quant.fp8 import Fp8Block
     from xinfer.quant.gguf_formats import GGUFFormat
     from xinfer.quant.gptq import GptqInt4
@@ -100,31 +100,36 @@ def test_quantized_keys_follow_the_dequantized_path(monkeypatch):
     from xinfer.quant.nvfp4 import Nvfp4
 
     x = torch.zeros(2, 256, dtype=torch.bfloat16)  # ISQ picks its block type by row length
-    low = quant_launch.PREFILL_MIN_PAIRS
-    formats = (
-        Fp8Block(128, 128), GptqInt4(group_size=128, has_zero=False), Nvfp4(),
-        GGUFFormat("Q4_K"), GGUFFormat("Q6_K"), IsqFormat("Q4_K"),
-    )  # fmt: skip
-    assert all(f.moe_merge_key(4 * low, x) is None for f in formats)  # CPU tensors
+    formats = {
+        quant_launch.PREFILL_MIN_PAIRS: (
+            Fp8Block(128, 128),
+            GptqInt4(group_size=128, has_zero=False),
+            Nvfp4(),
+        ),
+        gguf_launch.PREFILL_MIN_PAIRS: (GGUFFormat("Q4_K"), GGUFFormat("Q6_K"), IsqFormat("Q4_K")),
+    }
+    every = [f for group in formats.values() for f in group]
+    assert all(f.moe_merge_key(1 << 16, x) is None for f in every)  # CPU tensors
     monkeypatch.setattr(kernels, "use_triton", lambda t: True)
-    for fmt in formats:
-        assert fmt.moe_merge_key(low - 1, x) is None  # the in-register kernels
-        assert fmt.moe_merge_key(low + 8, x) == fmt.moe_merge_key(2 * low, x) is not None
-        assert fmt.moe_merge_key(2048 * 8, x) != fmt.moe_merge_key(1024 * 8, x)  # tiles differ
-    assert len({f.moe_merge_key(2 * low, x) for f in formats}) == 1  # one path for all
+    for low, group in formats.items():
+        for fmt in group:
+            assert fmt.moe_merge_key(low - 1, x) is None  # the in-register kernels
+            assert fmt.moe_merge_key(low + 8, x) == fmt.moe_merge_key(2 * low, x) is not None
+            assert fmt.moe_merge_key(2048 * 8, x) != fmt.moe_merge_key(1024 * 8, x)  # tiles
+    assert len({f.moe_merge_key(8192, x) for f in every}) == 1  # one path for all
 
 
 def test_mixed_w2_block_type_joins_where_both_formats_agree(monkeypatch):
     """GGUF files often store w2 in another block type (Q4_K_M: Q6_K for some layers): the
     layer's key is its formats' common key, none where they differ."""
     from xinfer import kernels
-    from xinfer.kernels import quant_launch
+    from xinfer.kernels import gguf_launch
     from xinfer.quant.experts import ExpertWeights
     from xinfer.quant.fp8 import Fp8Block
     from xinfer.quant.gguf_formats import GGUFFormat
 
     x = torch.zeros(2, 2, dtype=torch.bfloat16)
-    pairs = 4 * quant_launch.PREFILL_MIN_PAIRS
+    pairs = 4 * gguf_launch.PREFILL_MIN_PAIRS
     monkeypatch.setattr(kernels, "use_triton", lambda t: True)
     mixed = ExpertWeights(GGUFFormat("Q4_K"), 256, 256, GGUFFormat("Q6_K"))
     assert kernels.moe_merge_key(mixed, pairs, x) == GGUFFormat("Q4_K").moe_merge_key(pairs, x)

@@ -3,16 +3,20 @@ block rows uint8 (N, K / block_size * type_size). Called through `GGUFFormat.tri
 CUDA tensors (and by the tests on CPU tensors under TRITON_INTERPRET=1). No host sync: safe
 in CUDA graphs.
 
-Prefill-sized calls (from `quant_launch.PREFILL_MIN_ROWS` rows / `PREFILL_MIN_PAIRS` pairs,
-the thresholds of the other quantized formats) dequantize the weights they use to the
+Prefill-sized calls (from `quant_launch.PREFILL_MIN_ROWS` rows, as the other quantized
+formats, and PREFILL_MIN_PAIRS expert pairs) dequantize the weights they use to the
 activation dtype (`triton/gguf_dequant_kernel.py`) and run the bf16 kernels: cuBLAS for
 linears, `moe_launch`'s grouped GEMMs for experts through `quant_prefill.fused_moe_with`
 (which numbers the ids a call uses, so an offload slot view costs no more than the layer).
-The in-register grouped GEMMs re-dequantized every weight tile once per tile of rows: a
-2048-token chunk of Qwen3-30B-A3B's experts in Q4_K took 2.8 ms (H200, 2026-12-04) against
-0.7 ms for the bf16 grouped GEMMs; the dequantized path adds ~1.5 GB of writes and reads
-a layer for a chunk that touches all 128 experts (~0.4 ms at ~4 TB/s). Estimated, not
-measured: bench/NOTES.md.
+The in-register grouped GEMMs decode every weight once per tile of rows: a 2048-token chunk
+of Qwen3-30B-A3B's experts in Q4_K took 2.8 ms (H200, 2026-12-04) against 0.7 ms for the
+bf16 grouped GEMMs; the dequantized path decodes each weight once and adds ~2.4 GB of bf16
+writes and reads a layer for a call that touches all 128 experts (~0.8 ms at ~3 TB/s). Below
+~64 rows an expert both decode each weight once, the in-register kernels more slowly (that
+run: ~0.4 T weights/s against the GEMV decoder's ~1.1 T) but without the copies; the expert
+threshold sits at 4,096 pairs (512 tokens at top-8), where the two are estimated about even:
+decode batches of up to 511 sequences and short prompts keep the in-register kernels.
+Placed by arithmetic, not measured: bench/NOTES.md.
 
 Determinism: tiles depend only on (M <= DECODE_M or not, dtype) for linears and on (T*k vs
 MAX_GEMV_PAIRS, dtype, block type) for experts, never on ids; so a decode row's bits do not
@@ -34,6 +38,7 @@ from xinfer.quant.gguf_blocks import BlockType
 DECODE_M = gemv_launch.DECODE_ROWS  # linears with at most this many rows: one 16-row tile
 _DTYPES = (torch.bfloat16, torch.float16, torch.float32)
 DEQUANT_BLOCK_N, DEQUANT_SUBS = 32, 8  # dequant tiles: elementwise, the bits do not depend on them
+PREFILL_MIN_PAIRS = 4096  # expert calls from this many (token, k) pairs dequantize (above)
 
 
 @dataclass(frozen=True)
@@ -209,6 +214,17 @@ def _dequantized_linear(x2, w, btype: BlockType, bias, n: int, k: int) -> torch.
     return out
 
 
+def moe_merge_key(num_pairs: int, hidden: torch.Tensor) -> object | None:
+    """The merge key (`WeightFormat.moe_merge_key`) of the GGUF block types: from
+    PREFILL_MIN_PAIRS pairs a call dequantizes its experts (a weight's bits depend on it
+    alone) and runs moe_launch's grouped GEMMs, whose rows' bits depend only on the tiles —
+    the key of the other formats' dequantized calls; the in-register kernels are never
+    joined."""
+    if not kernels.use_triton(hidden) or num_pairs < PREFILL_MIN_PAIRS:
+        return None
+    return ("dequant", moe_launch.grouped_config(num_pairs, hidden.dtype, hidden.device))
+
+
 def decode_split(m: int, n_tiles: int, k: int, t: GGUFTiles) -> tuple[int, int]:
     """(K per split, splits) of a linear (`gemv_launch.decode_split`), in whole chunks of
     SUBS * 32 sub-blocks."""
@@ -251,7 +267,7 @@ def fused_moe(
     if use_gemv is None:
         use_gemv = num_pairs <= moe_launch.MAX_GEMV_PAIRS
     if dequant is None:
-        dequant = num_pairs >= quant_launch.PREFILL_MIN_PAIRS
+        dequant = num_pairs >= PREFILL_MIN_PAIRS
     if not use_gemv and dequant:
 
         def deq13(out, first, ids):

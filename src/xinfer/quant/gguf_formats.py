@@ -83,9 +83,9 @@ class GGUFFormat(WeightFormat):
     def moe_merge_key(self, num_pairs, hidden):
         # prefill-sized calls dequantize (the bits of a weight depend on it alone) and run the
         # bf16 grouped GEMMs, whatever the block types of w13 and w2
-        from xinfer.kernels import quant_launch
+        from xinfer.kernels import gguf_launch
 
-        return quant_launch.moe_merge_key(num_pairs, hidden)
+        return gguf_launch.moe_merge_key(num_pairs, hidden)
 
 
 @dataclass(frozen=True)
