@@ -18,9 +18,13 @@ threshold sits at 4,096 pairs (512 tokens at top-8), where the two are estimated
 decode batches of up to 511 sequences and short prompts keep the in-register kernels.
 Placed by arithmetic, not measured: bench/NOTES.md.
 
-Determinism: tiles depend only on (M <= DECODE_M or not, dtype) for linears and on (T*k vs
-MAX_GEMV_PAIRS, dtype, block type) for experts, never on ids; so a decode row's bits do not
-depend on the batch, and an expert's bits do not depend on which slot holds it."""
+Determinism: a linear's path and tiles depend only on its M bucket (<= DECODE_M, below or
+from PREFILL_MIN_ROWS), dtype, block type and N (the head tile); an expert call's on its
+pair count (GEMV up to MAX_GEMV_PAIRS, in-register grouped, dequantized from
+PREFILL_MIN_PAIRS), dtype and block type — never on ids. So a decode row's bits do not
+depend on the batch within a bucket, and an expert's bits do not depend on which slot holds
+it. (Linears switch to the dequantized route from 128 rows in decode too, e.g. a decode
+graph of 128+ sequences; experts keep the in-register kernels up to 4,095 pairs.)"""
 
 from __future__ import annotations
 
@@ -199,7 +203,10 @@ def linear(
 def _dequantized_linear(x2, w, btype: BlockType, bias, n: int, k: int) -> torch.Tensor:
     """x2 (M, K) @ W^T (+ bias) with W dequantized to x2's dtype, at most
     quant_prefill.CHUNK_BYTES of it at a time (an LM head of 151,936 x 2048 would be a 622
-    MB copy): whole-weight `kernels.linear` where it fits, else column blocks of the output."""
+    MB copy): whole-weight `kernels.linear` where it fits, else column blocks of the output.
+    Column blocks are cuBLAS calls of their own shape, whose kernel choice (so bits) may
+    differ from one whole-weight F.linear: equal to the twin within rounding, not bit for bit;
+    the same on every engine path (the blocks depend on the shapes only)."""
     row_bytes = k * x2.element_size()
     rows = max(128, quant_prefill.CHUNK_BYTES // row_bytes // 128 * 128)
     if rows >= n:

@@ -28,8 +28,10 @@ from xinfer.runner.forward_context import forward_context
 
 # Most bytes of the transient buffers of one joined call (per (token, k) pair: the gate/up
 # output, 2I, and the unweighted expert output, H, in the activation dtype): the engine's
-# memory plan keeps a fixed workspace (engine/memory.py) that one step's calls fit in; a
-# joined call must fit in it too. Qwen3-30B-A3B: 57 KB a token, 9.4k tokens.
+# memory plan keeps a fixed 1 GiB workspace (engine/memory.py) that one step's calls fit in;
+# a joined call must fit in it too. Qwen3-30B-A3B: 57 KB a token, 9.4k tokens. Formats that
+# dequantize their experts (key "dequant") add at most quant_prefill.CHUNK_BYTES (256 MiB)
+# of dense experts, and the joined hidden states and output ~80 MB: ~0.85 GiB at most.
 MAX_JOINED_BYTES = 512 << 20
 
 

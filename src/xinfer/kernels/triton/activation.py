@@ -33,7 +33,10 @@ def sigmoid_gated_add_kernel(
 ):  # fmt: skip
     """grid (T, cdiv(H, BLOCK)): out[t] = base[t] + sigmoid(gate[t, 0]) * x[t], rounding like
     the reference's three ops (sigmoid rounded to the dtype, the product rounded, the sum
-    rounded): a MoE block's routed output plus its gated shared expert in one pass."""
+    rounded; launched without FMA contraction): a MoE block's routed output plus its gated
+    shared expert in one pass. Triton's sigmoid (its exp and divide) may differ from torch's
+    in the last float32 ulp, so a rounded sigmoid can rarely differ by one ulp of the dtype;
+    every path of the engine runs this kernel, so its bits are the same on all of them."""
     tok = tl.program_id(0).to(tl.int64)
     offs = tl.program_id(1) * BLOCK + tl.arange(0, BLOCK)
     mask = offs < n_cols

@@ -59,7 +59,8 @@ def _prefix_over_blocks(
 ):  # fmt: skip
     """For the ids [i0, i0 + IDS): counts[b, id] becomes, in place, the pairs of id in the
     blocks before b (an exclusive prefix down each column); totals[id] gets all of them.
-    In place is safe: each stored value depends on the load of its own address."""
+    In place is safe: an iteration loads its rows' tile before it stores any of it (the
+    scan across rows orders the loads first) and iterations touch different rows."""
     offs_i = i0 + tl.arange(0, IDS)
     offs_b = tl.arange(0, BLOCKS)
     mask_i = offs_i < num_ids
