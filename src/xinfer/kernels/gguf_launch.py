@@ -222,14 +222,8 @@ def _dequantized_linear(x2, w, btype: BlockType, bias, n: int, k: int) -> torch.
 
 
 def moe_merge_key(num_pairs: int, hidden: torch.Tensor) -> object | None:
-    """The merge key (`WeightFormat.moe_merge_key`) of the GGUF block types: from
-    PREFILL_MIN_PAIRS pairs a call dequantizes its experts (a weight's bits depend on it
-    alone) and runs moe_launch's grouped GEMMs, whose rows' bits depend only on the tiles —
-    the key of the other formats' dequantized calls; the in-register kernels are never
-    joined."""
-    if not kernels.use_triton(hidden) or num_pairs < PREFILL_MIN_PAIRS:
-        return None
-    return ("dequant", moe_launch.grouped_config(num_pairs, hidden.dtype, hidden.device))
+    """The merge key of the GGUF block types: `quant_prefill`'s from PREFILL_MIN_PAIRS."""
+    return quant_prefill.moe_merge_key(num_pairs, hidden, PREFILL_MIN_PAIRS)
 
 
 def decode_split(m: int, n_tiles: int, k: int, t: GGUFTiles) -> tuple[int, int]:

@@ -142,15 +142,8 @@ def linear(
 
 
 def moe_merge_key(num_pairs: int, hidden: torch.Tensor) -> object | None:
-    """The merge key (`WeightFormat.moe_merge_key`) of the formats run here: from
-    PREFILL_MIN_PAIRS pairs a call dequantizes its experts (a weight's bits depend on it
-    alone) and runs moe_launch's grouped GEMMs, whose rows' bits depend only on the tiles;
-    the in-register kernels below that are never joined."""
-    from xinfer import kernels
-
-    if not kernels.use_triton(hidden) or num_pairs < PREFILL_MIN_PAIRS:
-        return None
-    return ("dequant", moe_launch.grouped_config(num_pairs, hidden.dtype, hidden.device))
+    """The merge key of the formats run here: `quant_prefill`'s from PREFILL_MIN_PAIRS."""
+    return quant_prefill.moe_merge_key(num_pairs, hidden, PREFILL_MIN_PAIRS)
 
 
 def fused_moe(

@@ -133,6 +133,16 @@ def compact_ids(
     return experts[:bound], local
 
 
+def moe_merge_key(num_pairs: int, hidden: torch.Tensor, min_pairs: int) -> object | None:
+    """The merge key (`WeightFormat.moe_merge_key`) of a format whose calls from `min_pairs`
+    pairs take this route: a dequantized weight's bits depend on it alone and the grouped
+    GEMMs' rows' bits only on the tiles, so calls with one key may be joined; the
+    in-register kernels below `min_pairs` are never joined. One key for every format."""
+    if not kernels.use_triton(hidden) or num_pairs < min_pairs:
+        return None
+    return ("dequant", moe_launch.grouped_config(num_pairs, hidden.dtype, hidden.device))
+
+
 def fused_moe(
     hidden: torch.Tensor,
     topk_ids: torch.Tensor,

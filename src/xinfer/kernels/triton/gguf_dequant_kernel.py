@@ -10,6 +10,7 @@ import triton
 import triton.language as tl
 
 from xinfer.kernels.triton.gguf_dequant import gguf_tile
+from xinfer.kernels.triton.quant_dequant_kernel import expert_of
 
 
 @triton.jit(do_not_specialize=["first"])
@@ -26,12 +27,9 @@ def gguf_dequant_kernel(
     pid_n = tl.program_id(0)
     kb = tl.program_id(1)
     j = tl.program_id(2).to(tl.int64)
-    if GATHER:
-        e = tl.load(ids_ptr + first + j).to(tl.int64)
-        if e < 0:
-            return
-    else:
-        e = first + j
+    e = expert_of(ids_ptr, first, j, GATHER)
+    if e < 0:
+        return
     offs_n = pid_n * BLOCK_N + tl.arange(0, BLOCK_N)
     mask_n = offs_n < N
     row_off = e * stride_we + offs_n.to(tl.int64) * stride_wn

@@ -25,6 +25,17 @@ def _tile(
     )  # fmt: skip
 
 
+@triton.jit
+def expert_of(ids_ptr, first, j, GATHER: tl.constexpr):
+    """The expert a dequant program's output slot j holds: first + j, or with GATHER
+    ids[first + j] (-1 or any negative id: none, the program exits). int64."""
+    if GATHER:
+        e = tl.load(ids_ptr + first + j).to(tl.int64)
+    else:
+        e = first + j
+    return e
+
+
 @triton.jit(do_not_specialize=["first"])
 def dequant_kernel(
     w_ptr, s_ptr, z_ptr, ids_ptr, out_ptr,
@@ -40,12 +51,9 @@ def dequant_kernel(
     pid_n = tl.program_id(0)
     pid_k = tl.program_id(1)
     j = tl.program_id(2).to(tl.int64)
-    if GATHER:
-        e = tl.load(ids_ptr + first + j).to(tl.int64)
-        if e < 0:
-            return
-    else:
-        e = first + j
+    e = expert_of(ids_ptr, first, j, GATHER)
+    if e < 0:
+        return
     offs_n = pid_n * BLOCK_N + tl.arange(0, BLOCK_N)
     offs_k = pid_k * BLOCK_K + tl.arange(0, BLOCK_K)
     mask_n = offs_n < N
