@@ -55,3 +55,18 @@ def _routing(num_experts: int, top_k: int, renorm: bool):
         return reference.route_topk(logits, top_k, renorm)
 
     return make
+
+
+def reduced_apart(launch):
+    """`launch` with the split-K partials added by the reduce kernel (FUSED_SPLIT_REDUCE off)."""
+
+    def run(*args, **kwargs) -> None:
+        from xinfer.kernels import gemv_launch
+
+        saved, gemv_launch.FUSED_SPLIT_REDUCE = gemv_launch.FUSED_SPLIT_REDUCE, False
+        try:
+            launch(*args, **kwargs)
+        finally:
+            gemv_launch.FUSED_SPLIT_REDUCE = saved
+
+    return run

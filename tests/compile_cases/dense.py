@@ -6,7 +6,19 @@ from unittest import mock
 
 import torch
 
-from compile_cases.base import BF16, DT, F16, F32, FP8, MOE_GROUPED, _gen, _randn, _routing, add
+from compile_cases.base import (
+    BF16,
+    DT,
+    F16,
+    F32,
+    FP8,
+    MOE_GROUPED,
+    _gen,
+    _randn,
+    _routing,
+    add,
+    reduced_apart,
+)
 
 # --- dense linears: the skinny GEMM (decode batches; larger ones run cuBLAS) -------------
 
@@ -26,10 +38,12 @@ def _gemv_cases() -> None:
     for (n, k, max_m), cfg in gemv_launch.GEMV_TABLE.items():
         if cfg is not None:
             configs.setdefault(cfg, f"n{n}-k{k}-m{max_m}")
-    for cfg, name in configs.items():
-        kernels = "gemv_kernel" + (" gemv_split_reduce_kernel" if cfg.split_k > 1 else "")
-        add(f"gemv-bf16-{name}-m1-bias", kernels, _gemv, BF16, cfg, 1, True)
-        add(f"gemv-fp16-{name}-m16", kernels, _gemv, F16, cfg, 16, False)
+    for cfg, name in configs.items():  # split-K: the last split reduces (REDUCE)
+        add(f"gemv-bf16-{name}-m1-bias", "gemv_kernel", _gemv, BF16, cfg, 1, True)
+        add(f"gemv-fp16-{name}-m16", "gemv_kernel", _gemv, F16, cfg, 16, False)
+    split = next(cfg for cfg in configs if cfg.split_k > 1)
+    add("gemv-bf16-split-m1-bias-reduce-apart", "gemv_kernel gemv_split_reduce_kernel",
+        reduced_apart(_gemv), BF16, split, 1, True)  # fmt: skip
     cfg = gemv_launch.FP32_CONFIG
     add("gemv-fp32-m5-bias", "gemv_kernel", _gemv, F32, cfg, 5, True)
 
@@ -183,6 +197,15 @@ def _gated_add(dtype, hidden: int) -> None:
     moe_launch.sigmoid_gated_add(base, _randn(9, 1, dtype=dtype), x)
 
 
+def _gated_add_with_gate(dtype, hidden: int) -> None:
+    """The shared expert's gate computed inside the add (GATE_DOT)."""
+    from xinfer.kernels import moe_launch
+
+    base, x = _randn(9, hidden, dtype=dtype), _randn(9, hidden, dtype=dtype)
+    moe_launch.sigmoid_gated_add(base, _randn(9, hidden, dtype=dtype), x,
+                                 gate_weight=_randn(1, hidden, dtype=dtype))  # fmt: skip
+
+
 def _route_topk(dtype, num_experts: int, top_k: int, renormalize: bool) -> None:
     from xinfer.kernels import moe_launch
 
@@ -200,7 +223,18 @@ def _fused_moe(dtype, tokens: int, top_k: int, use_gemv: bool, num_experts: int 
     moe_launch.fused_moe(hidden, ids, weights, w13, w2, use_gemv=use_gemv)
 
 
-MOE_GEMV = "moe_gate_up_gemv_kernel moe_down_gemv_kernel moe_combine_kernel"
+MOE_GEMV = "moe_gate_up_gemv_kernel moe_down_gemv_kernel"  # the combine is fused
+
+
+def _fused_moe_combined_apart(*args) -> None:
+    """The GEMV path with the separate combine launch (`moe_launch.FUSED_COMBINE` off)."""
+    from xinfer.kernels import moe_launch
+
+    saved, moe_launch.FUSED_COMBINE = moe_launch.FUSED_COMBINE, False
+    try:
+        _fused_moe(*args)
+    finally:
+        moe_launch.FUSED_COMBINE = saved
 
 
 def _align_numbered(num_ids: int, num_pairs: int, block_m: int, max_ids: int) -> None:
@@ -228,6 +262,8 @@ def _moe_cases() -> None:
         add(f"silu_and_mul-{DT[dtype]}", "silu_and_mul_kernel", _silu, dtype, 768)
         add(f"moe-{DT[dtype]}-gemv-t1", MOE_GEMV, _fused_moe, dtype, 1, 8, True)
         add(f"moe-{DT[dtype]}-grouped-t40", MOE_GROUPED, _fused_moe, dtype, 40, 8, False)
+    add("moe-bf16-gemv-t1-combine-apart", f"{MOE_GEMV} moe_combine_kernel",
+        _fused_moe_combined_apart, BF16, 1, 8, True)  # fmt: skip
     # more than 1024 pairs: the large grouped tiles (bf16/fp16 only; fp32 has one config)
     add("moe-bf16-grouped-t130k8", MOE_GROUPED, _fused_moe, BF16, 130, 8, False)
     for pairs, block_m in ((72, 16), (4088, 64)):  # decode batches 9 and 511 at k=8
@@ -243,6 +279,8 @@ def _moe_cases() -> None:
     add("silu_and_mul-bf16-wide", "silu_and_mul_kernel", _silu, BF16, 5632)
     for dtype in (BF16, F32):
         add(f"sigmoid_gated_add-{DT[dtype]}", "sigmoid_gated_add_kernel", _gated_add, dtype, 2048)
+        add(f"sigmoid_gated_add-{DT[dtype]}-gate-dot", "sigmoid_gated_add_kernel",
+            _gated_add_with_gate, dtype, 2048)  # fmt: skip
     r = "route_topk_kernel"
     add("route_topk-bf16-e128-k8-renorm", r, _route_topk, BF16, 128, 8, True)
     add("route_topk-fp16-e60-k4", r, _route_topk, F16, 60, 4, False)

@@ -7,7 +7,7 @@ import functools
 
 import torch
 
-from compile_cases.base import BF16, F16, F32, MOE_GROUPED, _randn, _routing, add
+from compile_cases.base import BF16, F16, F32, MOE_GROUPED, _randn, _routing, add, reduced_apart
 
 # --- quantized formats (quant_launch, quant_prefill) --------------------------------------
 
@@ -74,9 +74,9 @@ def _quant_moe(name: str, dtype, tokens: int, use_gemv: bool, dequant=None,
 
 
 Q_LINEAR = "quant_linear_kernel"
-Q_SPLIT = "quant_linear_kernel gemv_split_reduce_kernel"  # decode tiles split K
+Q_SPLIT = "quant_linear_kernel"  # decode tiles split K; the last split reduces
 Q_DEQUANT = "dequant_kernel"
-Q_GEMV = "quant_moe_gate_up_gemv_kernel quant_moe_down_gemv_kernel moe_combine_kernel"
+Q_GEMV = "quant_moe_gate_up_gemv_kernel quant_moe_down_gemv_kernel"  # combine fused
 Q_GROUPED = (
     "moe_align_kernel quant_moe_gate_up_grouped_kernel quant_moe_down_grouped_kernel "
     "moe_combine_kernel"
@@ -151,7 +151,7 @@ def _gguf_moe(t13: str, t2: str, dtype, tokens: int, use_gemv: bool, dequant=Non
                           dequant=dequant)  # fmt: skip
 
 
-G_GEMV = "gguf_moe_gate_up_gemv_kernel gguf_moe_down_gemv_kernel moe_combine_kernel"
+G_GEMV = "gguf_moe_gate_up_gemv_kernel gguf_moe_down_gemv_kernel"  # combine fused
 G_GROUPED = (
     "moe_align_kernel gguf_moe_gate_up_grouped_kernel gguf_moe_down_grouped_kernel "
     "moe_combine_kernel"
@@ -164,7 +164,7 @@ G_PREFILL_MOE = f"gguf_dequant_kernel {MOE_GROUPED}"
 
 def _gguf_cases() -> None:
     g = "gguf_linear_kernel"
-    split = "gguf_linear_kernel gemv_split_reduce_kernel"  # K = 1024: 2 splits of 512
+    split = "gguf_linear_kernel"  # K = 1024: 2 splits of 512, the last one reduces
     for name in GGUF_TYPES:
         add(f"gguf-{name}-linear-bf16-m1", split, _gguf_linear, name, BF16, 1)
         add(f"gguf-{name}-linear-bf16-m127", g, _gguf_linear, name, BF16, 127)
@@ -174,6 +174,8 @@ def _gguf_cases() -> None:
         add(f"gguf-{name}-moe-bf16-prefill", G_PREFILL_MOE, _gguf_moe, name, name, BF16, 130,
             False, dequant=True)  # fmt: skip
     add("gguf-Q4_K-linear-fp16-m16-nobias", split, _gguf_linear, "Q4_K", F16, 16, bias=False)
+    add("gguf-Q4_K-linear-bf16-m1-reduce-apart", f"{split} gemv_split_reduce_kernel",
+        reduced_apart(_gguf_linear), "Q4_K", BF16, 1)  # fmt: skip
     add("gguf-Q6_K-linear-fp32-m64", g, _gguf_linear, "Q6_K", F32, 64)
     add("gguf-Q4_K-linear-bf16-m1-head", g, _gguf_linear, "Q4_K", BF16, 1, n=65536)  # 1 warp
     add("gguf-Q4_K-linear-fp16-m128-prefill", G_DEQUANT, _gguf_linear, "Q4_K", F16, 128)

@@ -77,7 +77,8 @@ def test_prefill_window_matches_reference(al, dtype, window):
 @child_only
 def test_tiny_gemma3_through_the_triton_kernels(al, monkeypatch, tmp_path):
     """test_attention_window.py's GPU case on CPU: the same model (window 8) and prompts (30
-    and 12 tokens, 24 greedy tokens, decode look-ahead on, the CUDA warm-up's prompts first)
+    and 12 tokens; 12 greedy tokens — the GPU case's 24 took the interpreter ~110 s — still
+    past the window from both prompts; decode look-ahead on, the CUDA warm-up's prompts first)
     with the Triton kernels (norms, qkv prep, windowed prefill and decode attention) run by
     the interpreter at the tiles CUDA tensors get, against transformers' sliding-window mask
     (keys (p - 8, p]): tokens equal and logprobs within 1e-4."""
@@ -103,5 +104,5 @@ def test_tiny_gemma3_through_the_triton_kernels(al, monkeypatch, tmp_path):
               decode_look_ahead=True)  # fmt: skip
     llm.engine.warm_up_prefill()  # 127 and 126 tokens, as on CUDA: stale KV in the blocks
     llm.engine.allocator.reset_prefix_cache()
-    dm.assert_greedy_matches(llm, hf, dm.GEMMA3_WINDOW_PROMPTS, 24)
+    dm.assert_greedy_matches(llm, hf, dm.GEMMA3_WINDOW_PROMPTS, 12)
     assert windowed["prefill"] > 0 and windowed["decode"] > 0, windowed

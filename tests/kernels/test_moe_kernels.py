@@ -294,6 +294,24 @@ def test_silu_and_mul_matches_reference(ml, shape, dtype) -> None:
 
 
 @pytest.mark.parametrize("dtype", DTYPES)
+def test_sigmoid_gated_add_computing_its_gate_matches_reference(ml, dtype) -> None:
+    """The shared-expert gate's dot product inside the add (Qwen3.5 widths): within a
+    rounding of the gate of cuBLAS's linear then the three ops; row bits batch-invariant."""
+    base, x = (torch.randn(37, 2048, device=DEV).to(dtype) for _ in range(2))
+    gate_in = torch.randn(37, 2048, device=DEV).to(dtype)
+    gate_w = (torch.randn(1, 2048, device=DEV) / 16).to(dtype)
+    out = ml.sigmoid_gated_add(base, gate_in, x, gate_weight=gate_w)
+    ref = reference.sigmoid_gated_add(base, reference.linear(gate_in, gate_w), x)
+    if dtype == torch.float32:
+        torch.testing.assert_close(out, ref, rtol=1e-5, atol=1e-5)
+    else:  # a gate one ulp apart moves sigmoid by <= 0.25 ulp * |gate|: scaled by |x|
+        err = (out.float() - ref.float()).abs().max().item()
+        assert err <= 2e-2 * x.float().abs().max().item(), err
+    alone = ml.sigmoid_gated_add(base[5:6], gate_in[5:6], x[5:6], gate_weight=gate_w)
+    assert torch.equal(alone[0], out[5])
+
+
+@pytest.mark.parametrize("dtype", DTYPES)
 def test_sigmoid_gated_add_matches_reference(ml, dtype) -> None:
     base, x = (torch.randn(37, 2048, device=DEV).to(dtype) for _ in range(2))
     gate = (torch.randn(37, 1, device=DEV) * 3).to(dtype)

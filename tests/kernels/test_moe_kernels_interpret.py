@@ -202,6 +202,28 @@ def test_sigmoid_gated_add_matches_reference(ml, dtype) -> None:
 
 
 @child_only
+@pytest.mark.parametrize("dtype", [torch.float32, torch.float16])
+def test_sigmoid_gated_add_computing_its_gate_matches_the_twin(ml, dtype) -> None:
+    """With the gate linear's weight, the kernel computes the gate from its input: equal to
+    the twin (the linear, then the three ops) up to the gate's summation order; a row's bits
+    are the same alone as in the batch; K off the chunk size."""
+    from xinfer.kernels import reference
+
+    g = torch.Generator().manual_seed(7)
+    base, x = (torch.randn(5, 1100, generator=g).to(dtype) for _ in range(2))
+    gate_in = torch.randn(5, 1300, generator=g).to(dtype)
+    gate_w = (torch.randn(1, 1300, generator=g) / 12).to(dtype)
+    out = ml.sigmoid_gated_add(base, gate_in, x, gate_weight=gate_w)
+    want = reference.sigmoid_gated_add(base, reference.linear(gate_in, gate_w), x)
+    tol = 1e-5 if dtype == torch.float32 else 3e-3
+    torch.testing.assert_close(out.float(), want.float(), rtol=tol, atol=tol)
+    alone = ml.sigmoid_gated_add(base[2:3], gate_in[2:3], x[2:3], gate_weight=gate_w)
+    assert torch.equal(alone[0], out[2])
+    with pytest.raises(ValueError):
+        ml.sigmoid_gated_add(base, gate_in, x, gate_weight=gate_w.T.contiguous())
+
+
+@child_only
 def test_bf16_runs_close_to_reference(ml) -> None:
     """bf16 through the interpreter (GEMV path, routing, activation): truncating casts make it
     a few bf16 ulps off, so this only guards against gross errors; the GPU tests are exact."""

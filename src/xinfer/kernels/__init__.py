@@ -126,12 +126,20 @@ def silu_and_mul(x: torch.Tensor) -> torch.Tensor:
     return reference.silu_and_mul(x)
 
 
-def sigmoid_gated_add(base: torch.Tensor, gate: torch.Tensor, x: torch.Tensor) -> torch.Tensor:
-    """base (T, H) + sigmoid(gate (T, 1)) * x (T, H)."""
+def sigmoid_gated_add(
+    base: torch.Tensor,
+    gate: torch.Tensor,
+    x: torch.Tensor,
+    gate_weight: torch.Tensor | None = None,
+) -> torch.Tensor:
+    """base (T, H) + sigmoid(gate (T, 1)) * x (T, H); with `gate_weight` (1, K), `gate` is
+    the input (T, K) of the gate linear (no bias), computed in the same launch on CUDA."""
     if use_triton(base):
         from xinfer.kernels import moe_launch
 
-        return moe_launch.sigmoid_gated_add(base, gate, x)
+        return moe_launch.sigmoid_gated_add(base, gate, x, gate_weight)
+    if gate_weight is not None:
+        gate = reference.linear(gate, gate_weight)
     return reference.sigmoid_gated_add(base, gate, x)
 
 

@@ -15,6 +15,7 @@ from dataclasses import dataclass
 import torch
 import triton
 
+from xinfer.kernels import arrivals
 from xinfer.kernels.triton import gemv as gemv_jit
 
 MAX_M = 16  # rows per call: one BLOCK_M tile of the kernel
@@ -154,18 +155,35 @@ def _launch(x, weight, bias, out, cfg: GemvConfig) -> None:
     n = weight.shape[0]
     k_per_split = triton.cdiv(triton.cdiv(k, cfg.split_k), SPLIT_ALIGN) * SPLIT_ALIGN
     splits = triton.cdiv(k, k_per_split) if k else 1  # non-empty splits only
+    n_tiles = triton.cdiv(n, cfg.block_n)
     part = out if splits == 1 else out.new_empty(splits, m, n, dtype=torch.float32)
     precision = "ieee" if x.dtype == torch.float32 else "tf32"  # fp32 must not use tf32
-    fuse_bias = bias is not None and splits == 1
-    gemv_jit.gemv_kernel[(triton.cdiv(n, cfg.block_n), splits)](
-        x, weight, bias if fuse_bias else x, part,
+    counters, reduce = split_tail(out, splits, n_tiles)
+    fuse_bias = bias is not None and (splits == 1 or reduce)
+    gemv_jit.gemv_kernel[(n_tiles, splits)](
+        x, weight, bias if fuse_bias else x, part, out, counters,
         m, n, k, k_per_split,
         x.stride(0), weight.stride(0), part.stride(0) if splits > 1 else 0, part.stride(-2),
+        out.stride(0),
         HAS_BIAS=fuse_bias, BLOCK_M=MAX_M, BLOCK_N=cfg.block_n, BLOCK_K=cfg.block_k,
-        DOT_PRECISION=precision, num_warps=cfg.num_warps, num_stages=cfg.num_stages,
+        DOT_PRECISION=precision, REDUCE=reduce, num_warps=cfg.num_warps,
+        num_stages=cfg.num_stages,
     )  # fmt: skip
-    if splits > 1:
+    if splits > 1 and not reduce:
         reduce_splits(part, bias, out)
+
+
+# split-K linears add their partials in each output tile's last split (one launch fewer a
+# linear, the same bits; `split_tail`); False: the separate reduce kernel, as before
+FUSED_SPLIT_REDUCE = True
+
+
+def split_tail(out: torch.Tensor, splits: int, tiles: int) -> tuple[torch.Tensor, bool]:
+    """(counters, REDUCE) for a split-K launch of `tiles` output tiles into `out`: REDUCE
+    when it splits, FUSED_SPLIT_REDUCE is on and `arrivals` gives counters (one a tile);
+    otherwise the caller runs `reduce_splits` (same bits)."""
+    found = arrivals.counters(out.device, tiles) if splits > 1 and FUSED_SPLIT_REDUCE else None
+    return (out, False) if found is None else (found, True)
 
 
 DECODE_ROWS = 16  # quantized decode linears: at most this many rows (one BLOCK_M = 16 tile)

@@ -186,16 +186,20 @@ def linear(
     n_tiles = triton.cdiv(n, t.block_n)
     k_per_split, splits = decode_split(m, n_tiles, k, t)
     part = out if splits == 1 else out.new_empty(splits, m, n, dtype=torch.float32)
-    fuse_bias = bias is not None and splits == 1
-    jit.gguf_linear_kernel[(triton.cdiv(m, t.block_m), n_tiles, splits)](
-        x2, w, bias if fuse_bias else x2, part,
+    m_tiles = triton.cdiv(m, t.block_m)
+    counters, reduce = gemv_launch.split_tail(out, splits, m_tiles * n_tiles)
+    fuse_bias = bias is not None and (splits == 1 or reduce)
+    jit.gguf_linear_kernel[(m_tiles, n_tiles, splits)](
+        x2, w, bias if fuse_bias else x2, part, out, counters,
         m, n, k, k_per_split,
         x2.stride(0), w.stride(0), part.stride(0) if splits > 1 else 0, part.stride(-2),
+        out.stride(0),
         BTYPE=btype.type_id, HAS_BIAS=fuse_bias,
         BLOCK_M=t.block_m, BLOCK_N=t.block_n, SUBS=t.subs,
-        DOT_PRECISION=_precision(x.dtype), num_warps=t.num_warps, num_stages=t.num_stages,
+        DOT_PRECISION=_precision(x.dtype), REDUCE=reduce, num_warps=t.num_warps,
+        num_stages=t.num_stages,
     )  # fmt: skip
-    if splits > 1:
+    if splits > 1 and not reduce:
         gemv_launch.reduce_splits(part, bias, out)
     return out.view(*x.shape[:-1], n)
 
@@ -296,12 +300,15 @@ def fused_moe(
             BTYPE=btype13.type_id, TOP_K=top_k, BLOCK_N=t.block_n, SUBS=t.subs,
             num_warps=t.num_warps,
         )  # fmt: skip
+        counters, fused = moe_launch.combine_tail(out, t.block_n)
         jit.gguf_moe_down_gemv_kernel[(num_pairs, triton.cdiv(hidden_dim, t.block_n))](
-            inter_buf, topk_ids, w2, y, hidden_dim, inter,
-            inter_buf.stride(0), *s2, y.stride(0),
-            BTYPE=btype2.type_id, BLOCK_N=t.block_n, SUBS=t.subs, num_warps=t.num_warps,
+            inter_buf, topk_ids, w2, y, topk_weights, out, counters, hidden_dim, inter,
+            inter_buf.stride(0), *s2, y.stride(0), out.stride(0),
+            BTYPE=btype2.type_id, BLOCK_N=t.block_n, SUBS=t.subs, TOP_K=top_k,
+            COMBINE=fused, num_warps=t.num_warps,
         )  # fmt: skip
     else:
+        fused = False
         t = tiles or grouped_tiles(num_pairs, hidden.dtype, btype13)
         sorted_pairs, block_ids, num_rows = moe_launch.align_pairs(
             topk_ids, w13.shape[0], t.block_m, max_ids=max_ids
@@ -324,5 +331,6 @@ def fused_moe(
             inter_buf.stride(0), *s2, y.stride(0),
             BTYPE=btype2.type_id, **common,
         )  # fmt: skip
-    moe_launch._combine(y, topk_weights, out, top_k)
+    if not fused:
+        moe_launch._combine(y, topk_weights, out, top_k)
     return out

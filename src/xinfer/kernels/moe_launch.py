@@ -14,6 +14,7 @@ from dataclasses import dataclass
 import torch
 import triton
 
+from xinfer.kernels import arrivals
 from xinfer.kernels.triton import activation, moe_sort, routing
 from xinfer.kernels.triton import fused_moe as moe_jit
 
@@ -28,6 +29,11 @@ COUNT_ALIGN_WORK = 1 << 19
 # a time), and the most counts (blocks x ids) the one-program starts kernel also scans
 COUNT_BLOCK, COUNT_SUB = 128, 32
 ONE_PROGRAM_SCAN = 1 << 14
+
+
+# decode GEMVs sum each token's pairs in their down kernel's last program (one launch fewer a
+# MoE layer, the same bits; `combine_tail`); False: the separate combine kernel, as before
+FUSED_COMBINE = True
 
 
 @dataclass(frozen=True)
@@ -138,6 +144,18 @@ def fused_moe(
     return out
 
 
+def combine_tail(out: torch.Tensor, block_n: int) -> tuple[torch.Tensor, bool]:
+    """(counters, COMBINE) for a down GEMV that writes `out` (T, H) in row tiles of
+    `block_n` and may sum each token's pairs itself (`fused_moe.combine_when_last`, counters
+    from `arrivals`). COMBINE False — the caller then runs `_combine`, same bits — when
+    FUSED_COMBINE is off or `arrivals` gives no counters."""
+    groups = out.shape[0] * triton.cdiv(out.shape[1], block_n)
+    counters = arrivals.counters(out.device, groups) if FUSED_COMBINE else None
+    if counters is None:
+        return out, False  # any pointer: COMBINE=False compiles no use of it
+    return counters, True
+
+
 def _moe_gemv(hidden, topk_ids, topk_weights, w13, w2, out, cfg: MoeConfig) -> None:
     # re-reads an expert once per pair that hits it: fine while pairs <= MAX_GEMV_PAIRS
     num_tokens, top_k = topk_ids.shape
@@ -153,14 +171,16 @@ def _moe_gemv(hidden, topk_ids, topk_weights, w13, w2, out, cfg: MoeConfig) -> N
     down_n = cfg.down_block_n or cfg.block_n
     y = hidden.new_empty(num_tokens * top_k, hidden_dim)  # (T*k, H) unweighted outputs
     grid = (num_tokens * top_k, triton.cdiv(hidden_dim, down_n))
+    counters, fused = combine_tail(out, down_n)
     moe_jit.moe_down_gemv_kernel[grid](
-        inter, topk_ids, w2, y,
+        inter, topk_ids, w2, y, topk_weights, out, counters,
         hidden_dim, inter_dim,
-        inter.stride(0), w2.stride(0), w2.stride(1), y.stride(0),
+        inter.stride(0), w2.stride(0), w2.stride(1), y.stride(0), out.stride(0),
         BLOCK_N=down_n, BLOCK_K=min(cfg.block_k, triton.next_power_of_2(inter_dim)),
-        num_warps=cfg.num_warps,
+        TOP_K=top_k, COMBINE=fused, num_warps=cfg.num_warps,
     )  # fmt: skip
-    _combine(y, topk_weights, out, top_k)
+    if not fused:
+        _combine(y, topk_weights, out, top_k)
 
 
 def moe_inputs(
@@ -466,23 +486,40 @@ def silu_and_mul(x: torch.Tensor) -> torch.Tensor:
     return out.view(*x.shape[:-1], inter_dim)
 
 
-def sigmoid_gated_add(base: torch.Tensor, gate: torch.Tensor, x: torch.Tensor) -> torch.Tensor:
+def sigmoid_gated_add(
+    base: torch.Tensor,
+    gate: torch.Tensor,
+    x: torch.Tensor,
+    gate_weight: torch.Tensor | None = None,
+) -> torch.Tensor:
     """Triton twin of `reference.sigmoid_gated_add`: base (T, H) + sigmoid(gate (T, 1)) * x
-    (T, H), one launch instead of three."""
+    (T, H), one launch instead of three. With `gate_weight` (1, K), `gate` is the gate
+    linear's input (T, K) and the kernel computes the gate itself (one launch fewer)."""
     if base.dtype not in _DTYPES or not (base.dtype == gate.dtype == x.dtype):
         raise ValueError(f"sigmoid_gated_add: dtypes {base.dtype}, {gate.dtype}, {x.dtype}")
-    if base.dim() != 2 or base.shape != x.shape or gate.shape != (base.shape[0], 1):
+    gate_k = 1 if gate_weight is None else gate_weight.shape[-1]
+    if gate_weight is not None and (
+        gate_weight.shape != (1, gate_k) or gate_weight.dtype != gate.dtype
+    ):
+        raise ValueError(
+            f"sigmoid_gated_add: gate weight {tuple(gate_weight.shape)} {gate_weight.dtype}, "
+            f"expected (1, K) {gate.dtype}"
+        )
+    if base.dim() != 2 or base.shape != x.shape or gate.shape != (base.shape[0], gate_k):
         raise ValueError(f"sigmoid_gated_add: shapes {base.shape}, {gate.shape}, {x.shape}")
-    if base.stride(-1) != 1 or x.stride(-1) != 1:
-        base, x = base.contiguous(), x.contiguous()
+    if base.stride(-1) != 1 or x.stride(-1) != 1 or gate.stride(-1) != 1:
+        base, x, gate = base.contiguous(), x.contiguous(), gate.contiguous()
     out = torch.empty_like(base)
     if out.numel() == 0:
         return out
     n_cols = base.shape[1]
     block = min(1024, triton.next_power_of_2(n_cols))
+    gate_w = gate if gate_weight is None else gate_weight.contiguous()
     activation.sigmoid_gated_add_kernel[(base.shape[0], triton.cdiv(n_cols, block))](
-        base, gate, x, out, n_cols,
-        base.stride(0), gate.stride(0), x.stride(0), out.stride(0), BLOCK=block, num_warps=4,
+        base, gate, gate_w, x, out, n_cols, gate_k,
+        base.stride(0), gate.stride(0), x.stride(0), out.stride(0), BLOCK=block,
+        GATE_DOT=gate_weight is not None, BLOCK_K=min(1024, triton.next_power_of_2(gate_k)),
+        num_warps=4,
         enable_fp_fusion=False,  # the reference's separate product and sum, fp32 included
     )  # fmt: skip
     return out

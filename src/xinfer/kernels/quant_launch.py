@@ -124,19 +124,21 @@ def linear(
         m, n_tiles, k, tiles.block_k, tiles.split_programs
     )
     part = out if splits == 1 else out.new_empty(splits, m, n, dtype=torch.float32)
-    fuse_bias = bias is not None and splits == 1
-    grid = (triton.cdiv(m, tiles.block_m), n_tiles, splits)
-    jit.quant_linear_kernel[grid](
-        x2, w, s, z, bias if fuse_bias else s, part,
+    m_tiles = triton.cdiv(m, tiles.block_m)
+    counters, reduce = gemv_launch.split_tail(out, splits, m_tiles * n_tiles)
+    fuse_bias = bias is not None and (splits == 1 or reduce)
+    jit.quant_linear_kernel[(m_tiles, n_tiles, splits)](
+        x2, w, s, z, bias if fuse_bias else s, part, out, counters,
         m, n, k, k_per_split,
         x2.stride(0), swn, ssn, szn, part.stride(0) if splits > 1 else 0, part.stride(-2),
+        out.stride(0),
         **_fmt_kw(kw), HAS_BIAS=fuse_bias,
         BLOCK_M=tiles.block_m, BLOCK_N=tiles.block_n, BLOCK_K=tiles.block_k,
         GROUP_T=group_t(kw, tiles.block_k, k),
-        DOT_PRECISION=_precision(x.dtype), num_warps=tiles.num_warps,
+        DOT_PRECISION=_precision(x.dtype), REDUCE=reduce, num_warps=tiles.num_warps,
         num_stages=tiles.num_stages,
     )  # fmt: skip
-    if splits > 1:
+    if splits > 1 and not reduce:
         gemv_launch.reduce_splits(part, bias, out)
     return out.view(*x.shape[:-1], n)
 
@@ -202,14 +204,16 @@ def fused_moe(
         down_n = t.down_block_n or t.block_n
         grid = (num_pairs, triton.cdiv(hidden_dim, down_n))
         down_k = min(t.block_k, triton.next_power_of_2(inter))
+        counters, fused = moe_launch.combine_tail(out, down_n)
         jit.quant_moe_down_gemv_kernel[grid](
-            inter_buf, topk_ids, *a2, y, hidden_dim, inter,
-            inter_buf.stride(0), *s2, y.stride(0),
+            inter_buf, topk_ids, *a2, y, topk_weights, out, counters, hidden_dim, inter,
+            inter_buf.stride(0), *s2, y.stride(0), out.stride(0),
             **_fmt_kw(kw2), PACKED=packed(kw2), BLOCK_N=down_n,
             BLOCK_K=down_k, GROUP_T=group_t(kw2, down_k, inter), FACTORED=factored,
-            num_warps=t.num_warps,
+            TOP_K=top_k, COMBINE=fused, num_warps=t.num_warps,
         )  # fmt: skip
     else:
+        fused = False
         t = tiles or _grouped_tiles(num_pairs, hidden.dtype)
         num_ids = kw13.w.shape[0]
         sorted_pairs, block_ids, num_rows = moe_launch.align_pairs(
@@ -233,7 +237,8 @@ def fused_moe(
             inter_buf.stride(0), *s2, y.stride(0),
             **_fmt_kw(kw2), GROUP_T=group_t(kw2, t.block_k, inter), **common,
         )  # fmt: skip
-    moe_launch._combine(y, topk_weights, out, top_k)
+    if not fused:
+        moe_launch._combine(y, topk_weights, out, top_k)
     return out
 
 

@@ -52,6 +52,13 @@ class Linear(nn.Module):
         """Checkpoint module names this layer is loaded from."""
         return [name]
 
+    def plain_weight(self, dtype: torch.dtype) -> torch.Tensor | None:
+        """The (N, K) weight when it is a plain `dtype` tensor with no bias — what a kernel
+        that folds this linear into its own work can read directly — else None."""
+        fmt = self.weight_format
+        plain = isinstance(fmt, Unquantized) and fmt.dtype == dtype and self.bias is None
+        return self.weight if plain else None
+
     def row_range(self, part: str | None) -> tuple[int, int]:
         """(first row, rows) of a checkpoint part in the weight's N dim."""
         return 0, self.out_features

@@ -95,10 +95,13 @@ class SparseMoeBlock(nn.Module):
 
     def finish(self, x: torch.Tensor, routed: torch.Tensor) -> torch.Tensor:
         """The block's output from its input x and the routed experts' output."""
-        if self.shared_expert is not None:
-            gate = self.shared_expert_gate(x)
-            return kernels.sigmoid_gated_add(routed, gate, self.shared_expert(x))
-        return routed
+        if self.shared_expert is None:
+            return routed
+        shared = self.shared_expert(x)
+        gate_weight = self.shared_expert_gate.plain_weight(x.dtype)
+        if gate_weight is not None:  # the gate's dot product inside the add's launch
+            return kernels.sigmoid_gated_add(routed, x, shared, gate_weight=gate_weight)
+        return kernels.sigmoid_gated_add(routed, self.shared_expert_gate(x), shared)
 
 
 class DecoderLayer(nn.Module):

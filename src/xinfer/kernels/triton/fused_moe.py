@@ -54,15 +54,47 @@ def moe_gate_up_gemv_kernel(
 
 
 @triton.jit
+def combine_when_last(
+    y_ptr, weights_ptr, out_ptr, count_ptr, pair, pid_n, num_tiles, offs_n, mask_n,
+    stride_yt, stride_ot, TOP_K: tl.constexpr,
+):  # fmt: skip
+    """The tail of a down GEMV program (grid (T*k, num_tiles)) that has stored its y tile:
+    the program that completes a token's row tile — the TOP_K-th of that token's pairs to
+    arrive at `count_ptr[tok * num_tiles + pid_n]` — sums the tile as `moe_combine_kernel`
+    does (k order, float32, one rounding) and sets the counter back to 0 for the next
+    launch. One launch fewer a MoE layer than a separate combine, the same bits: each y is
+    the stored, rounded value, and the sum is the combine kernel's expression in its order.
+    Ordering: the CTA barrier puts every thread's y stores before the counter's release;
+    the last program acquires it and reads the others' tiles from L2 (`.cg`)."""
+    tok = pair // TOP_K
+    counter = count_ptr + tok * num_tiles + pid_n
+    tl.debug_barrier()
+    arrived = tl.atomic_add(counter, 1, sem="acq_rel", scope="gpu")
+    if arrived == TOP_K - 1:
+        out = tl.zeros(offs_n.shape, dtype=tl.float32)
+        for j in range(TOP_K):
+            p = tok * TOP_K + j
+            route_w = tl.load(weights_ptr + p)
+            y = tl.load(y_ptr + p * stride_yt + offs_n, mask=mask_n, other=0.0,
+                        cache_modifier=".cg")  # fmt: skip
+            out += y.to(tl.float32) * route_w
+        tl.store(out_ptr + tok * stride_ot + offs_n, out.to(out_ptr.dtype.element_ty),
+                 mask=mask_n)  # fmt: skip
+        tl.store(counter, 0)
+
+
+@triton.jit
 def moe_down_gemv_kernel(
     inter_ptr, ids_ptr, w2_ptr, y_ptr,
+    weights_ptr, out_ptr, count_ptr,
     hidden_dim, inter_dim,
-    stride_it, stride_we, stride_wn, stride_yt,
-    BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr,
+    stride_it, stride_we, stride_wn, stride_yt, stride_ot,
+    BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr, TOP_K: tl.constexpr, COMBINE: tl.constexpr,
 ):  # fmt: skip
     """grid (T*k, cdiv(H, BLOCK_N)): y[pair, n] = inter[pair]·w2[e, n], rounded to the dtype.
-    One program per (pair, row tile) so that all experts of a token stream in parallel;
-    `moe_combine_kernel` then sums the pairs of each token in k order."""
+    One program per (pair, row tile) so that all experts of a token stream in parallel; with
+    COMBINE the last of a token's programs sums its pairs (`combine_when_last`), otherwise
+    `moe_combine_kernel` does, in a launch of its own."""
     pair = tl.program_id(0).to(tl.int64)
     pid_n = tl.program_id(1)
     e = tl.load(ids_ptr + pair).to(tl.int64)
@@ -79,6 +111,11 @@ def moe_down_gemv_kernel(
         acc += w.to(tl.float32) * a[None, :]
     y = tl.sum(acc, axis=1).to(y_ptr.dtype.element_ty)
     tl.store(y_ptr + pair * stride_yt + offs_n, y, mask=mask_n)
+    if COMBINE:
+        combine_when_last(
+            y_ptr, weights_ptr, out_ptr, count_ptr, pair, pid_n, tl.num_programs(1), offs_n,
+            mask_n, stride_yt, stride_ot, TOP_K,
+        )  # fmt: skip
 
 
 @triton.jit

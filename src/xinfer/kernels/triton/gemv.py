@@ -6,9 +6,11 @@ the tile has one shape for every M; w streams through once, BLOCK_K columns at a
 `tl.dot` accumulates in float32 (x is the 16-row A operand, so the tensor cores run
 mma.sync m16n8k16, whose float32 accumulator is carried through K in k order).
 
-Determinism: no atomics. An output element depends only on its x row, its w row and the K
-range of its split, so row i's bits do not depend on M. With split-K, each split stores
-float32 partials and `gemv_split_reduce_kernel` adds them in split order."""
+Determinism: an output element depends only on its x row, its w row and the K range of its
+split, so row i's bits do not depend on M. With split-K, each split stores float32 partials
+and they are added in split order: by the tile's last split to arrive (`reduce_when_last`,
+REDUCE; the only atomic is its arrival count) or by `gemv_split_reduce_kernel`, a launch of
+its own — the same bits either way."""
 
 from __future__ import annotations
 
@@ -16,17 +18,48 @@ import triton
 import triton.language as tl
 
 
-@triton.jit(do_not_specialize=["M", "N", "stride_os", "stride_om"])
-def gemv_kernel(
-    x_ptr, w_ptr, bias_ptr, out_ptr,
-    M, N, K, k_per_split,
-    stride_xm, stride_wn, stride_os, stride_om,
+@triton.jit
+def reduce_when_last(
+    part_ptr, bias_ptr, final_ptr, count_ptr, tile, splits, offs_m, offs_n, mask_m, mask_n,
+    stride_ps, stride_pm, stride_fm,
     HAS_BIAS: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,
-    BLOCK_K: tl.constexpr, DOT_PRECISION: tl.constexpr,
+):  # fmt: skip
+    """The tail of a split-K program that has stored its float32 partial tile
+    part[split, offs_m, offs_n]: the split that completes output tile `tile` (the last of
+    `splits` to arrive at count_ptr[tile]) adds the tile's partials in split order from
+    zero, then the bias, stores final[offs_m, offs_n] in its dtype — what
+    `gemv_split_reduce_kernel` computes — and sets the counter back to 0. The CTA barrier
+    puts every thread's partial stores before the counter's release; the last split
+    acquires it and reads the others' partials from L2 (`.cg`)."""
+    counter = count_ptr + tile
+    tl.debug_barrier()
+    arrived = tl.atomic_add(counter, 1, sem="acq_rel", scope="gpu")
+    if arrived == splits - 1:
+        mask = mask_m[:, None] & mask_n[None, :]
+        ptrs = part_ptr + offs_m[:, None] * stride_pm + offs_n[None, :]
+        acc = tl.zeros((BLOCK_M, BLOCK_N), dtype=tl.float32)
+        for s in range(splits):
+            acc += tl.load(ptrs + s * stride_ps, mask=mask, other=0.0, cache_modifier=".cg")
+        if HAS_BIAS:
+            acc += tl.load(bias_ptr + offs_n, mask=mask_n, other=0.0).to(tl.float32)[None, :]
+        final = final_ptr + offs_m[:, None] * stride_fm + offs_n[None, :]
+        tl.store(final, acc.to(final_ptr.dtype.element_ty), mask=mask)
+        tl.store(counter, 0)
+
+
+@triton.jit(do_not_specialize=["M", "N", "stride_os", "stride_om", "stride_fm"])
+def gemv_kernel(
+    x_ptr, w_ptr, bias_ptr, out_ptr, final_ptr, count_ptr,
+    M, N, K, k_per_split,
+    stride_xm, stride_wn, stride_os, stride_om, stride_fm,
+    HAS_BIAS: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,
+    BLOCK_K: tl.constexpr, DOT_PRECISION: tl.constexpr, REDUCE: tl.constexpr,
 ):  # fmt: skip
     """grid (cdiv(N, BLOCK_N), splits): out[split, m, n] = sum of x[m, k] * w[n, k] over the
     split's K range [split * k_per_split, +k_per_split), plus bias[n], in out's dtype.
-    Split-K launches pass a float32 `out` of shape (splits, M, N) and no bias.
+    Split-K launches pass a float32 `out` of shape (splits, M, N); with REDUCE the tile's
+    last split adds them into `final` (M, N), bias included (`reduce_when_last`), otherwise
+    they pass no bias and `gemv_split_reduce_kernel` follows.
     M, N and the output strides are not specialised: one compile serves every M and N."""
     pid_n = tl.program_id(0)
     split = tl.program_id(1)
@@ -48,10 +81,15 @@ def gemv_kernel(
         acc = tl.dot(x, w, acc, input_precision=DOT_PRECISION)
         x_ptrs += BLOCK_K
         w_ptrs += BLOCK_K
-    if HAS_BIAS:
+    if HAS_BIAS and not REDUCE:
         acc += tl.load(bias_ptr + offs_n, mask=mask_n, other=0.0).to(tl.float32)[None, :]
     out_ptrs = out_ptr + split * stride_os + offs_m[:, None] * stride_om + offs_n[None, :]
     tl.store(out_ptrs, acc.to(out_ptr.dtype.element_ty), mask=mask_m[:, None] & mask_n[None, :])
+    if REDUCE:
+        reduce_when_last(
+            out_ptr, bias_ptr, final_ptr, count_ptr, pid_n, tl.num_programs(1), offs_m,
+            offs_n, mask_m, mask_n, stride_os, stride_om, stride_fm, HAS_BIAS, BLOCK_M, BLOCK_N,
+        )  # fmt: skip
 
 
 @triton.jit(do_not_specialize=["N", "stride_ps", "stride_pm", "stride_om"])

@@ -11,7 +11,8 @@ from __future__ import annotations
 import triton
 import triton.language as tl
 
-from xinfer.kernels.triton.fused_moe import _silu_mul
+from xinfer.kernels.triton.fused_moe import _silu_mul, combine_when_last
+from xinfer.kernels.triton.gemv import reduce_when_last
 from xinfer.kernels.triton.gguf_dequant import gguf_tile, x_chunk
 from xinfer.kernels.triton.moe_blocks import moe_block
 
@@ -26,17 +27,18 @@ def _dot_tile(w_ptr, row_off, kb, k_len, mask_n, dtype, BTYPE: tl.constexpr,
 
 @triton.jit(do_not_specialize=["M"])
 def gguf_linear_kernel(
-    x_ptr, w_ptr, bias_ptr, out_ptr,
+    x_ptr, w_ptr, bias_ptr, out_ptr, final_ptr, count_ptr,
     M, N, K, k_per_split,
-    stride_xm, stride_wn, stride_os, stride_om,
+    stride_xm, stride_wn, stride_os, stride_om, stride_fm,
     BTYPE: tl.constexpr, HAS_BIAS: tl.constexpr,
     BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, SUBS: tl.constexpr,
-    DOT_PRECISION: tl.constexpr,
+    DOT_PRECISION: tl.constexpr, REDUCE: tl.constexpr,
 ):  # fmt: skip
     """grid (cdiv(M, BLOCK_M), cdiv(N, BLOCK_N), splits): out[split] = x @ dequant(w)^T over
     K range [split * k_per_split, (split + 1) * k_per_split) (a multiple of SUBS * 32), plus
-    bias with one split. A row's bits depend on its x row, the tiles, the split and the k
-    order only."""
+    bias with one split; with REDUCE the tile's last split adds the float32 partials into
+    `final`, bias included (`gemv.reduce_when_last`). A row's bits depend on its x row, the
+    tiles, the split and the k order only."""
     pid_m = tl.program_id(0)
     pid_n = tl.program_id(1)
     split = tl.program_id(2)
@@ -56,13 +58,19 @@ def gguf_linear_kernel(
         x = tl.load(x_rows + ks[None, :], mask=mask_m[:, None] & (ks < K)[None, :], other=0.0)
         w = _dot_tile(w_ptr, row_off, kb, K, mask_n, dtype, BTYPE, BLOCK_N, SUBS)
         acc = tl.dot(x, w, acc, input_precision=DOT_PRECISION)
-    if HAS_BIAS:
+    if HAS_BIAS and not REDUCE:
         acc += tl.load(bias_ptr + offs_n, mask=mask_n, other=0.0).to(tl.float32)[None, :]
     out_ptrs = (
         out_ptr + split.to(tl.int64) * stride_os + offs_m.to(tl.int64)[:, None] * stride_om
         + offs_n[None, :]
     )  # fmt: skip
     tl.store(out_ptrs, acc.to(out_ptr.dtype.element_ty), mask=mask_m[:, None] & mask_n[None, :])
+    if REDUCE:
+        reduce_when_last(
+            out_ptr, bias_ptr, final_ptr, count_ptr, pid_m * tl.num_programs(1) + pid_n,
+            tl.num_programs(2), offs_m, offs_n, mask_m, mask_n, stride_os, stride_om,
+            stride_fm, HAS_BIAS, BLOCK_M, BLOCK_N,
+        )  # fmt: skip
 
 
 @triton.jit
@@ -96,12 +104,14 @@ def gguf_moe_gate_up_gemv_kernel(
 
 @triton.jit
 def gguf_moe_down_gemv_kernel(
-    inter_ptr, ids_ptr, w_ptr, y_ptr,
+    inter_ptr, ids_ptr, w_ptr, y_ptr, weights_ptr, out_ptr, count_ptr,
     hidden_dim, inter_dim,
-    stride_it, stride_we, stride_wn, stride_yt,
-    BTYPE: tl.constexpr, BLOCK_N: tl.constexpr, SUBS: tl.constexpr,
+    stride_it, stride_we, stride_wn, stride_yt, stride_ot,
+    BTYPE: tl.constexpr, BLOCK_N: tl.constexpr, SUBS: tl.constexpr, TOP_K: tl.constexpr,
+    COMBINE: tl.constexpr,
 ):  # fmt: skip
-    """grid (T*k, cdiv(H, BLOCK_N)): y[pair, n] = inter[pair]·W2[e, n], rounded to the dtype."""
+    """grid (T*k, cdiv(H, BLOCK_N)): y[pair, n] = inter[pair]·W2[e, n], rounded to the dtype;
+    with COMBINE the last of a token's programs sums its pairs (`combine_when_last`)."""
     pair = tl.program_id(0).to(tl.int64)
     pid_n = tl.program_id(1)
     e = tl.load(ids_ptr + pair).to(tl.int64)
@@ -115,6 +125,11 @@ def gguf_moe_down_gemv_kernel(
         acc += gguf_tile(w_ptr, row_off, kb, inter_dim, mask_n, BTYPE, SUBS) * a
     y = tl.sum(tl.sum(acc, axis=2), axis=1).to(y_ptr.dtype.element_ty)
     tl.store(y_ptr + pair * stride_yt + offs_n, y, mask=mask_n)
+    if COMBINE:
+        combine_when_last(
+            y_ptr, weights_ptr, out_ptr, count_ptr, pair, pid_n, tl.num_programs(1), offs_n,
+            mask_n, stride_yt, stride_ot, TOP_K,
+        )  # fmt: skip
 
 
 @triton.jit

@@ -11,7 +11,8 @@ from __future__ import annotations
 import triton
 import triton.language as tl
 
-from xinfer.kernels.triton.fused_moe import _silu_mul
+from xinfer.kernels.triton.fused_moe import _silu_mul, combine_when_last
+from xinfer.kernels.triton.gemv import reduce_when_last
 from xinfer.kernels.triton.moe_blocks import moe_block
 from xinfer.kernels.triton.quant_dequant import (
     load_raw_pairs,
@@ -97,18 +98,19 @@ def _row_dot(
 
 @triton.jit(do_not_specialize=["M", "stride_os"])
 def quant_linear_kernel(
-    x_ptr, w_ptr, s_ptr, z_ptr, bias_ptr, out_ptr,
+    x_ptr, w_ptr, s_ptr, z_ptr, bias_ptr, out_ptr, final_ptr, count_ptr,
     M, N, K, k_per_split,
-    stride_xm, stride_wn, stride_sn, stride_zn, stride_os, stride_om,
+    stride_xm, stride_wn, stride_sn, stride_zn, stride_os, stride_om, stride_fm,
     FMT: tl.constexpr, SCALE_BN: tl.constexpr, SCALE_BK: tl.constexpr, HAS_ZERO: tl.constexpr,
     HAS_BIAS: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr,
-    GROUP_T: tl.constexpr, DOT_PRECISION: tl.constexpr,
+    GROUP_T: tl.constexpr, DOT_PRECISION: tl.constexpr, REDUCE: tl.constexpr,
 ):  # fmt: skip
     """grid (cdiv(M, BLOCK_M), cdiv(N, BLOCK_N), splits): out[split] = x @ dequant(w)^T over
     the split's K range [split * k_per_split, +k_per_split) (+ bias). Split-K launches pass a
-    float32 `out` (splits, M, N) and no bias; `gemv_split_reduce_kernel` adds the splits in
-    order. A row's bits depend on its x row, BLOCK_K and the splits only (the k order of the
-    float32 accumulation), not on M."""
+    float32 `out` (splits, M, N); with REDUCE the tile's last split adds them in split order
+    into `final`, bias included (`gemv.reduce_when_last`), otherwise they pass no bias and
+    `gemv_split_reduce_kernel` follows. A row's bits depend on its x row, BLOCK_K and the
+    splits only (the k order of the float32 accumulation), not on M."""
     pid_m = tl.program_id(0)
     pid_n = tl.program_id(1)
     split = tl.program_id(2)
@@ -131,12 +133,18 @@ def quant_linear_kernel(
             FMT, SCALE_BN, SCALE_BK, HAS_ZERO, BLOCK_K, GROUP_T,
         )  # fmt: skip
         acc = tl.dot(x, tl.trans(w.to(dtype)), acc, input_precision=DOT_PRECISION)
-    if HAS_BIAS:
+    if HAS_BIAS and not REDUCE:
         acc += tl.load(bias_ptr + offs_n, mask=mask_n, other=0.0).to(tl.float32)[None, :]
     out_ptrs = (
         out_ptr + split * stride_os + offs_m.to(tl.int64)[:, None] * stride_om + offs_n[None, :]
     )
     tl.store(out_ptrs, acc.to(out_ptr.dtype.element_ty), mask=mask_m[:, None] & mask_n[None, :])
+    if REDUCE:
+        reduce_when_last(
+            out_ptr, bias_ptr, final_ptr, count_ptr, pid_m * tl.num_programs(1) + pid_n,
+            tl.num_programs(2), offs_m, offs_n, mask_m, mask_n, stride_os, stride_om,
+            stride_fm, HAS_BIAS, BLOCK_M, BLOCK_N,
+        )  # fmt: skip
 
 
 @triton.jit
@@ -172,14 +180,16 @@ def quant_moe_gate_up_gemv_kernel(
 
 @triton.jit
 def quant_moe_down_gemv_kernel(
-    inter_ptr, ids_ptr, w_ptr, s_ptr, z_ptr, y_ptr,
+    inter_ptr, ids_ptr, w_ptr, s_ptr, z_ptr, y_ptr, weights_ptr, out_ptr, count_ptr,
     hidden_dim, inter_dim,
     stride_it, stride_we, stride_wn, stride_se, stride_sn, stride_ze, stride_zn, stride_yt,
+    stride_ot,
     FMT: tl.constexpr, SCALE_BN: tl.constexpr, SCALE_BK: tl.constexpr, HAS_ZERO: tl.constexpr,
     PACKED: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr, GROUP_T: tl.constexpr,
-    FACTORED: tl.constexpr,
+    FACTORED: tl.constexpr, TOP_K: tl.constexpr, COMBINE: tl.constexpr,
 ):  # fmt: skip
-    """grid (T*k, cdiv(H, BLOCK_N)): y[pair, n] = inter[pair]·W2[e, n] in the dtype."""
+    """grid (T*k, cdiv(H, BLOCK_N)): y[pair, n] = inter[pair]·W2[e, n] in the dtype; with
+    COMBINE the last of a token's programs sums its pairs into out (`combine_when_last`)."""
     pair = tl.program_id(0).to(tl.int64)
     pid_n = tl.program_id(1)
     e = tl.load(ids_ptr + pair).to(tl.int64)
@@ -192,6 +202,11 @@ def quant_moe_down_gemv_kernel(
         BLOCK_K, GROUP_T, FACTORED,
     )  # fmt: skip
     tl.store(y_ptr + pair * stride_yt + offs_n, y.to(y_ptr.dtype.element_ty), mask=mask_n)
+    if COMBINE:
+        combine_when_last(
+            y_ptr, weights_ptr, out_ptr, count_ptr, pair, pid_n, tl.num_programs(1), offs_n,
+            mask_n, stride_yt, stride_ot, TOP_K,
+        )  # fmt: skip
 
 
 @triton.jit

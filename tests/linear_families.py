@@ -1,0 +1,90 @@
+"""Split-K decode linears of each kernel family — the float skinny GEMM (`gemv_launch`), two
+quantized formats (block FP8, GPTQ int4) and two GGUF types — as zero-argument closures, for
+the tests that compare the fused split reduce with the reduce kernel bit for bit
+(`test_split_reduce_*`). Each `make(rows, bias, seed, device, large)` builds fresh random
+weights whose K splits at `rows` rows; `large` gives the Qwen3-30B-A3B o_proj (2048 x 4096),
+else small sizes off the tile multiples."""
+
+from __future__ import annotations
+
+import numpy as np
+import torch
+
+
+def _inputs(rows, n, k, bias, seed, device, dtype):
+    g = torch.Generator(device).manual_seed(seed)
+    x = (torch.randn(rows, k, generator=g, device=device) * 0.1).to(dtype)
+    b = torch.randn(n, generator=g, device=device).to(dtype) if bias else None
+    return x, b, g
+
+
+def _float(rows, bias, seed, device="cpu", large=False):
+    from xinfer.kernels import gemv_launch
+
+    n, k = (2048, 4096) if large else (37, 400)
+    dtype = torch.bfloat16 if device != "cpu" else torch.float16
+    x, b, g = _inputs(rows, n, k, bias, seed, device, dtype)
+    w = (torch.randn(n, k, generator=g, device=device) / k**0.5).to(dtype)
+    cfg = gemv_launch.GemvConfig(block_n=32, block_k=128, num_warps=4, num_stages=4, split_k=4)
+    return lambda: gemv_launch.linear(x, w, b, config=cfg)
+
+
+def _quant(name: str):
+    def make(rows, bias, seed, device="cpu", large=False):
+        from quant_weights import random_weights
+
+        from xinfer.kernels import quant_launch
+        from xinfer.quant.fp8 import Fp8Block
+        from xinfer.quant.gptq import GptqInt4
+
+        if name == "fp8":
+            fmt = Fp8Block(128, 128) if large else Fp8Block(16, 32)
+        else:
+            fmt = GptqInt4(group_size=128 if large else 32, has_zero=False)
+        n, k = (2048, 4096) if large else (24, 1536)
+        dtype = torch.bfloat16 if device != "cpu" else torch.float32
+        tensors = random_weights(fmt, n, k, seed, device=device)
+        x, b, _ = _inputs(rows, n, k, bias, seed, device, dtype)
+        return lambda: quant_launch.linear(x, fmt, tensors, b, n, k)
+
+    return make
+
+
+def _gguf(name: str):
+    def make(rows, bias, seed, device="cpu", large=False):
+        import gguf_files as gf
+
+        from xinfer.kernels import gguf_launch
+        from xinfer.quant.gguf_blocks import BLOCK_TYPES
+
+        bt = BLOCK_TYPES[name]
+        n = 2048 if large else 19
+        k = 4096 if large else bt.block_size * (3 if name.endswith("_K") else 13)
+        raw = torch.from_numpy(gf.random_blocks(name, n, k, np.random.default_rng(seed)))
+        dtype = torch.bfloat16 if device != "cpu" else torch.float32
+        x, b, _ = _inputs(rows, n, k, bias, seed, device, dtype)
+        tiles = None if large else gguf_launch.GGUFTiles(16, 16, 2)
+        w = raw.to(device)
+        return lambda: gguf_launch.linear(x, w, bt, b, n, k, tiles=tiles)
+
+    return make
+
+
+LINEARS = {
+    "float": _float,
+    "fp8": _quant("fp8"),
+    "gptq": _quant("gptq"),
+    "gguf-q4_k": _gguf("Q4_K"),
+    "gguf-q8_0": _gguf("Q8_0"),
+}
+
+
+def run_reduced(gemv_launch, monkeypatch, call, fused: bool):
+    """(output, separate reduce launches) of `call` with `FUSED_SPLIT_REDUCE` = `fused`."""
+    launches = []
+    reduce = gemv_launch.reduce_splits
+    with monkeypatch.context() as patch:
+        patch.setattr(gemv_launch, "FUSED_SPLIT_REDUCE", fused)
+        patch.setattr(gemv_launch, "reduce_splits", lambda *a: launches.append(1) or reduce(*a))
+        out = call()
+    return out, len(launches)
