@@ -181,7 +181,17 @@ def main() -> None:
     ap.add_argument("--no-hf", action="store_true")
     ap.add_argument("--kv-blocks", type=int, default=1024)
     ap.add_argument("--trace", default=None, help="write a Chrome trace of batch-1 steps here")
+    ap.add_argument(
+        "--separate-tails",
+        action="store_true",
+        help="the MoE combine and split-K reduce as launches of their own (the A side of an "
+        "A/B against the fused tails, kernels/arrivals.py)",
+    )
     args = ap.parse_args()
+    if args.separate_tails:
+        from xinfer.kernels import gemv_launch, moe_launch
+
+        moe_launch.FUSED_COMBINE = gemv_launch.FUSED_SPLIT_REDUCE = False
     device = torch.device("cuda:0")
     cfg = ModelConfig.from_dir(args.model)
     bw = device_copy_bandwidth(device)
@@ -192,6 +202,7 @@ def main() -> None:
         "model": args.model,
         "copy_bw": bw,
         "torch": torch.__version__,
+        "tails": "separate" if args.separate_tails else "fused",
     }
     hf = None
     if not args.no_hf:

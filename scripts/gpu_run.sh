@@ -43,7 +43,7 @@ for phase in "$@"; do
     moebench) timeout 90 python3 bench/bench_moe_kernel.py 2>&1 | tail -30 | tee "$OUT/moe_kernel.txt" ;;
     attnbench) timeout 90 python3 bench/bench_attention_kernel.py 2>&1 | tail -30 | tee "$OUT/attn_kernel.txt" ;;
     fillbench) timeout 150 python3 bench/bench_offload_fill.py 2>&1 | tee "$OUT/fill.txt" | tail -80 ;;
-    decode) timeout 300 python3 bench/bench_decode.py --out "$OUT/decode" 2>&1 | grep -v "it/s]" | tail -60 ;;
+    decode) timeout 300 python3 bench/bench_decode.py ${DECODE_EXTRA:-} --out "$OUT/decode${DECODE_TAG:-}" 2>&1 | grep -v "it/s]" | tail -60 ;;
     offloadbench) timeout ${OFFLOAD_TIMEOUT:-570} python3 bench/bench_offload_decode.py --rates ${OFFLOAD_RATES:-0.1,0.2,0.35,0.5,auto} --batches ${OFFLOAD_BATCHES:-1,8,32} --steps ${OFFLOAD_STEPS:-128,16,6} --warmup-steps ${OFFLOAD_WARMUP:-64,4,2} --ttft-tokens ${OFFLOAD_TTFT:-2048,8192} --routing ${OFFLOAD_ROUTING:-qwen3-30b-a3b} ${OFFLOAD_EXTRA:-} --out "$OUT/offload" 2>&1 | grep -v "it/s]" | tail -60 ;;
     # issue 19: cross-layer prefetch on the GPU (tests: ~2-3 min; bench: 5 engines, ~5-6 min)
     prefetchtests) timeout ${PREFETCH_TESTS_TIMEOUT:-240} python3 -m pytest -m gpu -q -p no:cacheprovider -rfE --durations=12 tests/offload/test_prefetch_gpu.py tests/offload/test_offload_gpu.py 2>&1 | tee "$OUT/prefetch_tests.txt" | tail -40 ;;
@@ -52,7 +52,7 @@ for phase in "$@"; do
     ttfttrace) timeout ${TTFT_TIMEOUT:-400} python3 bench/bench_offload_decode.py --batches "" --ttft-tokens ${TTFT_TOKENS:-16384} --ttft-rates ${TTFT_RATES:-0,0.1} --trace-ttft ${TRACE_TTFT:-16384} --trace-dir "$OUT" --routing ${OFFLOAD_ROUTING:-qwen3-30b-a3b} --out "$OUT/traced_ttft_rows" 2>&1 | grep -v "it/s]" | tail -20; gzip -f "$OUT"/ttft_*.json ;;
     routingstate) timeout 120 python3 bench/bench_routing_state.py 2>&1 | tee "$OUT/routing_state.txt" | tail -8 ;;
     routingtests) timeout 300 python3 -m pytest -q -p no:cacheprovider -m gpu tests/routing tests/unit/test_sampling_no_sync.py tests/offload/test_offload_resident.py 2>&1 | tee "$OUT/routing_tests.txt" | tail -30 ;;
-    decode-nohf) timeout 170 python3 bench/bench_decode.py --no-hf --trace "$OUT/trace.json" --out "$OUT/decode" 2>&1 | grep -v "it/s]" | tail -60; gzip -f "$OUT/trace.json" ;;
+    decode-nohf) timeout 170 python3 bench/bench_decode.py --no-hf ${DECODE_EXTRA:-} --trace "$OUT/trace${DECODE_TAG:-}.json" --out "$OUT/decode${DECODE_TAG:-}" 2>&1 | grep -v "it/s]" | tail -60; gzip -f "$OUT/trace${DECODE_TAG:-}.json" ;;
     moesweep) timeout 200 python3 bench/bench_moe_kernel.py --sweep --decode 1 --prefill "" 2>&1 | tee "$OUT/moe_sweep.txt" | tail -20 ;;
     moeprefill) timeout ${MOE_TIMEOUT:-200} python3 bench/bench_moe_kernel.py --sweep --decode "" --prefill ${MOE_PREFILL:-2048,8192} 2>&1 | tee "$OUT/moe_prefill_sweep.txt" | tail -20 ;;
     gemvbench) timeout 240 python3 bench/bench_gemv.py 2>&1 | tee "$OUT/gemv.txt" | tail -40 ;;
