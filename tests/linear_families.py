@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import numpy as np
 import torch
+from fused_tails import run_switched
 
 
 def _inputs(rows, n, k, bias, seed, device, dtype):
@@ -79,12 +80,6 @@ LINEARS = {
 }
 
 
-def run_reduced(gemv_launch, monkeypatch, call, fused: bool):
+def run_reduced(launcher, monkeypatch, call, fused: bool):
     """(output, separate reduce launches) of `call` with `FUSED_SPLIT_REDUCE` = `fused`."""
-    launches = []
-    reduce = gemv_launch.reduce_splits
-    with monkeypatch.context() as patch:
-        patch.setattr(gemv_launch, "FUSED_SPLIT_REDUCE", fused)
-        patch.setattr(gemv_launch, "reduce_splits", lambda *a: launches.append(1) or reduce(*a))
-        out = call()
-    return out, len(launches)
+    return run_switched(launcher, "FUSED_SPLIT_REDUCE", "reduce_splits", monkeypatch, call, fused)

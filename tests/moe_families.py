@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import numpy as np
 import torch
+from fused_tails import run_switched
 
 
 def _routing(tokens: int, num_experts: int, top_k: int, seed: int, device):
@@ -94,12 +95,6 @@ FAMILIES = {
 }
 
 
-def run_combined(moe_launch, monkeypatch, call, fused: bool):
+def run_combined(launcher, monkeypatch, call, fused: bool):
     """(output, separate combine launches) of `call` with `FUSED_COMBINE` = `fused`."""
-    launches = []
-    combine = moe_launch._combine
-    with monkeypatch.context() as patch:
-        patch.setattr(moe_launch, "FUSED_COMBINE", fused)
-        patch.setattr(moe_launch, "_combine", lambda *a: launches.append(1) or combine(*a))
-        out = call()
-    return out, len(launches)
+    return run_switched(launcher, "FUSED_COMBINE", "_combine", monkeypatch, call, fused)

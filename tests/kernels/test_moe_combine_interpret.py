@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import pytest
 import torch
+from fused_tails import assert_counters_zero
 from interpreter_child import child_only, interpreter_child_test
 from moe_families import FAMILIES, run_combined
 
@@ -43,10 +44,7 @@ def test_fused_combine_has_the_separate_combines_bits(ml, monkeypatch, family, t
     fused, launches_fused = run_combined(ml, monkeypatch, call, fused=True)
     assert (launches_apart, launches_fused) == (1, 0)
     assert torch.equal(fused, apart)
-    from xinfer.kernels import arrivals
-
-    counters = arrivals._by_device[torch.device("cpu")]
-    assert not counters.any(), "every tile's last program sets its counter back to 0"
+    assert_counters_zero(torch.device("cpu"))
     again, _ = run_combined(ml, monkeypatch, call, fused=True)  # the next launch starts from zeros
     assert torch.equal(again, apart)
 

@@ -8,53 +8,27 @@ replayed from a CUDA graph. All `gpu`: skipped without CUDA."""
 from __future__ import annotations
 
 import pytest
-import torch
+from fused_tails import assert_graph_replays, assert_launches_repeat
 from linear_families import LINEARS, run_reduced
-
-from xinfer.kernels import arrivals
 
 pytestmark = pytest.mark.gpu
 
 
-@pytest.fixture(scope="module")
-def gl():
+@pytest.fixture
+def run(monkeypatch):
     pytest.importorskip("triton")
     from xinfer.kernels import gemv_launch
 
-    return gemv_launch
+    return lambda call, fused: run_reduced(gemv_launch, monkeypatch, call, fused)
 
 
 @pytest.mark.parametrize("family", LINEARS)
 @pytest.mark.parametrize("rows,bias", [(1, False), (16, True)])
-def test_fused_split_reduce_has_the_reduce_kernels_bits(gl, monkeypatch, family, rows, bias):
+def test_fused_split_reduce_has_the_reduce_kernels_bits(run, family, rows, bias) -> None:
     call = LINEARS[family](rows, bias, seed=rows, device="cuda", large=True)
-    apart, launches = run_reduced(gl, monkeypatch, call, fused=False)
-    assert launches == 1, "the o_proj shape splits K at decode sizes"
-    outs = []
-    for _ in range(50):
-        out, launches = run_reduced(gl, monkeypatch, call, fused=True)
-        assert launches == 0
-        outs.append(out)
-    torch.cuda.synchronize()
-    for i, out in enumerate(outs):
-        assert torch.equal(out, apart), f"launch {i}: {(out != apart).sum().item()} values differ"
-    assert not arrivals._by_device[apart.device].any()
+    assert_launches_repeat(run, call)  # the o_proj shape splits K at decode sizes
 
 
 @pytest.mark.parametrize("family", ["float", "fp8", "gguf-q4_k"])
-def test_fused_split_reduce_replays_in_a_cuda_graph(gl, monkeypatch, family) -> None:
-    call = LINEARS[family](1, True, seed=3, device="cuda", large=True)
-    apart, _ = run_reduced(gl, monkeypatch, call, fused=False)
-    stream = torch.cuda.Stream()
-    stream.wait_stream(torch.cuda.current_stream())
-    with torch.cuda.stream(stream):
-        call()  # compiles, and makes the counters, outside the capture
-    torch.cuda.current_stream().wait_stream(stream)
-    graph = torch.cuda.CUDAGraph()
-    with torch.cuda.graph(graph):
-        out = call()
-    for _ in range(20):
-        graph.replay()
-        torch.cuda.synchronize()
-        assert torch.equal(out, apart)
-    assert not arrivals._by_device[apart.device].any()
+def test_fused_split_reduce_replays_in_a_cuda_graph(run, family) -> None:
+    assert_graph_replays(run, LINEARS[family](1, True, seed=3, device="cuda", large=True))

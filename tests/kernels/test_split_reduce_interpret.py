@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import pytest
 import torch
+from fused_tails import assert_counters_zero
 from interpreter_child import child_only, interpreter_child_test
 from linear_families import LINEARS, run_reduced
 
@@ -37,14 +38,12 @@ def gl():
 @pytest.mark.parametrize("rows", [1, 5])
 @pytest.mark.parametrize("bias", [False, True], ids=["no-bias", "bias"])
 def test_fused_split_reduce_has_the_reduce_kernels_bits(gl, monkeypatch, family, rows, bias):
-    from xinfer.kernels import arrivals
-
     call = LINEARS[family](rows, bias, seed=rows + 10 * bias)
     apart, launches_apart = run_reduced(gl, monkeypatch, call, fused=False)
     fused, launches_fused = run_reduced(gl, monkeypatch, call, fused=True)
     assert (launches_apart, launches_fused) == (1, 0), "the call must split K"
     assert torch.equal(fused, apart)
-    assert not arrivals._by_device[torch.device("cpu")].any()
+    assert_counters_zero(torch.device("cpu"))
     again, _ = run_reduced(gl, monkeypatch, call, fused=True)
     assert torch.equal(again, apart)
 
