@@ -117,6 +117,9 @@ def main() -> None:
         llm = LLM(
             args.gguf,
             max_model_len=args.prompt_len + 256,
+            # Qwen1.5's 8192-token window: the prompt plus the decoded tokens pass it
+            # (random weights; only the timing is read)
+            allow_long_max_model_len=True,
             enable_prefix_caching=False,
             isq=args.isq,
             **options,
