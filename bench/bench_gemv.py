@@ -1,6 +1,6 @@
 """Benchmark of the Triton skinny GEMM (`gemv_launch.linear`) against cuBLAS (F.linear) on
-the decode-sized linears (M = 1, 8, 16 rows, bf16, no bias) of Qwen3-30B-A3B and
-Qwen1.5-MoE-A2.7B, plus a 151936-row LM head. CUDA only.
+the decode-sized linears (M = 1, 8, 16 rows, bf16, no bias) of Qwen3-30B-A3B,
+Qwen1.5-MoE-A2.7B and Qwen3.5-35B-A3B, plus a 151936-row LM head. CUDA only.
 
 1. Checks `kernels.linear` (the dispatch, with the current GEMV_TABLE) against F.linear for
    every shape and M, and that its rows do not depend on M (bitwise).
@@ -49,6 +49,16 @@ SHAPES = {  # name: (N, K) of the weight
     "qwen15.shared_down": (2048, 5632),
     "qwen15.router": (60, 2048),
     "qwen15.shared_gate": (1, 2048),
+    # Qwen3.5-35B-A3B: linear attention's qkvz and ba, full attention's qkv (with its output
+    # gate), router, shared-expert gate_up and down, LM head of the 248,320-token vocabulary
+    # (out_proj / o_proj are qwen3.o_proj's shape)
+    "qwen35.qkvz": (12288, 2048),
+    "qwen35.ba": (64, 2048),
+    "qwen35.qkv": (9216, 2048),
+    "qwen35.router": (256, 2048),
+    "qwen35.shared_gate_up": (1024, 2048),
+    "qwen35.shared_down": (2048, 512),
+    "qwen35.lm_head": (248320, 2048),
 }
 TILES = [  # (block_n, block_k, num_warps, num_stages)
     (16, 256, 4, 4), (16, 512, 4, 3), (16, 1024, 8, 2),

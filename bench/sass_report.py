@@ -271,7 +271,59 @@ def _quant_moe(fmt_name: str, tokens: int = 1) -> Case:
     )  # fmt: skip
 
 
+QKV_N = 5120  # the decode linears' case: Qwen3-30B-A3B's qkv projection, one row
+
+
+def _quant_format(fmt_name: str):
+    from xinfer.quant.fp8 import Fp8Block
+    from xinfer.quant.gptq import GptqInt4
+    from xinfer.quant.nvfp4 import Nvfp4
+
+    return {"fp8-block128": Fp8Block(128, 128), "gptq-g128": GptqInt4(128, False),
+            "nvfp4": Nvfp4()}[fmt_name]  # fmt: skip
+
+
+def _quant_linear(fmt_name: str, n: int = QKV_N, k: int = HIDDEN) -> Case:
+    """A quantized format's decode linear (one row: the M <= 16 tile)."""
+    from quant_weights import random_weights
+
+    from xinfer.kernels import quant_launch
+
+    fmt = _quant_format(fmt_name)
+    w = random_weights(fmt, n, k, seed=0)
+    x = torch.zeros(1, k, dtype=torch.bfloat16)
+    t = quant_launch.linear_tiles(1, torch.bfloat16, fmt.kernel_weights(w, k))
+    nbytes = sum(v.nbytes for v in w.values())
+    return Case(
+        lambda: quant_launch.linear(x, fmt, w, None, n, k),
+        {"quant_linear_kernel": t.block_n * t.block_k},
+        {"quant_linear_kernel": n * k},
+        {"quant_linear_kernel": nbytes},
+    )
+
+
+def _gguf_linear(btype_name: str, n: int = QKV_N, k: int = HIDDEN) -> Case:
+    from xinfer.kernels import gguf_launch as gl
+    from xinfer.quant.gguf_blocks import BLOCK_TYPES
+
+    bt = BLOCK_TYPES[btype_name]
+    w = torch.zeros(n, bt.row_bytes(k), dtype=torch.uint8)
+    x = torch.zeros(1, k, dtype=torch.bfloat16)
+    t = gl.linear_tiles(1, torch.bfloat16, bt, n)
+    return Case(
+        lambda: gl.linear(x, w, bt, None, n, k),
+        {"gguf_linear_kernel": t.block_n * t.subs * 32},
+        {"gguf_linear_kernel": n * k},
+        {"gguf_linear_kernel": w.nbytes},
+    )
+
+
 CASES: dict[str, Callable[[], Case]] = {
+    "linear-fp8": lambda: _quant_linear("fp8-block128"),
+    "linear-gptq": lambda: _quant_linear("gptq-g128"),
+    "linear-nvfp4": lambda: _quant_linear("nvfp4"),
+    "linear-gguf-q4_k": lambda: _gguf_linear("Q4_K"),
+    "linear-gguf-q8_0": lambda: _gguf_linear("Q8_0"),
     "fp8": lambda: _quant_moe("fp8-block128"),
     "gptq": lambda: _quant_moe("gptq-g128"),
     "nvfp4": lambda: _quant_moe("nvfp4"),

@@ -55,7 +55,7 @@ for phase in "$@"; do
     decode-nohf) timeout 170 python3 bench/bench_decode.py --no-hf ${DECODE_EXTRA:-} --trace "$OUT/trace${DECODE_TAG:-}.json" --out "$OUT/decode${DECODE_TAG:-}" 2>&1 | grep -v "it/s]" | tail -60; gzip -f "$OUT/trace${DECODE_TAG:-}.json" ;;
     moesweep) timeout 200 python3 bench/bench_moe_kernel.py --sweep --decode 1 --prefill "" 2>&1 | tee "$OUT/moe_sweep.txt" | tail -20 ;;
     moeprefill) timeout ${MOE_TIMEOUT:-200} python3 bench/bench_moe_kernel.py --sweep --decode "" --prefill ${MOE_PREFILL:-2048,8192} 2>&1 | tee "$OUT/moe_prefill_sweep.txt" | tail -20 ;;
-    gemvbench) timeout 240 python3 bench/bench_gemv.py 2>&1 | tee "$OUT/gemv.txt" | tail -40 ;;
+    gemvbench) timeout ${GEMV_TIMEOUT:-240} python3 bench/bench_gemv.py ${GEMV_SHAPES:+--shapes $GEMV_SHAPES} 2>&1 | tee "$OUT/gemv.txt" | tail -40 ;;
     attnsweep) timeout 240 python3 bench/bench_attention_kernel.py --sweep 2>&1 | tee "$OUT/attn_sweep.txt" | tail -40 ;;
     attnprefill) timeout ${ATTN_TIMEOUT:-200} python3 bench/bench_attention_kernel.py --sweep-prefill 2>&1 | tee "$OUT/attn_prefill_sweep.txt" | tail -25 ;;
     offloadtrace) timeout ${TRACE_TIMEOUT:-200} python3 bench/bench_offload_decode.py --rates ${TRACE_RATES:-0.35} --batches 1 --steps 32 --warmup-steps 16 --ttft-tokens "" --routing ${OFFLOAD_ROUTING:-qwen3-30b-a3b} ${TRACE_PREFETCH:+--prefetch $TRACE_PREFETCH} ${TRACE_PFILL:+--prefetch-fill $TRACE_PFILL} ${PREFETCH_PROGRAMS:+--prefetch-programs $PREFETCH_PROGRAMS} --trace-dir "$OUT" --out "$OUT/offload_trace" 2>&1 | grep -v "it/s]" | tail -12; gzip -f "$OUT"/offload_*.json ;;

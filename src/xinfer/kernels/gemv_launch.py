@@ -56,6 +56,15 @@ GEMV_TABLE: dict[tuple[int, int, int], GemvConfig | None] = {
     (2048, 5632, 16): C(block_n=32, block_k=128, num_warps=4, num_stages=4, split_k=4),
     (60, 2048, 16): C(block_n=16, block_k=256, num_warps=4, num_stages=4, split_k=8),
     (1, 2048, 16): C(block_n=16, block_k=256, num_warps=4, num_stages=4, split_k=8),
+    # Qwen3.5-35B-A3B (bench_gemv.py sweep, H200, 2026-12-05; µs at M = 1, cuBLAS → this):
+    # linear attention's ba 4.92 → 3.96, router 5.63 → 4.13, shared-expert gate_up
+    # 12.66 → 5.14, down 3.70 → 3.54, qkvz 15.11 → 14.32; full attention's qkv: cuBLAS
+    (64, 2048, 16): C(block_n=16, block_k=256, num_warps=4, num_stages=4, split_k=8),
+    (256, 2048, 16): C(block_n=16, block_k=256, num_warps=4, num_stages=4, split_k=8),
+    (1024, 2048, 16): C(block_n=32, block_k=256, num_warps=4, num_stages=3, split_k=4),
+    (2048, 512, 16): C(block_n=32, block_k=128, num_warps=4, num_stages=4),
+    (12288, 2048, 16): C(block_n=32, block_k=128, num_warps=4, num_stages=4),
+    (9216, 2048, 16): None,
 }
 FP32_CONFIG = C(block_n=32, block_k=64, num_warps=4, num_stages=2)  # tests only: any shape
 SPLIT_ALIGN = 64  # split-K boundaries: BLOCK_K does not move them, so not the bits either
