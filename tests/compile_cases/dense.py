@@ -239,19 +239,19 @@ def _fused_moe_combined_apart(*args) -> None:
 
 def _align_numbered(num_ids: int, num_pairs: int, block_m: int, max_ids: int) -> None:
     """The align kernel numbering the used ids first (an offload slot view, `max_ids` E)."""
-    from xinfer.kernels import moe_launch
+    from xinfer.kernels import moe_align
 
     ids = torch.randint(-1, num_ids, (num_pairs,), generator=_gen(), dtype=torch.int32)
-    assert moe_launch._numbered_bound(num_ids, num_pairs, max_ids)
-    moe_launch.align_pairs(ids, num_ids, block_m, method="kernel", max_ids=max_ids)
+    assert moe_align._numbered_bound(num_ids, num_pairs, max_ids)
+    moe_align.align_pairs(ids, num_ids, block_m, method="kernel", max_ids=max_ids)
 
 
 def _align_count(num_ids: int, num_pairs: int, block_m: int, max_ids=None, method="count"):
     """The counting-sort align (`method` None: the default picks it at these sizes)."""
-    from xinfer.kernels import moe_launch
+    from xinfer.kernels import moe_align
 
     ids = torch.randint(-1, num_ids, (num_pairs,), generator=_gen(), dtype=torch.int32)
-    moe_launch.align_pairs(ids, num_ids, block_m, method=method, max_ids=max_ids)
+    moe_align.align_pairs(ids, num_ids, block_m, method=method, max_ids=max_ids)
 
 
 ALIGN_COUNT = "moe_count_kernel moe_count_starts_kernel moe_count_place_kernel"

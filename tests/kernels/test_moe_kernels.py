@@ -28,6 +28,14 @@ def ml():
     return moe_launch
 
 
+@pytest.fixture
+def ma():
+    pytest.importorskip("triton")
+    from xinfer.kernels import moe_align
+
+    return moe_align
+
+
 def _inputs(num_tokens, top_k, hidden_dim, inter_dim, num_experts, dtype, seed=0):
     g = torch.Generator(DEV).manual_seed(seed)
     hidden = torch.randn(num_tokens, hidden_dim, generator=g, device=DEV).to(dtype)
@@ -132,36 +140,36 @@ def test_fused_moe_in_cuda_graph(ml, num_tokens) -> None:
 
 
 @pytest.mark.parametrize("num_ids", [128, 1024, 2048])
-def test_align_pairs_sort_equals_kernel_and_captures(ml, num_ids) -> None:
+def test_align_pairs_sort_equals_kernel_and_captures(ma, num_ids) -> None:
     """The sort path (prefill-sized calls: 16384 pairs, offload views of up to 2048 rows)
     gives the kernel's outputs bit for bit, captures in a CUDA graph (no host sync) and
     replays with new ids."""
     g = torch.Generator(DEV).manual_seed(num_ids)
     ids = torch.randint(-1, num_ids, (2048, 8), generator=g, device=DEV).to(torch.int32)
-    kernel = ml.align_pairs(ids, num_ids, 64, method="kernel")
-    sort = ml.align_pairs(ids, num_ids, 64, method="sort")
+    kernel = ma.align_pairs(ids, num_ids, 64, method="kernel")
+    sort = ma.align_pairs(ids, num_ids, 64, method="sort")
     for a, b in zip(kernel, sort, strict=True):
         assert torch.equal(a, b)
     static = ids.clone()
     stream = torch.cuda.Stream()
     stream.wait_stream(torch.cuda.current_stream())
     with torch.cuda.stream(stream):
-        ml.align_pairs(static, num_ids, 64, method="sort")
+        ma.align_pairs(static, num_ids, 64, method="sort")
     torch.cuda.current_stream().wait_stream(stream)
     graph = torch.cuda.CUDAGraph()
     with torch.cuda.graph(graph):
-        captured = ml.align_pairs(static, num_ids, 64, method="sort")
+        captured = ma.align_pairs(static, num_ids, 64, method="sort")
     static.copy_(torch.randint(0, num_ids, (2048, 8), generator=g, device=DEV))
     graph.replay()
     torch.cuda.synchronize()
-    for a, b in zip(captured, ml.align_pairs(static, num_ids, 64, method="kernel"), strict=True):
+    for a, b in zip(captured, ma.align_pairs(static, num_ids, 64, method="kernel"), strict=True):
         assert torch.equal(a, b)
 
 
 @pytest.mark.parametrize("num_tokens,block_m", [(9, 16), (64, 16), (511, 64)])
 @pytest.mark.parametrize("view_rows", [1000, 3338])
 def test_align_pairs_numbered_on_a_view_equals_sort_and_captures(
-    ml, num_tokens, block_m, view_rows
+    ma, num_tokens, block_m, view_rows
 ) -> None:
     """Decode batches (k=8) on an offload slot view, `max_ids` the layer's 128 experts: the
     kernel numbering the used rows first gives the sort's outputs below num_rows and the
@@ -176,8 +184,8 @@ def test_align_pairs_numbered_on_a_view_equals_sort_and_captures(
         return ids.to(torch.int32)
 
     def check(got, ids) -> None:
-        sort = ml.align_pairs(ids, view_rows, block_m, method="sort")
-        kernel = ml.align_pairs(ids, view_rows, block_m, method="kernel")
+        sort = ma.align_pairs(ids, view_rows, block_m, method="sort")
+        kernel = ma.align_pairs(ids, view_rows, block_m, method="kernel")
         num_rows = sort[2].item()
         assert torch.equal(got[2], sort[2]) and torch.equal(got[2], kernel[2])
         assert torch.equal(got[0][:num_rows], sort[0][:num_rows])
@@ -186,17 +194,17 @@ def test_align_pairs_numbered_on_a_view_equals_sort_and_captures(
         assert torch.equal(got[1], kernel[1][: got[1].numel()])
 
     ids = view_ids(view_rows + num_tokens)
-    assert ml._numbered_bound(view_rows, ids.numel(), 128) > 0  # the numbered kernel runs
-    check(ml.align_pairs(ids, view_rows, block_m, method="kernel", max_ids=128), ids)
+    assert ma._numbered_bound(view_rows, ids.numel(), 128) > 0  # the numbered kernel runs
+    check(ma.align_pairs(ids, view_rows, block_m, method="kernel", max_ids=128), ids)
     static = ids.clone()
     stream = torch.cuda.Stream()
     stream.wait_stream(torch.cuda.current_stream())
     with torch.cuda.stream(stream):
-        ml.align_pairs(static, view_rows, block_m, method="kernel", max_ids=128)
+        ma.align_pairs(static, view_rows, block_m, method="kernel", max_ids=128)
     torch.cuda.current_stream().wait_stream(stream)
     graph = torch.cuda.CUDAGraph()
     with torch.cuda.graph(graph):
-        captured = ml.align_pairs(static, view_rows, block_m, method="kernel", max_ids=128)
+        captured = ma.align_pairs(static, view_rows, block_m, method="kernel", max_ids=128)
     static.copy_(view_ids(view_rows + num_tokens + 1))
     graph.replay()
     torch.cuda.synchronize()
@@ -213,7 +221,7 @@ def test_align_pairs_numbered_on_a_view_equals_sort_and_captures(
     ],
 )
 def test_align_pairs_count_equals_sort_and_captures(
-    ml, num_pairs, num_ids, block_m, max_ids
+    ma, num_pairs, num_ids, block_m, max_ids
 ) -> None:
     """The counting sort (`triton/moe_sort.py`) gives the torch sort's outputs bit for bit
     (all of them; with `max_ids` its shorter outputs, and the numbered kernel's in full),
@@ -228,29 +236,29 @@ def test_align_pairs_count_equals_sort_and_captures(
         return ids.to(torch.int32).view(num_pairs, 1)
 
     def check(got, ids) -> None:
-        sort = ml.align_pairs(ids, num_ids, block_m, method="sort")
+        sort = ma.align_pairs(ids, num_ids, block_m, method="sort")
         assert torch.equal(got[2], sort[2])
         if max_ids is None:
             assert got[0].numel() == sort[0].numel() and got[1].numel() == sort[1].numel()
         assert torch.equal(got[0], sort[0][: got[0].numel()])
         assert torch.equal(got[1], sort[1][: got[1].numel()])
         if max_ids is not None:
-            kernel = ml.align_pairs(ids, num_ids, block_m, method="kernel", max_ids=max_ids)
+            kernel = ma.align_pairs(ids, num_ids, block_m, method="kernel", max_ids=max_ids)
             for a, b in zip(got, kernel, strict=True):
                 assert torch.equal(a, b)
 
     args = (num_ids, block_m)
     ids = make_ids(num_pairs + num_ids)
-    check(ml.align_pairs(ids, *args, method="count", max_ids=max_ids), ids)
+    check(ma.align_pairs(ids, *args, method="count", max_ids=max_ids), ids)
     static = ids.clone()
     stream = torch.cuda.Stream()
     stream.wait_stream(torch.cuda.current_stream())
     with torch.cuda.stream(stream):
-        ml.align_pairs(static, *args, method="count", max_ids=max_ids)
+        ma.align_pairs(static, *args, method="count", max_ids=max_ids)
     torch.cuda.current_stream().wait_stream(stream)
     graph = torch.cuda.CUDAGraph()
     with torch.cuda.graph(graph):
-        captured = ml.align_pairs(static, *args, method="count", max_ids=max_ids)
+        captured = ma.align_pairs(static, *args, method="count", max_ids=max_ids)
     static.copy_(make_ids(num_pairs + num_ids + 1))
     graph.replay()
     torch.cuda.synchronize()

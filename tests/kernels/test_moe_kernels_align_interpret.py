@@ -1,4 +1,4 @@
-"""`moe_launch.align_pairs` run by Triton's CPU interpreter: its three methods ("kernel", the
+"""`moe_align.align_pairs` run by Triton's CPU interpreter: its three methods ("kernel", the
 one-program align; "count", the counting sort of `triton/moe_sort.py`; "sort", torch ops)
 against a torch stable sort and against each other, bit for bit, on every output element
 the GEMMs read; `max_ids` on an offload slot view; the default method's rule.
@@ -20,17 +20,17 @@ test_interpreter_child = interpreter_child_test(__file__)
 
 
 @pytest.fixture(scope="module")
-def ml():
+def ma():
     from triton.runtime.interpreter import InterpretedFunction
 
-    from xinfer.kernels import moe_launch
+    from xinfer.kernels import moe_align
     from xinfer.kernels.triton import fused_moe as moe_jit
     from xinfer.kernels.triton import moe_sort
 
     for fn in (moe_jit.moe_align_kernel, moe_sort.moe_count_kernel):
         if not isinstance(fn, InterpretedFunction):
             pytest.skip("kernels were compiled before TRITON_INTERPRET=1 was set in this process")
-    return moe_launch
+    return moe_align
 
 
 ALIGN_METHODS = pytest.mark.parametrize("method", ["kernel", "count", "sort"])
@@ -38,9 +38,9 @@ ALIGN_METHODS = pytest.mark.parametrize("method", ["kernel", "count", "sort"])
 
 @child_only
 @ALIGN_METHODS
-def test_align_pairs_sorts_stably_and_pads(ml, method) -> None:
+def test_align_pairs_sorts_stably_and_pads(ma, method) -> None:
     ids = torch.tensor([[3, 0], [0, 3], [5, 0], [0, 1]], dtype=torch.int32)
-    sorted_pairs, block_ids, num_rows = ml.align_pairs(ids, num_ids=6, block_m=4, method=method)
+    sorted_pairs, block_ids, num_rows = ma.align_pairs(ids, num_ids=6, block_m=4, method=method)
     pad = ids.numel()
     expect = [1, 2, 5, 6, 7, pad, pad, pad, 0, 3, pad, pad, 4, pad, pad, pad]  # ids 0, 1, 3, 5
     assert sorted_pairs[: len(expect)].tolist() == expect
@@ -51,9 +51,9 @@ def test_align_pairs_sorts_stably_and_pads(ml, method) -> None:
 @child_only
 @ALIGN_METHODS
 @pytest.mark.parametrize("num_ids,num_pairs,block_m", [(5, 40, 16), (300, 70, 4), (9, 1, 64)])
-def test_align_pairs_matches_torch_sort(ml, num_ids, num_pairs, block_m, method) -> None:
+def test_align_pairs_matches_torch_sort(ma, num_ids, num_pairs, block_m, method) -> None:
     ids = torch.randint(0, num_ids, (num_pairs, 1), generator=torch.Generator().manual_seed(6))
-    sorted_pairs, block_ids, num_rows = ml.align_pairs(
+    sorted_pairs, block_ids, num_rows = ma.align_pairs(
         ids.to(torch.int32), num_ids, block_m, method=method
     )
     order = torch.sort(ids.view(-1), stable=True).indices
@@ -71,11 +71,11 @@ def test_align_pairs_matches_torch_sort(ml, num_ids, num_pairs, block_m, method)
 
 @child_only
 @ALIGN_METHODS
-def test_align_pairs_leaves_out_negative_ids(ml, method) -> None:
+def test_align_pairs_leaves_out_negative_ids(ma, method) -> None:
     ids = torch.randint(-1, 5, (50, 1), generator=torch.Generator().manual_seed(7))
     ids[0] = -1  # at least one left out, and one kept id after it in the same chunk
     ids[1] = 2
-    sorted_pairs, block_ids, num_rows = ml.align_pairs(
+    sorted_pairs, block_ids, num_rows = ma.align_pairs(
         ids.to(torch.int32), 5, block_m=8, method=method
     )
     flat = ids.view(-1)
@@ -113,36 +113,36 @@ ALIGN_SIZES = [
 
 @child_only
 @pytest.mark.parametrize("num_pairs,num_ids,block_m", ALIGN_SIZES)
-def test_align_pairs_methods_agree(ml, num_pairs, num_ids, block_m) -> None:
+def test_align_pairs_methods_agree(ma, num_pairs, num_ids, block_m) -> None:
     """The counting sort == the torch sort == the one-program kernel on every output element,
     with left-out pairs among the ids (the kernel where the interpreter runs it in seconds:
     pairs x next_pow2(ids) <= 2^21)."""
     ids = _ids(num_pairs, num_ids, seed=num_pairs + num_ids + block_m)
-    count = ml.align_pairs(ids, num_ids, block_m, method="count")
-    _assert_same(count, ml.align_pairs(ids, num_ids, block_m, method="sort"))
+    count = ma.align_pairs(ids, num_ids, block_m, method="count")
+    _assert_same(count, ma.align_pairs(ids, num_ids, block_m, method="sort"))
     if num_pairs * triton.next_power_of_2(num_ids) <= 1 << 21:
-        _assert_same(count, ml.align_pairs(ids, num_ids, block_m, method="kernel"))
+        _assert_same(count, ma.align_pairs(ids, num_ids, block_m, method="kernel"))
 
 
 @child_only
 @pytest.mark.parametrize("num_pairs,value", [(1000, 77), (4097, 0), (300, 127)])
-def test_align_pairs_methods_agree_when_all_ids_are_equal(ml, num_pairs, value) -> None:
+def test_align_pairs_methods_agree_when_all_ids_are_equal(ma, num_pairs, value) -> None:
     ids = torch.full((num_pairs, 1), value, dtype=torch.int32)
-    sort = ml.align_pairs(ids, 128, 16, method="sort")
+    sort = ma.align_pairs(ids, 128, 16, method="sort")
     assert sort[2].item() == triton.cdiv(num_pairs, 16) * 16
     for method in ("count", "kernel"):
-        _assert_same(ml.align_pairs(ids, 128, 16, method=method), sort)
+        _assert_same(ma.align_pairs(ids, 128, 16, method=method), sort)
 
 
 @child_only
 @pytest.mark.parametrize("num_pairs", [0, 1, 300, 4096])
-def test_align_pairs_methods_agree_when_every_pair_is_left_out(ml, num_pairs) -> None:
+def test_align_pairs_methods_agree_when_every_pair_is_left_out(ma, num_pairs) -> None:
     """All ids negative (no pairs at all, too): no rows, all padding, every tile the last id."""
     ids = -torch.randint(1, 5, (num_pairs,), generator=torch.Generator().manual_seed(3))
-    sort = ml.align_pairs(ids.to(torch.int32), 128, 64, method="sort")
+    sort = ma.align_pairs(ids.to(torch.int32), 128, 64, method="sort")
     assert sort[2].item() == 0 and (sort[0] == num_pairs).all() and (sort[1] == 127).all()
     for method in ("count", "kernel"):
-        _assert_same(ml.align_pairs(ids.to(torch.int32), 128, 64, method=method), sort)
+        _assert_same(ma.align_pairs(ids.to(torch.int32), 128, 64, method=method), sort)
 
 
 # an offload slot view: layer 0's rows of Qwen3-30B-A3B at 67 slots, its layer's 128 experts
@@ -163,22 +163,22 @@ def _view_ids(num_pairs: int, num_used: int, seed: int) -> torch.Tensor:
     "num_pairs,block_m,num_used",
     [(65, 16, 128), (333, 64, 128), (1000, 64, 128), (4095, 16, 128), (200, 16, 3)],
 )
-def test_align_pairs_numbered_equals_unnumbered_and_sort(ml, num_pairs, block_m, num_used):
+def test_align_pairs_numbered_equals_unnumbered_and_sort(ma, num_pairs, block_m, num_used):
     """Decode batches of 9-511 sequences on a slot view of 3,338 rows with the layer's 128
     experts as `max_ids`: the ids numbered first give the unnumbered kernel's and the sort's
     outputs bit for bit (the tiles past num_rows too, as far as the shorter outputs go),
     from fewer rows (max_rows sized from the bound)."""
     ids = _view_ids(num_pairs, num_used, seed=num_pairs + block_m)
-    numbered = ml.align_pairs(ids, VIEW_ROWS, block_m, method="kernel", max_ids=VIEW_EXPERTS)
-    kernel = ml.align_pairs(ids, VIEW_ROWS, block_m, method="kernel")
-    sort = ml.align_pairs(ids, VIEW_ROWS, block_m, method="sort")
+    numbered = ma.align_pairs(ids, VIEW_ROWS, block_m, method="kernel", max_ids=VIEW_EXPERTS)
+    kernel = ma.align_pairs(ids, VIEW_ROWS, block_m, method="kernel")
+    sort = ma.align_pairs(ids, VIEW_ROWS, block_m, method="sort")
     bound = min(num_pairs, VIEW_EXPERTS)
     assert numbered[0].numel() == triton.cdiv(num_pairs + bound * (block_m - 1), block_m) * block_m
     assert numbered[0].numel() <= kernel[0].numel()
-    assert ml._numbered_bound(VIEW_ROWS, num_pairs, VIEW_EXPERTS) == bound  # it did number
+    assert ma._numbered_bound(VIEW_ROWS, num_pairs, VIEW_EXPERTS) == bound  # it did number
     _assert_same(kernel, sort)
     # the counting sort with the same bound: the numbered kernel's outputs, same length
-    _assert_same(ml.align_pairs(ids, VIEW_ROWS, block_m, method="count", max_ids=128), numbered)
+    _assert_same(ma.align_pairs(ids, VIEW_ROWS, block_m, method="count", max_ids=128), numbered)
     sorted_pairs, block_ids, num_rows = numbered
     assert torch.equal(num_rows, kernel[2])
     assert torch.equal(sorted_pairs, kernel[0][: sorted_pairs.numel()])
@@ -187,7 +187,7 @@ def test_align_pairs_numbered_equals_unnumbered_and_sort(ml, num_pairs, block_m,
 
 
 class _GuardedTorch:
-    """`torch` for `moe_launch` whose `empty` buffers have sentinel guards either side."""
+    """`torch` for `moe_align` whose `empty` buffers have sentinel guards either side."""
 
     GUARD, SENTINEL = 4096, -7777  # the align kernel writes only values >= -1
 
@@ -212,7 +212,7 @@ class _GuardedTorch:
 @pytest.mark.parametrize("method", ["kernel", "count"])
 @pytest.mark.parametrize("block_m", [16, 64])
 def test_align_pairs_with_more_ids_than_promised_stays_in_its_buffers(
-    ml, monkeypatch, block_m, method
+    ma, monkeypatch, block_m, method
 ):
     """A broken promise (300 distinct ids, `max_ids` 128): the pairs of the ids numbered from
     128 on (the largest) are left out, the rest aligned as if those were -1, and no store
@@ -221,15 +221,15 @@ def test_align_pairs_with_more_ids_than_promised_stays_in_its_buffers(
     ids = _view_ids(num_pairs, 300, seed=block_m)
     assert torch.unique(ids[ids >= 0]).numel() > VIEW_EXPERTS
     guarded = _GuardedTorch()
-    monkeypatch.setattr(ml, "torch", guarded)
-    sorted_pairs, block_ids, num_rows = ml.align_pairs(
+    monkeypatch.setattr(ma, "torch", guarded)
+    sorted_pairs, block_ids, num_rows = ma.align_pairs(
         ids, VIEW_ROWS, block_m, method=method, max_ids=VIEW_EXPERTS
     )
     monkeypatch.undo()
     assert len(guarded.buffers) == 4 and guarded.guards_intact()  # 3 outputs, 1 scratch
     kept = torch.unique(ids[ids >= 0])[:VIEW_EXPERTS]  # the 128 smallest used ids
     dropped = torch.where(torch.isin(ids, kept), ids, -1)
-    want = ml.align_pairs(dropped, VIEW_ROWS, block_m, method="sort")
+    want = ma.align_pairs(dropped, VIEW_ROWS, block_m, method="sort")
     assert num_rows.item() <= sorted_pairs.numel() and torch.equal(num_rows, want[2])
     assert torch.equal(sorted_pairs, want[0][: sorted_pairs.numel()])
     assert torch.equal(block_ids, want[1][: block_ids.numel()])
@@ -248,19 +248,19 @@ def test_align_pairs_with_more_ids_than_promised_stays_in_its_buffers(
 def test_align_pairs_default_method_follows_the_kernel_work(num_pairs, num_ids, max_ids, method):
     """Outside the interpreter: the default from host-known sizes (the kernel's element
     work against COUNT_ALIGN_WORK), and a bad method named before anything launches."""
-    from xinfer.kernels import moe_launch
+    from xinfer.kernels import moe_align
 
-    assert moe_launch.default_align_method(num_pairs, num_ids, max_ids) == method
+    assert moe_align.default_align_method(num_pairs, num_ids, max_ids) == method
     with pytest.raises(ValueError, match="method"):
-        moe_launch.align_pairs(torch.zeros(3, dtype=torch.int32), 8, 16, method="radix")
+        moe_align.align_pairs(torch.zeros(3, dtype=torch.int32), 8, 16, method="radix")
 
 
 @child_only
-def test_align_pairs_default_runs_count_for_many_pairs(ml, monkeypatch) -> None:
+def test_align_pairs_default_runs_count_for_many_pairs(ma, monkeypatch) -> None:
     called = []
-    real = ml._align_by_count
-    monkeypatch.setattr(ml, "_align_by_count", lambda *a: called.append(a) or real(*a))
+    real = ma._align_by_count
+    monkeypatch.setattr(ma, "_align_by_count", lambda *a: called.append(a) or real(*a))
     ids = _ids(4096, 128, seed=4)
-    default = ml.align_pairs(ids, 128, 64)
+    default = ma.align_pairs(ids, 128, 64)
     assert called
-    _assert_same(default, ml.align_pairs(ids, 128, 64, method="sort"))
+    _assert_same(default, ma.align_pairs(ids, 128, 64, method="sort"))

@@ -115,8 +115,10 @@ def test_fused_moe_on_a_slot_view_with_max_ids_has_the_same_bits(ml, monkeypatch
     assert torch.equal(bounded, unbounded)
     assert torch.equal(bounded, ml.fused_moe(hidden, ids, weights, w13, w2, **run))
 
-    seen, align = [], ml.align_pairs
-    monkeypatch.setattr(ml, "align_pairs", lambda *a, **k: seen.append(k) or align(*a, **k))
+    from xinfer.kernels import moe_align
+
+    seen, align = [], moe_align.align_pairs
+    monkeypatch.setattr(moe_align, "align_pairs", lambda *a, **k: seen.append(k) or align(*a, **k))
     fmt = Unquantized(torch.float32)  # its default tiles: the grouped path at 80 pairs
     out = fmt.triton_moe(hidden, slot_ids, weights, {"weight": v13}, {"weight": v2}, 20,
                          max_ids=num_experts)  # fmt: skip
@@ -141,10 +143,13 @@ def test_fused_moe_grouped_bits_do_not_depend_on_the_align_method(ml, monkeypatc
         v2 = torch.randn(view_rows, *w2.shape[1:], generator=g)
         v13[slot_of], v2[slot_of] = w13, w2
         ids, w13, w2, max_ids = slot_of[ids.long()].to(torch.int32), v13, v2, num_experts
-    align, outs = ml.align_pairs, {}
+    from xinfer.kernels import moe_align
+
+    align, outs = moe_align.align_pairs, {}
     run = dict(use_gemv=False, config=ml.MoeConfig(**SMALL_GROUPED), max_ids=max_ids)
     for method in ("count", "sort", "kernel"):
-        monkeypatch.setattr(ml, "align_pairs", lambda *a, m=method, **k: align(*a, **k, method=m))
+        forced = lambda *a, m=method, **k: align(*a, **k, method=m)  # noqa: E731
+        monkeypatch.setattr(moe_align, "align_pairs", forced)
         outs[method] = ml.fused_moe(hidden, ids, weights, w13, w2, **run)
     assert torch.equal(outs["count"], outs["sort"]) and torch.equal(outs["count"], outs["kernel"])
 

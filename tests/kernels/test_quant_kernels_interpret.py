@@ -114,7 +114,7 @@ def test_split_k_decode_linear_matches_twin_and_the_batch(ql, name):
     ids=["gemv", "gemv-factored", "grouped", "grouped-in-registers"],
 )  # fmt: skip
 def test_fused_moe_matches_twin(ql, monkeypatch, name, use_gemv, dequant, factored):
-    from xinfer.kernels import moe_launch, reference
+    from xinfer.kernels import moe_align, reference
 
     fmt = _formats()[name]
     num_experts, top_k, tokens = 5, 2, 7
@@ -140,8 +140,8 @@ def test_fused_moe_matches_twin(ql, monkeypatch, name, use_gemv, dequant, factor
     # for the factored variant (the interpreter's slowest cases)
     if factored:
         return
-    seen, align = [], moe_launch.align_pairs
-    monkeypatch.setattr(moe_launch, "align_pairs", lambda *a, **k: seen.append(k) or align(*a, **k))
+    seen, align = [], moe_align.align_pairs
+    monkeypatch.setattr(moe_align, "align_pairs", lambda *a, **k: seen.append(k) or align(*a, **k))
     views = ((8, None),) if use_gemv else ((8, None), (40, num_experts))
     for slots, max_ids in views:
         perm = torch.randperm(slots, generator=g)[:num_experts]

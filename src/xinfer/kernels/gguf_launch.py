@@ -34,7 +34,7 @@ import torch
 import triton
 
 from xinfer import kernels
-from xinfer.kernels import gemv_launch, moe_launch, quant_launch, quant_prefill
+from xinfer.kernels import gemv_launch, moe_align, moe_launch, quant_launch, quant_prefill
 from xinfer.kernels.triton import gguf_dequant_kernel as deq_jit
 from xinfer.kernels.triton import gguf_gemm as jit
 from xinfer.quant.gguf_blocks import BlockType
@@ -257,7 +257,7 @@ def fused_moe(
     `dequant` (default from PREFILL_MIN_PAIRS pairs) the dequantized experts in the bf16
     grouped GEMMs (tiles `config`, default `grouped_config`) or the in-register ones
     (`tiles`). `max_ids`: at most this many distinct ids in `topk_ids` (an offloaded layer's
-    E on its slot view: `quant_prefill.id_bound`, `moe_launch.align_pairs`)."""
+    E on its slot view: `quant_prefill.id_bound`, `moe_align.align_pairs`)."""
     if hidden.dim() != 2 or topk_ids.shape != topk_weights.shape:
         raise ValueError("gguf fused_moe: expected hidden (T, H) and topk_ids/weights (T, k)")
     if hidden.dtype not in _DTYPES or topk_ids.shape[0] != hidden.shape[0]:
@@ -310,7 +310,7 @@ def fused_moe(
     else:
         fused = False
         t = tiles or grouped_tiles(num_pairs, hidden.dtype, btype13)
-        sorted_pairs, block_ids, num_rows = moe_launch.align_pairs(
+        sorted_pairs, block_ids, num_rows = moe_align.align_pairs(
             topk_ids, w13.shape[0], t.block_m, max_ids=max_ids
         )
         common = dict(

@@ -18,7 +18,7 @@ from dataclasses import dataclass
 import torch
 import triton
 
-from xinfer.kernels import gemv_launch, moe_launch, quant_prefill
+from xinfer.kernels import gemv_launch, moe_align, moe_launch, quant_prefill
 from xinfer.kernels.quant_groups import group_t, packed
 from xinfer.kernels.triton import quant_gemm as jit
 from xinfer.quant.base import KernelWeights, WeightFormat
@@ -219,7 +219,7 @@ def fused_moe(
         fused = False
         t = tiles or _grouped_tiles(num_pairs, hidden.dtype)
         num_ids = kw13.w.shape[0]
-        sorted_pairs, block_ids, num_rows = moe_launch.align_pairs(
+        sorted_pairs, block_ids, num_rows = moe_align.align_pairs(
             topk_ids, num_ids, t.block_m, max_ids=max_ids
         )
         common = dict(BLOCK_M=t.block_m, BLOCK_N=t.block_n, BLOCK_K=t.block_k,

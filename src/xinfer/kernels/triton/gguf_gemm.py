@@ -141,7 +141,7 @@ def gguf_moe_gate_up_grouped_kernel(
     SUBS: tl.constexpr, DOT_PRECISION: tl.constexpr,
 ):  # fmt: skip
     """grid (max_blocks * cdiv(I, BLOCK_N),): one BLOCK_M tile of rows sharing one id
-    (`moe_launch.align_pairs`); padding rows hold `num_pairs`. Writes inter[pair]."""
+    (`moe_align.align_pairs`); padding rows hold `num_pairs`. Writes inter[pair]."""
     live, e, pairs, mask_m, offs_n, mask_n = moe_block(
         sorted_pairs_ptr, block_ids_ptr, num_rows_ptr, num_pairs, inter_dim, BLOCK_M, BLOCK_N
     )

@@ -1,5 +1,5 @@
 """The prologue of the grouped (prefill) MoE kernels of `fused_moe`, `quant_gemm` and
-`gguf_gemm`: which tile of rows sorted by id (`moe_launch.align_pairs`) and which tile of
+`gguf_gemm`: which tile of rows sorted by id (`moe_align.align_pairs`) and which tile of
 output columns a program owns, the rows' (token, k) pairs and the tile's id.
 
 A @triton.jit helper cannot return from its caller, so `moe_block` hands back a liveness

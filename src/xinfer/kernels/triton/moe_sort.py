@@ -1,4 +1,4 @@
-"""Triton kernels of `moe_launch.align_pairs`' "count" method: a counting sort of the (token,
+"""Triton kernels of `moe_align.align_pairs`' "count" method: a counting sort of the (token,
 k) pairs by id over blocks of pairs, in three or four launches (count → [prefix] → starts →
 place) whose work grows with pairs + blocks × ids. Integer counts, no atomics: every output
 element has one writer, so the outputs do not depend on scheduling."""
