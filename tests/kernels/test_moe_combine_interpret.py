@@ -36,7 +36,7 @@ def ml():
 
 @child_only
 @pytest.mark.parametrize("family", FAMILIES)
-@pytest.mark.parametrize("tokens,top_k", [(4, 1), (3, 3)])
+@pytest.mark.parametrize("tokens,top_k", [(4, 1), (3, 2)])
 def test_fused_combine_has_the_separate_combines_bits(ml, monkeypatch, family, tokens, top_k):
     dtype = torch.float16 if family == "float-kernels" else torch.float32
     call = FAMILIES[family](tokens, top_k, dtype, seed=tokens * 10 + top_k)

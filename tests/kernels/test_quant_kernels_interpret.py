@@ -106,18 +106,28 @@ def test_split_k_decode_linear_matches_twin_and_the_batch(ql, name):
     assert torch.equal(ql.linear(x[3:4], fmt, tensors, bias, n, k), out[3:4])
 
 
+# MoE paths: the decode GEMV at its default tiles (each group's sum scaled once), the GEMV
+# rounding every weight as the twin does (`factored=False`, one format of each arithmetic:
+# FP8, int4 with zeros, NVFP4), the dequantized grouped path, the in-register grouped GEMM
+MOE_PATHS = {
+    "gemv": (True, None, None),
+    "gemv-per-weight": (True, None, False),
+    "grouped": (False, None, None),
+    "grouped-in-registers": (False, False, None),
+}
+PER_WEIGHT_FORMATS = ("fp8-16x32", "awq-g64-asym", "nvfp4")
+MOE_CASES = [pytest.param(name, *MOE_PATHS[path], id=f"{path}-{name}")
+             for path in MOE_PATHS for name in FORMATS
+             if path != "gemv-per-weight" or name in PER_WEIGHT_FORMATS]  # fmt: skip
+
+
 @child_only
-@pytest.mark.parametrize("name", FORMATS)
-@pytest.mark.parametrize(
-    "use_gemv,dequant,factored", [(True, None, False), (True, None, True), (False, None, None),
-                                  (False, False, None)],
-    ids=["gemv", "gemv-factored", "grouped", "grouped-in-registers"],
-)  # fmt: skip
+@pytest.mark.parametrize("name,use_gemv,dequant,factored", MOE_CASES)
 def test_fused_moe_matches_twin(ql, monkeypatch, name, use_gemv, dequant, factored):
     from xinfer.kernels import moe_align, reference
 
     fmt = _formats()[name]
-    num_experts, top_k, tokens = 5, 2, 7
+    num_experts, top_k, tokens = 5, 2, 5
     _, k = SHAPES.get(name, DEFAULT_SHAPE)
     hidden_dim, inter = k, 32 if name != "awq-g64-asym" else 64
     w13 = _weights(fmt, 2 * inter, hidden_dim, seed=1, count=num_experts)
@@ -126,8 +136,9 @@ def test_fused_moe_matches_twin(ql, monkeypatch, name, use_gemv, dequant, factor
     hidden = torch.randn(tokens, hidden_dim, generator=g)
     weights, ids = reference.route_topk(torch.randn(tokens, num_experts, generator=g), top_k, True)
     tiles = ql.QuantTiles(block_m=16, block_n=16, block_k=32)
-    if use_gemv:  # the default decode tiles; or scaling each group's sum, not each weight
-        tiles = ql.QuantTiles(1, 8, 64, down_block_n=16, factored=True) if factored else None
+    if use_gemv:  # the default decode tiles; or other tiles rounding every weight
+        per_weight = ql.QuantTiles(1, 8, 64, down_block_n=16, factored=False)
+        tiles = None if factored is None else per_weight
     run = dict(use_gemv=use_gemv, tiles=tiles, dequant=dequant)
     out = ql.fused_moe(hidden, ids, weights, fmt, w13, w2, inter, **run)
     ref = fmt.reference_moe(hidden, ids, weights, w13, w2, inter)
@@ -137,8 +148,8 @@ def test_fused_moe_matches_twin(ql, monkeypatch, name, use_gemv, dequant, factor
     # view of many more rows with the expert count as `max_ids` (handed to the grouped
     # path's align, which numbers the used rows first), too. The GEMV paths take no align
     # and read each pair's expert alike whatever the arithmetic: one view, and not again
-    # for the factored variant (the interpreter's slowest cases)
-    if factored:
+    # for the per-weight variant (the interpreter's slowest cases)
+    if factored is False:
         return
     seen, align = [], moe_align.align_pairs
     monkeypatch.setattr(moe_align, "align_pairs", lambda *a, **k: seen.append(k) or align(*a, **k))
