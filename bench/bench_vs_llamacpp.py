@@ -113,6 +113,10 @@ def main() -> None:
         runs.append((f"{args.budget_gb:g} GB auto", budget))
     label = args.label + (f" isq {args.isq}" if args.isq else "")
     for placement, options in runs:
+        if torch.cuda.is_available():  # what an earlier engine of this process still holds
+            free, total = torch.cuda.mem_get_info()
+            print(f"[{placement}] GPU memory in use before loading: {(total - free) / 2**30:.2f} "
+                  "GiB", flush=True)  # fmt: skip
         start = time.perf_counter()
         llm = LLM(
             args.gguf,

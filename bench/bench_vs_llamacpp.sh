@@ -80,8 +80,12 @@ rows | while read -r name preset type budget ncmoe extra keep; do
         --skip-resident --isq "$q" --prompt-len "$PP" | tee -a "$OUT"
     done
   else
+    # resident and budget rows in two processes: the budget's `auto` sizes its slots from
+    # the GPU's free memory, which nothing of the resident engine may still hold
+    "$PY" bench/bench_vs_llamacpp.py --gguf "$f" --label "$label" --prompt-len "$PP" \
+      | tee -a "$OUT"
     "$PY" bench/bench_vs_llamacpp.py --gguf "$f" --label "$label" --budget-gb "$budget" \
-      --prompt-len "$PP" | tee -a "$OUT"
+      --skip-resident --prompt-len "$PP" | tee -a "$OUT"
     [ "${NO_LLAMACPP:-0}" = 1 ] || llama_bench "$f" "$label" "$ncmoe"
   fi
   [ "$keep" = 1 ] || rm -f "$f"
