@@ -245,12 +245,8 @@ def _quant_moe(fmt_name: str, tokens: int = 1) -> Case:
     from quant_weights import random_weights
 
     from xinfer.kernels import quant_launch
-    from xinfer.quant.fp8 import Fp8Block
-    from xinfer.quant.gptq import GptqInt4
-    from xinfer.quant.nvfp4 import Nvfp4
 
-    fmt = {"fp8-block128": Fp8Block(128, 128), "gptq-g128": GptqInt4(128, False),
-           "nvfp4": Nvfp4()}[fmt_name]  # fmt: skip
+    fmt = _quant_format(fmt_name)
     experts = STORED
     w13 = random_weights(fmt, 2 * INTER, HIDDEN, seed=0, count=experts)
     w2 = random_weights(fmt, HIDDEN, INTER, seed=1, count=experts)

@@ -47,6 +47,30 @@ def reduce_when_last(
         tl.store(counter, 0)
 
 
+@triton.jit
+def store_split_tile(
+    acc, out_ptr, bias_ptr, final_ptr, count_ptr, tile, split, splits, offs_m, offs_n,
+    mask_m, mask_n, stride_os, stride_om, stride_fm,
+    HAS_BIAS: tl.constexpr, REDUCE: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,
+):  # fmt: skip
+    """The epilogue of a split-K linear's program (this kernel's and the quantized and GGUF
+    ones'): its (BLOCK_M, BLOCK_N) float32 tile `acc` of split `split`, plus the bias where
+    the tile is the whole sum, stored in out's dtype at out[split]; with REDUCE the tile's
+    last split then finishes it into `final` (`reduce_when_last`)."""
+    if HAS_BIAS and not REDUCE:
+        acc += tl.load(bias_ptr + offs_n, mask=mask_n, other=0.0).to(tl.float32)[None, :]
+    out_ptrs = (
+        out_ptr + split.to(tl.int64) * stride_os + offs_m.to(tl.int64)[:, None] * stride_om
+        + offs_n[None, :]
+    )  # fmt: skip
+    tl.store(out_ptrs, acc.to(out_ptr.dtype.element_ty), mask=mask_m[:, None] & mask_n[None, :])
+    if REDUCE:
+        reduce_when_last(
+            out_ptr, bias_ptr, final_ptr, count_ptr, tile, splits, offs_m, offs_n, mask_m,
+            mask_n, stride_os, stride_om, stride_fm, HAS_BIAS, BLOCK_M, BLOCK_N,
+        )  # fmt: skip
+
+
 @triton.jit(do_not_specialize=["M", "N", "stride_os", "stride_om", "stride_fm"])
 def gemv_kernel(
     x_ptr, w_ptr, bias_ptr, out_ptr, final_ptr, count_ptr,
@@ -81,15 +105,11 @@ def gemv_kernel(
         acc = tl.dot(x, w, acc, input_precision=DOT_PRECISION)
         x_ptrs += BLOCK_K
         w_ptrs += BLOCK_K
-    if HAS_BIAS and not REDUCE:
-        acc += tl.load(bias_ptr + offs_n, mask=mask_n, other=0.0).to(tl.float32)[None, :]
-    out_ptrs = out_ptr + split * stride_os + offs_m[:, None] * stride_om + offs_n[None, :]
-    tl.store(out_ptrs, acc.to(out_ptr.dtype.element_ty), mask=mask_m[:, None] & mask_n[None, :])
-    if REDUCE:
-        reduce_when_last(
-            out_ptr, bias_ptr, final_ptr, count_ptr, pid_n, tl.num_programs(1), offs_m,
-            offs_n, mask_m, mask_n, stride_os, stride_om, stride_fm, HAS_BIAS, BLOCK_M, BLOCK_N,
-        )  # fmt: skip
+    store_split_tile(
+        acc, out_ptr, bias_ptr, final_ptr, count_ptr, pid_n, split, tl.num_programs(1), offs_m,
+        offs_n, mask_m, mask_n, stride_os, stride_om, stride_fm, HAS_BIAS, REDUCE, BLOCK_M,
+        BLOCK_N,
+    )  # fmt: skip
 
 
 @triton.jit(do_not_specialize=["N", "stride_ps", "stride_pm", "stride_om"])

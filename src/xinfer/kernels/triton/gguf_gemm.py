@@ -12,7 +12,7 @@ import triton
 import triton.language as tl
 
 from xinfer.kernels.triton.fused_moe import _silu_mul, combine_when_last
-from xinfer.kernels.triton.gemv import reduce_when_last
+from xinfer.kernels.triton.gemv import store_split_tile
 from xinfer.kernels.triton.gguf_dequant import gguf_tile, x_chunk
 from xinfer.kernels.triton.moe_blocks import moe_block
 
@@ -58,19 +58,11 @@ def gguf_linear_kernel(
         x = tl.load(x_rows + ks[None, :], mask=mask_m[:, None] & (ks < K)[None, :], other=0.0)
         w = _dot_tile(w_ptr, row_off, kb, K, mask_n, dtype, BTYPE, BLOCK_N, SUBS)
         acc = tl.dot(x, w, acc, input_precision=DOT_PRECISION)
-    if HAS_BIAS and not REDUCE:
-        acc += tl.load(bias_ptr + offs_n, mask=mask_n, other=0.0).to(tl.float32)[None, :]
-    out_ptrs = (
-        out_ptr + split.to(tl.int64) * stride_os + offs_m.to(tl.int64)[:, None] * stride_om
-        + offs_n[None, :]
+    store_split_tile(
+        acc, out_ptr, bias_ptr, final_ptr, count_ptr, pid_m * tl.num_programs(1) + pid_n, split,
+        tl.num_programs(2), offs_m, offs_n, mask_m, mask_n, stride_os, stride_om, stride_fm,
+        HAS_BIAS, REDUCE, BLOCK_M, BLOCK_N,
     )  # fmt: skip
-    tl.store(out_ptrs, acc.to(out_ptr.dtype.element_ty), mask=mask_m[:, None] & mask_n[None, :])
-    if REDUCE:
-        reduce_when_last(
-            out_ptr, bias_ptr, final_ptr, count_ptr, pid_m * tl.num_programs(1) + pid_n,
-            tl.num_programs(2), offs_m, offs_n, mask_m, mask_n, stride_os, stride_om,
-            stride_fm, HAS_BIAS, BLOCK_M, BLOCK_N,
-        )  # fmt: skip
 
 
 @triton.jit
