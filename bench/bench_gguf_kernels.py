@@ -88,6 +88,13 @@ def bench_type(name: str, sweep: bool) -> list[dict]:
             # fewer warps a program, more programs an SM (the loop is latency-bound)
             configs += [gl.GGUFTiles(16, 16, subs, warps) for subs in (2, 4, 8)
                         for warps in (1, 2)]  # fmt: skip
+            # the GEMV form (block_m 1: one x row a program, no tl.dot)
+            configs += [gl.GGUFTiles(1, bn, subs, warps) for bn in (4, 8, 16)
+                        for subs in (4, 8) for warps in (2, 4, 8)]  # fmt: skip
+        else:  # the GEMV form and the 16-row dot tile, side by side
+            configs += [gl.GGUFTiles(1, 8, 8, 4), gl.GGUFTiles(16, 16, 8, 4)]
+            if n >= gl.HEAD_ROWS:
+                configs += [gl.GGUFTiles(1, 8, 8, 2), gl.GGUFTiles(1, 4, 8, 2)]
         default = gl.linear_tiles(1, x.dtype, bt, n)
         # the default tiles unsplit, then every tile with the default split-K target, then
         # the default tiles at 2 and 4 times that target (programs in flight vs the reduce)

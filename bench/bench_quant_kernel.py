@@ -27,6 +27,7 @@ from cuda_timing import cuda_graph_seconds, cuda_seconds  # noqa: E402
 
 from xinfer.kernels import gemv_launch, moe_launch, reference  # noqa: E402
 from xinfer.kernels import quant_launch as ql  # noqa: E402
+from xinfer.kernels.quant_groups import packed  # noqa: E402
 from xinfer.quant.awq import AwqInt4  # noqa: E402
 from xinfer.quant.compressed_tensors import PackQuantizedInt4  # noqa: E402
 from xinfer.quant.fp8 import Fp8Block  # noqa: E402
@@ -75,17 +76,20 @@ def moe_case(name, fmt, tokens, sweep):
         err = (run().float() - ref).norm() / ref.norm()
         assert err < 1e-2, f"{name} moe T={tokens}: relative error {err:.2e}"
     configs = [None]
-    if sweep:
+    if sweep:  # columns a step: half, once and twice the default (~2 KB of bytes a row tile)
+        d = ql.gemv_tiles(fmt.kernel_weights(w13, HIDDEN)).block_k
         configs += [ql.QuantTiles(1, bn, bk, nw, down_block_n=dn) for bn, bk, nw, dn in
-                    itertools.product((4, 8, 16, 32), (128, 256, 512), (4, 8), (8, 16, 32))]  # fmt: skip
+                    itertools.product((4, 8, 16), (d // 2, d, 2 * d), (4, 8), (8, 16))]  # fmt: skip
     timer = graph_timer(tokens <= 64)  # decode batches run in graphs
     best = None
+    timed = []
     for cfg in configs:
         try:
             sec = timer(lambda cfg=cfg: run(tiles=cfg) if cfg else run(), 50)
         except Exception as e:  # a tile the compiler refuses (registers, shared memory)
             print(f"  {cfg}: {type(e).__name__}")
             continue
+        timed.append((sec, cfg))
         if best is None or sec < best[0]:
             best = (sec, cfg)
         if cfg is None:
@@ -99,6 +103,8 @@ def moe_case(name, fmt, tokens, sweep):
             print(f"  {what}: {sec * 1e6:7.1f} us")
     if sweep and best and best[1] is not None:
         print(f"  best {best[1]}: {best[0] * 1e6:.1f} us, {moved / best[0] / 1e12:.2f} TB/s")
+    for sec, cfg in sorted(timed, key=lambda t: t[0])[1:5] if sweep else ():
+        print(f"  next {cfg}: {sec * 1e6:.1f} us")
     if name != "bf16" and tokens * TOP_K <= moe_launch.MAX_GEMV_PAIRS:
         # the GEMV scaling each group's sum instead of each weight (quant_launch.FACTORED)
         best_tiles = best[1] if sweep and best and best[1] else None
@@ -129,29 +135,54 @@ def linear_case(name, fmt, n, k, m, sweep):
         sweep = False
     else:
         run = lambda **kw: ql.linear(x, fmt, t, None, n, k, **kw)
+        ref = fmt.reference_linear(x, t, None, n, k).float()
+        err = (run().float() - ref).norm() / ref.norm()
+        assert err < 1e-2, f"{name} linear {m}x{n}x{k}: relative error {err:.2e}"
     configs = [None]
-    if sweep:
-        configs += [ql.QuantTiles(16 if m <= 16 else 64, bn, bk, nw) for bn, bk, nw in
+    decode = name != "bf16" and m <= ql.DECODE_M
+    gemv_k = 512 if name != "bf16" and packed(fmt.kernel_weights(t, k)) else 256
+    if sweep and decode:  # the GEMV form (block_m 1: one x row a program, no tl.dot)
+        configs += [ql.QuantTiles(1, bn, bk, nw) for bn, bk, nw in
+                    itertools.product((4, 8, 16), (gemv_k // 2, gemv_k, 2 * gemv_k), (4, 8))]  # fmt: skip
+        configs.append(ql.QuantTiles(16, 32, gemv_k // 2, 4))  # the dot tile
+    elif sweep:
+        configs += [ql.QuantTiles(64, bn, bk, nw) for bn, bk, nw in
                     itertools.product((16, 32, 64, 128), (64, 128, 256, 512), (4, 8))]  # fmt: skip
+    elif decode:  # the GEMV form and the 16-row dot tile side by side, each printed
+        configs += [
+            ql.QuantTiles(1, 8, gemv_k, 8),
+            ql.QuantTiles(1, 4, gemv_k, 4),
+            ql.QuantTiles(1, 8, 2 * gemv_k, 8),
+            ql.QuantTiles(16, 32, gemv_k // 2, 4),
+        ]
+        for cfg in configs[1:]:
+            err = (run(tiles=cfg).float() - ref).norm() / ref.norm()
+            assert err < 1e-2, f"{name} linear {cfg}: relative error {err:.2e}"
     timer = graph_timer(m <= 64)
     best = None
+    timed = []
     for cfg in configs:
         try:
             sec = timer(lambda cfg=cfg: run(tiles=cfg) if cfg else run(), 50)
         except Exception as e:
             print(f"  {cfg}: {type(e).__name__}")
             continue
+        timed.append((sec, cfg))
         if best is None or sec < best[0]:
             best = (sec, cfg)
         if cfg is None:
             print(f"{name:6s} linear {m}x{n}x{k}: {sec * 1e6:7.1f} us, "
                   f"{moved / sec / 1e12:.2f} TB/s of stored weight bytes")  # fmt: skip
+        elif decode and not sweep:
+            print(f"  {cfg}: {sec * 1e6:7.1f} us")
     if name != "bf16" and m > ql.DECODE_M:
         for dequant, what in ((True, "dequantized (quant_prefill)"), (False, "in registers")):
             sec = timer(lambda d=dequant: run(dequant=d), 50)
             print(f"  {what}: {sec * 1e6:7.1f} us")
     if sweep and best and best[1] is not None:
         print(f"  best {best[1]}: {best[0] * 1e6:.1f} us")
+    for sec, cfg in sorted(timed, key=lambda t: t[0])[1:5] if sweep else ():
+        print(f"  next {cfg}: {sec * 1e6:.1f} us")
     if sweep and name != "bf16" and m <= ql.DECODE_M:  # more K splits at the default tiles
         default = ql.linear_tiles(m, x.dtype, fmt.kernel_weights(t, k))
         for times in (2, 4):
@@ -168,13 +199,13 @@ def main() -> None:
     args = ap.parse_args()
     for name in args.formats.split(","):
         fmt = FORMATS[name]
-        for tokens in (1, 8):
-            moe_case(name, fmt, tokens, args.sweep)
+        for tokens in (1, 8):  # the sweep at one token (the batch-1 decode)
+            moe_case(name, fmt, tokens, args.sweep and tokens == 1)
         for tokens in (32, 2048):  # graphed decode past the GEMV; prefill
             moe_case(name, fmt, tokens, False)
         for n, k in ((5120, 2048), (2048, 4096)):
             linear_case(name, fmt, n, k, 1, args.sweep)
-        for m in (32, 2048):
+        for m in (8, 32, 2048):  # a decode batch of 8 (GEMV vs dot), then past the decode tile
             linear_case(name, fmt, 5120, 2048, m, False)
 
 

@@ -289,12 +289,13 @@ def _quant_linear(fmt_name: str, n: int = QKV_N, k: int = HIDDEN) -> Case:
     w = random_weights(fmt, n, k, seed=0)
     x = torch.zeros(1, k, dtype=torch.bfloat16)
     t = quant_launch.linear_tiles(1, torch.bfloat16, fmt.kernel_weights(w, k))
+    name = "quant_linear_gemv_kernel" if t.block_m == 1 else "quant_linear_kernel"
     nbytes = sum(v.nbytes for v in w.values())
     return Case(
         lambda: quant_launch.linear(x, fmt, w, None, n, k),
-        {"quant_linear_kernel": t.block_n * t.block_k},
-        {"quant_linear_kernel": n * k},
-        {"quant_linear_kernel": nbytes},
+        {name: t.block_n * t.block_k},
+        {name: n * k},
+        {name: nbytes},
     )
 
 

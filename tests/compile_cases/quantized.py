@@ -45,13 +45,18 @@ def _quant_k(name: str) -> int:
     return 1536 if "96" in name else 1024  # whole groups of 96: 16 of them
 
 
-def _quant_linear(name: str, dtype, m: int, dequant=None, bias: bool = True) -> None:
+def _quant_linear(
+    name: str, dtype, m: int, dequant=None, bias: bool = True, dot: bool = False
+) -> None:
     from xinfer.kernels import quant_launch
 
     n, k = 256, _quant_k(name)
     fmt, tensors = _formats()[name], _quant_weights(name, n, k)
     b = _randn(n, dtype=dtype) if bias else None
-    quant_launch.linear(_randn(m, k, dtype=dtype), fmt, tensors, b, n, k, dequant=dequant)
+    tiles = quant_launch.QuantTiles(block_m=16, block_n=32, block_k=128) if dot else None
+    quant_launch.linear(
+        _randn(m, k, dtype=dtype), fmt, tensors, b, n, k, dequant=dequant, tiles=tiles
+    )
 
 
 def _quant_moe(name: str, dtype, tokens: int, use_gemv: bool, dequant=None,
@@ -74,7 +79,7 @@ def _quant_moe(name: str, dtype, tokens: int, use_gemv: bool, dequant=None,
 
 
 Q_LINEAR = "quant_linear_kernel"
-Q_SPLIT = "quant_linear_kernel"  # decode tiles split K; the last split reduces
+Q_SPLIT = "quant_linear_gemv_kernel"  # decode tiles split K; the last split reduces
 Q_DEQUANT = "dequant_kernel"
 Q_GEMV = "quant_moe_gate_up_gemv_kernel quant_moe_down_gemv_kernel"  # combine fused
 Q_GROUPED = (
@@ -90,6 +95,7 @@ def _quant_cases() -> None:
         add(f"quant-{name}-linear-bf16-m1", Q_SPLIT, _quant_linear, name, BF16, 1)
         add(f"quant-{name}-linear-fp16-m16-nobias", Q_SPLIT, _quant_linear, name, F16, 16,
             bias=False)  # fmt: skip
+        add(f"quant-{name}-linear-bf16-m4-dot", Q_LINEAR, _quant_linear, name, BF16, 4, dot=True)
         add(f"quant-{name}-linear-bf16-m128-registers", Q_LINEAR, _quant_linear, name, BF16,
             128, dequant=False)  # fmt: skip
         add(f"quant-{name}-moe-bf16-gemv", Q_GEMV, _quant_moe, name, BF16, 1, True)
@@ -128,14 +134,19 @@ def _gguf_rows(name: str, rows: int, k: int, experts: int | None = None) -> torc
     return torch.zeros((experts, *shape) if experts else shape, dtype=torch.uint8)
 
 
-def _gguf_linear(name: str, dtype, m: int, bias: bool = True, dequant=None, n: int = 96) -> None:
+def _gguf_linear(
+    name: str, dtype, m: int, bias: bool = True, dequant=None, n: int = 96, dot: bool = False
+) -> None:
     from xinfer.kernels import gguf_launch
     from xinfer.quant.gguf_blocks import BLOCK_TYPES
 
     k = 1024
     b = _randn(n, dtype=dtype) if bias else None
     w = _gguf_rows(name, n, k)
-    gguf_launch.linear(_randn(m, k, dtype=dtype), w, BLOCK_TYPES[name], b, n, k, dequant=dequant)
+    tiles = gguf_launch.GGUFTiles(16, 16, 8, num_warps=4) if dot else None
+    gguf_launch.linear(
+        _randn(m, k, dtype=dtype), w, BLOCK_TYPES[name], b, n, k, tiles, dequant=dequant
+    )
 
 
 def _gguf_moe(t13: str, t2: str, dtype, tokens: int, use_gemv: bool, dequant=None) -> None:
@@ -164,9 +175,10 @@ G_PREFILL_MOE = f"gguf_dequant_kernel {MOE_GROUPED}"
 
 def _gguf_cases() -> None:
     g = "gguf_linear_kernel"
-    split = "gguf_linear_kernel"  # K = 1024: 2 splits of 512, the last one reduces
+    split = "gguf_linear_gemv_kernel"  # K = 1024: 2 splits of 512, the last one reduces
     for name in GGUF_TYPES:
         add(f"gguf-{name}-linear-bf16-m1", split, _gguf_linear, name, BF16, 1)
+        add(f"gguf-{name}-linear-bf16-m4-dot", g, _gguf_linear, name, BF16, 4, dot=True)
         add(f"gguf-{name}-linear-bf16-m127", g, _gguf_linear, name, BF16, 127)
         add(f"gguf-{name}-linear-bf16-m128-prefill", G_DEQUANT, _gguf_linear, name, BF16, 128)
         add(f"gguf-{name}-moe-bf16-gemv", G_GEMV, _gguf_moe, name, name, BF16, 1, True)

@@ -65,7 +65,11 @@ def test_linear_matches_twin(gl, name, dtype) -> None:
     tensors = {"weight": _raw(name, n, k, seed=1)}
     g = torch.Generator().manual_seed(2)
     bias = torch.randn(n, generator=g).to(dtype)
-    for m, tiles in ((5, gl.GGUFTiles(16, 16, 8)), (37, gl.GGUFTiles(16, 16, 2))):
+    for m, tiles in (
+        (5, gl.GGUFTiles(16, 16, 8)),
+        (5, gl.GGUFTiles(1, 8, 8)),  # the GEMV form
+        (37, gl.GGUFTiles(16, 16, 2)),
+    ):
         x = (torch.randn(m, k, generator=g) * 0.1).to(dtype)
         ref = fmt.reference_linear(x, tensors, bias, n, k)
         out = gl.linear(x, tensors["weight"], fmt.btype, bias, n, k, tiles=tiles)
@@ -103,14 +107,15 @@ def test_decode_tiles_depend_on_the_shape_and_type_only() -> None:
 
 @child_only
 @pytest.mark.parametrize("name", ["Q8_0", "Q4_K", "Q6_K"])
-def test_decode_linear_split_k_matches_twin_and_keeps_row_bits(gl, name) -> None:
+@pytest.mark.parametrize("block_m", [16, 1])
+def test_decode_linear_split_k_matches_twin_and_keeps_row_bits(gl, name, block_m) -> None:
     """K split into several chunks of SUBS * 32 (a partial last split and, for 32-blocks, a
-    partial last chunk): the same as the twin, bias added once, and a row's bits alike in a
-    batch of 1 and of 9."""
+    partial last chunk), on the 16-row dot tile and the GEMV form (block_m 1): the same as
+    the twin, bias added once, and a row's bits alike in a batch of 1 and of 9."""
     from xinfer.quant.gguf_formats import GGUFFormat
 
     k = _k_for(name, 3 if name.endswith("_K") else 13)  # chunks of 64: 12 or 7 (last half)
-    n, tiles = 19, gl.GGUFTiles(16, 16, 2)
+    n, tiles = 19, gl.GGUFTiles(block_m, 16, 2)
     _, splits = gl.decode_split(1, 2, k, tiles)
     assert splits >= 3
     fmt = GGUFFormat(name)

@@ -13,6 +13,8 @@ import torch
 from interpreter_child import child_only, interpreter_child_test
 from quant_weights import random_weights
 
+from xinfer.kernels import gemv_launch
+
 triton = pytest.importorskip("triton")
 tl = triton.language
 from xinfer.kernels.triton.quant_dequant import _e2m1_scaled, _int4_minus  # noqa: E402
@@ -91,19 +93,26 @@ def test_linear_matches_twin(ql, name, dtype, m, dequant):
 
 @child_only
 @pytest.mark.parametrize("name", ["fp8-16x32", "gptq-g32-sym", "nvfp4"])
-def test_split_k_decode_linear_matches_twin_and_the_batch(ql, name):
-    """K long enough that the decode tile splits it (partials added in split order, bias
-    after): equal to the twin, and a row's bits the same alone as in a batch of 16."""
-    fmt, n, k = _formats()[name], 24, 1536
+@pytest.mark.parametrize("gemv", [True, False])
+def test_split_k_decode_linear_matches_twin_and_the_batch(ql, name, gemv):
+    """K long enough that the decode tiles split it (partials added in split order, bias
+    after), in the GEMV form (one row a program) and the 16-row dot tile: equal to the twin,
+    and a row's bits the same alone as in a batch of 16."""
+    fmt, n, k = _formats()[name], 24, 2048
     tensors = _weights(fmt, n, k, seed=7)
     g = torch.Generator().manual_seed(8)
     x = torch.randn(16, k, generator=g)
     bias = torch.randn(n, generator=g)
     kw = fmt.kernel_weights(tensors, k)
-    assert k // (2 * ql.linear_tiles(1, x.dtype, kw).block_k) >= 2  # the launch splits K
-    out = ql.linear(x, fmt, tensors, bias, n, k)
+    tiles = ql.linear_tiles(1, x.dtype, kw)
+    if not gemv:
+        tiles = ql.QuantTiles(block_m=16, block_n=32, block_k=tiles.block_k // 2)
+    assert (tiles.block_m == 1) == gemv
+    n_tiles = -(-n // tiles.block_n)
+    assert gemv_launch.decode_split(1, n_tiles, k, tiles.block_k)[1] >= 2  # K is split
+    out = ql.linear(x, fmt, tensors, bias, n, k, tiles=tiles)
     torch.testing.assert_close(out, fmt.reference_linear(x, tensors, bias, n, k), **_tol(x.dtype))
-    assert torch.equal(ql.linear(x[3:4], fmt, tensors, bias, n, k), out[3:4])
+    assert torch.equal(ql.linear(x[3:4], fmt, tensors, bias, n, k, tiles=tiles), out[3:4])
 
 
 # MoE paths: the decode GEMV at its default tiles (each group's sum scaled once), the GEMV

@@ -9,7 +9,8 @@ GEMMs; smaller ones (decode) always dequantize in registers.
 Determinism: tile sizes depend only on (M bucket, N, K, dtype) for linears and on
 (T*k bucket, H, I, dtype) for experts, never on ids, so an expert's bits do not depend on
 which slot holds it; decode linears (M <= 16) use one config, so a row's bits do not
-depend on the batch."""
+depend on the batch (the GEMV form, DECODE_GEMV, computes each row in a program of its
+own)."""
 
 from __future__ import annotations
 
@@ -41,6 +42,13 @@ PREFILL_MIN_PAIRS = 1024
 # GPTQ 34.6 → 33.5 / 227.1 → 219.5. Still batch-invariant and slot-independent (each pair's
 # sums in a fixed order).
 FACTORED = True
+# Decode linears (M <= DECODE_M) without `tl.dot`: one x row a program, multiply-adds on the
+# tile dequantized in registers, as the MoE GEMV (`quant_linear_gemv_kernel`). The 16-row dot
+# tile ran far from the bytes on the H200 (FP8 1 x 5120 x 2048 10.2 µs = 1.03 TB/s, NVFP4
+# 36.0 µs = 0.16 TB/s, 2026-12-05) while the MoE GEMV reads FP8 at 1.87 TB/s; its serial
+# chain (load, decode, layout conversion through shared memory, MMA) is what this removes.
+# False: the dot tile (tiles with `block_m` 16 choose it too).
+DECODE_GEMV = True
 
 
 @dataclass(frozen=True)
@@ -70,6 +78,12 @@ def gemv_tiles(kw13: KernelWeights) -> QuantTiles:
 
 
 def linear_tiles(m: int, dtype: torch.dtype, kw: KernelWeights | None = None) -> QuantTiles:
+    """The linear's tiles from (M bucket, dtype, format), never from M within a bucket, so
+    a decode row's bits do not depend on the batch. Decode (M <= DECODE_M): the GEMV form
+    (`block_m` 1, DECODE_GEMV) with the MoE GEMV's tiles, or the 16-row dot tile."""
+    if m <= DECODE_M and DECODE_GEMV:
+        block_k = _decode_block_k(kw) if kw is not None else 128
+        return QuantTiles(block_m=1, block_n=8, block_k=block_k, num_warps=8)
     if m <= DECODE_M:  # weight-bound: narrow N tiles, K split below, give every SM work
         block_k = _decode_block_k(kw) // 2 if kw is not None else 128
         return QuantTiles(block_m=16, block_n=32, block_k=block_k, num_warps=4)
@@ -121,6 +135,11 @@ def linear(
         return quant_prefill.linear(x2, kw, bias, n, k).view(*x.shape[:-1], n)
     out = x.new_empty(m, n)
     tiles = tiles or linear_tiles(m, x.dtype, kw)
+    if tiles.block_m == 1:
+        if m > DECODE_M:
+            raise ValueError(f"quant linear: the GEMV tiles take at most {DECODE_M} rows")
+        _gemv_linear(x2, kw, bias, out, tiles)
+        return out.view(*x.shape[:-1], n)
     (w, s, z), (swn, ssn, szn) = _args(kw, expert_dim=False)
     n_tiles = triton.cdiv(n, tiles.block_n)
     k_per_split, splits = gemv_launch.decode_split(
@@ -144,6 +163,32 @@ def linear(
     if splits > 1 and not reduce:
         gemv_launch.reduce_splits(part, bias, out)
     return out.view(*x.shape[:-1], n)
+
+
+def _gemv_linear(x2, kw: KernelWeights, bias, out, tiles: QuantTiles) -> None:
+    """out (M, N) = x2 @ W^T (+ bias) by `quant_linear_gemv_kernel`: grid (M, N tiles,
+    splits), K split from the shape alone (`gemv_launch.decode_split`)."""
+    (m, k), n = x2.shape, out.shape[1]
+    (w, s, z), (swn, ssn, szn) = _args(kw, expert_dim=False)
+    n_tiles = triton.cdiv(n, tiles.block_n)
+    k_per_split, splits = gemv_launch.decode_split(
+        m, n_tiles, k, tiles.block_k, tiles.split_programs
+    )
+    part = out if splits == 1 else out.new_empty(splits, m, n, dtype=torch.float32)
+    counters, reduce = gemv_launch.split_tail(out, splits, m * n_tiles)
+    fuse_bias = bias is not None and (splits == 1 or reduce)
+    factored = FACTORED if tiles.factored is None else tiles.factored
+    jit.quant_linear_gemv_kernel[(m, n_tiles, splits)](
+        x2, w, s, z, bias if fuse_bias else s, part, out, counters,
+        m, n, k, k_per_split,
+        x2.stride(0), swn, ssn, szn, part.stride(0) if splits > 1 else 0, part.stride(-2),
+        out.stride(0),
+        **_fmt_kw(kw), PACKED=packed(kw), HAS_BIAS=fuse_bias, BLOCK_N=tiles.block_n,
+        BLOCK_K=tiles.block_k, GROUP_T=group_t(kw, tiles.block_k, k), FACTORED=factored,
+        REDUCE=reduce, num_warps=tiles.num_warps,
+    )  # fmt: skip
+    if splits > 1 and not reduce:
+        gemv_launch.reduce_splits(part, bias, out)
 
 
 def moe_merge_key(num_pairs: int, hidden: torch.Tensor) -> object | None:

@@ -1,6 +1,7 @@
 """Triton kernels on raw GGUF blocks (launched from `xinfer.kernels.gguf_launch`): a linear
-(rows of x against weight tiles dequantized in registers, `tl.dot` in float32; decode uses
-one BLOCK_M = 16 tile so a row's bits do not depend on the batch), and the routed-expert MLP
+(rows of x against weight tiles dequantized in registers, `tl.dot` in float32; a 16-row
+tile for decode so a row's bits do not depend on the batch) and its decode form without
+the dot (one x row a program, as the MoE GEMV), and the routed-expert MLP
 as GEMV kernels over (token, k) pairs for decode (multiply-adds on the dequantized tile, no
 rounding of the weights) and grouped GEMMs over rows sorted by expert for prefill. Weights
 are read once, in their stored bytes; experts and slots are addressed only through `ids`, so
@@ -62,6 +63,42 @@ def gguf_linear_kernel(
         acc, out_ptr, bias_ptr, final_ptr, count_ptr, pid_m * tl.num_programs(1) + pid_n, split,
         tl.num_programs(2), offs_m, offs_n, mask_m, mask_n, stride_os, stride_om, stride_fm,
         HAS_BIAS, REDUCE, BLOCK_M, BLOCK_N,
+    )  # fmt: skip
+
+
+@triton.jit(do_not_specialize=["M"])
+def gguf_linear_gemv_kernel(
+    x_ptr, w_ptr, bias_ptr, out_ptr, final_ptr, count_ptr,
+    M, N, K, k_per_split,
+    stride_xm, stride_wn, stride_os, stride_om, stride_fm,
+    BTYPE: tl.constexpr, HAS_BIAS: tl.constexpr, BLOCK_N: tl.constexpr, SUBS: tl.constexpr,
+    REDUCE: tl.constexpr,
+):  # fmt: skip
+    """grid (M, cdiv(N, BLOCK_N), splits), the decode linear without `tl.dot`: a program
+    multiplies one x row by BLOCK_N weight rows over its split's K range as the MoE GEMV
+    does (multiply-adds on the dequantized tile), then stores as `gguf_linear_kernel`. The
+    rows of x are the fastest program index, so the programs reading one weight tile run
+    side by side and share it through L2. A row's bits never depend on M."""
+    m = tl.program_id(0)
+    pid_n = tl.program_id(1)
+    split = tl.program_id(2)
+    offs_n = pid_n * BLOCK_N + tl.arange(0, BLOCK_N)
+    mask_n = offs_n < N
+    row_off = offs_n.to(tl.int64) * stride_wn
+    x_row = x_ptr + m.to(tl.int64) * stride_xm
+    kb_start = split * (k_per_split // (SUBS * 32))
+    kb_end = tl.minimum(kb_start + k_per_split // (SUBS * 32), tl.cdiv(K, SUBS * 32))
+    acc = tl.zeros((BLOCK_N, SUBS, 32), dtype=tl.float32)
+    for kb in range(kb_start, kb_end):
+        acc += gguf_tile(w_ptr, row_off, kb, K, mask_n, BTYPE, SUBS) * x_chunk(
+            x_row, kb, K, SUBS, BLOCK_N
+        )
+    y = tl.sum(tl.sum(acc, axis=2), axis=1)
+    offs_m = m + tl.arange(0, 1)
+    store_split_tile(
+        y[None, :], out_ptr, bias_ptr, final_ptr, count_ptr, m * tl.num_programs(1) + pid_n,
+        split, tl.num_programs(2), offs_m, offs_n, offs_m < M, mask_n, stride_os, stride_om,
+        stride_fm, HAS_BIAS, REDUCE, 1, BLOCK_N,
     )  # fmt: skip
 
 

@@ -1,5 +1,6 @@
 """Triton kernels of the quantized weight formats (launched from `xinfer.kernels.quant_launch`):
-a linear (tiles of rows against dequantized weight tiles, `tl.dot` in float32), and the
+a linear (tiles of rows against dequantized weight tiles, `tl.dot` in float32) and its
+decode form without the dot (one x row a program, multiply-adds as the MoE GEMV), and the
 routed-expert MLP as GEMV kernels over (token, k) pairs for decode and grouped GEMMs over
 rows sorted by expert for prefill. Weights are read in their stored bytes and dequantized
 in registers by `quant_dequant.load_weight_tile`, then rounded to the activation dtype as
@@ -25,13 +26,14 @@ from xinfer.kernels.triton.quant_dequant import (
 
 @triton.jit
 def _row_dot(
-    x_ptr, w_ptr, s_ptr, z_ptr, offs_n, mask_n, row_offset, k_dim,
+    x_ptr, w_ptr, s_ptr, z_ptr, offs_n, mask_n, row_offset, k_begin, k_dim,
     stride_wn, stride_sn, stride_zn,
     FMT: tl.constexpr, SCALE_BN: tl.constexpr, SCALE_BK: tl.constexpr, HAS_ZERO: tl.constexpr,
     PACKED: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr, GROUP_T: tl.constexpr,
     FACTORED: tl.constexpr,
 ):  # fmt: skip
-    """(BLOCK_N,) float32: x (k_dim,) · dequant(W[row_offset + offs_n]). Tiles are (BLOCK_N,
+    """(BLOCK_N,) float32: x[k_begin:k_dim] · dequant(W[row_offset + offs_n, k_begin:k_dim])
+    (k_begin a multiple of BLOCK_K: a split of a linear's K, else 0). Tiles are (BLOCK_N,
     groups, columns of a group) so that scales load once per group; 4-bit formats (PACKED)
     read whole bytes and multiply the even and odd columns of x. Each weight is rounded to
     x's dtype first, as the twin dequantizes to it; or, FACTORED, the codes' values meet x
@@ -51,7 +53,7 @@ def _row_dot(
     if PACKED:
         pcols = g[:, None] * GROUP_T + 2 * tl.arange(0, GROUP_T // 2)[None, :]  # even columns
         acc = tl.zeros((BLOCK_N, BLOCK_K // GROUP_T, GROUP_T // 2), dtype=tl.float32)
-        for k0 in range(0, k_dim, BLOCK_K):
+        for k0 in range(k_begin, k_dim, BLOCK_K):
             ke = k0 + pcols
             mask_p = ke < k_dim  # K is even for 4-bit formats: the odd column follows
             xe = tl.load(x_ptr + ke, mask=mask_p, other=0.0).to(tl.float32)[None, :, :]
@@ -74,7 +76,7 @@ def _row_dot(
         cols = g[:, None] * GROUP_T + tl.arange(0, GROUP_T)[None, :]
         cols = cols[None, :, :] + tl.zeros((BLOCK_N, 1, 1), tl.int32)  # x at the tile's shape
         acc = tl.zeros((BLOCK_N, BLOCK_K // GROUP_T, GROUP_T), dtype=tl.float32)
-        for k0 in range(0, k_dim, BLOCK_K):
+        for k0 in range(k_begin, k_dim, BLOCK_K):
             ks = k0 + cols
             x = tl.load(x_ptr + ks, mask=ks < k_dim, other=0.0).to(tl.float32)
             if FACTORED:
@@ -140,6 +142,42 @@ def quant_linear_kernel(
     )  # fmt: skip
 
 
+@triton.jit(do_not_specialize=["M", "stride_os"])
+def quant_linear_gemv_kernel(
+    x_ptr, w_ptr, s_ptr, z_ptr, bias_ptr, out_ptr, final_ptr, count_ptr,
+    M, N, K, k_per_split,
+    stride_xm, stride_wn, stride_sn, stride_zn, stride_os, stride_om, stride_fm,
+    FMT: tl.constexpr, SCALE_BN: tl.constexpr, SCALE_BK: tl.constexpr, HAS_ZERO: tl.constexpr,
+    PACKED: tl.constexpr, HAS_BIAS: tl.constexpr, BLOCK_N: tl.constexpr,
+    BLOCK_K: tl.constexpr, GROUP_T: tl.constexpr, FACTORED: tl.constexpr, REDUCE: tl.constexpr,
+):  # fmt: skip
+    """grid (M, cdiv(N, BLOCK_N), splits), the decode linear without `tl.dot`: a program
+    multiplies one x row by BLOCK_N rows of the weight over its split's K range
+    [split * k_per_split, +k_per_split) as the MoE GEMV does (`_row_dot`: multiply-adds on
+    the tile dequantized in registers), then stores as `quant_linear_kernel` does. The rows
+    of x are the fastest program index, so the programs that read one weight tile run side
+    by side and share it through L2. A row's bits depend on its x row, the tiles and the
+    splits only — never on M."""
+    m = tl.program_id(0)
+    pid_n = tl.program_id(1)
+    split = tl.program_id(2)
+    offs_n = pid_n * BLOCK_N + tl.arange(0, BLOCK_N)
+    mask_n = offs_n < N
+    k_begin = split * k_per_split
+    k_end = tl.minimum(K, k_begin + k_per_split)
+    acc = _row_dot(
+        x_ptr + m.to(tl.int64) * stride_xm, w_ptr, s_ptr, z_ptr, offs_n, mask_n, 0, k_begin,
+        k_end, stride_wn, stride_sn, stride_zn, FMT, SCALE_BN, SCALE_BK, HAS_ZERO, PACKED,
+        BLOCK_N, BLOCK_K, GROUP_T, FACTORED,
+    )  # fmt: skip
+    offs_m = m + tl.arange(0, 1)
+    store_split_tile(
+        acc[None, :], out_ptr, bias_ptr, final_ptr, count_ptr, m * tl.num_programs(1) + pid_n,
+        split, tl.num_programs(2), offs_m, offs_n, offs_m < M, mask_n, stride_os, stride_om,
+        stride_fm, HAS_BIAS, REDUCE, 1, BLOCK_N,
+    )  # fmt: skip
+
+
 @triton.jit
 def quant_moe_gate_up_gemv_kernel(
     x_ptr, ids_ptr, w_ptr, s_ptr, z_ptr, inter_ptr,
@@ -159,11 +197,11 @@ def quant_moe_gate_up_gemv_kernel(
     w_e, s_e, z_e = w_ptr + e * stride_we, s_ptr + e * stride_se, z_ptr + e * stride_ze
     x_row = x_ptr + tok * stride_xt
     g = _row_dot(
-        x_row, w_e, s_e, z_e, offs_n, mask_n, 0, hidden_dim, stride_wn, stride_sn, stride_zn,
+        x_row, w_e, s_e, z_e, offs_n, mask_n, 0, 0, hidden_dim, stride_wn, stride_sn, stride_zn,
         FMT, SCALE_BN, SCALE_BK, HAS_ZERO, PACKED, BLOCK_N, BLOCK_K, GROUP_T, FACTORED,
     )  # fmt: skip
     u = _row_dot(
-        x_row, w_e, s_e, z_e, offs_n, mask_n, inter_dim, hidden_dim, stride_wn, stride_sn,
+        x_row, w_e, s_e, z_e, offs_n, mask_n, inter_dim, 0, hidden_dim, stride_wn, stride_sn,
         stride_zn, FMT, SCALE_BN, SCALE_BK, HAS_ZERO, PACKED, BLOCK_N, BLOCK_K, GROUP_T,
         FACTORED,
     )  # fmt: skip
@@ -190,7 +228,7 @@ def quant_moe_down_gemv_kernel(
     mask_n = offs_n < hidden_dim
     w_e, s_e, z_e = w_ptr + e * stride_we, s_ptr + e * stride_se, z_ptr + e * stride_ze
     y = _row_dot(
-        inter_ptr + pair * stride_it, w_e, s_e, z_e, offs_n, mask_n, 0, inter_dim,
+        inter_ptr + pair * stride_it, w_e, s_e, z_e, offs_n, mask_n, 0, 0, inter_dim,
         stride_wn, stride_sn, stride_zn, FMT, SCALE_BN, SCALE_BK, HAS_ZERO, PACKED, BLOCK_N,
         BLOCK_K, GROUP_T, FACTORED,
     )  # fmt: skip
