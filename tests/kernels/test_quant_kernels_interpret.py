@@ -180,6 +180,34 @@ def test_fused_moe_matches_twin(ql, monkeypatch, name, use_gemv, dequant, factor
     assert [k.get("max_ids") for k in seen] == ([] if use_gemv else [None, num_experts])
 
 
+@child_only
+@pytest.mark.parametrize("name", ["gptq-g32-sym", "awq-g64-asym", "nvfp4"])
+def test_4bit_gemvs_read_words_or_bytes_alike(ql, monkeypatch, name):
+    """The 4-bit GEMVs (decode linear, MoE) read codes a 32-bit word at a time where groups
+    are whole words (`quant_launch.words`), else a byte at a time: both equal the twin."""
+    fmt = _formats()[name]
+    n, k = SHAPES.get(name, DEFAULT_SHAPE)
+    tensors = _weights(fmt, n, k, seed=11)
+    kw = fmt.kernel_weights(tensors, k)
+    assert ql.words(kw, ql.linear_tiles(1, torch.float32, kw).block_k, k)
+    g = torch.Generator().manual_seed(12)
+    x = torch.randn(3, k, generator=g)
+    inter, num_experts = 64, 3
+    w13 = _weights(fmt, 2 * inter, k, seed=13, count=num_experts)
+    w2 = _weights(fmt, k, inter, seed=14, count=num_experts)
+    ids = torch.tensor([[0, 2], [1, 0], [2, 1]], dtype=torch.int32)
+    weights = torch.rand(3, 2, generator=g)
+    ref_lin = fmt.reference_linear(x, tensors, None, n, k)
+    ref_moe = fmt.reference_moe(x, ids, weights, w13, w2, inter)
+    for read_words in (True, False):
+        if not read_words:
+            monkeypatch.setattr(ql, "words", lambda *a: False)
+        out = ql.linear(x, fmt, tensors, None, n, k)
+        torch.testing.assert_close(out, ref_lin, **_tol(x.dtype))
+        out = ql.fused_moe(x, ids, weights, fmt, w13, w2, inter, use_gemv=True)
+        torch.testing.assert_close(out, ref_moe, rtol=1e-5, atol=1e-5)
+
+
 @triton.jit
 def _decode_all_codes(out_ptr):
     """out[0:16]: e2m1 code c times 2^14 back; out[16 + 16 z + c]: int4 code c minus zero z."""

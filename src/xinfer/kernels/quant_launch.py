@@ -107,6 +107,19 @@ def _args(kw: KernelWeights, expert_dim: bool) -> tuple:
     return (kw.w, kw.s, z), (kw.w.stride(0), kw.s.stride(0), z.stride(0) if z.dim() > 1 else 1)
 
 
+def words(kw: KernelWeights, block_k: int, k: int) -> bool:
+    """Whether the GEMVs may read `kw`'s 4-bit codes as 32-bit words (`load_raw_words`):
+    groups of whole words and every row (and expert) starting on a 4-byte boundary."""
+    w = kw.w
+    return (
+        packed(kw)
+        and group_t(kw, block_k, k) % 8 == 0
+        and k % 8 == 0
+        and all(st % 4 == 0 for st in w.stride()[:-1])
+        and w.data_ptr() % 4 == 0
+    )
+
+
 def _fmt_kw(kw: KernelWeights) -> dict:
     return dict(FMT=kw.fmt_code, SCALE_BN=kw.scale_bn, SCALE_BK=kw.scale_bk, HAS_ZERO=kw.has_zero)
 
@@ -185,7 +198,7 @@ def _gemv_linear(x2, kw: KernelWeights, bias, out, tiles: QuantTiles) -> None:
         out.stride(0),
         **_fmt_kw(kw), PACKED=packed(kw), HAS_BIAS=fuse_bias, BLOCK_N=tiles.block_n,
         BLOCK_K=tiles.block_k, GROUP_T=group_t(kw, tiles.block_k, k), FACTORED=factored,
-        REDUCE=reduce, num_warps=tiles.num_warps,
+        REDUCE=reduce, WORDS=words(kw, tiles.block_k, k), num_warps=tiles.num_warps,
     )  # fmt: skip
     if splits > 1 and not reduce:
         gemv_launch.reduce_splits(part, bias, out)
@@ -247,7 +260,7 @@ def fused_moe(
             hidden.stride(0), *s13, inter_buf.stride(0),
             **_fmt_kw(kw13), PACKED=packed(kw13), TOP_K=top_k, BLOCK_N=t.block_n,
             BLOCK_K=t.block_k, GROUP_T=group_t(kw13, t.block_k, hidden_dim),
-            FACTORED=factored, num_warps=t.num_warps,
+            FACTORED=factored, WORDS=words(kw13, t.block_k, hidden_dim), num_warps=t.num_warps,
         )  # fmt: skip
         down_n = t.down_block_n or t.block_n
         grid = (num_pairs, triton.cdiv(hidden_dim, down_n))
@@ -258,7 +271,7 @@ def fused_moe(
             inter_buf.stride(0), *s2, y.stride(0), out.stride(0),
             **_fmt_kw(kw2), PACKED=packed(kw2), BLOCK_N=down_n,
             BLOCK_K=down_k, GROUP_T=group_t(kw2, down_k, inter), FACTORED=factored,
-            TOP_K=top_k, COMBINE=fused, num_warps=t.num_warps,
+            TOP_K=top_k, COMBINE=fused, WORDS=words(kw2, down_k, inter), num_warps=t.num_warps,
         )  # fmt: skip
     else:
         fused = False

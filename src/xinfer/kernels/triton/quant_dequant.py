@@ -176,6 +176,75 @@ def load_raw_pairs(
 
 
 @triton.jit
+def _e2m1_pair_bits(v):
+    """The fp16 bits (as `_e2m1_scaled` places them) of the e2m1 codes in bits 0-3 and 16-19
+    of each int32 of `v`, in the low and high halves: one shift pair and one LOP3 for two."""
+    return ((v << 12) & -0x7FFF8000) | ((v << 9) & 0x0E000E00)  # (0x80008000 as an int32)
+
+
+@triton.jit
+def _half_lo(bits):
+    return bits.to(tl.int16).to(tl.float16, bitcast=True).to(tl.float32)
+
+
+@triton.jit
+def _half_hi(bits):
+    return (bits >> 16).to(tl.int16).to(tl.float16, bitcast=True).to(tl.float32)
+
+
+@triton.jit
+def load_raw_words(
+    w_ptr, s_ptr, z_ptr, offs_n, k0, mask_n, k_dim,
+    stride_wn, stride_sn, stride_zn,
+    FMT: tl.constexpr, SCALE_BK: tl.constexpr, HAS_ZERO: tl.constexpr,
+    BLOCK_K: tl.constexpr, GROUP_T: tl.constexpr,
+):  # fmt: skip
+    """4-bit formats (FMT 2, 3) by 32-bit words of 8 codes (GROUP_T a multiple of 8, rows and
+    `w_ptr` 4-byte aligned: the launcher checks): the codes' values (BLOCK_N, BLOCK_K //
+    GROUP_T, GROUP_T) in column order and the scales, as `load_raw_tile3`. Nibble k and
+    k + 4 of a word sit at bits 4k and 4k + 16, one per 16-bit half, so one shift, mask and
+    or decode two codes into fp16 bits (NVFP4: `_e2m1_scaled`'s bits; int4: 1024 + code,
+    exact, less 1024 + zero in float32), and joins put the eight back in column order."""
+    G: tl.constexpr = BLOCK_K // GROUP_T
+    NW: tl.constexpr = GROUP_T // 8
+    g = tl.arange(0, G)
+    wcols = k0 // 8 + g[:, None] * NW + tl.arange(0, NW)[None, :]  # words of the row
+    mask = mask_n[:, None, None] & (8 * wcols < k_dim)[None, :, :]
+    wp = w_ptr.to(tl.pointer_type(tl.int32))
+    woffs = offs_n[:, None, None] * (stride_wn // 4) + wcols[None, :, :]
+    # one word a thread (contiguity 1): the eight values of a word then lie in one thread as
+    # the activations' 16-byte loads do, and the product needs no layout conversion
+    woffs = tl.max_contiguous(woffs, [1, 1, 1])
+    word = tl.load(wp + woffs, mask=mask, other=0)
+    s, z = _group_scales(
+        s_ptr, z_ptr, offs_n, k0, mask_n, k_dim, stride_sn, stride_zn,
+        FMT, 1, SCALE_BK, HAS_ZERO, BLOCK_K, GROUP_T,
+    )  # fmt: skip
+    if FMT == 2:
+        off = (z + 1024.0)[:, :, None]
+        b0 = (word & 0x000F000F) | 0x64006400
+        b1 = ((word >> 4) & 0x000F000F) | 0x64006400
+        b2 = ((word >> 8) & 0x000F000F) | 0x64006400
+        b3 = ((word >> 12) & 0x000F000F) | 0x64006400
+        x0 = tl.join(_half_lo(b0) - off, _half_hi(b0) - off)
+        x1 = tl.join(_half_lo(b1) - off, _half_hi(b1) - off)
+        x2 = tl.join(_half_lo(b2) - off, _half_hi(b2) - off)
+        x3 = tl.join(_half_lo(b3) - off, _half_hi(b3) - off)
+    else:
+        b0 = _e2m1_pair_bits(word)
+        b1 = _e2m1_pair_bits(word >> 4)
+        b2 = _e2m1_pair_bits(word >> 8)
+        b3 = _e2m1_pair_bits(word >> 12)
+        x0 = tl.join(_half_lo(b0), _half_hi(b0))
+        x1 = tl.join(_half_lo(b1), _half_hi(b1))
+        x2 = tl.join(_half_lo(b2), _half_hi(b2))
+        x3 = tl.join(_half_lo(b3), _half_hi(b3))
+    # x_k (.., 2): columns k and k + 4 of each word; joined to (.., h, k1, k0), k = 2 k1 + k0
+    v = tl.join(tl.join(x0, x2), tl.join(x1, x3))
+    return tl.reshape(v, (offs_n.shape[0], G, GROUP_T)), s
+
+
+@triton.jit
 def load_weight_pairs(
     w_ptr, s_ptr, z_ptr, offs_n, k0, mask_n, k_dim,
     stride_wn, stride_sn, stride_zn,

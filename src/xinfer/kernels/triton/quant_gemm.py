@@ -18,6 +18,7 @@ from xinfer.kernels.triton.moe_blocks import moe_block
 from xinfer.kernels.triton.quant_dequant import (
     load_raw_pairs,
     load_raw_tile3,
+    load_raw_words,
     load_weight_pairs,
     load_weight_tile,
     load_weight_tile3,
@@ -30,7 +31,7 @@ def _row_dot(
     stride_wn, stride_sn, stride_zn,
     FMT: tl.constexpr, SCALE_BN: tl.constexpr, SCALE_BK: tl.constexpr, HAS_ZERO: tl.constexpr,
     PACKED: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr, GROUP_T: tl.constexpr,
-    FACTORED: tl.constexpr,
+    FACTORED: tl.constexpr, WORDS: tl.constexpr,
 ):  # fmt: skip
     """(BLOCK_N,) float32: x[k_begin:k_dim] · dequant(W[row_offset + offs_n, k_begin:k_dim])
     (k_begin a multiple of BLOCK_K: a split of a linear's K, else 0). Tiles are (BLOCK_N,
@@ -45,12 +46,33 @@ def _row_dot(
     broadcast over the rows was redistributed through shared memory with two barriers every
     iteration (bench/sass_report.py). The 4-bit formats keep the broadcast: their even/odd
     columns at the full shape cost 2.2-2.6× the loads and +30% loop instructions (sm_90
-    SASS), against 4 barriers an iteration; which is faster is for the H200 to say."""
+    SASS), against 4 barriers an iteration; which is faster is for the H200 to say.
+
+    WORDS (4-bit formats whose groups are whole 32-bit words, `quant_launch.words`): the
+    codes are read a word of eight at a time and decoded two per shift-and-mask
+    (`load_raw_words`), in column order and in the layout of x's full-shape load, so the
+    4-bit path needs no broadcast either: NVFP4 linear's loop 197 → 148 instructions, 4 → 2
+    barriers (sm_90 SASS, `bench/sass_report.py --cases linear-nvfp4`)."""
     dtype = x_ptr.dtype.element_ty
     rows = offs_n + row_offset
     g = tl.arange(0, BLOCK_K // GROUP_T)
     groups = tl.zeros((BLOCK_N, BLOCK_K // GROUP_T), dtype=tl.float32)
-    if PACKED:
+    if PACKED and WORDS:
+        cols = g[:, None] * GROUP_T + tl.arange(0, GROUP_T)[None, :]
+        cols = cols[None, :, :] + tl.zeros((BLOCK_N, 1, 1), tl.int32)  # x at the tile's shape
+        acc = tl.zeros((BLOCK_N, BLOCK_K // GROUP_T, GROUP_T), dtype=tl.float32)
+        for k0 in range(k_begin, k_dim, BLOCK_K):
+            ks = k0 + cols
+            x = tl.load(x_ptr + ks, mask=ks < k_dim, other=0.0).to(tl.float32)
+            v, sc = load_raw_words(
+                w_ptr, s_ptr, z_ptr, rows, k0, mask_n, k_dim, stride_wn, stride_sn, stride_zn,
+                FMT, SCALE_BK, HAS_ZERO, BLOCK_K, GROUP_T,
+            )  # fmt: skip
+            if FACTORED:
+                groups += tl.sum(v * x, axis=2) * sc
+            else:
+                acc += (v * sc[:, :, None]).to(dtype).to(tl.float32) * x
+    elif PACKED:
         pcols = g[:, None] * GROUP_T + 2 * tl.arange(0, GROUP_T // 2)[None, :]  # even columns
         acc = tl.zeros((BLOCK_N, BLOCK_K // GROUP_T, GROUP_T // 2), dtype=tl.float32)
         for k0 in range(k_begin, k_dim, BLOCK_K):
@@ -150,6 +172,7 @@ def quant_linear_gemv_kernel(
     FMT: tl.constexpr, SCALE_BN: tl.constexpr, SCALE_BK: tl.constexpr, HAS_ZERO: tl.constexpr,
     PACKED: tl.constexpr, HAS_BIAS: tl.constexpr, BLOCK_N: tl.constexpr,
     BLOCK_K: tl.constexpr, GROUP_T: tl.constexpr, FACTORED: tl.constexpr, REDUCE: tl.constexpr,
+    WORDS: tl.constexpr,
 ):  # fmt: skip
     """grid (M, cdiv(N, BLOCK_N), splits), the decode linear without `tl.dot`: a program
     multiplies one x row by BLOCK_N rows of the weight over its split's K range
@@ -168,7 +191,7 @@ def quant_linear_gemv_kernel(
     acc = _row_dot(
         x_ptr + m.to(tl.int64) * stride_xm, w_ptr, s_ptr, z_ptr, offs_n, mask_n, 0, k_begin,
         k_end, stride_wn, stride_sn, stride_zn, FMT, SCALE_BN, SCALE_BK, HAS_ZERO, PACKED,
-        BLOCK_N, BLOCK_K, GROUP_T, FACTORED,
+        BLOCK_N, BLOCK_K, GROUP_T, FACTORED, WORDS,
     )  # fmt: skip
     offs_m = m + tl.arange(0, 1)
     store_split_tile(
@@ -185,7 +208,7 @@ def quant_moe_gate_up_gemv_kernel(
     stride_xt, stride_we, stride_wn, stride_se, stride_sn, stride_ze, stride_zn, stride_it,
     FMT: tl.constexpr, SCALE_BN: tl.constexpr, SCALE_BK: tl.constexpr, HAS_ZERO: tl.constexpr,
     PACKED: tl.constexpr, TOP_K: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr,
-    GROUP_T: tl.constexpr, FACTORED: tl.constexpr,
+    GROUP_T: tl.constexpr, FACTORED: tl.constexpr, WORDS: tl.constexpr,
 ):  # fmt: skip
     """grid (T*k, cdiv(I, BLOCK_N)): inter[pair, n] = silu(x·W13[e, n]) * (x·W13[e, I + n])."""
     pair = tl.program_id(0)
@@ -198,12 +221,12 @@ def quant_moe_gate_up_gemv_kernel(
     x_row = x_ptr + tok * stride_xt
     g = _row_dot(
         x_row, w_e, s_e, z_e, offs_n, mask_n, 0, 0, hidden_dim, stride_wn, stride_sn, stride_zn,
-        FMT, SCALE_BN, SCALE_BK, HAS_ZERO, PACKED, BLOCK_N, BLOCK_K, GROUP_T, FACTORED,
+        FMT, SCALE_BN, SCALE_BK, HAS_ZERO, PACKED, BLOCK_N, BLOCK_K, GROUP_T, FACTORED, WORDS,
     )  # fmt: skip
     u = _row_dot(
         x_row, w_e, s_e, z_e, offs_n, mask_n, inter_dim, 0, hidden_dim, stride_wn, stride_sn,
         stride_zn, FMT, SCALE_BN, SCALE_BK, HAS_ZERO, PACKED, BLOCK_N, BLOCK_K, GROUP_T,
-        FACTORED,
+        FACTORED, WORDS,
     )  # fmt: skip
     h = _silu_mul(g, u, inter_ptr.dtype.element_ty)
     tl.store(inter_ptr + pair.to(tl.int64) * stride_it + offs_n, h, mask=mask_n)
@@ -217,7 +240,7 @@ def quant_moe_down_gemv_kernel(
     stride_ot,
     FMT: tl.constexpr, SCALE_BN: tl.constexpr, SCALE_BK: tl.constexpr, HAS_ZERO: tl.constexpr,
     PACKED: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr, GROUP_T: tl.constexpr,
-    FACTORED: tl.constexpr, TOP_K: tl.constexpr, COMBINE: tl.constexpr,
+    FACTORED: tl.constexpr, TOP_K: tl.constexpr, COMBINE: tl.constexpr, WORDS: tl.constexpr,
 ):  # fmt: skip
     """grid (T*k, cdiv(H, BLOCK_N)): y[pair, n] = inter[pair]·W2[e, n] in the dtype; with
     COMBINE the last of a token's programs sums its pairs into out (`combine_when_last`)."""
@@ -230,7 +253,7 @@ def quant_moe_down_gemv_kernel(
     y = _row_dot(
         inter_ptr + pair * stride_it, w_e, s_e, z_e, offs_n, mask_n, 0, 0, inter_dim,
         stride_wn, stride_sn, stride_zn, FMT, SCALE_BN, SCALE_BK, HAS_ZERO, PACKED, BLOCK_N,
-        BLOCK_K, GROUP_T, FACTORED,
+        BLOCK_K, GROUP_T, FACTORED, WORDS,
     )  # fmt: skip
     tl.store(y_ptr + pair * stride_yt + offs_n, y.to(y_ptr.dtype.element_ty), mask=mask_n)
     if COMBINE:
