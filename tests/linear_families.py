@@ -1,5 +1,6 @@
 """Split-K decode linears of each kernel family — the float skinny GEMM (`gemv_launch`), two
-quantized formats (block FP8, GPTQ int4) and two GGUF types — as zero-argument closures, for
+quantized formats (block FP8, GPTQ int4) and two GGUF types, in the GEMV form and the 16-row
+dot tile — as zero-argument closures, for
 the tests that compare the fused split reduce with the reduce kernel bit for bit
 (`test_split_reduce_*`). Each `make(rows, bias, seed, device, large)` builds fresh random
 weights whose K splits at `rows` rows; `large` gives the Qwen3-30B-A3B o_proj (2048 x 4096),
@@ -30,7 +31,7 @@ def _float(rows, bias, seed, device="cpu", large=False):
     return lambda: gemv_launch.linear(x, w, b, config=cfg)
 
 
-def _quant(name: str):
+def _quant(name: str, dot: bool = False):
     def make(rows, bias, seed, device="cpu", large=False):
         from quant_weights import random_weights
 
@@ -42,16 +43,17 @@ def _quant(name: str):
             fmt = Fp8Block(128, 128) if large else Fp8Block(16, 32)
         else:
             fmt = GptqInt4(group_size=128 if large else 32, has_zero=False)
-        n, k = (2048, 4096) if large else (24, 1536)
+        n, k = (2048, 4096) if large else (24, 2048)
         dtype = torch.bfloat16 if device != "cpu" else torch.float32
         tensors = random_weights(fmt, n, k, seed, device=device)
         x, b, _ = _inputs(rows, n, k, bias, seed, device, dtype)
-        return lambda: quant_launch.linear(x, fmt, tensors, b, n, k)
+        tiles = quant_launch.QuantTiles(block_m=16, block_n=32, block_k=128) if dot else None
+        return lambda: quant_launch.linear(x, fmt, tensors, b, n, k, tiles=tiles)
 
     return make
 
 
-def _gguf(name: str):
+def _gguf(name: str, block_m: int = 16):
     def make(rows, bias, seed, device="cpu", large=False):
         import gguf_files as gf
 
@@ -64,7 +66,7 @@ def _gguf(name: str):
         raw = torch.from_numpy(gf.random_blocks(name, n, k, np.random.default_rng(seed)))
         dtype = torch.bfloat16 if device != "cpu" else torch.float32
         x, b, _ = _inputs(rows, n, k, bias, seed, device, dtype)
-        tiles = None if large else gguf_launch.GGUFTiles(16, 16, 2)
+        tiles = None if large else gguf_launch.GGUFTiles(block_m, 16, 2)
         w = raw.to(device)
         return lambda: gguf_launch.linear(x, w, bt, b, n, k, tiles=tiles)
 
@@ -73,10 +75,12 @@ def _gguf(name: str):
 
 LINEARS = {
     "float": _float,
-    "fp8": _quant("fp8"),
+    "fp8": _quant("fp8"),  # the GEMV form (the decode default)
     "gptq": _quant("gptq"),
-    "gguf-q4_k": _gguf("Q4_K"),
+    "fp8-dot": _quant("fp8", dot=True),  # the 16-row dot tile
+    "gguf-q4_k": _gguf("Q4_K"),  # small: the dot tile; large: the default (GEMV form)
     "gguf-q8_0": _gguf("Q8_0"),
+    "gguf-q8_0-gemv": _gguf("Q8_0", block_m=1),
 }
 
 
