@@ -76,10 +76,10 @@ def moe_case(name, fmt, tokens, sweep):
         err = (run().float() - ref).norm() / ref.norm()
         assert err < 1e-2, f"{name} moe T={tokens}: relative error {err:.2e}"
     configs = [None]
-    if sweep:  # columns a step: half, once and twice the default (~2 KB of bytes a row tile)
+    if sweep:  # columns a step: 1, 2 and 4 times the default (~2 KB of bytes a row tile)
         d = ql.gemv_tiles(fmt.kernel_weights(w13, HIDDEN)).block_k
         configs += [ql.QuantTiles(1, bn, bk, nw, down_block_n=dn) for bn, bk, nw, dn in
-                    itertools.product((4, 8, 16), (d // 2, d, 2 * d), (4, 8), (8, 16))]  # fmt: skip
+                    itertools.product((4, 8, 16), (d, 2 * d, 4 * d), (4, 8), (8, 16))]  # fmt: skip
     timer = graph_timer(tokens <= 64)  # decode batches run in graphs
     best = None
     timed = []
@@ -109,10 +109,12 @@ def moe_case(name, fmt, tokens, sweep):
         # the GEMV scaling each group's sum instead of each weight (quant_launch.FACTORED)
         best_tiles = best[1] if sweep and best and best[1] else None
         base = best_tiles or ql.gemv_tiles(fmt.kernel_weights(w13, HIDDEN))
-        for factored in (False, True):
-            cfg = dataclasses.replace(base, factored=factored)
+        variants = [dataclasses.replace(base, factored=f) for f in (False, True)]
+        if not sweep:  # more columns a step: more bytes in flight a program
+            variants += [dataclasses.replace(base, block_k=base.block_k * t) for t in (2, 4)]
+        for cfg in variants:
             err = (run(tiles=cfg).float() - ref).norm() / ref.norm()
-            assert err < 1e-2, f"{name} moe T={tokens} factored={factored}: error {err:.2e}"
+            assert err < 1e-2, f"{name} moe T={tokens} {cfg}: error {err:.2e}"
             sec = timer(lambda cfg=cfg: run(tiles=cfg), 50)
             print(f"  {cfg}: {sec * 1e6:.1f} us, {moved / sec / 1e12:.2f} TB/s")
 
@@ -143,16 +145,20 @@ def linear_case(name, fmt, n, k, m, sweep):
     gemv_k = 512 if name != "bf16" and packed(fmt.kernel_weights(t, k)) else 256
     if sweep and decode:  # the GEMV form (block_m 1: one x row a program, no tl.dot)
         configs += [ql.QuantTiles(1, bn, bk, nw) for bn, bk, nw in
-                    itertools.product((4, 8, 16), (gemv_k // 2, gemv_k, 2 * gemv_k), (4, 8))]  # fmt: skip
+                    itertools.product((4, 8, 16), (gemv_k, 2 * gemv_k, 4 * gemv_k), (4, 8))]  # fmt: skip
         configs.append(ql.QuantTiles(16, 32, gemv_k // 2, 4))  # the dot tile
     elif sweep:
         configs += [ql.QuantTiles(64, bn, bk, nw) for bn, bk, nw in
                     itertools.product((16, 32, 64, 128), (64, 128, 256, 512), (4, 8))]  # fmt: skip
     elif decode:  # the GEMV form and the 16-row dot tile side by side, each printed
+        # (bytes in flight: a program's loads of one step are ~8 B a thread at the default
+        # tile; 2-4x the columns a step put 16-32 B a thread in flight)
         configs += [
             ql.QuantTiles(1, 8, gemv_k, 8),
             ql.QuantTiles(1, 4, gemv_k, 4),
             ql.QuantTiles(1, 8, 2 * gemv_k, 8),
+            ql.QuantTiles(1, 8, 4 * gemv_k, 8),
+            ql.QuantTiles(1, 16, 2 * gemv_k, 8),
             ql.QuantTiles(16, 32, gemv_k // 2, 4),
         ]
         for cfg in configs[1:]:
