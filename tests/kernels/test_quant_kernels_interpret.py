@@ -92,8 +92,10 @@ def test_linear_matches_twin(ql, name, dtype, m, dequant):
 
 
 @child_only
-@pytest.mark.parametrize("name", ["fp8-16x32", "gptq-g32-sym", "nvfp4"])
-@pytest.mark.parametrize("gemv", [True, False])
+@pytest.mark.parametrize(
+    "name,gemv",
+    [("fp8-16x32", True), ("gptq-g32-sym", True), ("nvfp4", True), ("nvfp4", False)],
+)
 def test_split_k_decode_linear_matches_twin_and_the_batch(ql, name, gemv):
     """K long enough that the decode tiles split it (partials added in split order, bias
     after), in the GEMV form (one row a program) and the 16-row dot tile: equal to the twin,
