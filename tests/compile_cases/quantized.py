@@ -46,11 +46,14 @@ def _quant_k(name: str) -> int:
 
 
 def _quant_linear(
-    name: str, dtype, m: int, dequant=None, bias: bool = True, dot: bool = False
-) -> None:
+    name: str, dtype, m: int, dequant=None, bias: bool = True, dot: bool = False,
+    ragged: bool = False,
+) -> None:  # fmt: skip
     from xinfer.kernels import quant_launch
 
     n, k = 256, _quant_k(name)
+    if ragged:  # tiles past K (and N where the format allows: GPTQ packs rows by 8)
+        n, k = (104, 1152) if name.startswith("gptq") else (100, 1040)
     fmt, tensors = _formats()[name], _quant_weights(name, n, k)
     b = _randn(n, dtype=dtype) if bias else None
     tiles = quant_launch.QuantTiles(block_m=16, block_n=32, block_k=128) if dot else None
@@ -116,6 +119,10 @@ def _quant_cases() -> None:
         add(f"quant-{name}-moe-fp16-gemv", Q_GEMV, _quant_moe, name, F16, 3, True)
         add(f"quant-{name}-moe-fp32-grouped-registers", Q_GROUPED, _quant_moe, name, F32, 40,
             False, dequant=False)  # fmt: skip
+
+    for name in ("fp8-block128", "nvfp4", "gptq-g128-sym"):  # masked loads (EVEN false)
+        add(f"quant-{name}-linear-bf16-m2-ragged", Q_SPLIT, _quant_linear, name, BF16, 2,
+            ragged=True)  # fmt: skip
 
 
 _quant_cases()

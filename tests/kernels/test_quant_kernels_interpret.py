@@ -210,6 +210,32 @@ def test_4bit_gemvs_read_words_or_bytes_alike(ql, monkeypatch, name):
         torch.testing.assert_close(out, ref_moe, rtol=1e-5, atol=1e-5)
 
 
+@child_only
+@pytest.mark.parametrize("name,k", [("fp8-16x32", 512), ("gptq-g32-sym", 1024), ("nvfp4", 1024)])
+def test_even_tiles_load_unmasked_and_match_twin(ql, name, k):
+    """Shapes of whole tiles (`quant_launch.even`): the GEMVs' unmasked loads equal the twin."""
+    fmt, n, inter, num_experts = _formats()[name], 16, 64, 2
+    tensors = _weights(fmt, n, k, seed=21)
+    kw = fmt.kernel_weights(tensors, k)
+    tiles = ql.linear_tiles(1, torch.float32, kw)
+    assert ql.even(n, k, tiles.block_n, tiles.block_k)
+    g = torch.Generator().manual_seed(22)
+    x = torch.randn(2, k, generator=g)
+    torch.testing.assert_close(
+        ql.linear(x, fmt, tensors, None, n, k), fmt.reference_linear(x, tensors, None, n, k),
+        **_tol(x.dtype),
+    )  # fmt: skip
+    w13 = _weights(fmt, 2 * inter, k, seed=23, count=num_experts)
+    w2 = _weights(fmt, k, inter, seed=24, count=num_experts)
+    t = ql.gemv_tiles(fmt.kernel_weights(w13, k))
+    assert ql.even(inter, k, t.block_n, t.block_k) and ql.even(k, inter, t.down_block_n, inter)
+    ids = torch.tensor([[0, 1], [1, 0]], dtype=torch.int32)
+    weights = torch.rand(2, 2, generator=g)
+    out = ql.fused_moe(x, ids, weights, fmt, w13, w2, inter, use_gemv=True)
+    ref = fmt.reference_moe(x, ids, weights, w13, w2, inter)
+    torch.testing.assert_close(out, ref, rtol=1e-5, atol=1e-5)
+
+
 @triton.jit
 def _decode_all_codes(out_ptr):
     """out[0:16]: e2m1 code c times 2^14 back; out[16 + 16 z + c]: int4 code c minus zero z."""

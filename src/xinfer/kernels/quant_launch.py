@@ -120,6 +120,12 @@ def words(kw: KernelWeights, block_k: int, k: int) -> bool:
     )
 
 
+def even(n: int, k: int, block_n: int, block_k: int) -> bool:
+    """Whether a GEMV's tiles cover its (N, K) whole (K splits are whole tiles too): its loads
+    of codes and activations need no masks (EVEN)."""
+    return n % block_n == 0 and k % block_k == 0
+
+
 def _fmt_kw(kw: KernelWeights) -> dict:
     return dict(FMT=kw.fmt_code, SCALE_BN=kw.scale_bn, SCALE_BK=kw.scale_bk, HAS_ZERO=kw.has_zero)
 
@@ -198,7 +204,8 @@ def _gemv_linear(x2, kw: KernelWeights, bias, out, tiles: QuantTiles) -> None:
         out.stride(0),
         **_fmt_kw(kw), PACKED=packed(kw), HAS_BIAS=fuse_bias, BLOCK_N=tiles.block_n,
         BLOCK_K=tiles.block_k, GROUP_T=group_t(kw, tiles.block_k, k), FACTORED=factored,
-        REDUCE=reduce, WORDS=words(kw, tiles.block_k, k), num_warps=tiles.num_warps,
+        REDUCE=reduce, WORDS=words(kw, tiles.block_k, k),
+        EVEN=even(n, k, tiles.block_n, tiles.block_k), num_warps=tiles.num_warps,
     )  # fmt: skip
     if splits > 1 and not reduce:
         gemv_launch.reduce_splits(part, bias, out)
@@ -260,7 +267,8 @@ def fused_moe(
             hidden.stride(0), *s13, inter_buf.stride(0),
             **_fmt_kw(kw13), PACKED=packed(kw13), TOP_K=top_k, BLOCK_N=t.block_n,
             BLOCK_K=t.block_k, GROUP_T=group_t(kw13, t.block_k, hidden_dim),
-            FACTORED=factored, WORDS=words(kw13, t.block_k, hidden_dim), num_warps=t.num_warps,
+            FACTORED=factored, WORDS=words(kw13, t.block_k, hidden_dim),
+            EVEN=even(inter, hidden_dim, t.block_n, t.block_k), num_warps=t.num_warps,
         )  # fmt: skip
         down_n = t.down_block_n or t.block_n
         grid = (num_pairs, triton.cdiv(hidden_dim, down_n))
@@ -271,7 +279,8 @@ def fused_moe(
             inter_buf.stride(0), *s2, y.stride(0), out.stride(0),
             **_fmt_kw(kw2), PACKED=packed(kw2), BLOCK_N=down_n,
             BLOCK_K=down_k, GROUP_T=group_t(kw2, down_k, inter), FACTORED=factored,
-            TOP_K=top_k, COMBINE=fused, WORDS=words(kw2, down_k, inter), num_warps=t.num_warps,
+            TOP_K=top_k, COMBINE=fused, WORDS=words(kw2, down_k, inter),
+            EVEN=even(hidden_dim, inter, down_n, down_k), num_warps=t.num_warps,
         )  # fmt: skip
     else:
         fused = False

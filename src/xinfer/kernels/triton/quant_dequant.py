@@ -82,12 +82,13 @@ def load_raw_tile3(
     w_ptr, s_ptr, z_ptr, offs_n, k0, mask_n, k_dim,
     stride_wn, stride_sn, stride_zn,
     FMT: tl.constexpr, SCALE_BN: tl.constexpr, SCALE_BK: tl.constexpr, HAS_ZERO: tl.constexpr,
-    BLOCK_K: tl.constexpr, GROUP_T: tl.constexpr,
+    BLOCK_K: tl.constexpr, GROUP_T: tl.constexpr, EVEN: tl.constexpr = False,
 ):  # fmt: skip
     """(codes' values (BLOCK_N, BLOCK_K // GROUP_T, GROUP_T), their scales (BLOCK_N,
     BLOCK_K // GROUP_T)) float32 of columns k0 .. k0 + BLOCK_K: the weight is value × scale
     (FP8: e4m3 value; int4: code − zero; NVFP4: e2m1 value × 2^-14). Masked elements (rows
-    past N, columns past K) have scale 0."""
+    past N, columns past K) have scale 0. EVEN: every row and column of the tile exists (N
+    and the K range whole tiles: the launcher checks), the FP8 codes load unmasked."""
     if FMT == 1:
         g = tl.arange(0, BLOCK_K // GROUP_T)
         cols = k0 + g[:, None] * GROUP_T + tl.arange(0, GROUP_T)[None, :]  # (G, GROUP_T)
@@ -97,7 +98,10 @@ def load_raw_tile3(
             s_ptr, z_ptr, offs_n, k0, mask_n, k_dim, stride_sn, stride_zn,
             FMT, SCALE_BN, SCALE_BK, HAS_ZERO, BLOCK_K, GROUP_T,
         )  # fmt: skip
-        q = tl.load(w_ptr + rows * stride_wn + cols[None, :, :], mask=mask, other=0.0)
+        if EVEN:
+            q = tl.load(w_ptr + rows * stride_wn + cols[None, :, :])
+        else:
+            q = tl.load(w_ptr + rows * stride_wn + cols[None, :, :], mask=mask, other=0.0)
         v = q.to(tl.float32)
     else:
         # 4-bit codes: whole bytes, contiguous (one load a byte, not one a column), their two
@@ -197,14 +201,15 @@ def load_raw_words(
     w_ptr, s_ptr, z_ptr, offs_n, k0, mask_n, k_dim,
     stride_wn, stride_sn, stride_zn,
     FMT: tl.constexpr, SCALE_BK: tl.constexpr, HAS_ZERO: tl.constexpr,
-    BLOCK_K: tl.constexpr, GROUP_T: tl.constexpr,
+    BLOCK_K: tl.constexpr, GROUP_T: tl.constexpr, EVEN: tl.constexpr = False,
 ):  # fmt: skip
     """4-bit formats (FMT 2, 3) by 32-bit words of 8 codes (GROUP_T a multiple of 8, rows and
     `w_ptr` 4-byte aligned: the launcher checks): the codes' values (BLOCK_N, BLOCK_K //
     GROUP_T, GROUP_T) in column order and the scales, as `load_raw_tile3`. Nibble k and
     k + 4 of a word sit at bits 4k and 4k + 16, one per 16-bit half, so one shift, mask and
     or decode two codes into fp16 bits (NVFP4: `_e2m1_scaled`'s bits; int4: 1024 + code,
-    exact, less 1024 + zero in float32), and joins put the eight back in column order."""
+    exact, less 1024 + zero in float32), and joins put the eight back in column order.
+    EVEN: as `load_raw_tile3`'s, the words load unmasked."""
     G: tl.constexpr = BLOCK_K // GROUP_T
     NW: tl.constexpr = GROUP_T // 8
     g = tl.arange(0, G)
@@ -215,7 +220,10 @@ def load_raw_words(
     # one word a thread (contiguity 1): the eight values of a word then lie in one thread as
     # the activations' 16-byte loads do, and the product needs no layout conversion
     woffs = tl.max_contiguous(woffs, [1, 1, 1])
-    word = tl.load(wp + woffs, mask=mask, other=0)
+    if EVEN:
+        word = tl.load(wp + woffs)
+    else:
+        word = tl.load(wp + woffs, mask=mask, other=0)
     s, z = _group_scales(
         s_ptr, z_ptr, offs_n, k0, mask_n, k_dim, stride_sn, stride_zn,
         FMT, 1, SCALE_BK, HAS_ZERO, BLOCK_K, GROUP_T,

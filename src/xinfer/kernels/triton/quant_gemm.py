@@ -31,7 +31,7 @@ def _row_dot(
     stride_wn, stride_sn, stride_zn,
     FMT: tl.constexpr, SCALE_BN: tl.constexpr, SCALE_BK: tl.constexpr, HAS_ZERO: tl.constexpr,
     PACKED: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr, GROUP_T: tl.constexpr,
-    FACTORED: tl.constexpr, WORDS: tl.constexpr,
+    FACTORED: tl.constexpr, WORDS: tl.constexpr, EVEN: tl.constexpr,
 ):  # fmt: skip
     """(BLOCK_N,) float32: x[k_begin:k_dim] · dequant(W[row_offset + offs_n, k_begin:k_dim])
     (k_begin a multiple of BLOCK_K: a split of a linear's K, else 0). Tiles are (BLOCK_N,
@@ -52,7 +52,10 @@ def _row_dot(
     codes are read a word of eight at a time and decoded two per shift-and-mask
     (`load_raw_words`), in column order and in the layout of x's full-shape load, so the
     4-bit path needs no broadcast either: NVFP4 linear's loop 197 → 148 instructions, 4 → 2
-    barriers (sm_90 SASS, `bench/sass_report.py --cases linear-nvfp4`)."""
+    barriers (sm_90 SASS, `bench/sass_report.py --cases linear-nvfp4`).
+
+    EVEN (N and the K range whole tiles: `quant_launch.even`): the word and FP8 paths load
+    codes and x without masks (NVFP4 linear's loop 148 → ~125 instructions)."""
     dtype = x_ptr.dtype.element_ty
     rows = offs_n + row_offset
     g = tl.arange(0, BLOCK_K // GROUP_T)
@@ -63,10 +66,13 @@ def _row_dot(
         acc = tl.zeros((BLOCK_N, BLOCK_K // GROUP_T, GROUP_T), dtype=tl.float32)
         for k0 in range(k_begin, k_dim, BLOCK_K):
             ks = k0 + cols
-            x = tl.load(x_ptr + ks, mask=ks < k_dim, other=0.0).to(tl.float32)
+            if EVEN:
+                x = tl.load(x_ptr + ks).to(tl.float32)
+            else:
+                x = tl.load(x_ptr + ks, mask=ks < k_dim, other=0.0).to(tl.float32)
             v, sc = load_raw_words(
                 w_ptr, s_ptr, z_ptr, rows, k0, mask_n, k_dim, stride_wn, stride_sn, stride_zn,
-                FMT, SCALE_BK, HAS_ZERO, BLOCK_K, GROUP_T,
+                FMT, SCALE_BK, HAS_ZERO, BLOCK_K, GROUP_T, EVEN,
             )  # fmt: skip
             if FACTORED:
                 groups += tl.sum(v * x, axis=2) * sc
@@ -100,11 +106,14 @@ def _row_dot(
         acc = tl.zeros((BLOCK_N, BLOCK_K // GROUP_T, GROUP_T), dtype=tl.float32)
         for k0 in range(k_begin, k_dim, BLOCK_K):
             ks = k0 + cols
-            x = tl.load(x_ptr + ks, mask=ks < k_dim, other=0.0).to(tl.float32)
+            if EVEN:
+                x = tl.load(x_ptr + ks).to(tl.float32)
+            else:
+                x = tl.load(x_ptr + ks, mask=ks < k_dim, other=0.0).to(tl.float32)
             if FACTORED:
                 v, sc = load_raw_tile3(
                     w_ptr, s_ptr, z_ptr, rows, k0, mask_n, k_dim, stride_wn, stride_sn,
-                    stride_zn, FMT, SCALE_BN, SCALE_BK, HAS_ZERO, BLOCK_K, GROUP_T,
+                    stride_zn, FMT, SCALE_BN, SCALE_BK, HAS_ZERO, BLOCK_K, GROUP_T, EVEN,
                 )  # fmt: skip
                 groups += tl.sum(v * x, axis=2) * sc
             else:
@@ -172,7 +181,7 @@ def quant_linear_gemv_kernel(
     FMT: tl.constexpr, SCALE_BN: tl.constexpr, SCALE_BK: tl.constexpr, HAS_ZERO: tl.constexpr,
     PACKED: tl.constexpr, HAS_BIAS: tl.constexpr, BLOCK_N: tl.constexpr,
     BLOCK_K: tl.constexpr, GROUP_T: tl.constexpr, FACTORED: tl.constexpr, REDUCE: tl.constexpr,
-    WORDS: tl.constexpr,
+    WORDS: tl.constexpr, EVEN: tl.constexpr,
 ):  # fmt: skip
     """grid (M, cdiv(N, BLOCK_N), splits), the decode linear without `tl.dot`: a program
     multiplies one x row by BLOCK_N rows of the weight over its split's K range
@@ -191,7 +200,7 @@ def quant_linear_gemv_kernel(
     acc = _row_dot(
         x_ptr + m.to(tl.int64) * stride_xm, w_ptr, s_ptr, z_ptr, offs_n, mask_n, 0, k_begin,
         k_end, stride_wn, stride_sn, stride_zn, FMT, SCALE_BN, SCALE_BK, HAS_ZERO, PACKED,
-        BLOCK_N, BLOCK_K, GROUP_T, FACTORED, WORDS,
+        BLOCK_N, BLOCK_K, GROUP_T, FACTORED, WORDS, EVEN,
     )  # fmt: skip
     offs_m = m + tl.arange(0, 1)
     store_split_tile(
@@ -208,7 +217,7 @@ def quant_moe_gate_up_gemv_kernel(
     stride_xt, stride_we, stride_wn, stride_se, stride_sn, stride_ze, stride_zn, stride_it,
     FMT: tl.constexpr, SCALE_BN: tl.constexpr, SCALE_BK: tl.constexpr, HAS_ZERO: tl.constexpr,
     PACKED: tl.constexpr, TOP_K: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr,
-    GROUP_T: tl.constexpr, FACTORED: tl.constexpr, WORDS: tl.constexpr,
+    GROUP_T: tl.constexpr, FACTORED: tl.constexpr, WORDS: tl.constexpr, EVEN: tl.constexpr,
 ):  # fmt: skip
     """grid (T*k, cdiv(I, BLOCK_N)): inter[pair, n] = silu(x·W13[e, n]) * (x·W13[e, I + n])."""
     pair = tl.program_id(0)
@@ -222,11 +231,12 @@ def quant_moe_gate_up_gemv_kernel(
     g = _row_dot(
         x_row, w_e, s_e, z_e, offs_n, mask_n, 0, 0, hidden_dim, stride_wn, stride_sn, stride_zn,
         FMT, SCALE_BN, SCALE_BK, HAS_ZERO, PACKED, BLOCK_N, BLOCK_K, GROUP_T, FACTORED, WORDS,
+        EVEN,
     )  # fmt: skip
     u = _row_dot(
         x_row, w_e, s_e, z_e, offs_n, mask_n, inter_dim, 0, hidden_dim, stride_wn, stride_sn,
         stride_zn, FMT, SCALE_BN, SCALE_BK, HAS_ZERO, PACKED, BLOCK_N, BLOCK_K, GROUP_T,
-        FACTORED, WORDS,
+        FACTORED, WORDS, EVEN,
     )  # fmt: skip
     h = _silu_mul(g, u, inter_ptr.dtype.element_ty)
     tl.store(inter_ptr + pair.to(tl.int64) * stride_it + offs_n, h, mask=mask_n)
@@ -241,6 +251,7 @@ def quant_moe_down_gemv_kernel(
     FMT: tl.constexpr, SCALE_BN: tl.constexpr, SCALE_BK: tl.constexpr, HAS_ZERO: tl.constexpr,
     PACKED: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr, GROUP_T: tl.constexpr,
     FACTORED: tl.constexpr, TOP_K: tl.constexpr, COMBINE: tl.constexpr, WORDS: tl.constexpr,
+    EVEN: tl.constexpr,
 ):  # fmt: skip
     """grid (T*k, cdiv(H, BLOCK_N)): y[pair, n] = inter[pair]·W2[e, n] in the dtype; with
     COMBINE the last of a token's programs sums its pairs into out (`combine_when_last`)."""
@@ -253,7 +264,7 @@ def quant_moe_down_gemv_kernel(
     y = _row_dot(
         inter_ptr + pair * stride_it, w_e, s_e, z_e, offs_n, mask_n, 0, 0, inter_dim,
         stride_wn, stride_sn, stride_zn, FMT, SCALE_BN, SCALE_BK, HAS_ZERO, PACKED, BLOCK_N,
-        BLOCK_K, GROUP_T, FACTORED, WORDS,
+        BLOCK_K, GROUP_T, FACTORED, WORDS, EVEN,
     )  # fmt: skip
     tl.store(y_ptr + pair * stride_yt + offs_n, y.to(y_ptr.dtype.element_ty), mask=mask_n)
     if COMBINE:
