@@ -109,6 +109,12 @@ def bench_type(name: str, sweep: bool) -> list[dict]:
             rows.append(dict(kernel=f"linear {label}", type=name, tokens=1, tiles=label_tiles,
                              splits=splits, us=round(us, 1),
                              GBps=round(w.numel() / us / 1e3, 1)))  # fmt: skip
+        if label != "lm_head":  # a decode batch of 8: the GEMV form decodes per row, the dot
+            x8 = torch.randn(8, k, device="cuda").bfloat16()  # tile once for 16 rows
+            for tiles in (gl.GGUFTiles(1, 8, 8, 4), gl.GGUFTiles(16, 16, 8, 4)):
+                us = _time_us(partial(gl.linear, x8, w, bt, None, n, k, tiles))
+                rows.append(dict(kernel=f"linear {label}", type=name, tokens=8,
+                                 tiles=str(tiles), us=round(us, 1)))  # fmt: skip
     x, ids, weights = _moe_case(2048)
     # the prefill path (dequantize, then the bf16 grouped GEMMs) and the in-register grouped
     # GEMMs at their default tile (and the sweep's)

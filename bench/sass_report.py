@@ -307,11 +307,12 @@ def _gguf_linear(btype_name: str, n: int = QKV_N, k: int = HIDDEN) -> Case:
     w = torch.zeros(n, bt.row_bytes(k), dtype=torch.uint8)
     x = torch.zeros(1, k, dtype=torch.bfloat16)
     t = gl.linear_tiles(1, torch.bfloat16, bt, n)
+    name = "gguf_linear_gemv_kernel" if t.block_m == 1 else "gguf_linear_kernel"
     return Case(
         lambda: gl.linear(x, w, bt, None, n, k),
-        {"gguf_linear_kernel": t.block_n * t.subs * 32},
-        {"gguf_linear_kernel": n * k},
-        {"gguf_linear_kernel": w.nbytes},
+        {name: t.block_n * t.subs * 32},
+        {name: n * k},
+        {name: w.nbytes},
     )
 
 
