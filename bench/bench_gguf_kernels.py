@@ -89,10 +89,14 @@ def bench_type(name: str, sweep: bool) -> list[dict]:
             configs += [gl.GGUFTiles(16, 16, subs, warps) for subs in (2, 4, 8)
                         for warps in (1, 2)]  # fmt: skip
             # the GEMV form (block_m 1: one x row a program, no tl.dot)
-            configs += [gl.GGUFTiles(1, bn, subs, warps) for bn in (4, 8, 16)
-                        for subs in (4, 8) for warps in (2, 4, 8)]  # fmt: skip
+            configs += [gl.GGUFTiles(rows, bn, subs, warps) for rows in (1, 4)
+                        for bn in (4, 8, 16) for subs in (4, 8) for warps in (2, 4)]  # fmt: skip
         else:  # the GEMV form and the 16-row dot tile, side by side
-            configs += [gl.GGUFTiles(1, 8, 8, 4), gl.GGUFTiles(16, 16, 8, 4)]
+            configs += [
+                gl.GGUFTiles(1, 8, 8, 4),
+                gl.GGUFTiles(4, 8, 8, 4),
+                gl.GGUFTiles(16, 16, 8, 4),
+            ]
             if n >= gl.HEAD_ROWS:
                 configs += [gl.GGUFTiles(1, 8, 8, 2), gl.GGUFTiles(1, 4, 8, 2)]
         default = gl.linear_tiles(1, x.dtype, bt, n)
@@ -111,7 +115,12 @@ def bench_type(name: str, sweep: bool) -> list[dict]:
                              GBps=round(w.numel() / us / 1e3, 1)))  # fmt: skip
         if label != "lm_head":  # a decode batch of 8: the GEMV form decodes per row, the dot
             x8 = torch.randn(8, k, device="cuda").bfloat16()  # tile once for 16 rows
-            for tiles in (gl.GGUFTiles(1, 8, 8, 4), gl.GGUFTiles(16, 16, 8, 4)):
+            for tiles in (
+                gl.GGUFTiles(1, 8, 8, 4),
+                gl.GGUFTiles(4, 4, 8, 2),
+                gl.GGUFTiles(4, 8, 8, 4),
+                gl.GGUFTiles(16, 16, 8, 4),
+            ):
                 us = _time_us(partial(gl.linear, x8, w, bt, None, n, k, tiles))
                 rows.append(dict(kernel=f"linear {label}", type=name, tokens=8,
                                  tiles=str(tiles), us=round(us, 1)))  # fmt: skip

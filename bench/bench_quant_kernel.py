@@ -144,8 +144,9 @@ def linear_case(name, fmt, n, k, m, sweep):
     decode = name != "bf16" and m <= ql.DECODE_M
     gemv_k = 512 if name != "bf16" and packed(fmt.kernel_weights(t, k)) else 256
     if sweep and decode:  # the GEMV form (block_m 1: one x row a program, no tl.dot)
-        configs += [ql.QuantTiles(1, bn, bk, nw) for bn, bk, nw in
-                    itertools.product((4, 8, 16), (gemv_k, 2 * gemv_k, 4 * gemv_k), (4, 8))]  # fmt: skip
+        configs += [ql.QuantTiles(rows, bn, bk, nw) for rows, bn, bk, nw in
+                    itertools.product((1, 4), (4, 8, 16), (gemv_k, 2 * gemv_k, 4 * gemv_k),
+                                      (4, 8))]  # fmt: skip
         configs.append(ql.QuantTiles(16, 32, gemv_k // 2, 4))  # the dot tile
     elif sweep:
         configs += [ql.QuantTiles(64, bn, bk, nw) for bn, bk, nw in
@@ -154,12 +155,12 @@ def linear_case(name, fmt, n, k, m, sweep):
         # (bytes in flight: a program's loads of one step are ~8 B a thread at the default
         # tile; 2-4x the columns a step put 16-32 B a thread in flight)
         configs += [
-            ql.QuantTiles(1, 8, gemv_k, 8),
-            ql.QuantTiles(1, 4, gemv_k, 4),
+            ql.QuantTiles(1, 8, gemv_k, 8),  # one row a program
+            ql.QuantTiles(4, 8, 2 * gemv_k, 8),  # four rows a program (the default: 4, 8, d)
+            ql.QuantTiles(4, 4, gemv_k, 4),
             ql.QuantTiles(1, 8, 2 * gemv_k, 8),
             ql.QuantTiles(1, 8, 4 * gemv_k, 8),
-            ql.QuantTiles(1, 16, 2 * gemv_k, 8),
-            ql.QuantTiles(16, 32, gemv_k // 2, 4),
+            ql.QuantTiles(16, 32, gemv_k // 2, 4),  # the dot tile
         ]
         for cfg in configs[1:]:
             err = (run(tiles=cfg).float() - ref).norm() / ref.norm()
@@ -190,7 +191,7 @@ def linear_case(name, fmt, n, k, m, sweep):
     for sec, cfg in sorted(timed, key=lambda t: t[0])[1:5] if sweep else ():
         print(f"  next {cfg}: {sec * 1e6:.1f} us")
     if sweep and name != "bf16" and m <= ql.DECODE_M:  # more K splits at the default tiles
-        default = ql.linear_tiles(m, x.dtype, fmt.kernel_weights(t, k))
+        default = ql.linear_tiles(m, x.dtype, fmt.kernel_weights(t, k), k)
         for times in (2, 4):
             programs = times * gemv_launch.DECODE_PROGRAMS
             cfg = dataclasses.replace(default, split_programs=programs)

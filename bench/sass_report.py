@@ -288,8 +288,10 @@ def _quant_linear(fmt_name: str, n: int = QKV_N, k: int = HIDDEN) -> Case:
     fmt = _quant_format(fmt_name)
     w = random_weights(fmt, n, k, seed=0)
     x = torch.zeros(1, k, dtype=torch.bfloat16)
-    t = quant_launch.linear_tiles(1, torch.bfloat16, fmt.kernel_weights(w, k))
-    name = "quant_linear_gemv_kernel" if t.block_m == 1 else "quant_linear_kernel"
+    t = quant_launch.linear_tiles(1, torch.bfloat16, fmt.kernel_weights(w, k), k)
+    name = {1: "quant_linear_gemv_kernel", 4: "quant_linear_rows_kernel"}.get(
+        t.block_m, "quant_linear_kernel"
+    )
     nbytes = sum(v.nbytes for v in w.values())
     return Case(
         lambda: quant_launch.linear(x, fmt, w, None, n, k),
@@ -307,7 +309,9 @@ def _gguf_linear(btype_name: str, n: int = QKV_N, k: int = HIDDEN) -> Case:
     w = torch.zeros(n, bt.row_bytes(k), dtype=torch.uint8)
     x = torch.zeros(1, k, dtype=torch.bfloat16)
     t = gl.linear_tiles(1, torch.bfloat16, bt, n)
-    name = "gguf_linear_gemv_kernel" if t.block_m == 1 else "gguf_linear_kernel"
+    name = {1: "gguf_linear_gemv_kernel", 4: "gguf_linear_rows_kernel"}.get(
+        t.block_m, "gguf_linear_kernel"
+    )
     return Case(
         lambda: gl.linear(x, w, bt, None, n, k),
         {name: t.block_n * t.subs * 32},

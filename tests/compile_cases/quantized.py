@@ -47,7 +47,7 @@ def _quant_k(name: str) -> int:
 
 def _quant_linear(
     name: str, dtype, m: int, dequant=None, bias: bool = True, dot: bool = False,
-    ragged: bool = False,
+    ragged: bool = False, rows: int = 0,
 ) -> None:  # fmt: skip
     from xinfer.kernels import quant_launch
 
@@ -57,6 +57,8 @@ def _quant_linear(
     fmt, tensors = _formats()[name], _quant_weights(name, n, k)
     b = _randn(n, dtype=dtype) if bias else None
     tiles = quant_launch.QuantTiles(block_m=16, block_n=32, block_k=128) if dot else None
+    if rows:
+        tiles = quant_launch.QuantTiles(block_m=rows, block_n=8, block_k=512, num_warps=8)
     quant_launch.linear(
         _randn(m, k, dtype=dtype), fmt, tensors, b, n, k, dequant=dequant, tiles=tiles
     )
@@ -82,7 +84,8 @@ def _quant_moe(name: str, dtype, tokens: int, use_gemv: bool, dequant=None,
 
 
 Q_LINEAR = "quant_linear_kernel"
-Q_SPLIT = "quant_linear_gemv_kernel"  # decode tiles split K; the last split reduces
+Q_SPLIT = "quant_linear_rows_kernel"  # decode tiles split K; the last split reduces
+Q_SPLIT_ONE = "quant_linear_gemv_kernel"  # one row a program (the byte-read formats)
 Q_DEQUANT = "dequant_kernel"
 Q_GEMV = "quant_moe_gate_up_gemv_kernel quant_moe_down_gemv_kernel"  # combine fused
 Q_GROUPED = (
@@ -95,8 +98,9 @@ Q_PREFILL_MOE = f"dequant_kernel {MOE_GROUPED}"
 def _quant_cases() -> None:
     for name in _formats():
         odd = "96" in name  # the gather variants: decode and in-register prefill tiles only
-        add(f"quant-{name}-linear-bf16-m1", Q_SPLIT, _quant_linear, name, BF16, 1)
-        add(f"quant-{name}-linear-fp16-m16-nobias", Q_SPLIT, _quant_linear, name, F16, 16,
+        split = Q_SPLIT_ONE if odd and "gptq" in name else Q_SPLIT  # 4-bit bytes: one row
+        add(f"quant-{name}-linear-bf16-m1", split, _quant_linear, name, BF16, 1)
+        add(f"quant-{name}-linear-fp16-m16-nobias", split, _quant_linear, name, F16, 16,
             bias=False)  # fmt: skip
         add(f"quant-{name}-linear-bf16-m4-dot", Q_LINEAR, _quant_linear, name, BF16, 4, dot=True)
         add(f"quant-{name}-linear-bf16-m128-registers", Q_LINEAR, _quant_linear, name, BF16,
@@ -123,6 +127,8 @@ def _quant_cases() -> None:
     for name in ("fp8-block128", "nvfp4", "gptq-g128-sym"):  # masked loads (EVEN false)
         add(f"quant-{name}-linear-bf16-m2-ragged", Q_SPLIT, _quant_linear, name, BF16, 2,
             ragged=True)  # fmt: skip
+        add(f"quant-{name}-linear-bf16-m2-one-row", Q_SPLIT_ONE, _quant_linear, name, BF16, 2,
+            rows=1)  # fmt: skip
 
 
 _quant_cases()
@@ -142,8 +148,9 @@ def _gguf_rows(name: str, rows: int, k: int, experts: int | None = None) -> torc
 
 
 def _gguf_linear(
-    name: str, dtype, m: int, bias: bool = True, dequant=None, n: int = 96, dot: bool = False
-) -> None:
+    name: str, dtype, m: int, bias: bool = True, dequant=None, n: int = 96, dot: bool = False,
+    rows: int = 0,
+) -> None:  # fmt: skip
     from xinfer.kernels import gguf_launch
     from xinfer.quant.gguf_blocks import BLOCK_TYPES
 
@@ -151,6 +158,8 @@ def _gguf_linear(
     b = _randn(n, dtype=dtype) if bias else None
     w = _gguf_rows(name, n, k)
     tiles = gguf_launch.GGUFTiles(16, 16, 8, num_warps=4) if dot else None
+    if rows:
+        tiles = gguf_launch.GGUFTiles(rows, 8, 8, num_warps=4)
     gguf_launch.linear(
         _randn(m, k, dtype=dtype), w, BLOCK_TYPES[name], b, n, k, tiles, dequant=dequant
     )
@@ -182,7 +191,7 @@ G_PREFILL_MOE = f"gguf_dequant_kernel {MOE_GROUPED}"
 
 def _gguf_cases() -> None:
     g = "gguf_linear_kernel"
-    split = "gguf_linear_gemv_kernel"  # K = 1024: 2 splits of 512, the last one reduces
+    split = "gguf_linear_rows_kernel"  # K = 1024: 2 splits of 512, the last one reduces
     for name in GGUF_TYPES:
         add(f"gguf-{name}-linear-bf16-m1", split, _gguf_linear, name, BF16, 1)
         add(f"gguf-{name}-linear-bf16-m4-dot", g, _gguf_linear, name, BF16, 4, dot=True)
@@ -193,6 +202,8 @@ def _gguf_cases() -> None:
         add(f"gguf-{name}-moe-bf16-prefill", G_PREFILL_MOE, _gguf_moe, name, name, BF16, 130,
             False, dequant=True)  # fmt: skip
     add("gguf-Q4_K-linear-fp16-m16-nobias", split, _gguf_linear, "Q4_K", F16, 16, bias=False)
+    add("gguf-Q4_K-linear-bf16-m3-one-row", "gguf_linear_gemv_kernel", _gguf_linear, "Q4_K",
+        BF16, 3, rows=1)  # fmt: skip
     add("gguf-Q4_K-linear-bf16-m1-reduce-apart", f"{split} gemv_split_reduce_kernel",
         reduced_apart(_gguf_linear), "Q4_K", BF16, 1)  # fmt: skip
     add("gguf-Q6_K-linear-fp32-m64", g, _gguf_linear, "Q6_K", F32, 64)

@@ -93,28 +93,36 @@ def test_linear_matches_twin(ql, name, dtype, m, dequant):
 
 @child_only
 @pytest.mark.parametrize(
-    "name,gemv",
-    [("fp8-16x32", True), ("gptq-g32-sym", True), ("nvfp4", True), ("nvfp4", False)],
+    "name,rows",
+    [("fp8-16x32", 4), ("gptq-g32-sym", 4), ("nvfp4", 4), ("nvfp4", 1), ("nvfp4", 16)],
 )
-def test_split_k_decode_linear_matches_twin_and_the_batch(ql, name, gemv):
+def test_split_k_decode_linear_matches_twin_and_the_batch(ql, name, rows):
     """K long enough that the decode tiles split it (partials added in split order, bias
-    after), in the GEMV form (one row a program) and the 16-row dot tile: equal to the twin,
-    and a row's bits the same alone as in a batch of 16."""
+    after), in the GEMV form with four rows a program (the default) or one, and the 16-row
+    dot tile: equal to the twin, and a row's bits the same alone, in a batch of 3 (one
+    program, rows past M skipped) and of 16."""
     fmt, n, k = _formats()[name], 24, 2048
     tensors = _weights(fmt, n, k, seed=7)
     g = torch.Generator().manual_seed(8)
     x = torch.randn(16, k, generator=g)
     bias = torch.randn(n, generator=g)
     kw = fmt.kernel_weights(tensors, k)
-    tiles = ql.linear_tiles(1, x.dtype, kw)
-    if not gemv:
+    tiles = ql.linear_tiles(1, x.dtype, kw, k)
+    assert tiles.block_m == 4  # the default decode tile of these formats and shapes
+    if rows == 1:
+        tiles = ql.QuantTiles(block_m=1, block_n=8, block_k=tiles.block_k, num_warps=8)
+    elif rows == 16:
         tiles = ql.QuantTiles(block_m=16, block_n=32, block_k=tiles.block_k // 2)
-    assert (tiles.block_m == 1) == gemv
     n_tiles = -(-n // tiles.block_n)
     assert gemv_launch.decode_split(1, n_tiles, k, tiles.block_k)[1] >= 2  # K is split
     out = ql.linear(x, fmt, tensors, bias, n, k, tiles=tiles)
     torch.testing.assert_close(out, fmt.reference_linear(x, tensors, bias, n, k), **_tol(x.dtype))
-    assert torch.equal(ql.linear(x[3:4], fmt, tensors, bias, n, k, tiles=tiles), out[3:4])
+    if rows == 16:  # (numpy's matmul, the interpreter's tl.dot, keeps a row's bits only
+        # where the row sits alike in its micro-tile: row 3 alone and in 16 rows)
+        assert torch.equal(ql.linear(x[3:4], fmt, tensors, bias, n, k, tiles=tiles), out[3:4])
+        return
+    assert torch.equal(ql.linear(x[5:6], fmt, tensors, bias, n, k, tiles=tiles), out[5:6])
+    assert torch.equal(ql.linear(x[4:7], fmt, tensors, bias, n, k, tiles=tiles), out[4:7])
 
 
 # MoE paths: the decode GEMV at its default tiles (each group's sum scaled once), the GEMV
@@ -191,7 +199,7 @@ def test_4bit_gemvs_read_words_or_bytes_alike(ql, monkeypatch, name):
     n, k = SHAPES.get(name, DEFAULT_SHAPE)
     tensors = _weights(fmt, n, k, seed=11)
     kw = fmt.kernel_weights(tensors, k)
-    assert ql.words(kw, ql.linear_tiles(1, torch.float32, kw).block_k, k)
+    assert ql.words(kw, ql.linear_tiles(1, torch.float32, kw, k).block_k, k)
     g = torch.Generator().manual_seed(12)
     x = torch.randn(3, k, generator=g)
     inter, num_experts = 64, 3
@@ -217,7 +225,7 @@ def test_even_tiles_load_unmasked_and_match_twin(ql, name, k):
     fmt, n, inter, num_experts = _formats()[name], 16, 64, 2
     tensors = _weights(fmt, n, k, seed=21)
     kw = fmt.kernel_weights(tensors, k)
-    tiles = ql.linear_tiles(1, torch.float32, kw)
+    tiles = ql.linear_tiles(1, torch.float32, kw, k)
     assert ql.even(n, k, tiles.block_n, tiles.block_k)
     g = torch.Generator().manual_seed(22)
     x = torch.randn(2, k, generator=g)

@@ -72,8 +72,8 @@ def linear_tiles(
     batch within a bucket, so a decode row's bits do not depend on the batch."""
     if m <= DECODE_M:  # weight-bound: narrow N tiles give every SM work
         head = _SWEPT_HEAD.get(btype.name) if btype is not None and n >= HEAD_ROWS else None
-        if head is None and quant_launch.DECODE_GEMV:
-            head = GGUFTiles(block_m=1, block_n=8, subs=8, num_warps=4)  # the GEMV form
+        if head is None and quant_launch.DECODE_GEMV:  # the GEMV form, four rows a program
+            head = GGUFTiles(block_m=4, block_n=4, subs=8, num_warps=2)
         return head or GGUFTiles(block_m=16, block_n=16, subs=8, num_warps=4)
     if dtype == torch.float32:
         return GGUFTiles(block_m=32, block_n=32, subs=2, num_warps=4)
@@ -185,7 +185,7 @@ def linear(
     if m == 0:
         return out.view(*x.shape[:-1], n)
     t = tiles or linear_tiles(m, x.dtype, btype, n)
-    if t.block_m == 1:
+    if t.block_m in (1, 4):
         if m > DECODE_M:
             raise ValueError(f"gguf linear: the GEMV tiles take at most {DECODE_M} rows")
         _gemv_linear(x2, w, btype, bias, out, t)
@@ -212,22 +212,29 @@ def linear(
 
 
 def _gemv_linear(x2, w, btype: BlockType, bias, out, t: GGUFTiles) -> None:
-    """out (M, N) = x2 @ W^T (+ bias) by `gguf_linear_gemv_kernel`: grid (M, N tiles,
-    splits), K split from the shape alone."""
+    """out (M, N) = x2 @ W^T (+ bias) in the GEMV form: `gguf_linear_gemv_kernel` (block_m
+    1: grid (M, N tiles, splits)) or `gguf_linear_rows_kernel` (block_m 4: four rows a
+    program, each tile decoded once for them); K split from the shape alone."""
     (m, k), n = x2.shape, out.shape[1]
     n_tiles = triton.cdiv(n, t.block_n)
     k_per_split, splits = decode_split(m, n_tiles, k, t)
     part = out if splits == 1 else out.new_empty(splits, m, n, dtype=torch.float32)
-    counters, reduce = gemv_launch.split_tail(out, splits, m * n_tiles)
+    m_programs = triton.cdiv(m, t.block_m)
+    counters, reduce = gemv_launch.split_tail(out, splits, m_programs * n_tiles)
     fuse_bias = bias is not None and (splits == 1 or reduce)
-    jit.gguf_linear_gemv_kernel[(m, n_tiles, splits)](
+    grid = (m_programs, n_tiles, splits)
+    args = (
         x2, w, bias if fuse_bias else x2, part, out, counters,
         m, n, k, k_per_split,
         x2.stride(0), w.stride(0), part.stride(0) if splits > 1 else 0, part.stride(-2),
         out.stride(0),
-        BTYPE=btype.type_id, HAS_BIAS=fuse_bias, BLOCK_N=t.block_n, SUBS=t.subs, REDUCE=reduce,
-        num_warps=t.num_warps,
     )  # fmt: skip
+    consts = dict(BTYPE=btype.type_id, HAS_BIAS=fuse_bias, BLOCK_N=t.block_n, SUBS=t.subs,
+                  REDUCE=reduce, num_warps=t.num_warps)  # fmt: skip
+    if t.block_m == 1:
+        jit.gguf_linear_gemv_kernel[grid](*args, **consts)
+    else:
+        jit.gguf_linear_rows_kernel[grid](*args, **consts)
     if splits > 1 and not reduce:
         gemv_launch.reduce_splits(part, bias, out)
 

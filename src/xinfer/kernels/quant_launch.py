@@ -77,13 +77,18 @@ def gemv_tiles(kw13: KernelWeights) -> QuantTiles:
     )
 
 
-def linear_tiles(m: int, dtype: torch.dtype, kw: KernelWeights | None = None) -> QuantTiles:
-    """The linear's tiles from (M bucket, dtype, format), never from M within a bucket, so
-    a decode row's bits do not depend on the batch. Decode (M <= DECODE_M): the GEMV form
-    (`block_m` 1, DECODE_GEMV) with the MoE GEMV's tiles, or the 16-row dot tile."""
+def linear_tiles(
+    m: int, dtype: torch.dtype, kw: KernelWeights | None = None, k: int | None = None
+) -> QuantTiles:
+    """The linear's tiles from (M bucket, dtype, format, K), never from M within a bucket,
+    so a decode row's bits do not depend on the batch. Decode (M <= DECODE_M): the GEMV form
+    (DECODE_GEMV) with the MoE GEMV's tiles, four rows a program where the weight allows it
+    (`rows_tiles_fit`: each tile decoded once for four rows), else one; or the 16-row dot
+    tile."""
     if m <= DECODE_M and DECODE_GEMV:
         block_k = _decode_block_k(kw) if kw is not None else 128
-        return QuantTiles(block_m=1, block_n=8, block_k=block_k, num_warps=8)
+        fits = kw is not None and k is not None and rows_tiles_fit(kw, block_k, k)
+        return QuantTiles(block_m=4 if fits else 1, block_n=8, block_k=block_k, num_warps=8)
     if m <= DECODE_M:  # weight-bound: narrow N tiles, K split below, give every SM work
         block_k = _decode_block_k(kw) // 2 if kw is not None else 128
         return QuantTiles(block_m=16, block_n=32, block_k=block_k, num_warps=4)
@@ -153,8 +158,8 @@ def linear(
     if m >= PREFILL_MIN_ROWS if dequant is None else dequant:
         return quant_prefill.linear(x2, kw, bias, n, k).view(*x.shape[:-1], n)
     out = x.new_empty(m, n)
-    tiles = tiles or linear_tiles(m, x.dtype, kw)
-    if tiles.block_m == 1:
+    tiles = tiles or linear_tiles(m, x.dtype, kw, k)
+    if tiles.block_m in (1, 4):
         if m > DECODE_M:
             raise ValueError(f"quant linear: the GEMV tiles take at most {DECODE_M} rows")
         _gemv_linear(x2, kw, bias, out, tiles)
@@ -185,8 +190,10 @@ def linear(
 
 
 def _gemv_linear(x2, kw: KernelWeights, bias, out, tiles: QuantTiles) -> None:
-    """out (M, N) = x2 @ W^T (+ bias) by `quant_linear_gemv_kernel`: grid (M, N tiles,
-    splits), K split from the shape alone (`gemv_launch.decode_split`)."""
+    """out (M, N) = x2 @ W^T (+ bias) in the GEMV form, K split from the shape alone
+    (`gemv_launch.decode_split`): `quant_linear_gemv_kernel` (block_m 1: grid (M, N tiles,
+    splits)) or `quant_linear_rows_kernel` (block_m 4: four rows a program, each tile
+    decoded once for them; factored sums, FP8 or 4-bit words only — `rows_tiles_fit`)."""
     (m, k), n = x2.shape, out.shape[1]
     (w, s, z), (swn, ssn, szn) = _args(kw, expert_dim=False)
     n_tiles = triton.cdiv(n, tiles.block_n)
@@ -194,21 +201,37 @@ def _gemv_linear(x2, kw: KernelWeights, bias, out, tiles: QuantTiles) -> None:
         m, n_tiles, k, tiles.block_k, tiles.split_programs
     )
     part = out if splits == 1 else out.new_empty(splits, m, n, dtype=torch.float32)
-    counters, reduce = gemv_launch.split_tail(out, splits, m * n_tiles)
+    m_programs = triton.cdiv(m, tiles.block_m)
+    counters, reduce = gemv_launch.split_tail(out, splits, m_programs * n_tiles)
     fuse_bias = bias is not None and (splits == 1 or reduce)
     factored = FACTORED if tiles.factored is None else tiles.factored
-    jit.quant_linear_gemv_kernel[(m, n_tiles, splits)](
+    grid = (m_programs, n_tiles, splits)
+    args = (
         x2, w, s, z, bias if fuse_bias else s, part, out, counters,
         m, n, k, k_per_split,
         x2.stride(0), swn, ssn, szn, part.stride(0) if splits > 1 else 0, part.stride(-2),
         out.stride(0),
+    )  # fmt: skip
+    consts = dict(
         **_fmt_kw(kw), PACKED=packed(kw), HAS_BIAS=fuse_bias, BLOCK_N=tiles.block_n,
-        BLOCK_K=tiles.block_k, GROUP_T=group_t(kw, tiles.block_k, k), FACTORED=factored,
-        REDUCE=reduce, WORDS=words(kw, tiles.block_k, k),
+        BLOCK_K=tiles.block_k, GROUP_T=group_t(kw, tiles.block_k, k), REDUCE=reduce,
         EVEN=even(n, k, tiles.block_n, tiles.block_k), num_warps=tiles.num_warps,
     )  # fmt: skip
+    if tiles.block_m == 4:
+        if not (factored and rows_tiles_fit(kw, tiles.block_k, k)):
+            raise ValueError("quant linear: four-row tiles need factored sums and FP8 or words")
+        jit.quant_linear_rows_kernel[grid](*args, **consts)
+    else:
+        jit.quant_linear_gemv_kernel[grid](
+            *args, **consts, FACTORED=factored, WORDS=words(kw, tiles.block_k, k)
+        )
     if splits > 1 and not reduce:
         gemv_launch.reduce_splits(part, bias, out)
+
+
+def rows_tiles_fit(kw: KernelWeights, block_k: int, k: int) -> bool:
+    """Whether `quant_linear_rows_kernel` reads `kw`: FP8 codes, or 4-bit codes by words."""
+    return not packed(kw) or words(kw, block_k, k)
 
 
 def moe_merge_key(num_pairs: int, hidden: torch.Tensor) -> object | None:

@@ -102,6 +102,57 @@ def gguf_linear_gemv_kernel(
     )  # fmt: skip
 
 
+@triton.jit(do_not_specialize=["M"])
+def gguf_linear_rows_kernel(
+    x_ptr, w_ptr, bias_ptr, out_ptr, final_ptr, count_ptr,
+    M, N, K, k_per_split,
+    stride_xm, stride_wn, stride_os, stride_om, stride_fm,
+    BTYPE: tl.constexpr, HAS_BIAS: tl.constexpr, BLOCK_N: tl.constexpr, SUBS: tl.constexpr,
+    REDUCE: tl.constexpr,
+):  # fmt: skip
+    """grid (cdiv(M, 4), cdiv(N, BLOCK_N), splits): the GEMV form for four rows of x a
+    program: each weight tile is decoded once and multiplied into four accumulators, one a
+    row (rows past M skip their multiply-adds). A row's arithmetic is the same whether its
+    neighbours exist or not, so its bits never depend on M; the decode is shared by four
+    rows instead of paid per row (`gguf_linear_gemv_kernel`)."""
+    m0 = tl.program_id(0) * 4
+    pid_n = tl.program_id(1)
+    split = tl.program_id(2)
+    offs_n = pid_n * BLOCK_N + tl.arange(0, BLOCK_N)
+    mask_n = offs_n < N
+    row_off = offs_n.to(tl.int64) * stride_wn
+    x0 = x_ptr + m0.to(tl.int64) * stride_xm
+    kb_start = split * (k_per_split // (SUBS * 32))
+    kb_end = tl.minimum(kb_start + k_per_split // (SUBS * 32), tl.cdiv(K, SUBS * 32))
+    acc0 = tl.zeros((BLOCK_N, SUBS, 32), dtype=tl.float32)
+    acc1 = tl.zeros((BLOCK_N, SUBS, 32), dtype=tl.float32)
+    acc2 = tl.zeros((BLOCK_N, SUBS, 32), dtype=tl.float32)
+    acc3 = tl.zeros((BLOCK_N, SUBS, 32), dtype=tl.float32)
+    for kb in range(kb_start, kb_end):
+        w = gguf_tile(w_ptr, row_off, kb, K, mask_n, BTYPE, SUBS)
+        acc0 += w * x_chunk(x0, kb, K, SUBS, BLOCK_N)
+        if m0 + 1 < M:
+            acc1 += w * x_chunk(x0 + stride_xm, kb, K, SUBS, BLOCK_N)
+        if m0 + 2 < M:
+            acc2 += w * x_chunk(x0 + 2 * stride_xm, kb, K, SUBS, BLOCK_N)
+        if m0 + 3 < M:
+            acc3 += w * x_chunk(x0 + 3 * stride_xm, kb, K, SUBS, BLOCK_N)
+    tile = (m0 // 4) * tl.num_programs(1) + pid_n
+    y0 = tl.sum(tl.sum(acc0, axis=2), axis=1)
+    y1 = tl.sum(tl.sum(acc1, axis=2), axis=1)
+    y2 = tl.sum(tl.sum(acc2, axis=2), axis=1)
+    y3 = tl.sum(tl.sum(acc3, axis=2), axis=1)
+    r = tl.arange(0, 4)[:, None]
+    y = tl.where(r == 0, y0[None, :], tl.where(r == 1, y1[None, :],
+                 tl.where(r == 2, y2[None, :], y3[None, :])))  # fmt: skip
+    offs_m = m0 + tl.arange(0, 4)
+    store_split_tile(
+        y, out_ptr, bias_ptr, final_ptr, count_ptr, tile, split, tl.num_programs(2), offs_m,
+        offs_n, offs_m < M, mask_n, stride_os, stride_om, stride_fm, HAS_BIAS, REDUCE, 4,
+        BLOCK_N,
+    )  # fmt: skip
+
+
 @triton.jit
 def gguf_moe_gate_up_gemv_kernel(
     x_ptr, ids_ptr, w_ptr, inter_ptr,

@@ -211,6 +211,77 @@ def quant_linear_gemv_kernel(
 
 
 @triton.jit
+def _x_tile(x_row, ks, k_end, EVEN: tl.constexpr):
+    """The activations of x row `x_row` at columns `ks` (the weight tile's full shape)."""
+    if EVEN:
+        x = tl.load(x_row + ks)
+    else:
+        x = tl.load(x_row + ks, mask=ks < k_end, other=0.0)
+    return x.to(tl.float32)
+
+
+@triton.jit(do_not_specialize=["M", "stride_os"])
+def quant_linear_rows_kernel(
+    x_ptr, w_ptr, s_ptr, z_ptr, bias_ptr, out_ptr, final_ptr, count_ptr,
+    M, N, K, k_per_split,
+    stride_xm, stride_wn, stride_sn, stride_zn, stride_os, stride_om, stride_fm,
+    FMT: tl.constexpr, SCALE_BN: tl.constexpr, SCALE_BK: tl.constexpr, HAS_ZERO: tl.constexpr,
+    PACKED: tl.constexpr, HAS_BIAS: tl.constexpr, BLOCK_N: tl.constexpr,
+    BLOCK_K: tl.constexpr, GROUP_T: tl.constexpr, REDUCE: tl.constexpr, EVEN: tl.constexpr,
+):  # fmt: skip
+    """grid (cdiv(M, 4), cdiv(N, BLOCK_N), splits): the GEMV form for four rows of x a
+    program: each weight tile is decoded once (FP8 codes, or 4-bit words: `load_raw_words`)
+    and each row's group sums scaled once (FACTORED) into an accumulator of its own; rows
+    past M skip their multiply-adds. A row's arithmetic is the same whether its neighbours
+    exist or not, so its bits never depend on M; the decode is shared by four rows instead
+    of paid per row (`quant_linear_gemv_kernel`)."""
+    m0 = tl.program_id(0) * 4
+    pid_n = tl.program_id(1)
+    split = tl.program_id(2)
+    offs_n = pid_n * BLOCK_N + tl.arange(0, BLOCK_N)
+    mask_n = offs_n < N
+    k_begin = split * k_per_split
+    k_end = tl.minimum(K, k_begin + k_per_split)
+    g = tl.arange(0, BLOCK_K // GROUP_T)
+    cols = g[:, None] * GROUP_T + tl.arange(0, GROUP_T)[None, :]
+    cols = cols[None, :, :] + tl.zeros((BLOCK_N, 1, 1), tl.int32)  # x at the tile's shape
+    x0 = x_ptr + m0.to(tl.int64) * stride_xm
+    acc0 = tl.zeros((BLOCK_N, BLOCK_K // GROUP_T), dtype=tl.float32)
+    acc1 = tl.zeros((BLOCK_N, BLOCK_K // GROUP_T), dtype=tl.float32)
+    acc2 = tl.zeros((BLOCK_N, BLOCK_K // GROUP_T), dtype=tl.float32)
+    acc3 = tl.zeros((BLOCK_N, BLOCK_K // GROUP_T), dtype=tl.float32)
+    for k0 in range(k_begin, k_end, BLOCK_K):
+        if PACKED:
+            v, sc = load_raw_words(
+                w_ptr, s_ptr, z_ptr, offs_n, k0, mask_n, k_end, stride_wn, stride_sn,
+                stride_zn, FMT, SCALE_BK, HAS_ZERO, BLOCK_K, GROUP_T, EVEN,
+            )  # fmt: skip
+        else:
+            v, sc = load_raw_tile3(
+                w_ptr, s_ptr, z_ptr, offs_n, k0, mask_n, k_end, stride_wn, stride_sn,
+                stride_zn, FMT, SCALE_BN, SCALE_BK, HAS_ZERO, BLOCK_K, GROUP_T, EVEN,
+            )  # fmt: skip
+        ks = k0 + cols
+        acc0 += tl.sum(v * _x_tile(x0, ks, k_end, EVEN), axis=2) * sc
+        if m0 + 1 < M:
+            acc1 += tl.sum(v * _x_tile(x0 + stride_xm, ks, k_end, EVEN), axis=2) * sc
+        if m0 + 2 < M:
+            acc2 += tl.sum(v * _x_tile(x0 + 2 * stride_xm, ks, k_end, EVEN), axis=2) * sc
+        if m0 + 3 < M:
+            acc3 += tl.sum(v * _x_tile(x0 + 3 * stride_xm, ks, k_end, EVEN), axis=2) * sc
+    r = tl.arange(0, 4)[:, None]
+    y = tl.where(r == 0, tl.sum(acc0, axis=1)[None, :], tl.where(
+        r == 1, tl.sum(acc1, axis=1)[None, :], tl.where(
+            r == 2, tl.sum(acc2, axis=1)[None, :], tl.sum(acc3, axis=1)[None, :])))  # fmt: skip
+    offs_m = m0 + tl.arange(0, 4)
+    store_split_tile(
+        y, out_ptr, bias_ptr, final_ptr, count_ptr, (m0 // 4) * tl.num_programs(1) + pid_n,
+        split, tl.num_programs(2), offs_m, offs_n, offs_m < M, mask_n, stride_os, stride_om,
+        stride_fm, HAS_BIAS, REDUCE, 4, BLOCK_N,
+    )  # fmt: skip
+
+
+@triton.jit
 def quant_moe_gate_up_gemv_kernel(
     x_ptr, ids_ptr, w_ptr, s_ptr, z_ptr, inter_ptr,
     hidden_dim, inter_dim,
