@@ -9,8 +9,8 @@ GEMMs; smaller ones (decode) always dequantize in registers.
 Determinism: tile sizes depend only on (M bucket, N, K, dtype) for linears and on
 (T*k bucket, H, I, dtype) for experts, never on ids, so an expert's bits do not depend on
 which slot holds it; decode linears (M <= 16) use one config, so a row's bits do not
-depend on the batch (the GEMV form, DECODE_GEMV, computes each row in a program of its
-own)."""
+depend on the batch (the GEMV form, DECODE_GEMV, gives each row an accumulator of its own
+and the same arithmetic whatever the other rows)."""
 
 from __future__ import annotations
 
@@ -42,12 +42,14 @@ PREFILL_MIN_PAIRS = 1024
 # GPTQ 34.6 → 33.5 / 227.1 → 219.5. Still batch-invariant and slot-independent (each pair's
 # sums in a fixed order).
 FACTORED = True
-# Decode linears (M <= DECODE_M) without `tl.dot`: one x row a program, multiply-adds on the
-# tile dequantized in registers, as the MoE GEMV (`quant_linear_gemv_kernel`). The 16-row dot
-# tile ran far from the bytes on the H200 (FP8 1 x 5120 x 2048 10.2 µs = 1.03 TB/s, NVFP4
-# 36.0 µs = 0.16 TB/s, 2026-12-05) while the MoE GEMV reads FP8 at 1.87 TB/s; its serial
-# chain (load, decode, layout conversion through shared memory, MMA) is what this removes.
-# False: the dot tile (tiles with `block_m` 16 choose it too).
+# Decode linears (M <= DECODE_M) without `tl.dot`: multiply-adds on the tile dequantized in
+# registers, as the MoE GEMV, four x rows a program (`quant_linear_rows_kernel`: the tile
+# decoded once for them) or one (`quant_linear_gemv_kernel`). The 16-row dot tile ran far
+# from the bytes on the H200 (FP8 1 x 5120 x 2048 10.2 µs = 1.03 TB/s, NVFP4 36.0 µs =
+# 0.16 TB/s, 2026-12-05) while the MoE GEMV reads FP8 at 1.87 TB/s; its serial chain (load,
+# decode, layout conversion through shared memory, MMA) is what this removes. Not yet
+# measured on the H200 (bench/NOTES.md, tenth session: predictions). False: the dot tile
+# (tiles with `block_m` 16 choose it too).
 DECODE_GEMV = True
 
 
@@ -87,7 +89,7 @@ def linear_tiles(
     tile."""
     if m <= DECODE_M and DECODE_GEMV:
         block_k = _decode_block_k(kw) if kw is not None else 128
-        fits = kw is not None and k is not None and rows_tiles_fit(kw, block_k, k)
+        fits = FACTORED and kw is not None and k is not None and rows_tiles_fit(kw, block_k, k)
         return QuantTiles(block_m=4 if fits else 1, block_n=8, block_k=block_k, num_warps=8)
     if m <= DECODE_M:  # weight-bound: narrow N tiles, K split below, give every SM work
         block_k = _decode_block_k(kw) // 2 if kw is not None else 128
