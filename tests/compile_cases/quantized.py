@@ -102,7 +102,9 @@ def _quant_cases() -> None:
         add(f"quant-{name}-linear-bf16-m1", split, _quant_linear, name, BF16, 1)
         add(f"quant-{name}-linear-fp16-m16-nobias", split, _quant_linear, name, F16, 16,
             bias=False)  # fmt: skip
-        add(f"quant-{name}-linear-bf16-m4-dot", Q_LINEAR, _quant_linear, name, BF16, 4, dot=True)
+        if name in ("fp8-block128", "nvfp4"):  # the 16-row dot tile at decode (selectable)
+            add(f"quant-{name}-linear-bf16-m4-dot", Q_LINEAR, _quant_linear, name, BF16, 4,
+                dot=True)  # fmt: skip
         add(f"quant-{name}-linear-bf16-m128-registers", Q_LINEAR, _quant_linear, name, BF16,
             128, dequant=False)  # fmt: skip
         add(f"quant-{name}-moe-bf16-gemv", Q_GEMV, _quant_moe, name, BF16, 1, True)
@@ -194,7 +196,8 @@ def _gguf_cases() -> None:
     split = "gguf_linear_rows_kernel"  # K = 1024: 2 splits of 512, the last one reduces
     for name in GGUF_TYPES:
         add(f"gguf-{name}-linear-bf16-m1", split, _gguf_linear, name, BF16, 1)
-        add(f"gguf-{name}-linear-bf16-m4-dot", g, _gguf_linear, name, BF16, 4, dot=True)
+        if name in ("Q8_0", "Q4_K"):  # the 16-row dot tile at decode (selectable)
+            add(f"gguf-{name}-linear-bf16-m4-dot", g, _gguf_linear, name, BF16, 4, dot=True)
         add(f"gguf-{name}-linear-bf16-m127", g, _gguf_linear, name, BF16, 127)
         add(f"gguf-{name}-linear-bf16-m128-prefill", G_DEQUANT, _gguf_linear, name, BF16, 128)
         add(f"gguf-{name}-moe-bf16-gemv", G_GEMV, _gguf_moe, name, name, BF16, 1, True)
