@@ -48,6 +48,15 @@ def reduce_when_last(
 
 
 @triton.jit
+def four_rows(y0, y1, y2, y3):
+    """(4, BLOCK_N): the per-row results (BLOCK_N,) of the four-row GEMV programs stacked
+    as the output tile `store_split_tile` takes."""
+    r = tl.arange(0, 4)[:, None]
+    return tl.where(r == 0, y0[None, :], tl.where(
+        r == 1, y1[None, :], tl.where(r == 2, y2[None, :], y3[None, :])))  # fmt: skip
+
+
+@triton.jit
 def store_split_tile(
     acc, out_ptr, bias_ptr, final_ptr, count_ptr, tile, split, splits, offs_m, offs_n,
     mask_m, mask_n, stride_os, stride_om, stride_fm,

@@ -13,7 +13,7 @@ import triton
 import triton.language as tl
 
 from xinfer.kernels.triton.fused_moe import _silu_mul, combine_when_last
-from xinfer.kernels.triton.gemv import store_split_tile
+from xinfer.kernels.triton.gemv import four_rows, store_split_tile
 from xinfer.kernels.triton.gguf_dequant import gguf_tile, x_chunk
 from xinfer.kernels.triton.moe_blocks import moe_block
 
@@ -138,13 +138,10 @@ def gguf_linear_rows_kernel(
         if m0 + 3 < M:
             acc3 += w * x_chunk(x0 + 3 * stride_xm, kb, K, SUBS, BLOCK_N)
     tile = (m0 // 4) * tl.num_programs(1) + pid_n
-    y0 = tl.sum(tl.sum(acc0, axis=2), axis=1)
-    y1 = tl.sum(tl.sum(acc1, axis=2), axis=1)
-    y2 = tl.sum(tl.sum(acc2, axis=2), axis=1)
-    y3 = tl.sum(tl.sum(acc3, axis=2), axis=1)
-    r = tl.arange(0, 4)[:, None]
-    y = tl.where(r == 0, y0[None, :], tl.where(r == 1, y1[None, :],
-                 tl.where(r == 2, y2[None, :], y3[None, :])))  # fmt: skip
+    y = four_rows(
+        tl.sum(tl.sum(acc0, axis=2), axis=1), tl.sum(tl.sum(acc1, axis=2), axis=1),
+        tl.sum(tl.sum(acc2, axis=2), axis=1), tl.sum(tl.sum(acc3, axis=2), axis=1),
+    )  # fmt: skip
     offs_m = m0 + tl.arange(0, 4)
     store_split_tile(
         y, out_ptr, bias_ptr, final_ptr, count_ptr, tile, split, tl.num_programs(2), offs_m,

@@ -13,7 +13,7 @@ import triton
 import triton.language as tl
 
 from xinfer.kernels.triton.fused_moe import _silu_mul, combine_when_last
-from xinfer.kernels.triton.gemv import store_split_tile
+from xinfer.kernels.triton.gemv import four_rows, store_split_tile
 from xinfer.kernels.triton.moe_blocks import moe_block
 from xinfer.kernels.triton.quant_dequant import (
     load_raw_pairs,
@@ -21,8 +21,38 @@ from xinfer.kernels.triton.quant_dequant import (
     load_raw_words,
     load_weight_pairs,
     load_weight_tile,
-    load_weight_tile3,
 )
+
+
+@triton.jit
+def _x_tile(x_row, ks, k_end, EVEN: tl.constexpr):
+    """The activations of x row `x_row` at columns `ks` (the weight tile's full shape)."""
+    if EVEN:
+        x = tl.load(x_row + ks)
+    else:
+        x = tl.load(x_row + ks, mask=ks < k_end, other=0.0)
+    return x.to(tl.float32)
+
+
+@triton.jit
+def _decoded_tile(
+    w_ptr, s_ptr, z_ptr, rows, k0, mask_n, k_end, stride_wn, stride_sn, stride_zn,
+    FMT: tl.constexpr, SCALE_BN: tl.constexpr, SCALE_BK: tl.constexpr, HAS_ZERO: tl.constexpr,
+    PACKED: tl.constexpr, BLOCK_K: tl.constexpr, GROUP_T: tl.constexpr, EVEN: tl.constexpr,
+):  # fmt: skip
+    """(codes' values, scales) of a tile in column order: 4-bit codes by words
+    (`load_raw_words`: the caller checked `quant_launch.words`), FP8 codes as they lie."""
+    if PACKED:
+        v, sc = load_raw_words(
+            w_ptr, s_ptr, z_ptr, rows, k0, mask_n, k_end, stride_wn, stride_sn, stride_zn,
+            FMT, SCALE_BK, HAS_ZERO, BLOCK_K, GROUP_T, EVEN,
+        )  # fmt: skip
+    else:
+        v, sc = load_raw_tile3(
+            w_ptr, s_ptr, z_ptr, rows, k0, mask_n, k_end, stride_wn, stride_sn, stride_zn,
+            FMT, SCALE_BN, SCALE_BK, HAS_ZERO, BLOCK_K, GROUP_T, EVEN,
+        )  # fmt: skip
+    return v, sc
 
 
 @triton.jit
@@ -60,25 +90,21 @@ def _row_dot(
     rows = offs_n + row_offset
     g = tl.arange(0, BLOCK_K // GROUP_T)
     groups = tl.zeros((BLOCK_N, BLOCK_K // GROUP_T), dtype=tl.float32)
-    if PACKED and WORDS:
+    if WORDS or not PACKED:  # codes in column order: 4-bit by words, or FP8
         cols = g[:, None] * GROUP_T + tl.arange(0, GROUP_T)[None, :]
         cols = cols[None, :, :] + tl.zeros((BLOCK_N, 1, 1), tl.int32)  # x at the tile's shape
         acc = tl.zeros((BLOCK_N, BLOCK_K // GROUP_T, GROUP_T), dtype=tl.float32)
         for k0 in range(k_begin, k_dim, BLOCK_K):
-            ks = k0 + cols
-            if EVEN:
-                x = tl.load(x_ptr + ks).to(tl.float32)
-            else:
-                x = tl.load(x_ptr + ks, mask=ks < k_dim, other=0.0).to(tl.float32)
-            v, sc = load_raw_words(
+            x = _x_tile(x_ptr, k0 + cols, k_dim, EVEN)
+            v, sc = _decoded_tile(
                 w_ptr, s_ptr, z_ptr, rows, k0, mask_n, k_dim, stride_wn, stride_sn, stride_zn,
-                FMT, SCALE_BK, HAS_ZERO, BLOCK_K, GROUP_T, EVEN,
+                FMT, SCALE_BN, SCALE_BK, HAS_ZERO, PACKED, BLOCK_K, GROUP_T, EVEN,
             )  # fmt: skip
             if FACTORED:
                 groups += tl.sum(v * x, axis=2) * sc
-            else:
+            else:  # each weight rounded to x's dtype, as the twin (load_weight_tile3's v * s)
                 acc += (v * sc[:, :, None]).to(dtype).to(tl.float32) * x
-    elif PACKED:
+    else:  # 4-bit codes by bytes
         pcols = g[:, None] * GROUP_T + 2 * tl.arange(0, GROUP_T // 2)[None, :]  # even columns
         acc = tl.zeros((BLOCK_N, BLOCK_K // GROUP_T, GROUP_T // 2), dtype=tl.float32)
         for k0 in range(k_begin, k_dim, BLOCK_K):
@@ -100,28 +126,6 @@ def _row_dot(
                 )  # fmt: skip
                 acc += lo.to(dtype).to(tl.float32) * xe
                 acc += hi.to(dtype).to(tl.float32) * xo
-    else:
-        cols = g[:, None] * GROUP_T + tl.arange(0, GROUP_T)[None, :]
-        cols = cols[None, :, :] + tl.zeros((BLOCK_N, 1, 1), tl.int32)  # x at the tile's shape
-        acc = tl.zeros((BLOCK_N, BLOCK_K // GROUP_T, GROUP_T), dtype=tl.float32)
-        for k0 in range(k_begin, k_dim, BLOCK_K):
-            ks = k0 + cols
-            if EVEN:
-                x = tl.load(x_ptr + ks).to(tl.float32)
-            else:
-                x = tl.load(x_ptr + ks, mask=ks < k_dim, other=0.0).to(tl.float32)
-            if FACTORED:
-                v, sc = load_raw_tile3(
-                    w_ptr, s_ptr, z_ptr, rows, k0, mask_n, k_dim, stride_wn, stride_sn,
-                    stride_zn, FMT, SCALE_BN, SCALE_BK, HAS_ZERO, BLOCK_K, GROUP_T, EVEN,
-                )  # fmt: skip
-                groups += tl.sum(v * x, axis=2) * sc
-            else:
-                w = load_weight_tile3(
-                    w_ptr, s_ptr, z_ptr, rows, k0, mask_n, k_dim, stride_wn, stride_sn,
-                    stride_zn, FMT, SCALE_BN, SCALE_BK, HAS_ZERO, BLOCK_K, GROUP_T,
-                )  # fmt: skip
-                acc += w.to(dtype).to(tl.float32) * x
     if FACTORED:
         out = tl.sum(groups, axis=1)
     else:
@@ -210,16 +214,6 @@ def quant_linear_gemv_kernel(
     )  # fmt: skip
 
 
-@triton.jit
-def _x_tile(x_row, ks, k_end, EVEN: tl.constexpr):
-    """The activations of x row `x_row` at columns `ks` (the weight tile's full shape)."""
-    if EVEN:
-        x = tl.load(x_row + ks)
-    else:
-        x = tl.load(x_row + ks, mask=ks < k_end, other=0.0)
-    return x.to(tl.float32)
-
-
 @triton.jit(do_not_specialize=["M", "stride_os"])
 def quant_linear_rows_kernel(
     x_ptr, w_ptr, s_ptr, z_ptr, bias_ptr, out_ptr, final_ptr, count_ptr,
@@ -251,16 +245,10 @@ def quant_linear_rows_kernel(
     acc2 = tl.zeros((BLOCK_N, BLOCK_K // GROUP_T), dtype=tl.float32)
     acc3 = tl.zeros((BLOCK_N, BLOCK_K // GROUP_T), dtype=tl.float32)
     for k0 in range(k_begin, k_end, BLOCK_K):
-        if PACKED:
-            v, sc = load_raw_words(
-                w_ptr, s_ptr, z_ptr, offs_n, k0, mask_n, k_end, stride_wn, stride_sn,
-                stride_zn, FMT, SCALE_BK, HAS_ZERO, BLOCK_K, GROUP_T, EVEN,
-            )  # fmt: skip
-        else:
-            v, sc = load_raw_tile3(
-                w_ptr, s_ptr, z_ptr, offs_n, k0, mask_n, k_end, stride_wn, stride_sn,
-                stride_zn, FMT, SCALE_BN, SCALE_BK, HAS_ZERO, BLOCK_K, GROUP_T, EVEN,
-            )  # fmt: skip
+        v, sc = _decoded_tile(
+            w_ptr, s_ptr, z_ptr, offs_n, k0, mask_n, k_end, stride_wn, stride_sn, stride_zn,
+            FMT, SCALE_BN, SCALE_BK, HAS_ZERO, PACKED, BLOCK_K, GROUP_T, EVEN,
+        )  # fmt: skip
         ks = k0 + cols
         acc0 += tl.sum(v * _x_tile(x0, ks, k_end, EVEN), axis=2) * sc
         if m0 + 1 < M:
@@ -269,10 +257,8 @@ def quant_linear_rows_kernel(
             acc2 += tl.sum(v * _x_tile(x0 + 2 * stride_xm, ks, k_end, EVEN), axis=2) * sc
         if m0 + 3 < M:
             acc3 += tl.sum(v * _x_tile(x0 + 3 * stride_xm, ks, k_end, EVEN), axis=2) * sc
-    r = tl.arange(0, 4)[:, None]
-    y = tl.where(r == 0, tl.sum(acc0, axis=1)[None, :], tl.where(
-        r == 1, tl.sum(acc1, axis=1)[None, :], tl.where(
-            r == 2, tl.sum(acc2, axis=1)[None, :], tl.sum(acc3, axis=1)[None, :])))  # fmt: skip
+    y = four_rows(tl.sum(acc0, axis=1), tl.sum(acc1, axis=1), tl.sum(acc2, axis=1),
+                  tl.sum(acc3, axis=1))  # fmt: skip
     offs_m = m0 + tl.arange(0, 4)
     store_split_tile(
         y, out_ptr, bias_ptr, final_ptr, count_ptr, (m0 // 4) * tl.num_programs(1) + pid_n,
