@@ -165,21 +165,17 @@ def _launch(x, weight, bias, out, cfg: GemvConfig) -> None:
     k_per_split = triton.cdiv(triton.cdiv(k, cfg.split_k), SPLIT_ALIGN) * SPLIT_ALIGN
     splits = triton.cdiv(k, k_per_split) if k else 1  # non-empty splits only
     n_tiles = triton.cdiv(n, cfg.block_n)
-    part = out if splits == 1 else out.new_empty(splits, m, n, dtype=torch.float32)
     precision = "ieee" if x.dtype == torch.float32 else "tf32"  # fp32 must not use tf32
-    counters, reduce = split_tail(out, splits, n_tiles)
-    fuse_bias = bias is not None and (splits == 1 or reduce)
+    sk = SplitK.plan(out, k_per_split, splits, n_tiles, bias is not None)
     gemv_jit.gemv_kernel[(n_tiles, splits)](
-        x, weight, bias if fuse_bias else x, part, out, counters,
+        x, weight, sk.bias(bias, x), sk.part, out, sk.counters,
         m, n, k, k_per_split,
-        x.stride(0), weight.stride(0), part.stride(0) if splits > 1 else 0, part.stride(-2),
-        out.stride(0),
-        HAS_BIAS=fuse_bias, BLOCK_M=MAX_M, BLOCK_N=cfg.block_n, BLOCK_K=cfg.block_k,
-        DOT_PRECISION=precision, REDUCE=reduce, num_warps=cfg.num_warps,
+        x.stride(0), weight.stride(0), *sk.part_strides, out.stride(0),
+        HAS_BIAS=sk.fuse_bias, BLOCK_M=MAX_M, BLOCK_N=cfg.block_n, BLOCK_K=cfg.block_k,
+        DOT_PRECISION=precision, REDUCE=sk.reduce, num_warps=cfg.num_warps,
         num_stages=cfg.num_stages,
     )  # fmt: skip
-    if splits > 1 and not reduce:
-        reduce_splits(part, bias, out)
+    sk.finish(bias, out)
 
 
 # split-K linears add their partials in each output tile's last split (one launch fewer a
@@ -193,6 +189,46 @@ def split_tail(out: torch.Tensor, splits: int, tiles: int) -> tuple[torch.Tensor
     otherwise the caller runs `reduce_splits` (same bits)."""
     found = arrivals.counters(out.device, tiles) if splits > 1 and FUSED_SPLIT_REDUCE else None
     return (out, False) if found is None else (found, True)
+
+
+@dataclass(frozen=True)
+class SplitK:
+    """The split-K plumbing every decode linear shares (here, `quant_launch`, `gguf_launch`):
+    the float32 partials `part` (splits, M, N), or `out` itself when K is not split; the
+    arrival counters and REDUCE flag of `split_tail`; whether the kernel adds the bias
+    (`fuse_bias`: unsplit, or reduced in the last split). `finish` runs the separate reduce
+    where the kernel did not."""
+
+    k_per_split: int
+    splits: int
+    part: torch.Tensor
+    counters: torch.Tensor
+    reduce: bool
+    fuse_bias: bool
+
+    @classmethod
+    def plan(
+        cls, out: torch.Tensor, k_per_split: int, splits: int, programs: int, has_bias: bool
+    ) -> SplitK:
+        """`programs`: the launch's output tiles (one arrival counter each)."""
+        m, n = out.shape
+        part = out if splits == 1 else out.new_empty(splits, m, n, dtype=torch.float32)
+        counters, reduce = split_tail(out, splits, programs)
+        fuse_bias = has_bias and (splits == 1 or reduce)
+        return cls(k_per_split, splits, part, counters, reduce, fuse_bias)
+
+    @property
+    def part_strides(self) -> tuple[int, int]:
+        """The kernels' (split stride, row stride) of `part`."""
+        return (self.part.stride(0) if self.splits > 1 else 0, self.part.stride(-2))
+
+    def bias(self, bias: torch.Tensor | None, placeholder: torch.Tensor) -> torch.Tensor:
+        """The kernel's bias argument: `bias` where it adds it, else any tensor."""
+        return bias if self.fuse_bias else placeholder
+
+    def finish(self, bias: torch.Tensor | None, out: torch.Tensor) -> None:
+        if self.splits > 1 and not self.reduce:
+            reduce_splits(self.part, bias, out)
 
 
 DECODE_ROWS = 16  # quantized decode linears: at most this many rows (one BLOCK_M = 16 tile)

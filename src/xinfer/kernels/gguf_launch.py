@@ -190,25 +190,28 @@ def linear(
             raise ValueError(f"gguf linear: the GEMV tiles take at most {DECODE_M} rows")
         _gemv_linear(x2, w, btype, bias, out, t)
         return out.view(*x.shape[:-1], n)
-    n_tiles = triton.cdiv(n, t.block_n)
-    k_per_split, splits = decode_split(m, n_tiles, k, t)
-    part = out if splits == 1 else out.new_empty(splits, m, n, dtype=torch.float32)
-    m_tiles = triton.cdiv(m, t.block_m)
-    counters, reduce = gemv_launch.split_tail(out, splits, m_tiles * n_tiles)
-    fuse_bias = bias is not None and (splits == 1 or reduce)
-    jit.gguf_linear_kernel[(m_tiles, n_tiles, splits)](
-        x2, w, bias if fuse_bias else x2, part, out, counters,
-        m, n, k, k_per_split,
-        x2.stride(0), w.stride(0), part.stride(0) if splits > 1 else 0, part.stride(-2),
-        out.stride(0),
-        BTYPE=btype.type_id, HAS_BIAS=fuse_bias,
+    sk, grid = _split(x2, out, t, bias)
+    jit.gguf_linear_kernel[grid](
+        x2, w, sk.bias(bias, x2), sk.part, out, sk.counters,
+        m, n, k, sk.k_per_split,
+        x2.stride(0), w.stride(0), *sk.part_strides, out.stride(0),
+        BTYPE=btype.type_id, HAS_BIAS=sk.fuse_bias,
         BLOCK_M=t.block_m, BLOCK_N=t.block_n, SUBS=t.subs,
-        DOT_PRECISION=_precision(x.dtype), REDUCE=reduce, num_warps=t.num_warps,
+        DOT_PRECISION=_precision(x.dtype), REDUCE=sk.reduce, num_warps=t.num_warps,
         num_stages=t.num_stages,
     )  # fmt: skip
-    if splits > 1 and not reduce:
-        gemv_launch.reduce_splits(part, bias, out)
+    sk.finish(bias, out)
     return out.view(*x.shape[:-1], n)
+
+
+def _split(x2, out, t: GGUFTiles, bias) -> tuple[gemv_launch.SplitK, tuple[int, int, int]]:
+    """The split-K plan and grid (row programs, N tiles, splits) of a decode linear."""
+    (m, k), n = x2.shape, out.shape[1]
+    n_tiles = triton.cdiv(n, t.block_n)
+    k_per_split, splits = decode_split(m, n_tiles, k, t)
+    m_programs = triton.cdiv(m, t.block_m)
+    sk = gemv_launch.SplitK.plan(out, k_per_split, splits, m_programs * n_tiles, bias is not None)
+    return sk, (m_programs, n_tiles, splits)
 
 
 def _gemv_linear(x2, w, btype: BlockType, bias, out, t: GGUFTiles) -> None:
@@ -216,27 +219,19 @@ def _gemv_linear(x2, w, btype: BlockType, bias, out, t: GGUFTiles) -> None:
     1: grid (M, N tiles, splits)) or `gguf_linear_rows_kernel` (block_m 4: four rows a
     program, each tile decoded once for them); K split from the shape alone."""
     (m, k), n = x2.shape, out.shape[1]
-    n_tiles = triton.cdiv(n, t.block_n)
-    k_per_split, splits = decode_split(m, n_tiles, k, t)
-    part = out if splits == 1 else out.new_empty(splits, m, n, dtype=torch.float32)
-    m_programs = triton.cdiv(m, t.block_m)
-    counters, reduce = gemv_launch.split_tail(out, splits, m_programs * n_tiles)
-    fuse_bias = bias is not None and (splits == 1 or reduce)
-    grid = (m_programs, n_tiles, splits)
+    sk, grid = _split(x2, out, t, bias)
     args = (
-        x2, w, bias if fuse_bias else x2, part, out, counters,
-        m, n, k, k_per_split,
-        x2.stride(0), w.stride(0), part.stride(0) if splits > 1 else 0, part.stride(-2),
-        out.stride(0),
+        x2, w, sk.bias(bias, x2), sk.part, out, sk.counters,
+        m, n, k, sk.k_per_split,
+        x2.stride(0), w.stride(0), *sk.part_strides, out.stride(0),
     )  # fmt: skip
-    consts = dict(BTYPE=btype.type_id, HAS_BIAS=fuse_bias, BLOCK_N=t.block_n, SUBS=t.subs,
-                  REDUCE=reduce, num_warps=t.num_warps)  # fmt: skip
+    consts = dict(BTYPE=btype.type_id, HAS_BIAS=sk.fuse_bias, BLOCK_N=t.block_n, SUBS=t.subs,
+                  REDUCE=sk.reduce, num_warps=t.num_warps)  # fmt: skip
     if t.block_m == 1:
         jit.gguf_linear_gemv_kernel[grid](*args, **consts)
     else:
         jit.gguf_linear_rows_kernel[grid](*args, **consts)
-    if splits > 1 and not reduce:
-        gemv_launch.reduce_splits(part, bias, out)
+    sk.finish(bias, out)
 
 
 def _dequantized_linear(x2, w, btype: BlockType, bias, n: int, k: int) -> torch.Tensor:

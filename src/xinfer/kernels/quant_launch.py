@@ -166,29 +166,33 @@ def linear(
             raise ValueError(f"quant linear: the GEMV tiles take at most {DECODE_M} rows")
         _gemv_linear(x2, kw, bias, out, tiles)
         return out.view(*x.shape[:-1], n)
+    sk, grid = _split(x2, out, tiles, bias)
     (w, s, z), (swn, ssn, szn) = _args(kw, expert_dim=False)
+    jit.quant_linear_kernel[grid](
+        x2, w, s, z, sk.bias(bias, s), sk.part, out, sk.counters,
+        m, n, k, sk.k_per_split,
+        x2.stride(0), swn, ssn, szn, *sk.part_strides, out.stride(0),
+        **_fmt_kw(kw), HAS_BIAS=sk.fuse_bias,
+        BLOCK_M=tiles.block_m, BLOCK_N=tiles.block_n, BLOCK_K=tiles.block_k,
+        GROUP_T=group_t(kw, tiles.block_k, k),
+        DOT_PRECISION=_precision(x.dtype), REDUCE=sk.reduce, num_warps=tiles.num_warps,
+        num_stages=tiles.num_stages,
+    )  # fmt: skip
+    sk.finish(bias, out)
+    return out.view(*x.shape[:-1], n)
+
+
+def _split(x2, out, tiles: QuantTiles, bias) -> tuple[gemv_launch.SplitK, tuple[int, int, int]]:
+    """The split-K plan and grid (row programs, N tiles, splits) of a decode linear: K split
+    from the shape alone (`gemv_launch.decode_split`)."""
+    (m, k), n = x2.shape, out.shape[1]
     n_tiles = triton.cdiv(n, tiles.block_n)
     k_per_split, splits = gemv_launch.decode_split(
         m, n_tiles, k, tiles.block_k, tiles.split_programs
     )
-    part = out if splits == 1 else out.new_empty(splits, m, n, dtype=torch.float32)
-    m_tiles = triton.cdiv(m, tiles.block_m)
-    counters, reduce = gemv_launch.split_tail(out, splits, m_tiles * n_tiles)
-    fuse_bias = bias is not None and (splits == 1 or reduce)
-    jit.quant_linear_kernel[(m_tiles, n_tiles, splits)](
-        x2, w, s, z, bias if fuse_bias else s, part, out, counters,
-        m, n, k, k_per_split,
-        x2.stride(0), swn, ssn, szn, part.stride(0) if splits > 1 else 0, part.stride(-2),
-        out.stride(0),
-        **_fmt_kw(kw), HAS_BIAS=fuse_bias,
-        BLOCK_M=tiles.block_m, BLOCK_N=tiles.block_n, BLOCK_K=tiles.block_k,
-        GROUP_T=group_t(kw, tiles.block_k, k),
-        DOT_PRECISION=_precision(x.dtype), REDUCE=reduce, num_warps=tiles.num_warps,
-        num_stages=tiles.num_stages,
-    )  # fmt: skip
-    if splits > 1 and not reduce:
-        gemv_launch.reduce_splits(part, bias, out)
-    return out.view(*x.shape[:-1], n)
+    m_programs = triton.cdiv(m, tiles.block_m)
+    sk = gemv_launch.SplitK.plan(out, k_per_split, splits, m_programs * n_tiles, bias is not None)
+    return sk, (m_programs, n_tiles, splits)
 
 
 def _gemv_linear(x2, kw: KernelWeights, bias, out, tiles: QuantTiles) -> None:
@@ -197,26 +201,17 @@ def _gemv_linear(x2, kw: KernelWeights, bias, out, tiles: QuantTiles) -> None:
     splits)) or `quant_linear_rows_kernel` (block_m 4: four rows a program, each tile
     decoded once for them; factored sums, FP8 or 4-bit words only — `rows_tiles_fit`)."""
     (m, k), n = x2.shape, out.shape[1]
+    sk, grid = _split(x2, out, tiles, bias)
     (w, s, z), (swn, ssn, szn) = _args(kw, expert_dim=False)
-    n_tiles = triton.cdiv(n, tiles.block_n)
-    k_per_split, splits = gemv_launch.decode_split(
-        m, n_tiles, k, tiles.block_k, tiles.split_programs
-    )
-    part = out if splits == 1 else out.new_empty(splits, m, n, dtype=torch.float32)
-    m_programs = triton.cdiv(m, tiles.block_m)
-    counters, reduce = gemv_launch.split_tail(out, splits, m_programs * n_tiles)
-    fuse_bias = bias is not None and (splits == 1 or reduce)
     factored = FACTORED if tiles.factored is None else tiles.factored
-    grid = (m_programs, n_tiles, splits)
     args = (
-        x2, w, s, z, bias if fuse_bias else s, part, out, counters,
-        m, n, k, k_per_split,
-        x2.stride(0), swn, ssn, szn, part.stride(0) if splits > 1 else 0, part.stride(-2),
-        out.stride(0),
+        x2, w, s, z, sk.bias(bias, s), sk.part, out, sk.counters,
+        m, n, k, sk.k_per_split,
+        x2.stride(0), swn, ssn, szn, *sk.part_strides, out.stride(0),
     )  # fmt: skip
     consts = dict(
-        **_fmt_kw(kw), PACKED=packed(kw), HAS_BIAS=fuse_bias, BLOCK_N=tiles.block_n,
-        BLOCK_K=tiles.block_k, GROUP_T=group_t(kw, tiles.block_k, k), REDUCE=reduce,
+        **_fmt_kw(kw), PACKED=packed(kw), HAS_BIAS=sk.fuse_bias, BLOCK_N=tiles.block_n,
+        BLOCK_K=tiles.block_k, GROUP_T=group_t(kw, tiles.block_k, k), REDUCE=sk.reduce,
         EVEN=even(n, k, tiles.block_n, tiles.block_k), num_warps=tiles.num_warps,
     )  # fmt: skip
     if tiles.block_m == 4:
@@ -227,8 +222,7 @@ def _gemv_linear(x2, kw: KernelWeights, bias, out, tiles: QuantTiles) -> None:
         jit.quant_linear_gemv_kernel[grid](
             *args, **consts, FACTORED=factored, WORDS=words(kw, tiles.block_k, k)
         )
-    if splits > 1 and not reduce:
-        gemv_launch.reduce_splits(part, bias, out)
+    sk.finish(bias, out)
 
 
 def rows_tiles_fit(kw: KernelWeights, block_k: int, k: int) -> bool:
