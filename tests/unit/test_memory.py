@@ -64,3 +64,16 @@ def test_weights_that_do_not_fit_name_the_offload_fix(monkeypatch):
     with pytest.raises(UserError, match="a GPU with more memory or a smaller model"):
         memory.check_weights_fit(57 * GIB, cuda, None, is_moe=False)
     memory.check_weights_fit(10**15, torch.device("cpu"), None, is_moe=True)  # CPU: no check
+
+
+def test_blocks_cached_by_torch_count_as_free(monkeypatch):
+    """An earlier engine's freed blocks, still held by torch's caching allocator, are ours to
+    reuse: the budget counts them as free (the driver's free figure does not)."""
+    monkeypatch.setattr(torch.cuda, "mem_get_info", lambda device=None: (10 * GIB, 80 * GIB))
+    monkeypatch.setattr(torch.cuda, "memory_reserved", lambda device=None: 30 * GIB)
+    monkeypatch.setattr(torch.cuda, "memory_allocated", lambda device=None: 24 * GIB)
+    cuda = torch.device("cuda")
+    assert memory.usable_gpu_bytes(cuda, None) == 16 * GIB
+    # a 24 GB limit: 80 - 16 = 64 GB in use by live tensors and others, more than the limit
+    assert memory.usable_gpu_bytes(cuda, 24.0) == 0
+    assert memory.usable_gpu_bytes(cuda, 72.0) == 8 * GIB

@@ -19,8 +19,12 @@ _GPU_WORKSPACE_BYTES = 1 * GIB  # activations, logits, graph pools
 
 
 def usable_gpu_bytes(device: torch.device, limit_gb: float | None) -> int:
-    """Bytes still free for us on `device`, as if its total were `limit_gb` when given."""
+    """Bytes still free for us on `device`, as if its total were `limit_gb` when given.
+    Blocks torch's caching allocator holds that no tensor uses (freed by an earlier engine of
+    this process, or by start-up's own temporaries) count as free: the driver counts them as
+    used, but our allocations reuse them."""
     free, total = torch.cuda.mem_get_info(device)
+    free += torch.cuda.memory_reserved(device) - torch.cuda.memory_allocated(device)
     if limit_gb is None:
         return free
     used = total - free
