@@ -52,9 +52,12 @@ def _assert_close_scaled(out: torch.Tensor, ref: torch.Tensor, dtype: torch.dtyp
     torch.testing.assert_close(out.float() / scale, ref.float() / scale, rtol=0, atol=tol)
 
 
+# each type in one activation dtype, each dtype with a K-quant and 32-blocks
+TYPE_DTYPES = [(t, torch.float32 if i % 2 == 0 else torch.float16) for i, t in enumerate(TYPES)]
+
+
 @child_only
-@pytest.mark.parametrize("dtype", [torch.float32, torch.float16])
-@pytest.mark.parametrize("name", TYPES)
+@pytest.mark.parametrize("name,dtype", TYPE_DTYPES, ids=TYPES)
 def test_linear_matches_twin(gl, name, dtype) -> None:
     from xinfer.quant.gguf_formats import GGUFFormat
 
@@ -149,10 +152,20 @@ def _moe_case(
 PAIRS = [("Q4_K", "Q6_K"), ("Q8_0", "Q5_0"), ("Q5_K", "Q4_0")]
 
 
+# each pair on both paths, the dtypes alternating: each path runs both dtypes
+MOE_CASES = [
+    pytest.param(t13, t2, gemv, dtype, id=f"{t13}-{t2}-{'gemv' if gemv else 'grouped'}")
+    for i, (t13, t2) in enumerate(PAIRS)
+    for gemv, dtype in (
+        ((True, torch.float32), (False, torch.float16))
+        if i % 2 == 0
+        else ((True, torch.float16), (False, torch.float32))
+    )
+]
+
+
 @child_only
-@pytest.mark.parametrize("dtype", [torch.float32, torch.float16])
-@pytest.mark.parametrize("use_gemv", [True, False], ids=["gemv", "grouped"])
-@pytest.mark.parametrize("t13,t2", PAIRS)
+@pytest.mark.parametrize("t13,t2,use_gemv,dtype", MOE_CASES)
 def test_fused_moe_matches_twin(gl, t13, t2, use_gemv, dtype) -> None:
     from xinfer.quant.gguf_formats import GGUFFormat
 

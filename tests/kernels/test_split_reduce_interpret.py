@@ -35,8 +35,9 @@ def gl():
 
 @child_only
 @pytest.mark.parametrize("family", LINEARS)
-@pytest.mark.parametrize("rows", [1, 5])
-@pytest.mark.parametrize("bias", [False, True], ids=["no-bias", "bias"])
+# one row without bias, five with (the bias is added by whichever program finishes a tile,
+# the same code at any row count)
+@pytest.mark.parametrize("rows,bias", [(1, False), (5, True)], ids=["1-no-bias", "5-bias"])
 def test_fused_split_reduce_has_the_reduce_kernels_bits(gl, monkeypatch, family, rows, bias):
     call = LINEARS[family](rows, bias, seed=rows + 10 * bias)
     apart, launches_apart = run_reduced(gl, monkeypatch, call, fused=False)
