@@ -24,6 +24,7 @@ from cuda_timing import cuda_graph_seconds  # noqa: E402
 
 from xinfer.kernels import gemv_launch, moe_launch, reference  # noqa: E402
 from xinfer.kernels import gguf_launch as gl  # noqa: E402
+from xinfer.kernels import gguf_q8x_launch as q8x  # noqa: E402
 from xinfer.quant.gguf_blocks import BLOCK_TYPES  # noqa: E402
 
 H, INTER, E, TOP_K = 2048, 768, 128, 8  # Qwen3-30B-A3B
@@ -76,6 +77,11 @@ def bench_type(name: str, sweep: bool) -> list[dict]:
             )
             distinct = len(set(ids.flatten().tolist()))
             rows.append(dict(kernel="moe_gemv", type=name, tokens=num_tokens, tiles=str(tiles),
+                             us=round(us, 1), GBps=round(distinct * expert_bytes / us / 1e3, 1),
+                             pairs=pairs))  # fmt: skip
+        if q8x.supports(bt, bt, w13, w2, INTER):  # int8 activations, dp4a (Q8X_MOE)
+            us = _time_us(partial(q8x.fused_moe, x, ids, weights, w13, w2, INTER))
+            rows.append(dict(kernel="moe_gemv_q8x", type=name, tokens=num_tokens, tiles="q8x",
                              us=round(us, 1), GBps=round(distinct * expert_bytes / us / 1e3, 1),
                              pairs=pairs))  # fmt: skip
     for label, (n, k) in LINEARS.items():

@@ -82,10 +82,11 @@ rows | while read -r name preset type budget ncmoe extra keep; do
   else
     # resident and budget rows in two processes: the budget's `auto` sizes its slots from
     # the GPU's free memory, which nothing of the resident engine may still hold
+    # XINFER_BENCH_ARGS: more options of bench_vs_llamacpp.py for both (e.g. --q8x-moe)
     "$PY" bench/bench_vs_llamacpp.py --gguf "$f" --label "$label" --prompt-len "$PP" \
-      | tee -a "$OUT"
+      ${XINFER_BENCH_ARGS:-} | tee -a "$OUT"
     "$PY" bench/bench_vs_llamacpp.py --gguf "$f" --label "$label" --budget-gb "$budget" \
-      --skip-resident --prompt-len "$PP" | tee -a "$OUT"
+      --skip-resident --prompt-len "$PP" ${XINFER_BENCH_ARGS:-} | tee -a "$OUT"
     [ "${NO_LLAMACPP:-0}" = 1 ] || llama_bench "$f" "$label" "$ncmoe"
   fi
   [ "$keep" = 1 ] || rm -f "$f"

@@ -60,6 +60,7 @@ KINDS = {
         "PRMT",
         "IABS",
         "VIADD",
+        "IDP",
         "BMSK",
         "SGXT",
         "BFE",
@@ -223,6 +224,28 @@ def _gguf_moe(btype_name: str, tokens: int = 1) -> Case:
     )  # fmt: skip
 
 
+def _gguf_q8x_moe(tokens: int = 1) -> Case:
+    """Q4_K experts on int8 activations (`gguf_q8x_launch`): a loop iteration reads one
+    super-block of 256 weights a row."""
+    from xinfer.kernels import gguf_q8x_launch as ql
+    from xinfer.quant.gguf_blocks import BLOCK_TYPES
+
+    bt = BLOCK_TYPES["Q4_K"]
+    w13 = torch.zeros(STORED, 2 * INTER, bt.row_bytes(HIDDEN), dtype=torch.uint8)
+    w2 = torch.zeros(STORED, HIDDEN, bt.row_bytes(INTER), dtype=torch.uint8)
+    hidden = torch.zeros(tokens, HIDDEN, dtype=torch.bfloat16)
+    ids, weights = _routing(tokens)
+    pairs = tokens * TOP_K
+    gate_up, down = "q4k_moe_gate_up_q8x_kernel", "q4k_moe_down_q8x_kernel"
+    return Case(
+        lambda: ql.fused_moe(hidden, ids, weights, w13, w2, INTER),
+        {gate_up: 2 * 32 * 256, down: ql.DOWN_BLOCK_N * 256},
+        {gate_up: pairs * 2 * INTER * HIDDEN, down: pairs * HIDDEN * INTER},
+        {gate_up: pairs * 2 * INTER * bt.row_bytes(HIDDEN),
+         down: pairs * HIDDEN * bt.row_bytes(INTER)},
+    )  # fmt: skip
+
+
 def _bf16_moe(tokens: int = 1) -> Case:
     from xinfer.kernels import moe_launch as ml
 
@@ -330,6 +353,7 @@ CASES: dict[str, Callable[[], Case]] = {
     "gptq": lambda: _quant_moe("gptq-g128"),
     "nvfp4": lambda: _quant_moe("nvfp4"),
     "gguf-q4_k": lambda: _gguf_moe("Q4_K"),
+    "gguf-q4_k-q8x": _gguf_q8x_moe,
     "gguf-q8_0": lambda: _gguf_moe("Q8_0"),
     "gguf-q6_k": lambda: _gguf_moe("Q6_K"),
     "gguf-q5_0": lambda: _gguf_moe("Q5_0"),

@@ -220,6 +220,22 @@ def _gguf_cases() -> None:
     add("gguf-Q8_0-moe-bf16-grouped-large", G_GROUPED, _gguf_moe, "Q8_0", "Q8_0", BF16, 130, False,
         dequant=False)  # fmt: skip
     add("gguf-Q8_0-moe-fp32-grouped", G_GROUPED, _gguf_moe, "Q8_0", "Q8_0", F32, 40, False)
+    for dtype, name in ((BF16, "bf16"), (F32, "fp32")):  # dp4a as inline PTX (ptxas: IDP)
+        add(f"gguf-Q4_K-moe-{name}-q8x", G_Q8X, _gguf_q8x_moe, dtype, 3)
+
+
+G_Q8X = "quantize_q8x_kernel q4k_moe_gate_up_q8x_kernel q4k_moe_down_q8x_kernel"
+
+
+def _gguf_q8x_moe(dtype, tokens: int) -> None:
+    from xinfer.kernels import gguf_q8x_launch
+
+    num_experts, top_k, hidden_dim, inter = 8, 8, 512, 256
+    w13 = _gguf_rows("Q4_K", 2 * inter, hidden_dim, num_experts)
+    w2 = _gguf_rows("Q4_K", hidden_dim, inter, num_experts)
+    weights, ids = _routing(num_experts, top_k, True)(tokens)
+    gguf_q8x_launch.fused_moe(_randn(tokens, hidden_dim, dtype=dtype), ids, weights, w13, w2,
+                              inter)  # fmt: skip
 
 
 _gguf_cases()

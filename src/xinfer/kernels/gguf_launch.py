@@ -35,6 +35,7 @@ import triton
 
 from xinfer import kernels
 from xinfer.kernels import gemv_launch, moe_align, moe_launch, quant_launch, quant_prefill
+from xinfer.kernels import gguf_q8x_launch as q8x
 from xinfer.kernels.triton import gguf_dequant_kernel as deq_jit
 from xinfer.kernels.triton import gguf_gemm as jit
 from xinfer.quant.gguf_blocks import BlockType
@@ -43,6 +44,9 @@ DECODE_M = gemv_launch.DECODE_ROWS  # linears with at most this many rows: one 1
 _DTYPES = (torch.bfloat16, torch.float16, torch.float32)
 DEQUANT_BLOCK_N, DEQUANT_SUBS = 32, 8  # dequant tiles: elementwise, the bits do not depend on them
 PREFILL_MIN_PAIRS = 4096  # expert calls from this many (token, k) pairs dequantize (above)
+# decode expert GEMVs of Q4_K experts on int8 activations (`gguf_q8x_launch`: dp4a, ~5x fewer
+# instructions a weight by the sm_90 SASS); off until the H200 has timed it (bench/NOTES.md)
+Q8X_MOE = False
 
 
 @dataclass(frozen=True)
@@ -301,6 +305,8 @@ def fused_moe(
     num_pairs = num_tokens * top_k
     if use_gemv is None:
         use_gemv = num_pairs <= moe_launch.MAX_GEMV_PAIRS
+    if use_gemv and Q8X_MOE and tiles is None and q8x.supports(btype13, btype2, w13, w2, inter):
+        return q8x.fused_moe(hidden, topk_ids, topk_weights, w13, w2, inter)
     if dequant is None:
         dequant = num_pairs >= PREFILL_MIN_PAIRS
     if not use_gemv and dequant:

@@ -104,6 +104,15 @@ def _k_scales(blocks: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
     return (d * sc.float()).reshape(n, -1, 1), (dmin * mn.float()).reshape(n, -1, 1)
 
 
+def q4_k_parts(blocks: torch.Tensor) -> tuple[torch.Tensor, ...]:
+    """Q4_K blocks (n, 144) u8 → (d (n,), dmin (n,) float32; sc, mn (n, 8) u8; codes
+    (n, 8, 32) u8): weight 32 s + l of a block is d·sc[s]·codes[s, l] − dmin·mn[s]."""
+    n = blocks.shape[0]
+    sc, mn = k_scale_min(blocks[:, 4:16])
+    codes = _nibbles(blocks[:, 16:], 4, 32).reshape(n, 8, 32)
+    return _f16(blocks[:, :2]).view(n), _f16(blocks[:, 2:4]).view(n), sc, mn, codes
+
+
 def _q4_k(blocks: torch.Tensor) -> torch.Tensor:
     n = blocks.shape[0]
     d, dm = _k_scales(blocks)

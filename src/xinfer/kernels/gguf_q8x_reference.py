@@ -1,0 +1,79 @@
+"""Pure-torch twins of the GGUF expert GEMVs on int8 activations (`triton/gguf_q8x.py`):
+the per-32 quantization of activations (bit for bit: the same IEEE divisions and
+round-half-even), and the Q4_K routed-expert MLP computed from it — the integer sums exact,
+the float work per sub-block as the kernel orders it, in float32."""
+
+from __future__ import annotations
+
+import torch
+
+from xinfer.quant.gguf_blocks import q4_k_parts
+
+
+def quantize_codes(x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """x (M, K), K a multiple of 32 → (codes (M, K) int32 in [-127, 127], d (M, K/32),
+    d·Σcodes (M, K/32) float32): d = amax / 127 a block, codes = round-half-even(x / d)."""
+    m, k = x.shape
+    v = x.float().reshape(m, k // 32, 32)
+    d = v.abs().amax(dim=-1) / 127.0
+    live = d > 0
+    q = torch.where(live[..., None], torch.round(v / torch.where(live, d, 1.0)[..., None]), 0.0)
+    q = q.to(torch.int32)
+    return q.reshape(m, k), d, d * q.sum(dim=-1).float()
+
+
+def quantize_rows(x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """`quantize_q8x_kernel`'s outputs: (words (M, K/4) int32, the codes four a word lowest
+    byte first; d (M, K/32); d·Σcodes (M, K/32))."""
+    q, d, s = quantize_codes(x)
+    m, k = q.shape
+    shifts = torch.tensor([0, 8, 16, 24], dtype=torch.int64, device=x.device)
+    words = ((q.to(torch.int64) & 255).reshape(m, k // 4, 4) << shifts).sum(dim=-1)
+    words = torch.where(words >= 1 << 31, words - (1 << 32), words)  # two's complement
+    return words.to(torch.int32), d, s
+
+
+def _q4_k_rows(raw: torch.Tensor, k: int) -> tuple[torch.Tensor, ...]:
+    """Rows of Q4_K blocks (N, K/256 * 144) → (codes (N, K/32, 32) int32, d·sc and dmin·mn
+    (N, K/32) float32)."""
+    n = raw.shape[0]
+    d, dmin, sc, mn, codes = q4_k_parts(raw.reshape(n * (k // 256), 144))
+    dsc = (d[:, None] * sc.float()).reshape(n, k // 32)
+    dmn = (dmin[:, None] * mn.float()).reshape(n, k // 32)
+    return codes.to(torch.int32).reshape(n, k // 32, 32), dsc, dmn
+
+
+def q4_k_dot(raw: torch.Tensor, x: torch.Tensor) -> torch.Tensor:
+    """(M, N) float32: rows of x (M, K) against the Q4_K rows raw (N, K/256 * 144) as the
+    kernel computes them: Σ_s d·sc[s]·(dx[s]·Σ q·xq) − dmin·mn[s]·(dx[s]·Σ xq)."""
+    k = x.shape[1]
+    codes, dsc, dmn = _q4_k_rows(raw, k)
+    q, dx, sx = quantize_codes(x)
+    xq = q.reshape(q.shape[0], k // 32, 32)
+    isum = torch.einsum("nsl,msl->mns", codes.to(torch.int64), xq.to(torch.int64)).float()
+    part = dsc[None] * (dx[:, None, :] * isum) - dmn[None] * sx[:, None, :]
+    return part.sum(dim=-1)
+
+
+def q4_k_moe(
+    hidden: torch.Tensor,
+    topk_ids: torch.Tensor,
+    topk_weights: torch.Tensor,
+    w13: torch.Tensor,
+    w2: torch.Tensor,
+    inter: int,
+) -> torch.Tensor:
+    """The routed experts (T, H) in hidden's dtype: per pair, gate and up from the quantized
+    hidden row, h = silu(gate)·up in float32, quantized again for the down rows; each pair's
+    output rounded to the dtype, then summed in k order in float32 with the route weights."""
+    num_tokens, top_k = topk_ids.shape
+    out = torch.zeros(num_tokens, hidden.shape[1], dtype=torch.float32, device=hidden.device)
+    for t in range(num_tokens):
+        for j in range(top_k):
+            e = int(topk_ids[t, j])
+            gu = q4_k_dot(w13[e], hidden[t : t + 1])[0]
+            g, u = gu[:inter], gu[inter:]
+            h = g / (1.0 + torch.exp(-g)) * u
+            y = q4_k_dot(w2[e], h[None])[0].to(hidden.dtype)
+            out[t] += y.float() * topk_weights[t, j].float()
+    return out.to(hidden.dtype)

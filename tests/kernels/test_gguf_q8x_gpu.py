@@ -1,0 +1,75 @@
+"""The GGUF expert GEMVs on int8 activations (`kernels/gguf_q8x_launch.py`) on the GPU, where
+`dp4a` is inline PTX: the activation quantizer equals its twin bit for bit; the Q4_K MoE at
+the Qwen3-30B-A3B expert shape equals its twin, a token's bits do not depend on the batch or
+on the slots, and a CUDA graph replays it (the fused combine's counters back at zero)."""
+
+from __future__ import annotations
+
+import gguf_files as gf
+import numpy as np
+import pytest
+import torch
+
+pytestmark = pytest.mark.gpu
+pytest.importorskip("triton")
+CUDA = torch.device("cuda")
+
+
+@pytest.fixture(autouse=True)
+def _needs_cuda():
+    if not torch.cuda.is_available():
+        pytest.skip("no CUDA device")
+
+
+def _experts(rows: int, k: int, seed: int, experts: int) -> torch.Tensor:
+    rng = np.random.default_rng(seed)
+    blocks = [gf.random_blocks("Q4_K", rows, k, rng) for _ in range(experts)]
+    return torch.from_numpy(np.stack(blocks)).to(CUDA)
+
+
+@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16, torch.float32])
+def test_quantize_equals_the_twin(dtype):
+    from xinfer.kernels import gguf_q8x_launch as ql
+    from xinfer.kernels import gguf_q8x_reference as ref
+
+    g = torch.Generator().manual_seed(0)
+    x = (torch.randn(9, 2048, generator=g) * 2).to(dtype)
+    x[3, 256:288] = 0
+    got = ql.quantize(x.to(CUDA))
+    for a, b in zip(got, ref.quantize_rows(x), strict=True):
+        assert torch.equal(a.cpu(), b)
+
+
+def test_q4_k_moe_equals_the_twin_keeps_bits_and_replays():
+    from xinfer.kernels import gguf_q8x_launch as ql
+    from xinfer.kernels import gguf_q8x_reference as ref
+    from xinfer.kernels import reference
+    from xinfer.quant.gguf_blocks import BLOCK_TYPES
+
+    hidden_dim, inter, experts, tokens = 2048, 768, 8, 4
+    w13 = _experts(2 * inter, hidden_dim, 1, experts)
+    w2 = _experts(hidden_dim, inter, 2, experts)
+    q4k = BLOCK_TYPES["Q4_K"]
+    assert ql.supports(q4k, q4k, w13, w2, inter)
+    g = torch.Generator().manual_seed(3)
+    hidden = (torch.randn(tokens, hidden_dim, generator=g) * 0.05).to(torch.bfloat16)
+    weights, ids = reference.route_topk(torch.randn(tokens, experts, generator=g), 4, True)
+    hidden, ids, weights = hidden.to(CUDA), ids.to(CUDA), weights.to(CUDA)
+    out = ql.fused_moe(hidden, ids, weights, w13, w2, inter)
+    want = ref.q4_k_moe(hidden.cpu(), ids.cpu(), weights.cpu(), w13.cpu(), w2.cpu(), inter)
+    scale = want.float().abs().max()  # bf16 outputs, rounded by both: a few ulp apart
+    torch.testing.assert_close(out.cpu().float() / scale, want.float() / scale, rtol=0, atol=1e-2)
+    assert torch.equal(ql.fused_moe(hidden[2:3], ids[2:3], weights[2:3], w13, w2, inter)[0], out[2])
+    perm = torch.randperm(12, generator=g)[:experts].to(CUDA)
+    s13 = torch.zeros((12, *w13.shape[1:]), dtype=w13.dtype, device=CUDA)
+    s2 = torch.zeros((12, *w2.shape[1:]), dtype=w2.dtype, device=CUDA)
+    s13[perm], s2[perm] = w13, w2
+    slot_ids = perm[ids.long()].to(torch.int32)
+    assert torch.equal(ql.fused_moe(hidden, slot_ids, weights, s13, s2, inter), out)
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(graph):
+        captured = ql.fused_moe(hidden, ids, weights, w13, w2, inter)
+    for _ in range(3):
+        graph.replay()
+        torch.cuda.synchronize()
+        assert torch.equal(captured, out)

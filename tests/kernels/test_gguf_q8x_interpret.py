@@ -1,0 +1,160 @@
+"""The GGUF expert GEMVs on int8 activations (`kernels/gguf_q8x_launch.py`) in Triton's CPU
+interpreter: `dp4a`'s interpreter form equals the four signed byte products summed; the
+activation quantizer equals its twin bit for bit (codes, scales, sums; a block of zeros);
+the Q4_K MoE equals its twin (`gguf_q8x_reference.q4_k_moe`), a pair's bits do not depend
+on the batch or the slot that holds its expert; and the twin itself stays within int8
+rounding of the float twin (the dequantized weights, `GGUFFormat.reference_moe`), which
+checks its reading of the Q4_K layout against the one tested against the `gguf` package.
+
+Runs in a child pytest with TRITON_INTERPRET=1 (see interpreter_child.py)."""
+
+from __future__ import annotations
+
+import gguf_files as gf
+import numpy as np
+import pytest
+import torch
+from interpreter_child import child_only, interpreter_child_test
+
+triton = pytest.importorskip("triton")
+tl = triton.language
+from xinfer.kernels.triton.gguf_q8x import dp4a  # noqa: E402
+
+test_interpreter_child = interpreter_child_test(__file__)
+
+
+@pytest.fixture(scope="module")
+def ql():
+    from triton.runtime.interpreter import InterpretedFunction
+
+    from xinfer.kernels import gguf_q8x_launch
+    from xinfer.kernels.triton import gguf_q8x
+
+    if not isinstance(gguf_q8x.quantize_q8x_kernel, InterpretedFunction):
+        pytest.skip("kernels were compiled before TRITON_INTERPRET=1 was set in this process")
+    return gguf_q8x_launch
+
+
+def _experts(rows: int, k: int, seed: int, experts: int) -> torch.Tensor:
+    rng = np.random.default_rng(seed)
+    return torch.from_numpy(
+        np.stack([gf.random_blocks("Q4_K", rows, k, rng) for _ in range(experts)])
+    )
+
+
+def _case(seed: int, tokens: int = 2, hidden_dim: int = 512, inter: int = 256, experts: int = 3):
+    from xinfer.kernels import reference
+
+    w13 = _experts(2 * inter, hidden_dim, seed, experts)
+    w2 = _experts(hidden_dim, inter, seed + 1, experts)
+    g = torch.Generator().manual_seed(seed)
+    hidden = torch.randn(tokens, hidden_dim, generator=g) * 0.05
+    weights, ids = reference.route_topk(torch.randn(tokens, experts, generator=g), 2, True)
+    return hidden, ids, weights, w13, w2, inter
+
+
+@triton.jit
+def _dp4a_kernel(a_ptr, b_ptr, out_ptr, N: tl.constexpr):
+    offs = tl.arange(0, N)
+    tl.store(out_ptr + offs, dp4a(tl.load(a_ptr + offs), tl.load(b_ptr + offs), False))
+
+
+@child_only
+def test_dp4a_sums_the_signed_byte_products(ql):
+    g = torch.Generator().manual_seed(0)
+    a = torch.randint(-(2**31), 2**31 - 1, (64,), generator=g, dtype=torch.int64).to(torch.int32)
+    b = torch.randint(-(2**31), 2**31 - 1, (64,), generator=g, dtype=torch.int64).to(torch.int32)
+    a[0], b[0] = -1, 0x7F7F7F7F  # bytes -1 · 127
+    out = torch.empty(64, dtype=torch.int32)
+    _dp4a_kernel[(1,)](a, b, out, N=64)
+    bytes_a = a.view(torch.int8).reshape(64, 4).to(torch.int32)
+    bytes_b = b.view(torch.int8).reshape(64, 4).to(torch.int32)
+    assert torch.equal(out, (bytes_a * bytes_b).sum(dim=1))
+    assert out[0] == -4 * 127
+
+
+@child_only
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+def test_quantize_equals_the_twin_bit_for_bit(ql, dtype):
+    from xinfer.kernels import gguf_q8x_reference as ref
+
+    g = torch.Generator().manual_seed(1)
+    x = (torch.randn(3, 352, generator=g) * 3).to(dtype)  # 11 blocks: a partial program
+    x[1, 64:96] = 0  # a block of zeros: d = 0, codes 0
+    x[2, :32] = torch.linspace(-2.5, 2.5, 32)  # ties at .5 after the division
+    got = ql.quantize(x)
+    want = ref.quantize_rows(x)
+    for a, b in zip(got, want, strict=True):
+        assert a.dtype == b.dtype and torch.equal(a, b)
+    assert (got[1][1, 2] == 0).item() and (got[0][1, 16:24] == 0).all()
+
+
+@child_only
+def test_q4_k_moe_equals_the_twin_and_keeps_row_bits(ql, monkeypatch):
+    from xinfer.kernels import gguf_q8x_reference as ref
+    from xinfer.quant.gguf_blocks import BLOCK_TYPES
+
+    hidden, ids, weights, w13, w2, inter = _case(seed=3)
+    q4k = BLOCK_TYPES["Q4_K"]
+    assert ql.supports(q4k, q4k, w13, w2, inter)
+    out = ql.fused_moe(hidden, ids, weights, w13, w2, inter)
+    want = ref.q4_k_moe(hidden, ids, weights, w13, w2, inter)
+    scale = want.abs().max()
+    torch.testing.assert_close(out / scale, want / scale, rtol=0, atol=1e-5)
+    # one token alone: its bits in the batch; its experts on a permuted, larger slot set too
+    alone = ql.fused_moe(hidden[1:2], ids[1:2], weights[1:2], w13, w2, inter)
+    assert torch.equal(alone[0], out[1])
+    perm = torch.tensor([4, 0, 2])
+    s13 = torch.zeros((5, *w13.shape[1:]), dtype=w13.dtype)
+    s2 = torch.zeros((5, *w2.shape[1:]), dtype=w2.dtype)
+    s13[perm], s2[perm] = w13, w2
+    on_slots = ql.fused_moe(hidden, perm[ids.long()].to(torch.int32), weights, s13, s2, inter)
+    assert torch.equal(on_slots, out)
+
+
+def test_the_twin_is_the_float_twin_within_int8_rounding():
+    """Runs in the parent too (pure torch): the q8x twin against the dequantized-weight twin
+    on the same experts — a wrong nibble, scale or sign would be far outside this."""
+    from xinfer.kernels import gguf_q8x_reference as ref
+    from xinfer.quant.gguf_formats import GGUFFormat
+
+    hidden, ids, weights, w13, w2, inter = _case(seed=5, tokens=3)
+    fmt = GGUFFormat("Q4_K")
+    floats = fmt.reference_moe(hidden, ids, weights, {"weight": w13}, {"weight": w2}, inter, fmt)
+    q8x = ref.q4_k_moe(hidden, ids, weights, w13, w2, inter)
+    err = (q8x - floats).abs().max() / floats.abs().max()
+    assert 0 < err < 2e-2, err
+    # and the dot alone, one row: within the activations' rounding (1/254 of a block's max)
+    dense = fmt.btype.dequantize_blocks(w2[0].reshape(-1, 144)).reshape(w2.shape[1], inter)
+    h = torch.randn(1, inter, generator=torch.Generator().manual_seed(6))
+    exact = h @ dense.T
+    rel = (ref.q4_k_dot(w2[0], h) - exact).abs().max() / exact.abs().max()
+    assert rel < 1e-2, rel
+
+
+def test_supports_only_whole_q4_k_super_blocks():
+    from xinfer.kernels import gguf_q8x_launch as ql
+    from xinfer.quant.gguf_blocks import BLOCK_TYPES
+
+    q4k, q6k = BLOCK_TYPES["Q4_K"], BLOCK_TYPES["Q6_K"]
+    w13 = torch.zeros(2, 512, 144, dtype=torch.uint8)
+    w2 = torch.zeros(2, 256, 144, dtype=torch.uint8)
+    assert ql.supports(q4k, q4k, w13, w2, 256)
+    assert not ql.supports(q4k, q6k, w13, w2, 256)  # a Q4_K_M file's Q6_K down rows
+    assert not ql.supports(q4k, q4k, w13, w2, 160)  # Qwen1.5's 1408 is not 256-aligned
+
+
+@child_only
+def test_gguf_launch_takes_it_when_switched_on_for_decode_only(ql, monkeypatch):
+    from xinfer.kernels import gguf_launch
+    from xinfer.quant.gguf_blocks import BLOCK_TYPES
+
+    hidden, ids, weights, w13, w2, inter = _case(seed=7, hidden_dim=256)
+    q4k = BLOCK_TYPES["Q4_K"]
+    calls, fused_moe = [], ql.fused_moe
+    monkeypatch.setattr(ql, "fused_moe", lambda *a: calls.append(1) or fused_moe(*a))
+    monkeypatch.setattr(gguf_launch, "Q8X_MOE", True)
+    out = gguf_launch.fused_moe(hidden, ids, weights, w13, q4k, w2, q4k, inter)
+    assert calls == [1] and torch.equal(out, fused_moe(hidden, ids, weights, w13, w2, inter))
+    gguf_launch.fused_moe(hidden, ids, weights, w13, q4k, w2, q4k, inter, use_gemv=False)
+    assert calls == [1]  # the grouped (prefill) path keeps its float kernels
