@@ -239,7 +239,7 @@ def _gguf_q8x_moe(tokens: int = 1) -> Case:
     gate_up, down = "q4k_moe_gate_up_q8x_kernel", "q4k_moe_down_q8x_kernel"
     return Case(
         lambda: ql.fused_moe(hidden, ids, weights, w13, w2, INTER),
-        {gate_up: 2 * 32 * 256, down: ql.DOWN_BLOCK_N * 256},
+        {gate_up: 2 * ql.GATE_UP_BLOCK_N * 256, down: ql.DOWN_BLOCK_N * 256},
         {gate_up: pairs * 2 * INTER * HIDDEN, down: pairs * HIDDEN * INTER},
         {gate_up: pairs * 2 * INTER * bt.row_bytes(HIDDEN),
          down: pairs * HIDDEN * bt.row_bytes(INTER)},
@@ -343,12 +343,29 @@ def _gguf_linear(btype_name: str, n: int = QKV_N, k: int = HIDDEN) -> Case:
     )
 
 
+def _gguf_q8x_linear(n: int = QKV_N, k: int = HIDDEN) -> Case:
+    """The Q4_K decode linear on int8 activations, one row: a loop iteration reads one
+    super-block a row of the tile."""
+    from xinfer.kernels import gguf_q8x_launch as ql
+    from xinfer.quant.gguf_blocks import BLOCK_TYPES
+
+    bt = BLOCK_TYPES["Q4_K"]
+    w = torch.zeros(n, bt.row_bytes(k), dtype=torch.uint8)
+    x = torch.zeros(1, k, dtype=torch.bfloat16)
+    name = "q4k_linear_q8x_kernel"
+    return Case(
+        lambda: ql.linear(x, w, None, n),
+        {name: ql.LINEAR_BLOCK_N * 256}, {name: n * k}, {name: n * bt.row_bytes(k)},
+    )  # fmt: skip
+
+
 CASES: dict[str, Callable[[], Case]] = {
     "linear-fp8": lambda: _quant_linear("fp8-block128"),
     "linear-gptq": lambda: _quant_linear("gptq-g128"),
     "linear-nvfp4": lambda: _quant_linear("nvfp4"),
     "linear-gguf-q4_k": lambda: _gguf_linear("Q4_K"),
     "linear-gguf-q8_0": lambda: _gguf_linear("Q8_0"),
+    "linear-gguf-q4_k-q8x": _gguf_q8x_linear,
     "fp8": lambda: _quant_moe("fp8-block128"),
     "gptq": lambda: _quant_moe("gptq-g128"),
     "nvfp4": lambda: _quant_moe("nvfp4"),

@@ -220,11 +220,24 @@ def _gguf_cases() -> None:
     add("gguf-Q8_0-moe-bf16-grouped-large", G_GROUPED, _gguf_moe, "Q8_0", "Q8_0", BF16, 130, False,
         dequant=False)  # fmt: skip
     add("gguf-Q8_0-moe-fp32-grouped", G_GROUPED, _gguf_moe, "Q8_0", "Q8_0", F32, 40, False)
-    for dtype, name in ((BF16, "bf16"), (F32, "fp32")):  # dp4a as inline PTX (ptxas: IDP)
+    for dtype, name in ((BF16, "bf16"), (F32, "fp32")):  # dp4a, mul.rn as inline PTX
         add(f"gguf-Q4_K-moe-{name}-q8x", G_Q8X, _gguf_q8x_moe, dtype, 3)
+    add("gguf-Q4_K-linear-bf16-m3-q8x", "q4k_linear_q8x_kernel", _gguf_q8x_linear, BF16, 3)
+    add("gguf-Q4_K-linear-fp16-m16-q8x-reduce-apart",
+        "q4k_linear_q8x_kernel gemv_split_reduce_kernel", reduced_apart(_gguf_q8x_linear), F16,
+        16)  # fmt: skip
 
 
-G_Q8X = "quantize_q8x_kernel q4k_moe_gate_up_q8x_kernel q4k_moe_down_q8x_kernel"
+G_Q8X = "q4k_moe_gate_up_q8x_kernel q4k_moe_down_q8x_kernel"
+
+
+def _gguf_q8x_linear(dtype, m: int) -> None:
+    from xinfer.kernels import gguf_q8x_launch
+
+    n, k = 96, 1024  # 4 super-blocks: K split in two
+    gguf_q8x_launch.linear(
+        _randn(m, k, dtype=dtype), _gguf_rows("Q4_K", n, k), _randn(n, dtype=dtype), n
+    )
 
 
 def _gguf_q8x_moe(dtype, tokens: int) -> None:

@@ -1,7 +1,8 @@
-"""The GGUF expert GEMVs on int8 activations (`kernels/gguf_q8x_launch.py`) on the GPU, where
-`dp4a` is inline PTX: the activation quantizer equals its twin bit for bit; the Q4_K MoE at
-the Qwen3-30B-A3B expert shape equals its twin, a token's bits do not depend on the batch or
-on the slots, and a CUDA graph replays it (the fused combine's counters back at zero)."""
+"""The GGUF decode GEMVs on int8 activations (`kernels/gguf_q8x_launch.py`) on the GPU, where
+`dp4a` and `mul.rn` are inline PTX: the activation quantizer equals its twin bit for bit;
+the Q4_K MoE and linear at Qwen3-30B-A3B shapes equal their twins, a row's bits do not
+depend on the batch or on the slots, and CUDA graphs replay them (the fused combine's and
+split reduce's counters back at zero)."""
 
 from __future__ import annotations
 
@@ -11,7 +12,10 @@ import pytest
 import torch
 
 pytestmark = pytest.mark.gpu
-pytest.importorskip("triton")
+triton = pytest.importorskip("triton")
+tl = triton.language
+from xinfer.kernels.triton.gguf_q8x import quantize_blocks  # noqa: E402
+
 CUDA = torch.device("cuda")
 
 
@@ -27,16 +31,33 @@ def _experts(rows: int, k: int, seed: int, experts: int) -> torch.Tensor:
     return torch.from_numpy(np.stack(blocks)).to(CUDA)
 
 
+@triton.jit
+def _quantize_kernel(x_ptr, w_ptr, d_ptr, s_ptr, stride_x, S: tl.constexpr):
+    """Row `program_id` of S blocks of 32 through `quantize_blocks` (mul.rn as PTX)."""
+    r = tl.program_id(0)
+    b = tl.arange(0, S)
+    v = tl.load(x_ptr + r * stride_x + b[:, None] * 32 + tl.arange(0, 32)[None, :])
+    words, d, s = quantize_blocks(v.to(tl.float32), True)
+    tl.store(w_ptr + r * S * 8 + b[:, None] * 8 + tl.arange(0, 8)[None, :], words)
+    tl.store(d_ptr + r * S + b, d)
+    tl.store(s_ptr + r * S + b, s)
+
+
 @pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16, torch.float32])
 def test_quantize_equals_the_twin(dtype):
-    from xinfer.kernels import gguf_q8x_launch as ql
     from xinfer.kernels import gguf_q8x_reference as ref
 
     g = torch.Generator().manual_seed(0)
-    x = (torch.randn(9, 2048, generator=g) * 2).to(dtype)
-    x[3, 256:288] = 0
-    got = ql.quantize(x.to(CUDA))
-    for a, b in zip(got, ref.quantize_rows(x), strict=True):
+    x = (torch.randn(9, 256, generator=g) * 2).to(dtype)
+    x[3, 64:96] = 0
+    x[4, :32] = torch.arange(32) - 15.5  # ties after the multiply (d = 1)
+    x[4, 0] = 127
+    xc = x.to(CUDA)
+    words = torch.empty(9, 64, dtype=torch.int32, device=CUDA)
+    d = torch.empty(9, 8, device=CUDA)
+    s = torch.empty_like(d)
+    _quantize_kernel[(9,)](xc, words, d, s, xc.stride(0), S=8)
+    for a, b in zip((words, d, s), ref.quantize_rows(x), strict=True):
         assert torch.equal(a.cpu(), b)
 
 
@@ -69,6 +90,29 @@ def test_q4_k_moe_equals_the_twin_keeps_bits_and_replays():
     graph = torch.cuda.CUDAGraph()
     with torch.cuda.graph(graph):
         captured = ql.fused_moe(hidden, ids, weights, w13, w2, inter)
+    for _ in range(3):
+        graph.replay()
+        torch.cuda.synchronize()
+        assert torch.equal(captured, out)
+
+
+@pytest.mark.parametrize("n,k", [(5120, 2048), (2048, 4096)])  # qkv, o_proj
+def test_q4_k_linear_equals_the_twin_keeps_bits_and_replays(n, k):
+    from xinfer.kernels import gguf_q8x_launch as ql
+    from xinfer.kernels import gguf_q8x_reference as ref
+
+    w = _experts(n, k, 4, 1)[0]
+    g = torch.Generator().manual_seed(5)
+    x = (torch.randn(5, k, generator=g) * 0.1).to(torch.bfloat16).to(CUDA)
+    bias = torch.randn(n, generator=g).to(torch.bfloat16).to(CUDA)
+    out = ql.linear(x, w, bias, n)
+    want = ref.q4_k_linear(x.cpu(), w.cpu(), bias.cpu())
+    scale = want.float().abs().max()
+    torch.testing.assert_close(out.cpu().float() / scale, want.float() / scale, rtol=0, atol=1e-2)
+    assert torch.equal(ql.linear(x[2:3], w, bias, n)[0], out[2])
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(graph):
+        captured = ql.linear(x, w, bias, n)
     for _ in range(3):
         graph.replay()
         torch.cuda.synchronize()

@@ -1,10 +1,11 @@
-"""The GGUF expert GEMVs on int8 activations (`kernels/gguf_q8x_launch.py`) in Triton's CPU
+"""The GGUF decode GEMVs on int8 activations (`kernels/gguf_q8x_launch.py`) in Triton's CPU
 interpreter: `dp4a`'s interpreter form equals the four signed byte products summed; the
-activation quantizer equals its twin bit for bit (codes, scales, sums; a block of zeros);
-the Q4_K MoE equals its twin (`gguf_q8x_reference.q4_k_moe`), a pair's bits do not depend
-on the batch or the slot that holds its expert; and the twin itself stays within int8
-rounding of the float twin (the dequantized weights, `GGUFFormat.reference_moe`), which
-checks its reading of the Q4_K layout against the one tested against the `gguf` package.
+activation quantizer equals its twin bit for bit (codes, scales, sums; a block of zeros;
+ties); the Q4_K MoE and linear equal their twins (`gguf_q8x_reference`), a row's bits do not
+depend on the batch or the slot that holds its expert; `gguf_launch` takes them when
+switched on, for decode only; and the twin itself stays within int8 rounding of the float
+twin (the dequantized weights, `GGUFFormat.reference_moe`), which checks its reading of the
+Q4_K layout against the one tested against the `gguf` package.
 
 Runs in a child pytest with TRITON_INTERPRET=1 (see interpreter_child.py)."""
 
@@ -18,7 +19,7 @@ from interpreter_child import child_only, interpreter_child_test
 
 triton = pytest.importorskip("triton")
 tl = triton.language
-from xinfer.kernels.triton.gguf_q8x import dp4a  # noqa: E402
+from xinfer.kernels.triton.gguf_q8x import dp4a, quantize_blocks  # noqa: E402
 
 test_interpreter_child = interpreter_child_test(__file__)
 
@@ -30,7 +31,7 @@ def ql():
     from xinfer.kernels import gguf_q8x_launch
     from xinfer.kernels.triton import gguf_q8x
 
-    if not isinstance(gguf_q8x.quantize_q8x_kernel, InterpretedFunction):
+    if not isinstance(gguf_q8x.q4k_linear_q8x_kernel, InterpretedFunction):
         pytest.skip("kernels were compiled before TRITON_INTERPRET=1 was set in this process")
     return gguf_q8x_launch
 
@@ -73,20 +74,36 @@ def test_dp4a_sums_the_signed_byte_products(ql):
     assert out[0] == -4 * 127
 
 
+@triton.jit
+def _quantize_kernel(x_ptr, w_ptr, d_ptr, s_ptr, S: tl.constexpr):
+    """One row of S blocks of 32 through `quantize_blocks`."""
+    b = tl.arange(0, S)
+    v = tl.load(x_ptr + b[:, None] * 32 + tl.arange(0, 32)[None, :]).to(tl.float32)
+    words, d, s = quantize_blocks(v, False)
+    tl.store(w_ptr + b[:, None] * 8 + tl.arange(0, 8)[None, :], words)
+    tl.store(d_ptr + b, d)
+    tl.store(s_ptr + b, s)
+
+
 @child_only
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
 def test_quantize_equals_the_twin_bit_for_bit(ql, dtype):
     from xinfer.kernels import gguf_q8x_reference as ref
 
     g = torch.Generator().manual_seed(1)
-    x = (torch.randn(3, 352, generator=g) * 3).to(dtype)  # 11 blocks: a partial program
-    x[1, 64:96] = 0  # a block of zeros: d = 0, codes 0
-    x[2, :32] = torch.linspace(-2.5, 2.5, 32)  # ties at .5 after the division
-    got = ql.quantize(x)
+    x = (torch.randn(1, 256, generator=g) * 3).to(dtype)
+    x[0, 64:96] = 0  # a block of zeros: d = 0, codes 0
+    x[0, :32] = torch.arange(32) - 15.5  # with amax 127 (d = 1): ties, rounded to even
+    x[0, 0] = 127
+    words = torch.empty(64, dtype=torch.int32)
+    d, s = torch.empty(8), torch.empty(8)
+    _quantize_kernel[(1,)](x, words, d, s, S=8)
     want = ref.quantize_rows(x)
-    for a, b in zip(got, want, strict=True):
+    for a, b in zip((words, d, s), (w[0] for w in want), strict=True):
         assert a.dtype == b.dtype and torch.equal(a, b)
-    assert (got[1][1, 2] == 0).item() and (got[0][1, 16:24] == 0).all()
+    assert d[2] == 0 and (words[16:24] == 0).all()
+    codes = ref.quantize_codes(x)[0][0, :32]
+    assert codes[1:5].tolist() == [-14, -14, -12, -12]  # -14.5, -13.5, -12.5, -11.5
 
 
 @child_only
@@ -158,3 +175,44 @@ def test_gguf_launch_takes_it_when_switched_on_for_decode_only(ql, monkeypatch):
     assert calls == [1] and torch.equal(out, fused_moe(hidden, ids, weights, w13, w2, inter))
     gguf_launch.fused_moe(hidden, ids, weights, w13, q4k, w2, q4k, inter, use_gemv=False)
     assert calls == [1]  # the grouped (prefill) path keeps its float kernels
+
+
+@child_only
+def test_q4_k_linear_splits_k_equals_the_twin_and_keeps_row_bits(ql):
+    """K = 2048 (8 super-blocks): the linear splits K (partials added by each tile's last
+    split, bias there); rows alone give their bits in 5."""
+    from xinfer.kernels import gemv_launch
+    from xinfer.kernels import gguf_q8x_reference as ref
+    from xinfer.quant.gguf_blocks import BLOCK_TYPES
+
+    n, k = 40, 2048
+    w = _experts(n, k, seed=9, experts=1)[0]
+    assert ql.supports_linear(BLOCK_TYPES["Q4_K"], w, k)
+    assert gemv_launch.decode_split(5, 2, k, 256)[1] > 1  # K is split
+    g = torch.Generator().manual_seed(10)
+    x = torch.randn(5, k, generator=g) * 0.1
+    bias = torch.randn(n, generator=g)
+    out = ql.linear(x, w, bias, n)
+    want = ref.q4_k_linear(x, w, bias)
+    scale = want.abs().max()
+    torch.testing.assert_close(out / scale, want / scale, rtol=0, atol=1e-5)
+    assert torch.equal(ql.linear(x[3:4], w, bias, n)[0], out[3])
+    assert torch.equal(ql.linear(x[1:3], w, None, n), ql.linear(x, w, None, n)[1:3])
+
+
+@child_only
+def test_gguf_launch_linear_takes_it_when_switched_on_for_decode_only(ql, monkeypatch):
+    from xinfer.kernels import gguf_launch
+    from xinfer.quant.gguf_blocks import BLOCK_TYPES
+
+    n, k = 16, 256
+    w = _experts(n, k, seed=11, experts=1)[0]
+    q4k = BLOCK_TYPES["Q4_K"]
+    calls, linear = [], ql.linear
+    monkeypatch.setattr(ql, "linear", lambda *a: calls.append(1) or linear(*a))
+    monkeypatch.setattr(gguf_launch, "Q8X_LINEAR", True)
+    x = torch.randn(2, k, generator=torch.Generator().manual_seed(12))
+    out = gguf_launch.linear(x, w, q4k, None, n, k)
+    assert calls == [1] and torch.equal(out, linear(x, w, None, n))
+    gguf_launch.linear(x, w, q4k, None, n, k, dequant=True)  # prefill: the float route
+    assert calls == [1]

@@ -44,9 +44,11 @@ DECODE_M = gemv_launch.DECODE_ROWS  # linears with at most this many rows: one 1
 _DTYPES = (torch.bfloat16, torch.float16, torch.float32)
 DEQUANT_BLOCK_N, DEQUANT_SUBS = 32, 8  # dequant tiles: elementwise, the bits do not depend on them
 PREFILL_MIN_PAIRS = 4096  # expert calls from this many (token, k) pairs dequantize (above)
-# decode expert GEMVs of Q4_K experts on int8 activations (`gguf_q8x_launch`: dp4a, ~5x fewer
-# instructions a weight by the sm_90 SASS); off until the H200 has timed it (bench/NOTES.md)
+# decode GEMVs of Q4_K weights on int8 activations (`gguf_q8x_launch`: dp4a, several times
+# fewer instructions a weight by the sm_90 SASS), experts and linears; off until the H200 has
+# timed them (bench/NOTES.md)
 Q8X_MOE = False
+Q8X_LINEAR = False
 
 
 @dataclass(frozen=True)
@@ -185,6 +187,8 @@ def linear(
     m = x2.shape[0]
     if m >= quant_launch.PREFILL_MIN_ROWS if dequant is None else dequant:
         return _dequantized_linear(x2, w, btype, bias, n, k).view(*x.shape[:-1], n)
+    if Q8X_LINEAR and tiles is None and m <= DECODE_M and q8x.supports_linear(btype, w, k):
+        return q8x.linear(x2, w, bias, n).view(*x.shape[:-1], n)
     out = x.new_empty(m, n)
     if m == 0:
         return out.view(*x.shape[:-1], n)

@@ -1,7 +1,7 @@
-"""Pure-torch twins of the GGUF expert GEMVs on int8 activations (`triton/gguf_q8x.py`):
-the per-32 quantization of activations (bit for bit: the same IEEE divisions and
-round-half-even), and the Q4_K routed-expert MLP computed from it — the integer sums exact,
-the float work per sub-block as the kernel orders it, in float32."""
+"""Pure-torch twins of the GGUF decode GEMVs on int8 activations (`triton/gguf_q8x.py`): the
+per-32 quantization of activations (bit for bit: the same IEEE divisions, multiplies and
+round-half-even), and the Q4_K linear and routed-expert MLP computed from it — the integer
+sums exact, the float work per sub-block as the kernel orders it, in float32."""
 
 from __future__ import annotations
 
@@ -12,19 +12,20 @@ from xinfer.quant.gguf_blocks import q4_k_parts
 
 def quantize_codes(x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
     """x (M, K), K a multiple of 32 → (codes (M, K) int32 in [-127, 127], d (M, K/32),
-    d·Σcodes (M, K/32) float32): d = amax / 127 a block, codes = round-half-even(x / d)."""
+    d·Σcodes (M, K/32) float32): d = amax / 127 a block, codes = round-half-even(x · (1/d))
+    (each operation rounded to float32 once, as the kernel's div_rn and mul.rn)."""
     m, k = x.shape
     v = x.float().reshape(m, k // 32, 32)
     d = v.abs().amax(dim=-1) / 127.0
     live = d > 0
-    q = torch.where(live[..., None], torch.round(v / torch.where(live, d, 1.0)[..., None]), 0.0)
-    q = q.to(torch.int32)
+    inv = torch.where(live, 1.0 / torch.where(live, d, 1.0), 0.0)
+    q = torch.round(v * inv[..., None]).to(torch.int32)
     return q.reshape(m, k), d, d * q.sum(dim=-1).float()
 
 
 def quantize_rows(x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
-    """`quantize_q8x_kernel`'s outputs: (words (M, K/4) int32, the codes four a word lowest
-    byte first; d (M, K/32); d·Σcodes (M, K/32))."""
+    """`quantize_blocks`'s outputs for whole rows: (words (M, K/4) int32, the codes four a
+    word lowest byte first; d (M, K/32); d·Σcodes (M, K/32))."""
     q, d, s = quantize_codes(x)
     m, k = q.shape
     shifts = torch.tensor([0, 8, 16, 24], dtype=torch.int64, device=x.device)
@@ -41,6 +42,12 @@ def _q4_k_rows(raw: torch.Tensor, k: int) -> tuple[torch.Tensor, ...]:
     dsc = (d[:, None] * sc.float()).reshape(n, k // 32)
     dmn = (dmin[:, None] * mn.float()).reshape(n, k // 32)
     return codes.to(torch.int32).reshape(n, k // 32, 32), dsc, dmn
+
+
+def q4_k_linear(x: torch.Tensor, raw: torch.Tensor, bias: torch.Tensor | None) -> torch.Tensor:
+    """The decode linear: x (M, K) @ W^T (+ bias) in x's dtype, W the Q4_K rows raw."""
+    y = q4_k_dot(raw, x)
+    return (y if bias is None else y + bias.float()).to(x.dtype)
 
 
 def q4_k_dot(raw: torch.Tensor, x: torch.Tensor) -> torch.Tensor:

@@ -1,19 +1,22 @@
-"""GGUF Q4_K expert GEMVs on int8 activations (launched from `kernels/gguf_q8x_launch.py`):
-the activations are quantized per block of 32 to int8 with one float32 scale (ggml's q8_1
-idea: d = amax / 127, q = round(x / d), and d·Σq kept for the minimum term), packed four to
-a 32-bit word; a weight word holds eight 4-bit codes, the low nibbles of four bytes for one
-sub-block and the high nibbles for the next, so one AND (and a shift) gives four codes
-ready for one `dp4a` (four int8 products summed into an int32) against one word of x.
-Per 256 weights of a row: 32 words of codes, 64 `dp4a`, and the float work once per
-sub-block of 32 — d·sc·dx·Σ(q·xq) − dmin·m·dx·Σxq — where the float GEMVs
-(`gguf_gemm.py`) dequantize and multiply every weight (~11 instructions a weight a thread
-in the Q4_K MoE GEMV's loop, bench/sass_report.py).
+"""GGUF Q4_K decode GEMVs on int8 activations (launched from `kernels/gguf_q8x_launch.py`):
+the routed-expert MLP and the linear. Each program quantizes the activations it reads per
+block of 32 to int8 with one float32 scale (ggml's q8_1 idea: d = amax / 127, q = round(x
+· (1 / d)), d·Σq kept for the minimum term), packed four to a 32-bit word — no launch of
+its own: a 2048-wide row costs each program a few hundred instructions. A weight word holds
+eight 4-bit codes, the low nibbles of four bytes for one sub-block and the high nibbles for
+the next, so one AND (and a shift) gives four codes ready for one `dp4a` (four int8
+products summed into an int32) against one word of x. Per 256 weights of a row: 32 words of
+codes, 64 `dp4a`, and the float work once per sub-block of 32 — d·sc·dx·Σ(q·xq) −
+dmin·mn·dx·Σxq — where the float GEMVs (`gguf_gemm.py`) dequantize and multiply every
+weight (~11 instructions a weight a thread in the Q4_K MoE GEMV's loop,
+bench/sass_report.py).
 
 Exact integer sums: `dp4a` runs as PTX inline assembly on the GPU (`ASM`), and as shifts
 and multiplies in Triton's CPU interpreter (which has no inline assembly) with the same
-int32 result. The quantization divides with `div_rn` (IEEE division, not the approximate
-`/`), so its int8 codes and scales are the twin's (`kernels/gguf_q8x_reference.py`) bit for
-bit. A row's result depends on its own activations only: batch-invariant."""
+int32 result. The quantization divides with `div_rn` and multiplies with `mul.rn` (never
+fused into an FMA), so its int8 codes and scales are the twin's
+(`kernels/gguf_q8x_reference.py`) bit for bit. A row's result depends on its own
+activations only: batch-invariant, and the same in whatever slot its expert sits."""
 
 from __future__ import annotations
 
@@ -21,6 +24,7 @@ import triton
 import triton.language as tl
 
 from xinfer.kernels.triton.fused_moe import _silu_mul, combine_when_last
+from xinfer.kernels.triton.gemv import store_split_tile
 
 ROUND = tl.constexpr(12582912.0)  # 1.5 * 2^23: (v + ROUND) - ROUND rounds |v| < 2^22 to even
 
@@ -47,36 +51,29 @@ def dp4a(a, b, ASM: tl.constexpr):
 
 
 @triton.jit
-def quantize_blocks(v, S: tl.constexpr):
-    """v (S, 32) float32 → (words (S, 8) int32: the int8 codes four a word, lowest byte
-    first; d (S,) float32; d·Σq (S,) float32). d = amax / 127, q = round-half-even(v / d)
-    (0 where the block is all zeros)."""
-    d = tl.math.div_rn(tl.max(tl.abs(v), axis=1), 127.0)
-    safe = tl.where(d > 0, d, 1.0)
-    r = tl.math.div_rn(v, safe[:, None])
-    q = tl.where(d[:, None] > 0, (r + ROUND) - ROUND, 0.0).to(tl.int32)
-    shifts = (tl.arange(0, 4) * 8)[None, None, :]
-    words = tl.sum((tl.reshape(q, (S, 8, 4)) & 255) << shifts, axis=2)
-    return words, d, d * tl.sum(q, axis=1).to(tl.float32)
+def _mul_rn(a, b, ASM: tl.constexpr):
+    """a * b rounded once (`mul.rn`: never fused with a following add into an FMA, which
+    would round differently from the twin's separate multiply)."""
+    if ASM:
+        return tl.inline_asm_elementwise(
+            "mul.rn.f32 $0, $1, $2;", "=r,r,r", [a, b], dtype=tl.float32, is_pure=True, pack=1
+        )
+    else:
+        return a * b
 
 
 @triton.jit
-def quantize_q8x_kernel(
-    x_ptr, xw_ptr, xd_ptr, xs_ptr, K, stride_xm, stride_wm, stride_dm, S: tl.constexpr,
-):  # fmt: skip
-    """grid (M, cdiv(K, S * 32)): row m's blocks of 32 → xw[m] (K/4 words), xd[m] and
-    xs[m] (K/32 each: d and d·Σq). K is a multiple of 32."""
-    m = tl.program_id(0).to(tl.int64)
-    b0 = tl.program_id(1) * S
-    blocks = b0 + tl.arange(0, S)
-    ks = blocks[:, None] * 32 + tl.arange(0, 32)[None, :]
-    live = blocks * 32 < K
-    v = tl.load(x_ptr + m * stride_xm + ks, mask=live[:, None], other=0.0).to(tl.float32)
-    words, d, s = quantize_blocks(v, S)
-    wo = blocks[:, None] * 8 + tl.arange(0, 8)[None, :]
-    tl.store(xw_ptr + m * stride_wm + wo, words, mask=live[:, None])
-    tl.store(xd_ptr + m * stride_dm + blocks, d, mask=live)
-    tl.store(xs_ptr + m * stride_dm + blocks, s, mask=live)
+def quantize_blocks(v, ASM: tl.constexpr):
+    """v (S, 32) float32 → (words (S, 8) int32: the int8 codes four a word, lowest byte
+    first; d (S,); d·Σq (S,) float32): d = amax / 127, q = round-half-even(v · (1 / d)),
+    0 where a block is all zeros (the twin: `gguf_q8x_reference.quantize_codes`)."""
+    d = tl.math.div_rn(tl.max(tl.abs(v), axis=1), 127.0)
+    inv = tl.where(d > 0, tl.math.div_rn(1.0, tl.where(d > 0, d, 1.0)), 0.0)
+    r = _mul_rn(v, inv[:, None], ASM) + ROUND  # the integer in the low bits, rounded to even
+    q = r.to(tl.int32, bitcast=True) - 0x4B400000
+    shifts = (tl.arange(0, 4) * 8)[None, None, :]
+    words = tl.sum((tl.reshape(q, (v.shape[0], 8, 4)) & 255) << shifts, axis=2)
+    return words, d, d * tl.sum(q, axis=1).to(tl.float32)
 
 
 @triton.jit
@@ -85,67 +82,103 @@ def _f16_bits(bits):
 
 
 @triton.jit
-def q4k_dot(w8_ptr, w32_ptr, row_word, sb, xw_ptr, xd_ptr, xs_ptr, mask_n, ASM: tl.constexpr):
-    """(BLOCK_N,) float32: super-block `sb` (256 weights, 144 bytes = 36 words) of the Q4_K
-    rows starting at int32 word offsets `row_word` against one quantized activation row
-    (xw, xd, xs at its start). Q4_K: {f16 d, dmin; u8 scales[12]; u8 qs[128]}; qs[32 j + l]
-    holds weight 64 j + l (low nibble) and 64 j + 32 + l (high); sub-block s weighs
-    d·sc[s]·q − dmin·m[s], sc and m six bits each."""
-    base = row_word + sb * 36
+def _scale_min(w8_ptr, byte, s, m2):
+    """(sc, mn) float32 of sub-blocks `s` of the super-blocks whose 12 scale bytes start at
+    byte offsets `byte`: six bits each, the high two of sub-blocks 4-7 in bytes 0-7."""
+    a = tl.load(w8_ptr + byte + s, mask=m2, other=0).to(tl.int32)  # scales[s]
+    b = tl.load(w8_ptr + byte + 4 + s, mask=m2, other=0).to(tl.int32)  # scales[s + 4]
+    c = tl.load(w8_ptr + byte + s % 4, mask=m2, other=0).to(tl.int32)  # scales[s - 4]
+    low = s < 4
+    sc = tl.where(low, a & 63, (b & 15) | ((c >> 6) << 4))
+    mn = tl.where(low, b & 63, (b >> 4) | ((a >> 6) << 4))
+    return sc.to(tl.float32), mn.to(tl.float32)
+
+
+@triton.jit
+def x_quantized(x_row_ptr, sb, ASM: tl.constexpr):
+    """Super-block `sb` of one activation row (float), quantized here (`quantize_blocks`):
+    (words, d, d·Σq) of its even sub-blocks 2j ("lo", (4, 8), (4,), (4,)), then of its odd
+    ones 2j + 1 ("hi") — the halves that one weight word's low and high nibbles multiply."""
     j = tl.arange(0, 4)
+    ks = sb * 256 + (j * 64)[:, None] + tl.arange(0, 32)[None, :]
+    w_lo, d_lo, s_lo = quantize_blocks(tl.load(x_row_ptr + ks).to(tl.float32), ASM)
+    w_hi, d_hi, s_hi = quantize_blocks(tl.load(x_row_ptr + ks + 32).to(tl.float32), ASM)
+    return w_lo, w_hi, d_lo, d_hi, s_lo, s_hi
+
+
+@triton.jit
+def x_loaded(xw_ptr, xd_ptr, xs_ptr, sb):
+    """`x_quantized`'s values read from a row quantized before (words of sub-block s at
+    [8 s, 8 s + 8), its d and d·Σq at [s])."""
+    j = tl.arange(0, 4)
+    xo = sb * 64 + (j * 16)[:, None] + tl.arange(0, 8)[None, :]
+    s = sb * 8 + j * 2
+    return (
+        tl.load(xw_ptr + xo), tl.load(xw_ptr + xo + 8), tl.load(xd_ptr + s),
+        tl.load(xd_ptr + s + 1), tl.load(xs_ptr + s), tl.load(xs_ptr + s + 1),
+    )  # fmt: skip
+
+
+@triton.jit
+def q4k_dot(
+    w8_ptr, w32_ptr, row_word, sb, xw_lo, xw_hi, dx_lo, dx_hi, sx_lo, sx_hi, mask_n,
+    ASM: tl.constexpr,
+):  # fmt: skip
+    """(BLOCK_N,) float32: super-block `sb` (256 weights, 144 bytes = 36 words) of the Q4_K
+    rows starting at int32 word offsets `row_word` against one quantized activation
+    super-block (`x_quantized` / `x_loaded`). Q4_K: {f16 d, dmin; u8 scales[12]; u8
+    qs[128]}; qs[32 j + l] holds weight 64 j + l in its low nibble and 64 j + 32 + l in its
+    high one; sub-block s weighs d·sc[s]·q − dmin·mn[s]. The even and odd sub-blocks go
+    apart so that no tensor is reshaped."""
+    j = tl.arange(0, 4)
+    base = row_word + sb * 36
     t = tl.arange(0, 8)
     codes = tl.load(
         w32_ptr + base[:, None, None] + 4 + (j * 8)[None, :, None] + t[None, None, :],
         mask=mask_n[:, None, None], other=0,
     )  # fmt: skip
-    xo = sb * 64 + (j * 16)[:, None] + t[None, :]  # sub-block 2j: words 16j + t; 2j+1: +8
-    lo = tl.sum(dp4a(codes & 0x0F0F0F0F, tl.load(xw_ptr + xo)[None], ASM), axis=2)
-    hi = tl.sum(dp4a((codes >> 4) & 0x0F0F0F0F, tl.load(xw_ptr + xo + 8)[None], ASM), axis=2)
-    isum = tl.reshape(tl.join(lo, hi), (lo.shape[0], 8)).to(tl.float32)  # (BN, 8) by s
+    i_lo = tl.sum(dp4a(codes & 0x0F0F0F0F, xw_lo[None], ASM), axis=2).to(tl.float32)
+    i_hi = tl.sum(dp4a((codes >> 4) & 0x0F0F0F0F, xw_hi[None], ASM), axis=2).to(tl.float32)
     dm = tl.load(w32_ptr + base, mask=mask_n, other=0)
-    d = _f16_bits(dm & 0xFFFF)
-    dmin = _f16_bits((dm >> 16) & 0xFFFF)
-    s = tl.arange(0, 8)[None, :]
+    d = _f16_bits(dm & 0xFFFF)[:, None]
+    dmin = _f16_bits((dm >> 16) & 0xFFFF)[:, None]
     byte = (base * 4)[:, None] + 4
     m2 = mask_n[:, None]
-    a = tl.load(w8_ptr + byte + s, mask=m2, other=0).to(tl.int32)  # scales[s]
-    b = tl.load(w8_ptr + byte + 4 + s % 4 + 4 * (s // 4), mask=m2, other=0).to(tl.int32)
-    c = tl.load(w8_ptr + byte + s % 4, mask=m2, other=0).to(tl.int32)  # scales[s - 4]
-    low = s < 4
-    sc = tl.where(low, a & 63, (b & 15) | ((c >> 6) << 4)).to(tl.float32)
-    mn = tl.where(low, b & 63, (b >> 4) | ((a >> 6) << 4)).to(tl.float32)
-    dx = tl.load(xd_ptr + sb * 8 + s)
-    sx = tl.load(xs_ptr + sb * 8 + s)
-    part = d[:, None] * (sc * (dx * isum)) - dmin[:, None] * (mn * sx)
+    sc_lo, mn_lo = _scale_min(w8_ptr, byte, (j * 2)[None, :], m2)
+    sc_hi, mn_hi = _scale_min(w8_ptr, byte, (j * 2 + 1)[None, :], m2)
+    part = (
+        d * (sc_lo * (dx_lo[None, :] * i_lo)) - dmin * (mn_lo * sx_lo[None, :])
+        + d * (sc_hi * (dx_hi[None, :] * i_hi)) - dmin * (mn_hi * sx_hi[None, :])
+    )  # fmt: skip
     return tl.sum(part, axis=1)
 
 
 @triton.jit
 def q4k_moe_gate_up_q8x_kernel(
-    xw_ptr, xd_ptr, xs_ptr, ids_ptr, w8_ptr, w32_ptr, iw_ptr, id_ptr, is_ptr,
+    x_ptr, ids_ptr, w8_ptr, w32_ptr, iw_ptr, id_ptr, is_ptr,
     hidden_dim, inter_dim,
-    stride_xw, stride_xd, stride_we, stride_wn, stride_iw, stride_id,
+    stride_xt, stride_we, stride_wn, stride_iw, stride_id,
     TOP_K: tl.constexpr, ASM: tl.constexpr,
 ):  # fmt: skip
-    """grid (T*k, I / 32): h = silu(x·W13[e, n]) * (x·W13[e, I + n]) for one block of 32
-    columns n, written quantized for the down GEMV (iw, id, is as `quantize_q8x_kernel`).
-    Strides of w in int32 words."""
+    """grid (T*k, I / 32): h = silu(x·W13[e, n]) * (x·W13[e, I + n]) in float32 for one block
+    of 32 columns n, the token's row quantized in the loop, h quantized at the end for the
+    down GEMV (its words, d and d·Σq: iw, id, is). Strides of w in int32 words."""
     pair = tl.program_id(0).to(tl.int64)
     blk = tl.program_id(1)
-    tok = pair // TOP_K
     e = tl.load(ids_ptr + pair).to(tl.int64)
     offs_n = blk * 32 + tl.arange(0, 32)
     mask_n = offs_n < inter_dim
     gate = e * stride_we + offs_n.to(tl.int64) * stride_wn
     up = gate + inter_dim * stride_wn
-    xw, xd, xs = xw_ptr + tok * stride_xw, xd_ptr + tok * stride_xd, xs_ptr + tok * stride_xd
+    x_row = x_ptr + (pair // TOP_K) * stride_xt
     g = tl.zeros((32,), dtype=tl.float32)
     u = tl.zeros((32,), dtype=tl.float32)
     for sb in range(0, hidden_dim // 256):
-        g += q4k_dot(w8_ptr, w32_ptr, gate, sb, xw, xd, xs, mask_n, ASM)
-        u += q4k_dot(w8_ptr, w32_ptr, up, sb, xw, xd, xs, mask_n, ASM)
+        w_lo, w_hi, d_lo, d_hi, s_lo, s_hi = x_quantized(x_row, sb, ASM)
+        g += q4k_dot(w8_ptr, w32_ptr, gate, sb, w_lo, w_hi, d_lo, d_hi, s_lo, s_hi, mask_n, ASM)
+        u += q4k_dot(w8_ptr, w32_ptr, up, sb, w_lo, w_hi, d_lo, d_hi, s_lo, s_hi, mask_n, ASM)
     h = _silu_mul(g, u, tl.float32)
-    words, d, s = quantize_blocks(tl.reshape(h, (1, 32)), 1)
+    words, d, s = quantize_blocks(tl.reshape(h, (1, 32)), ASM)
     tl.store(iw_ptr + pair * stride_iw + blk * 8 + tl.arange(0, 8), tl.reshape(words, (8,)))
     tl.store(id_ptr + pair * stride_id + blk + tl.arange(0, 1), d)
     tl.store(is_ptr + pair * stride_id + blk + tl.arange(0, 1), s)
@@ -158,9 +191,9 @@ def q4k_moe_down_q8x_kernel(
     stride_iw, stride_id, stride_we, stride_wn, stride_yt, stride_ot,
     BLOCK_N: tl.constexpr, TOP_K: tl.constexpr, COMBINE: tl.constexpr, ASM: tl.constexpr,
 ):  # fmt: skip
-    """grid (T*k, cdiv(H, BLOCK_N)): y[pair, n] = inter[pair]·W2[e, n] on the quantized
-    inter, rounded to y's dtype; with COMBINE the last of a token's programs sums its pairs
-    (`combine_when_last`), as the float down GEMVs do."""
+    """grid (T*k, cdiv(H, BLOCK_N)): y[pair, n] = inter[pair]·W2[e, n] on the inter the
+    gate/up GEMV quantized, rounded to y's dtype; with COMBINE the last of a token's
+    programs sums its pairs (`combine_when_last`), as the float down GEMVs do."""
     pair = tl.program_id(0).to(tl.int64)
     pid_n = tl.program_id(1)
     e = tl.load(ids_ptr + pair).to(tl.int64)
@@ -170,7 +203,8 @@ def q4k_moe_down_q8x_kernel(
     iw, idd, iss = iw_ptr + pair * stride_iw, id_ptr + pair * stride_id, is_ptr + pair * stride_id
     acc = tl.zeros((BLOCK_N,), dtype=tl.float32)
     for sb in range(0, inter_dim // 256):
-        acc += q4k_dot(w8_ptr, w32_ptr, rows, sb, iw, idd, iss, mask_n, ASM)
+        w_lo, w_hi, d_lo, d_hi, s_lo, s_hi = x_loaded(iw, idd, iss, sb)
+        acc += q4k_dot(w8_ptr, w32_ptr, rows, sb, w_lo, w_hi, d_lo, d_hi, s_lo, s_hi, mask_n, ASM)
     y = acc.to(y_ptr.dtype.element_ty)
     tl.store(y_ptr + pair * stride_yt + offs_n, y, mask=mask_n)
     if COMBINE:
@@ -178,3 +212,36 @@ def q4k_moe_down_q8x_kernel(
             y_ptr, weights_ptr, out_ptr, count_ptr, pair, pid_n, tl.num_programs(1), offs_n,
             mask_n, stride_yt, stride_ot, TOP_K,
         )  # fmt: skip
+
+
+@triton.jit(do_not_specialize=["M"])
+def q4k_linear_q8x_kernel(
+    x_ptr, w8_ptr, w32_ptr, bias_ptr, out_ptr, final_ptr, count_ptr,
+    M, N, K, k_per_split,
+    stride_xm, stride_wn, stride_os, stride_om, stride_fm,
+    HAS_BIAS: tl.constexpr, BLOCK_N: tl.constexpr, REDUCE: tl.constexpr, ASM: tl.constexpr,
+):  # fmt: skip
+    """grid (M, cdiv(N, BLOCK_N), splits): a decode linear of Q4_K rows (stride in words) on
+    one x row a program, quantized in the loop, over its split's super-blocks
+    [split * k_per_split, +k_per_split) / 256, stored as the other decode linears
+    (`store_split_tile`: the split's partial, or the tile's last split adds them in split
+    order, bias included). A row's bits depend on its x row, N, K and the splits only."""
+    m = tl.program_id(0)
+    pid_n = tl.program_id(1)
+    split = tl.program_id(2)
+    offs_n = pid_n * BLOCK_N + tl.arange(0, BLOCK_N)
+    mask_n = offs_n < N
+    rows = offs_n.to(tl.int64) * stride_wn
+    x_row = x_ptr + m.to(tl.int64) * stride_xm
+    sb_start = split * (k_per_split // 256)
+    sb_end = tl.minimum(sb_start + k_per_split // 256, K // 256)
+    acc = tl.zeros((BLOCK_N,), dtype=tl.float32)
+    for sb in range(sb_start, sb_end):
+        w_lo, w_hi, d_lo, d_hi, s_lo, s_hi = x_quantized(x_row, sb, ASM)
+        acc += q4k_dot(w8_ptr, w32_ptr, rows, sb, w_lo, w_hi, d_lo, d_hi, s_lo, s_hi, mask_n, ASM)
+    offs_m = m + tl.arange(0, 1)
+    store_split_tile(
+        acc[None, :], out_ptr, bias_ptr, final_ptr, count_ptr, m * tl.num_programs(1) + pid_n,
+        split, tl.num_programs(2), offs_m, offs_n, offs_m < M, mask_n, stride_os, stride_om,
+        stride_fm, HAS_BIAS, REDUCE, 1, BLOCK_N,
+    )  # fmt: skip
