@@ -119,6 +119,10 @@ def bench_type(name: str, sweep: bool) -> list[dict]:
             rows.append(dict(kernel=f"linear {label}", type=name, tokens=1, tiles=label_tiles,
                              splits=splits, us=round(us, 1),
                              GBps=round(w.numel() / us / 1e3, 1)))  # fmt: skip
+        if q8x.supports_linear(bt, w, k):  # int8 activations, dp4a (Q8X_LINEAR)
+            us = _time_us(partial(q8x.linear, x, w, None, n))
+            rows.append(dict(kernel=f"linear {label}", type=name, tokens=1, tiles="q8x",
+                             us=round(us, 1), GBps=round(w.numel() / us / 1e3, 1)))  # fmt: skip
         if label != "lm_head":  # a decode batch of 8: the GEMV form decodes per row, the dot
             x8 = torch.randn(8, k, device="cuda").bfloat16()  # tile once for 16 rows
             for tiles in (
@@ -130,6 +134,10 @@ def bench_type(name: str, sweep: bool) -> list[dict]:
                 us = _time_us(partial(gl.linear, x8, w, bt, None, n, k, tiles))
                 rows.append(dict(kernel=f"linear {label}", type=name, tokens=8,
                                  tiles=str(tiles), us=round(us, 1)))  # fmt: skip
+            if q8x.supports_linear(bt, w, k):
+                us = _time_us(partial(q8x.linear, x8, w, None, n))
+                rows.append(dict(kernel=f"linear {label}", type=name, tokens=8, tiles="q8x",
+                                 us=round(us, 1)))  # fmt: skip
     x, ids, weights = _moe_case(2048)
     # the prefill path (dequantize, then the bf16 grouped GEMMs) and the in-register grouped
     # GEMMs at their default tile (and the sweep's)

@@ -82,7 +82,7 @@ rows | while read -r name preset type budget ncmoe extra keep; do
   else
     # resident and budget rows in two processes: the budget's `auto` sizes its slots from
     # the GPU's free memory, which nothing of the resident engine may still hold
-    # XINFER_BENCH_ARGS: more options of bench_vs_llamacpp.py for both (e.g. --q8x-moe)
+    # XINFER_BENCH_ARGS: more options of bench_vs_llamacpp.py for both (e.g. --q8x)
     "$PY" bench/bench_vs_llamacpp.py --gguf "$f" --label "$label" --prompt-len "$PP" \
       ${XINFER_BENCH_ARGS:-} | tee -a "$OUT"
     "$PY" bench/bench_vs_llamacpp.py --gguf "$f" --label "$label" --budget-gb "$budget" \
