@@ -80,7 +80,7 @@ def bench_type(name: str, sweep: bool) -> list[dict]:
                              us=round(us, 1), GBps=round(distinct * expert_bytes / us / 1e3, 1),
                              pairs=pairs))  # fmt: skip
         if q8x.supports(bt, bt, w13, w2, INTER):  # int8 activations, dp4a (Q8X_MOE)
-            us = _time_us(partial(q8x.fused_moe, x, ids, weights, w13, w2, INTER))
+            us = _time_us(partial(q8x.fused_moe, x, ids, weights, w13, bt, w2, bt, INTER))
             rows.append(dict(kernel="moe_gemv_q8x", type=name, tokens=num_tokens, tiles="q8x",
                              us=round(us, 1), GBps=round(distinct * expert_bytes / us / 1e3, 1),
                              pairs=pairs))  # fmt: skip
@@ -120,7 +120,7 @@ def bench_type(name: str, sweep: bool) -> list[dict]:
                              splits=splits, us=round(us, 1),
                              GBps=round(w.numel() / us / 1e3, 1)))  # fmt: skip
         if q8x.supports_linear(bt, w, k):  # int8 activations, dp4a (Q8X_LINEAR)
-            us = _time_us(partial(q8x.linear, x, w, None, n))
+            us = _time_us(partial(q8x.linear, x, w, bt, None, n))
             rows.append(dict(kernel=f"linear {label}", type=name, tokens=1, tiles="q8x",
                              us=round(us, 1), GBps=round(w.numel() / us / 1e3, 1)))  # fmt: skip
         if label != "lm_head":  # a decode batch of 8: the GEMV form decodes per row, the dot
@@ -135,7 +135,7 @@ def bench_type(name: str, sweep: bool) -> list[dict]:
                 rows.append(dict(kernel=f"linear {label}", type=name, tokens=8,
                                  tiles=str(tiles), us=round(us, 1)))  # fmt: skip
             if q8x.supports_linear(bt, w, k):
-                us = _time_us(partial(q8x.linear, x8, w, None, n))
+                us = _time_us(partial(q8x.linear, x8, w, bt, None, n))
                 rows.append(dict(kernel=f"linear {label}", type=name, tokens=8, tiles="q8x",
                                  us=round(us, 1)))  # fmt: skip
     x, ids, weights = _moe_case(2048)

@@ -224,21 +224,21 @@ def _gguf_moe(btype_name: str, tokens: int = 1) -> Case:
     )  # fmt: skip
 
 
-def _gguf_q8x_moe(tokens: int = 1) -> Case:
-    """Q4_K experts on int8 activations (`gguf_q8x_launch`): a loop iteration reads one
-    super-block of 256 weights a row."""
+def _gguf_q8x_moe(btype_name: str = "Q4_K", tokens: int = 1) -> Case:
+    """Q4_K or Q8_0 experts on int8 activations (`gguf_q8x_launch`): a loop iteration reads
+    256 weights a row."""
     from xinfer.kernels import gguf_q8x_launch as ql
     from xinfer.quant.gguf_blocks import BLOCK_TYPES
 
-    bt = BLOCK_TYPES["Q4_K"]
+    bt = BLOCK_TYPES[btype_name]
     w13 = torch.zeros(STORED, 2 * INTER, bt.row_bytes(HIDDEN), dtype=torch.uint8)
     w2 = torch.zeros(STORED, HIDDEN, bt.row_bytes(INTER), dtype=torch.uint8)
     hidden = torch.zeros(tokens, HIDDEN, dtype=torch.bfloat16)
     ids, weights = _routing(tokens)
     pairs = tokens * TOP_K
-    gate_up, down = "q4k_moe_gate_up_q8x_kernel", "q4k_moe_down_q8x_kernel"
+    gate_up, down = "q8x_moe_gate_up_kernel", "q8x_moe_down_kernel"
     return Case(
-        lambda: ql.fused_moe(hidden, ids, weights, w13, w2, INTER),
+        lambda: ql.fused_moe(hidden, ids, weights, w13, bt, w2, bt, INTER),
         {gate_up: 2 * ql.GATE_UP_BLOCK_N * 256, down: ql.DOWN_BLOCK_N * 256},
         {gate_up: pairs * 2 * INTER * HIDDEN, down: pairs * HIDDEN * INTER},
         {gate_up: pairs * 2 * INTER * bt.row_bytes(HIDDEN),
@@ -343,18 +343,18 @@ def _gguf_linear(btype_name: str, n: int = QKV_N, k: int = HIDDEN) -> Case:
     )
 
 
-def _gguf_q8x_linear(n: int = QKV_N, k: int = HIDDEN) -> Case:
-    """The Q4_K decode linear on int8 activations, one row: a loop iteration reads one
-    super-block a row of the tile."""
+def _gguf_q8x_linear(btype_name: str = "Q4_K", n: int = QKV_N, k: int = HIDDEN) -> Case:
+    """The Q4_K or Q8_0 decode linear on int8 activations, one row: a loop iteration reads
+    256 weights a row of the tile."""
     from xinfer.kernels import gguf_q8x_launch as ql
     from xinfer.quant.gguf_blocks import BLOCK_TYPES
 
-    bt = BLOCK_TYPES["Q4_K"]
+    bt = BLOCK_TYPES[btype_name]
     w = torch.zeros(n, bt.row_bytes(k), dtype=torch.uint8)
     x = torch.zeros(1, k, dtype=torch.bfloat16)
-    name = "q4k_linear_q8x_kernel"
+    name = "q8x_linear_kernel"
     return Case(
-        lambda: ql.linear(x, w, None, n),
+        lambda: ql.linear(x, w, bt, None, n),
         {name: ql.LINEAR_BLOCK_N * 256}, {name: n * k}, {name: n * bt.row_bytes(k)},
     )  # fmt: skip
 
@@ -366,11 +366,13 @@ CASES: dict[str, Callable[[], Case]] = {
     "linear-gguf-q4_k": lambda: _gguf_linear("Q4_K"),
     "linear-gguf-q8_0": lambda: _gguf_linear("Q8_0"),
     "linear-gguf-q4_k-q8x": _gguf_q8x_linear,
+    "linear-gguf-q8_0-q8x": lambda: _gguf_q8x_linear("Q8_0"),
     "fp8": lambda: _quant_moe("fp8-block128"),
     "gptq": lambda: _quant_moe("gptq-g128"),
     "nvfp4": lambda: _quant_moe("nvfp4"),
     "gguf-q4_k": lambda: _gguf_moe("Q4_K"),
     "gguf-q4_k-q8x": _gguf_q8x_moe,
+    "gguf-q8_0-q8x": lambda: _gguf_q8x_moe("Q8_0"),
     "gguf-q8_0": lambda: _gguf_moe("Q8_0"),
     "gguf-q6_k": lambda: _gguf_moe("Q6_K"),
     "gguf-q5_0": lambda: _gguf_moe("Q5_0"),

@@ -221,34 +221,39 @@ def _gguf_cases() -> None:
         dequant=False)  # fmt: skip
     add("gguf-Q8_0-moe-fp32-grouped", G_GROUPED, _gguf_moe, "Q8_0", "Q8_0", F32, 40, False)
     for dtype, name in ((BF16, "bf16"), (F32, "fp32")):  # dp4a, mul.rn as inline PTX
-        add(f"gguf-Q4_K-moe-{name}-q8x", G_Q8X, _gguf_q8x_moe, dtype, 3)
-    add("gguf-Q4_K-linear-bf16-m3-q8x", "q4k_linear_q8x_kernel", _gguf_q8x_linear, BF16, 3)
+        add(f"gguf-Q4_K-moe-{name}-q8x", G_Q8X, _gguf_q8x_moe, "Q4_K", "Q4_K", dtype, 3)
+    add("gguf-Q8_0+Q4_K-moe-bf16-q8x", G_Q8X, _gguf_q8x_moe, "Q8_0", "Q4_K", BF16, 1)
+    add("gguf-Q4_K+Q8_0-moe-fp16-q8x", G_Q8X, _gguf_q8x_moe, "Q4_K", "Q8_0", F16, 2)
+    for name in ("Q4_K", "Q8_0"):
+        add(f"gguf-{name}-linear-bf16-m3-q8x", "q8x_linear_kernel", _gguf_q8x_linear, name, BF16,
+            3)  # fmt: skip
     add("gguf-Q4_K-linear-fp16-m16-q8x-reduce-apart",
-        "q4k_linear_q8x_kernel gemv_split_reduce_kernel", reduced_apart(_gguf_q8x_linear), F16,
-        16)  # fmt: skip
+        "q8x_linear_kernel gemv_split_reduce_kernel", reduced_apart(_gguf_q8x_linear), "Q4_K",
+        F16, 16)  # fmt: skip
 
 
-G_Q8X = "q4k_moe_gate_up_q8x_kernel q4k_moe_down_q8x_kernel"
+G_Q8X = "q8x_moe_gate_up_kernel q8x_moe_down_kernel"
 
 
-def _gguf_q8x_linear(dtype, m: int) -> None:
+def _gguf_q8x_linear(name: str, dtype, m: int) -> None:
     from xinfer.kernels import gguf_q8x_launch
+    from xinfer.quant.gguf_blocks import BLOCK_TYPES
 
-    n, k = 96, 1024  # 4 super-blocks: K split in two
-    gguf_q8x_launch.linear(
-        _randn(m, k, dtype=dtype), _gguf_rows("Q4_K", n, k), _randn(n, dtype=dtype), n
-    )
+    n, k = 96, 1024  # 4 steps of 256: K split in two
+    x, b = _randn(m, k, dtype=dtype), _randn(n, dtype=dtype)
+    gguf_q8x_launch.linear(x, _gguf_rows(name, n, k), BLOCK_TYPES[name], b, n)
 
 
-def _gguf_q8x_moe(dtype, tokens: int) -> None:
+def _gguf_q8x_moe(t13: str, t2: str, dtype, tokens: int) -> None:
     from xinfer.kernels import gguf_q8x_launch
+    from xinfer.quant.gguf_blocks import BLOCK_TYPES
 
     num_experts, top_k, hidden_dim, inter = 8, 8, 512, 256
-    w13 = _gguf_rows("Q4_K", 2 * inter, hidden_dim, num_experts)
-    w2 = _gguf_rows("Q4_K", hidden_dim, inter, num_experts)
+    w13 = _gguf_rows(t13, 2 * inter, hidden_dim, num_experts)
+    w2 = _gguf_rows(t2, hidden_dim, inter, num_experts)
     weights, ids = _routing(num_experts, top_k, True)(tokens)
-    gguf_q8x_launch.fused_moe(_randn(tokens, hidden_dim, dtype=dtype), ids, weights, w13, w2,
-                              inter)  # fmt: skip
+    gguf_q8x_launch.fused_moe(_randn(tokens, hidden_dim, dtype=dtype), ids, weights, w13,
+                              BLOCK_TYPES[t13], w2, BLOCK_TYPES[t2], inter)  # fmt: skip
 
 
 _gguf_cases()

@@ -1,6 +1,6 @@
 """The GGUF decode GEMVs on int8 activations (`kernels/gguf_q8x_launch.py`) on the GPU, where
 `dp4a` and `mul.rn` are inline PTX: the activation quantizer equals its twin bit for bit;
-the Q4_K MoE and linear at Qwen3-30B-A3B shapes equal their twins, a row's bits do not
+the Q4_K and Q8_0 MoE and linear at Qwen3-30B-A3B shapes equal their twins, a row's bits do not
 depend on the batch or on the slots, and CUDA graphs replay them (the fused combine's and
 split reduce's counters back at zero)."""
 
@@ -25,9 +25,9 @@ def _needs_cuda():
         pytest.skip("no CUDA device")
 
 
-def _experts(rows: int, k: int, seed: int, experts: int) -> torch.Tensor:
+def _experts(rows: int, k: int, seed: int, experts: int, name: str = "Q4_K") -> torch.Tensor:
     rng = np.random.default_rng(seed)
-    blocks = [gf.random_blocks("Q4_K", rows, k, rng) for _ in range(experts)]
+    blocks = [gf.random_blocks(name, rows, k, rng) for _ in range(experts)]
     return torch.from_numpy(np.stack(blocks)).to(CUDA)
 
 
@@ -61,58 +61,65 @@ def test_quantize_equals_the_twin(dtype):
         assert torch.equal(a.cpu(), b)
 
 
-def test_q4_k_moe_equals_the_twin_keeps_bits_and_replays():
+@pytest.mark.parametrize("t13,t2", [("Q4_K", "Q4_K"), ("Q8_0", "Q8_0")])
+def test_moe_equals_the_twin_keeps_bits_and_replays(t13, t2):
     from xinfer.kernels import gguf_q8x_launch as ql
     from xinfer.kernels import gguf_q8x_reference as ref
     from xinfer.kernels import reference
     from xinfer.quant.gguf_blocks import BLOCK_TYPES
 
     hidden_dim, inter, experts, tokens = 2048, 768, 8, 4
-    w13 = _experts(2 * inter, hidden_dim, 1, experts)
-    w2 = _experts(hidden_dim, inter, 2, experts)
-    q4k = BLOCK_TYPES["Q4_K"]
-    assert ql.supports(q4k, q4k, w13, w2, inter)
+    w13 = _experts(2 * inter, hidden_dim, 1, experts, t13)
+    w2 = _experts(hidden_dim, inter, 2, experts, t2)
+    b13, b2 = BLOCK_TYPES[t13], BLOCK_TYPES[t2]
+    assert ql.supports(b13, b2, w13, w2, inter)
     g = torch.Generator().manual_seed(3)
     hidden = (torch.randn(tokens, hidden_dim, generator=g) * 0.05).to(torch.bfloat16)
     weights, ids = reference.route_topk(torch.randn(tokens, experts, generator=g), 4, True)
     hidden, ids, weights = hidden.to(CUDA), ids.to(CUDA), weights.to(CUDA)
-    out = ql.fused_moe(hidden, ids, weights, w13, w2, inter)
-    want = ref.q4_k_moe(hidden.cpu(), ids.cpu(), weights.cpu(), w13.cpu(), w2.cpu(), inter)
+
+    def run(h, i, w, e13=w13, e2=w2):
+        return ql.fused_moe(h, i, w, e13, b13, e2, b2, inter)
+
+    out = run(hidden, ids, weights)
+    want = ref.moe(hidden.cpu(), ids.cpu(), weights.cpu(), w13.cpu(), t13, w2.cpu(), t2, inter)
     scale = want.float().abs().max()  # bf16 outputs, rounded by both: a few ulp apart
     torch.testing.assert_close(out.cpu().float() / scale, want.float() / scale, rtol=0, atol=1e-2)
-    assert torch.equal(ql.fused_moe(hidden[2:3], ids[2:3], weights[2:3], w13, w2, inter)[0], out[2])
+    assert torch.equal(run(hidden[2:3], ids[2:3], weights[2:3])[0], out[2])
     perm = torch.randperm(12, generator=g)[:experts].to(CUDA)
     s13 = torch.zeros((12, *w13.shape[1:]), dtype=w13.dtype, device=CUDA)
     s2 = torch.zeros((12, *w2.shape[1:]), dtype=w2.dtype, device=CUDA)
     s13[perm], s2[perm] = w13, w2
-    slot_ids = perm[ids.long()].to(torch.int32)
-    assert torch.equal(ql.fused_moe(hidden, slot_ids, weights, s13, s2, inter), out)
+    assert torch.equal(run(hidden, perm[ids.long()].to(torch.int32), weights, s13, s2), out)
     graph = torch.cuda.CUDAGraph()
     with torch.cuda.graph(graph):
-        captured = ql.fused_moe(hidden, ids, weights, w13, w2, inter)
+        captured = run(hidden, ids, weights)
     for _ in range(3):
         graph.replay()
         torch.cuda.synchronize()
         assert torch.equal(captured, out)
 
 
+@pytest.mark.parametrize("name", ["Q4_K", "Q8_0"])
 @pytest.mark.parametrize("n,k", [(5120, 2048), (2048, 4096)])  # qkv, o_proj
-def test_q4_k_linear_equals_the_twin_keeps_bits_and_replays(n, k):
+def test_linear_equals_the_twin_keeps_bits_and_replays(name, n, k):
     from xinfer.kernels import gguf_q8x_launch as ql
     from xinfer.kernels import gguf_q8x_reference as ref
+    from xinfer.quant.gguf_blocks import BLOCK_TYPES
 
-    w = _experts(n, k, 4, 1)[0]
+    w = _experts(n, k, 4, 1, name)[0]
+    bt = BLOCK_TYPES[name]
     g = torch.Generator().manual_seed(5)
     x = (torch.randn(5, k, generator=g) * 0.1).to(torch.bfloat16).to(CUDA)
     bias = torch.randn(n, generator=g).to(torch.bfloat16).to(CUDA)
-    out = ql.linear(x, w, bias, n)
-    want = ref.q4_k_linear(x.cpu(), w.cpu(), bias.cpu())
+    out = ql.linear(x, w, bt, bias, n)
+    want = ref.linear(x.cpu(), w.cpu(), name, bias.cpu())
     scale = want.float().abs().max()
     torch.testing.assert_close(out.cpu().float() / scale, want.float() / scale, rtol=0, atol=1e-2)
-    assert torch.equal(ql.linear(x[2:3], w, bias, n)[0], out[2])
+    assert torch.equal(ql.linear(x[2:3], w, bt, bias, n)[0], out[2])
     graph = torch.cuda.CUDAGraph()
     with torch.cuda.graph(graph):
-        captured = ql.linear(x, w, bias, n)
+        captured = ql.linear(x, w, bt, bias, n)
     for _ in range(3):
         graph.replay()
         torch.cuda.synchronize()

@@ -31,27 +31,36 @@ def ql():
     from xinfer.kernels import gguf_q8x_launch
     from xinfer.kernels.triton import gguf_q8x
 
-    if not isinstance(gguf_q8x.q4k_linear_q8x_kernel, InterpretedFunction):
+    if not isinstance(gguf_q8x.q8x_linear_kernel, InterpretedFunction):
         pytest.skip("kernels were compiled before TRITON_INTERPRET=1 was set in this process")
     return gguf_q8x_launch
 
 
-def _experts(rows: int, k: int, seed: int, experts: int) -> torch.Tensor:
+def _experts(name: str, rows: int, k: int, seed: int, experts: int) -> torch.Tensor:
     rng = np.random.default_rng(seed)
     return torch.from_numpy(
-        np.stack([gf.random_blocks("Q4_K", rows, k, rng) for _ in range(experts)])
+        np.stack([gf.random_blocks(name, rows, k, rng) for _ in range(experts)])
     )
 
 
-def _case(seed: int, tokens: int = 2, hidden_dim: int = 512, inter: int = 256, experts: int = 3):
+def _case(
+    t13: str, t2: str, seed: int, tokens: int = 2, hidden_dim: int = 512, inter: int = 256,
+    experts: int = 3,
+):  # fmt: skip
     from xinfer.kernels import reference
 
-    w13 = _experts(2 * inter, hidden_dim, seed, experts)
-    w2 = _experts(hidden_dim, inter, seed + 1, experts)
+    w13 = _experts(t13, 2 * inter, hidden_dim, seed, experts)
+    w2 = _experts(t2, hidden_dim, inter, seed + 1, experts)
     g = torch.Generator().manual_seed(seed)
     hidden = torch.randn(tokens, hidden_dim, generator=g) * 0.05
     weights, ids = reference.route_topk(torch.randn(tokens, experts, generator=g), 2, True)
     return hidden, ids, weights, w13, w2, inter
+
+
+def _bt(name: str):
+    from xinfer.quant.gguf_blocks import BLOCK_TYPES
+
+    return BLOCK_TYPES[name]
 
 
 @triton.jit
@@ -107,58 +116,69 @@ def test_quantize_equals_the_twin_bit_for_bit(ql, dtype):
 
 
 @child_only
-def test_q4_k_moe_equals_the_twin_and_keeps_row_bits(ql, monkeypatch):
+@pytest.mark.parametrize(
+    "t13,t2,inter", [("Q4_K", "Q4_K", 512), ("Q8_0", "Q4_K", 256), ("Q4_K", "Q8_0", 256)]
+)
+def test_moe_equals_the_twin_and_keeps_row_bits(ql, t13, t2, inter):
+    """Each pairing of the two types (down over two steps once: the quantized h read back);
+    the batch and slot checks once (the same programs for every type; the linear test runs
+    the loops over several steps of x quantized in the program)."""
     from xinfer.kernels import gguf_q8x_reference as ref
-    from xinfer.quant.gguf_blocks import BLOCK_TYPES
 
-    hidden, ids, weights, w13, w2, inter = _case(seed=3)
-    q4k = BLOCK_TYPES["Q4_K"]
-    assert ql.supports(q4k, q4k, w13, w2, inter)
-    out = ql.fused_moe(hidden, ids, weights, w13, w2, inter)
-    want = ref.q4_k_moe(hidden, ids, weights, w13, w2, inter)
+    hidden, ids, weights, w13, w2, inter = _case(t13, t2, seed=3, hidden_dim=256, inter=inter)
+    b13, b2 = _bt(t13), _bt(t2)
+    assert ql.supports(b13, b2, w13, w2, inter)
+    out = ql.fused_moe(hidden, ids, weights, w13, b13, w2, b2, inter)
+    want = ref.moe(hidden, ids, weights, w13, t13, w2, t2, inter)
     scale = want.abs().max()
     torch.testing.assert_close(out / scale, want / scale, rtol=0, atol=1e-5)
+    if t13 != t2:
+        return
     # one token alone: its bits in the batch; its experts on a permuted, larger slot set too
-    alone = ql.fused_moe(hidden[1:2], ids[1:2], weights[1:2], w13, w2, inter)
+    alone = ql.fused_moe(hidden[1:2], ids[1:2], weights[1:2], w13, b13, w2, b2, inter)
     assert torch.equal(alone[0], out[1])
     perm = torch.tensor([4, 0, 2])
     s13 = torch.zeros((5, *w13.shape[1:]), dtype=w13.dtype)
     s2 = torch.zeros((5, *w2.shape[1:]), dtype=w2.dtype)
     s13[perm], s2[perm] = w13, w2
-    on_slots = ql.fused_moe(hidden, perm[ids.long()].to(torch.int32), weights, s13, s2, inter)
-    assert torch.equal(on_slots, out)
+    slot_ids = perm[ids.long()].to(torch.int32)
+    assert torch.equal(ql.fused_moe(hidden, slot_ids, weights, s13, b13, s2, b2, inter), out)
 
 
-def test_the_twin_is_the_float_twin_within_int8_rounding():
+@pytest.mark.parametrize("name", ["Q4_K", "Q8_0"])
+def test_the_twin_is_the_float_twin_within_int8_rounding(name):
     """Runs in the parent too (pure torch): the q8x twin against the dequantized-weight twin
     on the same experts — a wrong nibble, scale or sign would be far outside this."""
     from xinfer.kernels import gguf_q8x_reference as ref
     from xinfer.quant.gguf_formats import GGUFFormat
 
-    hidden, ids, weights, w13, w2, inter = _case(seed=5, tokens=3)
-    fmt = GGUFFormat("Q4_K")
+    hidden, ids, weights, w13, w2, inter = _case(name, name, seed=5, tokens=3)
+    fmt = GGUFFormat(name)
     floats = fmt.reference_moe(hidden, ids, weights, {"weight": w13}, {"weight": w2}, inter, fmt)
-    q8x = ref.q4_k_moe(hidden, ids, weights, w13, w2, inter)
+    q8x = ref.moe(hidden, ids, weights, w13, name, w2, name, inter)
     err = (q8x - floats).abs().max() / floats.abs().max()
     assert 0 < err < 2e-2, err
     # and the dot alone, one row: within the activations' rounding (1/254 of a block's max)
-    dense = fmt.btype.dequantize_blocks(w2[0].reshape(-1, 144)).reshape(w2.shape[1], inter)
+    bt = fmt.btype
+    dense = bt.dequantize_blocks(w2[0].reshape(-1, bt.type_size)).reshape(w2.shape[1], inter)
     h = torch.randn(1, inter, generator=torch.Generator().manual_seed(6))
     exact = h @ dense.T
-    rel = (ref.q4_k_dot(w2[0], h) - exact).abs().max() / exact.abs().max()
+    rel = (ref.dot(w2[0], h, name) - exact).abs().max() / exact.abs().max()
     assert rel < 1e-2, rel
 
 
-def test_supports_only_whole_q4_k_super_blocks():
+def test_supports_only_whole_steps_of_q4_k_and_q8_0():
     from xinfer.kernels import gguf_q8x_launch as ql
-    from xinfer.quant.gguf_blocks import BLOCK_TYPES
 
-    q4k, q6k = BLOCK_TYPES["Q4_K"], BLOCK_TYPES["Q6_K"]
+    q4k, q8, q6k = _bt("Q4_K"), _bt("Q8_0"), _bt("Q6_K")
     w13 = torch.zeros(2, 512, 144, dtype=torch.uint8)
     w2 = torch.zeros(2, 256, 144, dtype=torch.uint8)
     assert ql.supports(q4k, q4k, w13, w2, 256)
     assert not ql.supports(q4k, q6k, w13, w2, 256)  # a Q4_K_M file's Q6_K down rows
-    assert not ql.supports(q4k, q4k, w13, w2, 160)  # Qwen1.5's 1408 is not 256-aligned
+    assert not ql.supports(q4k, q4k, w13, w2, 160)  # Qwen1.5's 1408 is not a multiple of 256
+    w8 = torch.zeros(2, 512, 272, dtype=torch.uint8)  # Q8_0: 34-byte blocks, 2-byte aligned
+    assert ql.supports(q8, q4k, w8, w2, 256)
+    assert not ql.supports(q8, q4k, w8[:, :, 1:], w2, 256)  # odd row starts
 
 
 @child_only
@@ -166,38 +186,40 @@ def test_gguf_launch_takes_it_when_switched_on_for_decode_only(ql, monkeypatch):
     from xinfer.kernels import gguf_launch
     from xinfer.quant.gguf_blocks import BLOCK_TYPES
 
-    hidden, ids, weights, w13, w2, inter = _case(seed=7, hidden_dim=256)
+    hidden, ids, weights, w13, w2, inter = _case("Q4_K", "Q4_K", 7, tokens=1, hidden_dim=256)
     q4k = BLOCK_TYPES["Q4_K"]
     calls, fused_moe = [], ql.fused_moe
     monkeypatch.setattr(ql, "fused_moe", lambda *a: calls.append(1) or fused_moe(*a))
     monkeypatch.setattr(gguf_launch, "Q8X_MOE", True)
     out = gguf_launch.fused_moe(hidden, ids, weights, w13, q4k, w2, q4k, inter)
-    assert calls == [1] and torch.equal(out, fused_moe(hidden, ids, weights, w13, w2, inter))
+    want = fused_moe(hidden, ids, weights, w13, q4k, w2, q4k, inter)
+    assert calls == [1] and torch.equal(out, want)
     gguf_launch.fused_moe(hidden, ids, weights, w13, q4k, w2, q4k, inter, use_gemv=False)
     assert calls == [1]  # the grouped (prefill) path keeps its float kernels
 
 
 @child_only
-def test_q4_k_linear_splits_k_equals_the_twin_and_keeps_row_bits(ql):
-    """K = 2048 (8 super-blocks): the linear splits K (partials added by each tile's last
+@pytest.mark.parametrize("name", ["Q4_K", "Q8_0"])
+def test_linear_splits_k_equals_the_twin_and_keeps_row_bits(ql, name):
+    """K = 2048 (8 steps of 256): the linear splits K (partials added by each tile's last
     split, bias there); rows alone give their bits in 5."""
     from xinfer.kernels import gemv_launch
     from xinfer.kernels import gguf_q8x_reference as ref
-    from xinfer.quant.gguf_blocks import BLOCK_TYPES
 
     n, k = 40, 2048
-    w = _experts(n, k, seed=9, experts=1)[0]
-    assert ql.supports_linear(BLOCK_TYPES["Q4_K"], w, k)
+    w = _experts(name, n, k, seed=9, experts=1)[0]
+    bt = _bt(name)
+    assert ql.supports_linear(bt, w, k)
     assert gemv_launch.decode_split(5, 2, k, 256)[1] > 1  # K is split
     g = torch.Generator().manual_seed(10)
     x = torch.randn(5, k, generator=g) * 0.1
     bias = torch.randn(n, generator=g)
-    out = ql.linear(x, w, bias, n)
-    want = ref.q4_k_linear(x, w, bias)
+    out = ql.linear(x, w, bt, bias, n)
+    want = ref.linear(x, w, name, bias)
     scale = want.abs().max()
     torch.testing.assert_close(out / scale, want / scale, rtol=0, atol=1e-5)
-    assert torch.equal(ql.linear(x[3:4], w, bias, n)[0], out[3])
-    assert torch.equal(ql.linear(x[1:3], w, None, n), ql.linear(x, w, None, n)[1:3])
+    assert torch.equal(ql.linear(x[3:4], w, bt, bias, n)[0], out[3])
+    assert torch.equal(ql.linear(x[1:3], w, bt, None, n), ql.linear(x, w, bt, None, n)[1:3])
 
 
 @child_only
@@ -206,13 +228,13 @@ def test_gguf_launch_linear_takes_it_when_switched_on_for_decode_only(ql, monkey
     from xinfer.quant.gguf_blocks import BLOCK_TYPES
 
     n, k = 16, 256
-    w = _experts(n, k, seed=11, experts=1)[0]
+    w = _experts("Q4_K", n, k, seed=11, experts=1)[0]
     q4k = BLOCK_TYPES["Q4_K"]
     calls, linear = [], ql.linear
     monkeypatch.setattr(ql, "linear", lambda *a: calls.append(1) or linear(*a))
     monkeypatch.setattr(gguf_launch, "Q8X_LINEAR", True)
     x = torch.randn(2, k, generator=torch.Generator().manual_seed(12))
     out = gguf_launch.linear(x, w, q4k, None, n, k)
-    assert calls == [1] and torch.equal(out, linear(x, w, None, n))
+    assert calls == [1] and torch.equal(out, linear(x, w, q4k, None, n))
     gguf_launch.linear(x, w, q4k, None, n, k, dequant=True)  # prefill: the float route
     assert calls == [1]

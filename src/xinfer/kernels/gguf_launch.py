@@ -188,7 +188,7 @@ def linear(
     if m >= quant_launch.PREFILL_MIN_ROWS if dequant is None else dequant:
         return _dequantized_linear(x2, w, btype, bias, n, k).view(*x.shape[:-1], n)
     if Q8X_LINEAR and tiles is None and m <= DECODE_M and q8x.supports_linear(btype, w, k):
-        return q8x.linear(x2, w, bias, n).view(*x.shape[:-1], n)
+        return q8x.linear(x2, w, btype, bias, n).view(*x.shape[:-1], n)
     out = x.new_empty(m, n)
     if m == 0:
         return out.view(*x.shape[:-1], n)
@@ -310,7 +310,7 @@ def fused_moe(
     if use_gemv is None:
         use_gemv = num_pairs <= moe_launch.MAX_GEMV_PAIRS
     if use_gemv and Q8X_MOE and tiles is None and q8x.supports(btype13, btype2, w13, w2, inter):
-        return q8x.fused_moe(hidden, topk_ids, topk_weights, w13, w2, inter)
+        return q8x.fused_moe(hidden, topk_ids, topk_weights, w13, btype13, w2, btype2, inter)
     if dequant is None:
         dequant = num_pairs >= PREFILL_MIN_PAIRS
     if not use_gemv and dequant:

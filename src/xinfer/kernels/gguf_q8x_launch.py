@@ -1,5 +1,5 @@
 """Launchers of the GGUF decode GEMVs on int8 activations (`triton/gguf_q8x.py`): the routed
-experts and the linears of Q4_K weights with the activations quantized per 32 to int8 in
+experts and the linears of Q4_K and Q8_0 weights with the activations quantized per 32 to int8 in
 each program and the codes multiplied four at a time (`dp4a`), as llama.cpp's MMVQ kernels
 do, instead of every weight dequantized to float and multiplied (`gguf_launch`'s GEMVs).
 
@@ -32,38 +32,41 @@ def _asm() -> bool:
     return os.environ.get("TRITON_INTERPRET", "0") != "1"
 
 
-def _word_rows(w: torch.Tensor) -> bool:
-    """Raw rows (..., row bytes) readable as 4-byte words."""
+_TYPES = ("Q4_K", "Q8_0")  # Q4_K rows read as 4-byte words, Q8_0's 34-byte blocks as halves
+
+
+def _readable(btype: BlockType, w: torch.Tensor, k: int) -> bool:
+    """Raw rows (..., row bytes) of `btype` over K columns this module reads: Q4_K or Q8_0,
+    whole steps of 256 columns, rows aligned to the element they are read by."""
+    if btype.name not in _TYPES or k % 256:
+        return False
+    size = 4 if btype.name == "Q4_K" else 2
+    strides = w.stride()
     return (
-        w.stride(-1) == 1 and w.data_ptr() % 4 == 0 and all(st % 4 == 0 for st in w.stride()[:-1])
+        strides[-1] == 1 and w.data_ptr() % size == 0 and all(st % size == 0 for st in strides[:-1])
     )
 
 
 def supports(
     btype13: BlockType, btype2: BlockType, w13: torch.Tensor, w2: torch.Tensor, inter: int
 ) -> bool:
-    """Whether these experts run here: Q4_K gate/up and down, rows of whole super-blocks
-    (hidden and intermediate sizes multiples of 256), read as 4-byte words."""
-    hidden_dim = w2.shape[1]
-    return (
-        btype13.name == "Q4_K"
-        and btype2.name == "Q4_K"
-        and hidden_dim % 256 == 0
-        and inter % 256 == 0
-        and _word_rows(w13)
-        and _word_rows(w2)
-    )
+    """Whether these experts run here: gate/up and down each Q4_K or Q8_0, hidden and
+    intermediate sizes multiples of 256."""
+    return _readable(btype13, w13, w2.shape[1]) and _readable(btype2, w2, inter)
 
 
 def supports_linear(btype: BlockType, w: torch.Tensor, k: int) -> bool:
-    """Whether a Q4_K linear of K columns runs here (whole super-blocks, word rows)."""
-    return btype.name == "Q4_K" and k % 256 == 0 and _word_rows(w)
+    """Whether a decode linear of K columns runs here."""
+    return _readable(btype, w, k)
 
 
-def _words(w: torch.Tensor) -> tuple[torch.Tensor, ...]:
-    """The int32 view of raw rows w (..., row bytes) and its strides in words (all but the
-    last)."""
-    return (w.view(torch.int32), *(st // 4 for st in w.stride()[:-1]))
+def _rows(w: torch.Tensor, btype: BlockType) -> tuple:
+    """(the view the kernels read the rows through — int32 words for Q4_K, int16 halves for
+    Q8_0 —, its strides in those elements (all but the last), Q4K)."""
+    q4k = btype.name == "Q4_K"
+    size = 4 if q4k else 2
+    view = w.view(torch.int32 if q4k else torch.int16)
+    return (view, *(st // size for st in w.stride()[:-1]), q4k)
 
 
 def fused_moe(
@@ -71,13 +74,15 @@ def fused_moe(
     topk_ids: torch.Tensor,
     topk_weights: torch.Tensor,
     w13: torch.Tensor,
+    btype13: BlockType,
     w2: torch.Tensor,
+    btype2: BlockType,
     inter: int,
 ) -> torch.Tensor:
-    """Routed experts of Q4_K w13 (E, 2I, row bytes) and w2 (E, H, row bytes) that
-    `topk_ids` (T, k) index (`supports` holds): (T, H) in hidden's dtype. Two launches, as
-    the float GEMVs: gate/up (which quantizes the hidden rows in its loop and its own
-    output for down), down (which sums each token's pairs in its last programs)."""
+    """Routed experts of w13 (E, 2I, row bytes) and w2 (E, H, row bytes) that `topk_ids`
+    (T, k) index (`supports` holds): (T, H) in hidden's dtype. Two launches, as the float
+    GEMVs: gate/up (which quantizes the hidden rows in its loop and its own output for
+    down), down (which sums each token's pairs in its last programs)."""
     hidden, topk_ids, topk_weights, out = moe_launch.moe_inputs(hidden, topk_ids, topk_weights)
     num_tokens, top_k = topk_ids.shape
     num_pairs, hidden_dim = num_tokens * top_k, hidden.shape[1]
@@ -87,29 +92,31 @@ def fused_moe(
     iw = torch.empty(num_pairs, inter // 4, dtype=torch.int32, device=hidden.device)
     idd = torch.empty(num_pairs, inter // 32, dtype=torch.float32, device=hidden.device)
     iss = torch.empty_like(idd)
-    w13_32, swe13, swn13 = _words(w13)
-    jit.q4k_moe_gate_up_q8x_kernel[(num_pairs, inter // 32)](
-        hidden, topk_ids, w13, w13_32, iw, idd, iss, hidden_dim, inter,
+    w13x, swe13, swn13, q4k13 = _rows(w13, btype13)
+    jit.q8x_moe_gate_up_kernel[(num_pairs, inter // 32)](
+        hidden, topk_ids, w13, w13x, iw, idd, iss, hidden_dim, inter,
         hidden.stride(0), swe13, swn13, iw.stride(0), idd.stride(0),
-        TOP_K=top_k, ASM=asm, num_warps=4,
+        TOP_K=top_k, Q4K=q4k13, ASM=asm, num_warps=4,
     )  # fmt: skip
     y = hidden.new_empty(num_pairs, hidden_dim)  # (T*k, H) unweighted expert outputs
     counters, fused = moe_launch.combine_tail(out, DOWN_BLOCK_N)
-    w2_32, swe2, swn2 = _words(w2)
-    jit.q4k_moe_down_q8x_kernel[(num_pairs, triton.cdiv(hidden_dim, DOWN_BLOCK_N))](
-        iw, idd, iss, topk_ids, w2, w2_32, y, topk_weights, out, counters, hidden_dim, inter,
+    w2x, swe2, swn2, q4k2 = _rows(w2, btype2)
+    jit.q8x_moe_down_kernel[(num_pairs, triton.cdiv(hidden_dim, DOWN_BLOCK_N))](
+        iw, idd, iss, topk_ids, w2, w2x, y, topk_weights, out, counters, hidden_dim, inter,
         iw.stride(0), idd.stride(0), swe2, swn2, y.stride(0), out.stride(0),
-        BLOCK_N=DOWN_BLOCK_N, TOP_K=top_k, COMBINE=fused, ASM=asm, num_warps=4,
+        BLOCK_N=DOWN_BLOCK_N, TOP_K=top_k, COMBINE=fused, Q4K=q4k2, ASM=asm, num_warps=4,
     )  # fmt: skip
     if not fused:
         moe_launch._combine(y, topk_weights, out, top_k)
     return out
 
 
-def linear(x2: torch.Tensor, w: torch.Tensor, bias: torch.Tensor | None, n: int) -> torch.Tensor:
-    """x2 (M, K) @ W^T (+ bias) in x2's dtype, W the Q4_K rows (N, row bytes)
+def linear(
+    x2: torch.Tensor, w: torch.Tensor, btype: BlockType, bias: torch.Tensor | None, n: int
+) -> torch.Tensor:
+    """x2 (M, K) @ W^T (+ bias) in x2's dtype, W the rows (N, row bytes) of `btype`
     (`supports_linear` holds; M <= gemv_launch.DECODE_ROWS): one x row a program, K split
-    from the shape alone (`gemv_launch.decode_split`, whole super-blocks), the partials
+    from the shape alone (`gemv_launch.decode_split`, whole steps of 256), the partials
     added by each tile's last split."""
     m, k = x2.shape
     out = x2.new_empty(m, n)
@@ -118,11 +125,11 @@ def linear(x2: torch.Tensor, w: torch.Tensor, bias: torch.Tensor | None, n: int)
     n_tiles = triton.cdiv(n, LINEAR_BLOCK_N)
     k_per_split, splits = gemv_launch.decode_split(m, n_tiles, k, 256)
     sk = gemv_launch.SplitK.plan(out, k_per_split, splits, m * n_tiles, bias is not None)
-    w32, swn = _words(w)
-    jit.q4k_linear_q8x_kernel[(m, n_tiles, splits)](
-        x2, w, w32, sk.bias(bias, x2), sk.part, out, sk.counters, m, n, k, k_per_split,
+    wx, swn, q4k = _rows(w, btype)
+    jit.q8x_linear_kernel[(m, n_tiles, splits)](
+        x2, w, wx, sk.bias(bias, x2), sk.part, out, sk.counters, m, n, k, k_per_split,
         x2.stride(0), swn, *sk.part_strides, out.stride(0),
-        HAS_BIAS=sk.fuse_bias, BLOCK_N=LINEAR_BLOCK_N, REDUCE=sk.reduce, ASM=_asm(),
+        HAS_BIAS=sk.fuse_bias, BLOCK_N=LINEAR_BLOCK_N, REDUCE=sk.reduce, Q4K=q4k, ASM=_asm(),
         num_warps=4,
     )  # fmt: skip
     sk.finish(bias, out)

@@ -1,6 +1,6 @@
 """Pure-torch twins of the GGUF decode GEMVs on int8 activations (`triton/gguf_q8x.py`): the
 per-32 quantization of activations (bit for bit: the same IEEE divisions, multiplies and
-round-half-even), and the Q4_K linear and routed-expert MLP computed from it — the integer
+round-half-even), and the Q4_K / Q8_0 linear and routed-expert MLP computed from it — the integer
 sums exact, the float work per sub-block as the kernel orders it, in float32."""
 
 from __future__ import annotations
@@ -34,40 +34,51 @@ def quantize_rows(x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, torch.Te
     return words.to(torch.int32), d, s
 
 
-def _q4_k_rows(raw: torch.Tensor, k: int) -> tuple[torch.Tensor, ...]:
-    """Rows of Q4_K blocks (N, K/256 * 144) → (codes (N, K/32, 32) int32, d·sc and dmin·mn
-    (N, K/32) float32)."""
+def _rows(raw: torch.Tensor, k: int, btype: str) -> tuple[torch.Tensor, ...]:
+    """Rows of Q4_K or Q8_0 blocks (N, row bytes) → (codes (N, K/32, 32) int32, the scale and
+    the minimum of each block of 32 (N, K/32) float32: weight = scale·code − minimum)."""
     n = raw.shape[0]
-    d, dmin, sc, mn, codes = q4_k_parts(raw.reshape(n * (k // 256), 144))
-    dsc = (d[:, None] * sc.float()).reshape(n, k // 32)
-    dmn = (dmin[:, None] * mn.float()).reshape(n, k // 32)
-    return codes.to(torch.int32).reshape(n, k // 32, 32), dsc, dmn
+    if btype == "Q4_K":
+        d, dmin, sc, mn, codes = q4_k_parts(raw.reshape(n * (k // 256), 144))
+        scale = (d[:, None] * sc.float()).reshape(n, k // 32)
+        minimum = (dmin[:, None] * mn.float()).reshape(n, k // 32)
+        return codes.to(torch.int32).reshape(n, k // 32, 32), scale, minimum
+    if btype != "Q8_0":
+        raise ValueError(f"q8x twin: {btype} is not Q4_K or Q8_0")
+    blocks = raw.reshape(n * (k // 32), 34)
+    d = blocks[:, :2].contiguous().view(torch.float16).float().reshape(n, k // 32)
+    codes = blocks[:, 2:].contiguous().view(torch.int8).to(torch.int32)
+    return codes.reshape(n, k // 32, 32), d, torch.zeros_like(d)
 
 
-def q4_k_linear(x: torch.Tensor, raw: torch.Tensor, bias: torch.Tensor | None) -> torch.Tensor:
-    """The decode linear: x (M, K) @ W^T (+ bias) in x's dtype, W the Q4_K rows raw."""
-    y = q4_k_dot(raw, x)
-    return (y if bias is None else y + bias.float()).to(x.dtype)
-
-
-def q4_k_dot(raw: torch.Tensor, x: torch.Tensor) -> torch.Tensor:
-    """(M, N) float32: rows of x (M, K) against the Q4_K rows raw (N, K/256 * 144) as the
-    kernel computes them: Σ_s d·sc[s]·(dx[s]·Σ q·xq) − dmin·mn[s]·(dx[s]·Σ xq)."""
+def dot(raw: torch.Tensor, x: torch.Tensor, btype: str) -> torch.Tensor:
+    """(M, N) float32: rows of x (M, K) against the rows raw (N, row bytes) of `btype` as
+    the kernels compute them: Σ_b scale[b]·(dx[b]·Σ code·xq) − minimum[b]·(dx[b]·Σ xq)."""
     k = x.shape[1]
-    codes, dsc, dmn = _q4_k_rows(raw, k)
+    codes, scale, minimum = _rows(raw, k, btype)
     q, dx, sx = quantize_codes(x)
     xq = q.reshape(q.shape[0], k // 32, 32)
     isum = torch.einsum("nsl,msl->mns", codes.to(torch.int64), xq.to(torch.int64)).float()
-    part = dsc[None] * (dx[:, None, :] * isum) - dmn[None] * sx[:, None, :]
+    part = scale[None] * (dx[:, None, :] * isum) - minimum[None] * sx[:, None, :]
     return part.sum(dim=-1)
 
 
-def q4_k_moe(
+def linear(
+    x: torch.Tensor, raw: torch.Tensor, btype: str, bias: torch.Tensor | None
+) -> torch.Tensor:
+    """The decode linear: x (M, K) @ W^T (+ bias) in x's dtype, W the rows raw."""
+    y = dot(raw, x, btype)
+    return (y if bias is None else y + bias.float()).to(x.dtype)
+
+
+def moe(
     hidden: torch.Tensor,
     topk_ids: torch.Tensor,
     topk_weights: torch.Tensor,
     w13: torch.Tensor,
+    btype13: str,
     w2: torch.Tensor,
+    btype2: str,
     inter: int,
 ) -> torch.Tensor:
     """The routed experts (T, H) in hidden's dtype: per pair, gate and up from the quantized
@@ -78,9 +89,9 @@ def q4_k_moe(
     for t in range(num_tokens):
         for j in range(top_k):
             e = int(topk_ids[t, j])
-            gu = q4_k_dot(w13[e], hidden[t : t + 1])[0]
+            gu = dot(w13[e], hidden[t : t + 1], btype13)[0]
             g, u = gu[:inter], gu[inter:]
             h = g / (1.0 + torch.exp(-g)) * u
-            y = q4_k_dot(w2[e], h[None])[0].to(hidden.dtype)
+            y = dot(w2[e], h[None], btype2)[0].to(hidden.dtype)
             out[t] += y.float() * topk_weights[t, j].float()
     return out.to(hidden.dtype)

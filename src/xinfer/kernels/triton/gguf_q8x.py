@@ -95,27 +95,42 @@ def _scale_min(w8_ptr, byte, s, m2):
 
 
 @triton.jit
-def x_quantized(x_row_ptr, sb, ASM: tl.constexpr):
-    """Super-block `sb` of one activation row (float), quantized here (`quantize_blocks`):
-    (words, d, d·Σq) of its even sub-blocks 2j ("lo", (4, 8), (4,), (4,)), then of its odd
-    ones 2j + 1 ("hi") — the halves that one weight word's low and high nibbles multiply."""
+def _x_layout(sb, Q4K: tl.constexpr):
+    """Activation offsets (4, 32) of the "lo" blocks of super-step `sb` (256 values) and the
+    offset of the "hi" ones after them: Q4_K pairs sub-blocks 2j and 2j + 1 (the low and
+    high nibbles of one weight word), Q8_0 blocks j and j + 4."""
     j = tl.arange(0, 4)
-    ks = sb * 256 + (j * 64)[:, None] + tl.arange(0, 32)[None, :]
+    if Q4K:
+        return sb * 256 + (j * 64)[:, None] + tl.arange(0, 32)[None, :], 32
+    else:
+        return sb * 256 + (j * 32)[:, None] + tl.arange(0, 32)[None, :], 128
+
+
+@triton.jit
+def x_quantized(x_row_ptr, sb, Q4K: tl.constexpr, ASM: tl.constexpr):
+    """Super-step `sb` (256 values) of one activation row (float), quantized here
+    (`quantize_blocks`): (words (4, 8) lo, words hi, d lo (4,), d hi, d·Σq lo, d·Σq hi)."""
+    ks, hi = _x_layout(sb, Q4K)
     w_lo, d_lo, s_lo = quantize_blocks(tl.load(x_row_ptr + ks).to(tl.float32), ASM)
-    w_hi, d_hi, s_hi = quantize_blocks(tl.load(x_row_ptr + ks + 32).to(tl.float32), ASM)
+    w_hi, d_hi, s_hi = quantize_blocks(tl.load(x_row_ptr + ks + hi).to(tl.float32), ASM)
     return w_lo, w_hi, d_lo, d_hi, s_lo, s_hi
 
 
 @triton.jit
-def x_loaded(xw_ptr, xd_ptr, xs_ptr, sb):
-    """`x_quantized`'s values read from a row quantized before (words of sub-block s at
-    [8 s, 8 s + 8), its d and d·Σq at [s])."""
+def x_loaded(xw_ptr, xd_ptr, xs_ptr, sb, Q4K: tl.constexpr):
+    """`x_quantized`'s values read from a row quantized before (words of block b at
+    [8 b, 8 b + 8), its d and d·Σq at [b])."""
     j = tl.arange(0, 4)
-    xo = sb * 64 + (j * 16)[:, None] + tl.arange(0, 8)[None, :]
-    s = sb * 8 + j * 2
+    if Q4K:
+        b = sb * 8 + j * 2
+        step = 1
+    else:
+        b = sb * 8 + j
+        step = 4
+    xo = (b * 8)[:, None] + tl.arange(0, 8)[None, :]
     return (
-        tl.load(xw_ptr + xo), tl.load(xw_ptr + xo + 8), tl.load(xd_ptr + s),
-        tl.load(xd_ptr + s + 1), tl.load(xs_ptr + s), tl.load(xs_ptr + s + 1),
+        tl.load(xw_ptr + xo), tl.load(xw_ptr + xo + step * 8), tl.load(xd_ptr + b),
+        tl.load(xd_ptr + b + step), tl.load(xs_ptr + b), tl.load(xs_ptr + b + step),
     )  # fmt: skip
 
 
@@ -154,15 +169,60 @@ def q4k_dot(
 
 
 @triton.jit
-def q4k_moe_gate_up_q8x_kernel(
-    x_ptr, ids_ptr, w8_ptr, w32_ptr, iw_ptr, id_ptr, is_ptr,
+def _q8_0_words(w16_ptr, blk, mask3):
+    """(BN, 4, 8) int32: the 32 int8 codes of the Q8_0 blocks at half offsets `blk` (BN, 4),
+    four a word, read as 16-bit halves (34-byte blocks are 2-byte aligned only)."""
+    t = tl.arange(0, 8)[None, None, :]
+    lo = tl.load(w16_ptr + blk[:, :, None] + 1 + 2 * t, mask=mask3, other=0).to(tl.int32)
+    hi = tl.load(w16_ptr + blk[:, :, None] + 2 + 2 * t, mask=mask3, other=0).to(tl.int32)
+    return (lo & 0xFFFF) | (hi << 16)
+
+
+@triton.jit
+def q8_0_dot(
+    w16_ptr, row_half, sb, xw_lo, xw_hi, dx_lo, dx_hi, mask_n, ASM: tl.constexpr,
+):  # fmt: skip
+    """(BLOCK_N,) float32: blocks 8 sb .. 8 sb + 7 (256 weights) of the Q8_0 rows starting at
+    16-bit offsets `row_half` ({f16 d; i8 q[32]}: 17 halves a block; weight d·q) against one
+    quantized activation super-step: Σ_b d[b]·dx[b]·Σ q·xq."""
+    blk_lo = row_half[:, None] + (sb * 8 + tl.arange(0, 4))[None, :] * 17
+    blk_hi = blk_lo + 4 * 17
+    m2 = mask_n[:, None]
+    m3 = m2[:, :, None]
+    i_lo = tl.sum(dp4a(_q8_0_words(w16_ptr, blk_lo, m3), xw_lo[None], ASM), axis=2)
+    i_hi = tl.sum(dp4a(_q8_0_words(w16_ptr, blk_hi, m3), xw_hi[None], ASM), axis=2)
+    d_lo = _f16_bits(tl.load(w16_ptr + blk_lo, mask=m2, other=0).to(tl.int32) & 0xFFFF)
+    d_hi = _f16_bits(tl.load(w16_ptr + blk_hi, mask=m2, other=0).to(tl.int32) & 0xFFFF)
+    part = d_lo * (dx_lo[None, :] * i_lo.to(tl.float32)) + d_hi * (
+        dx_hi[None, :] * i_hi.to(tl.float32)
+    )
+    return tl.sum(part, axis=1)
+
+
+@triton.jit
+def wdot(
+    w8_ptr, wx_ptr, row, sb, xw_lo, xw_hi, dx_lo, dx_hi, sx_lo, sx_hi, mask_n,
+    Q4K: tl.constexpr, ASM: tl.constexpr,
+):  # fmt: skip
+    """One super-step of rows of Q4_K (`wx` int32 words) or Q8_0 (`wx` int16 halves)."""
+    if Q4K:
+        return q4k_dot(w8_ptr, wx_ptr, row, sb, xw_lo, xw_hi, dx_lo, dx_hi, sx_lo, sx_hi,
+                       mask_n, ASM)  # fmt: skip
+    else:
+        return q8_0_dot(wx_ptr, row, sb, xw_lo, xw_hi, dx_lo, dx_hi, mask_n, ASM)
+
+
+@triton.jit
+def q8x_moe_gate_up_kernel(
+    x_ptr, ids_ptr, w8_ptr, wx_ptr, iw_ptr, id_ptr, is_ptr,
     hidden_dim, inter_dim,
     stride_xt, stride_we, stride_wn, stride_iw, stride_id,
-    TOP_K: tl.constexpr, ASM: tl.constexpr,
+    TOP_K: tl.constexpr, Q4K: tl.constexpr, ASM: tl.constexpr,
 ):  # fmt: skip
     """grid (T*k, I / 32): h = silu(x·W13[e, n]) * (x·W13[e, I + n]) in float32 for one block
     of 32 columns n, the token's row quantized in the loop, h quantized at the end for the
-    down GEMV (its words, d and d·Σq: iw, id, is). Strides of w in int32 words."""
+    down GEMV (its words, d and d·Σq: iw, id, is). W13 in Q4_K (Q4K; strides in int32
+    words of `wx`) or Q8_0 (strides in int16 halves)."""
     pair = tl.program_id(0).to(tl.int64)
     blk = tl.program_id(1)
     e = tl.load(ids_ptr + pair).to(tl.int64)
@@ -174,9 +234,9 @@ def q4k_moe_gate_up_q8x_kernel(
     g = tl.zeros((32,), dtype=tl.float32)
     u = tl.zeros((32,), dtype=tl.float32)
     for sb in range(0, hidden_dim // 256):
-        w_lo, w_hi, d_lo, d_hi, s_lo, s_hi = x_quantized(x_row, sb, ASM)
-        g += q4k_dot(w8_ptr, w32_ptr, gate, sb, w_lo, w_hi, d_lo, d_hi, s_lo, s_hi, mask_n, ASM)
-        u += q4k_dot(w8_ptr, w32_ptr, up, sb, w_lo, w_hi, d_lo, d_hi, s_lo, s_hi, mask_n, ASM)
+        w_lo, w_hi, d_lo, d_hi, s_lo, s_hi = x_quantized(x_row, sb, Q4K, ASM)
+        g += wdot(w8_ptr, wx_ptr, gate, sb, w_lo, w_hi, d_lo, d_hi, s_lo, s_hi, mask_n, Q4K, ASM)
+        u += wdot(w8_ptr, wx_ptr, up, sb, w_lo, w_hi, d_lo, d_hi, s_lo, s_hi, mask_n, Q4K, ASM)
     h = _silu_mul(g, u, tl.float32)
     words, d, s = quantize_blocks(tl.reshape(h, (1, 32)), ASM)
     tl.store(iw_ptr + pair * stride_iw + blk * 8 + tl.arange(0, 8), tl.reshape(words, (8,)))
@@ -185,11 +245,12 @@ def q4k_moe_gate_up_q8x_kernel(
 
 
 @triton.jit
-def q4k_moe_down_q8x_kernel(
-    iw_ptr, id_ptr, is_ptr, ids_ptr, w8_ptr, w32_ptr, y_ptr, weights_ptr, out_ptr, count_ptr,
+def q8x_moe_down_kernel(
+    iw_ptr, id_ptr, is_ptr, ids_ptr, w8_ptr, wx_ptr, y_ptr, weights_ptr, out_ptr, count_ptr,
     hidden_dim, inter_dim,
     stride_iw, stride_id, stride_we, stride_wn, stride_yt, stride_ot,
-    BLOCK_N: tl.constexpr, TOP_K: tl.constexpr, COMBINE: tl.constexpr, ASM: tl.constexpr,
+    BLOCK_N: tl.constexpr, TOP_K: tl.constexpr, COMBINE: tl.constexpr, Q4K: tl.constexpr,
+    ASM: tl.constexpr,
 ):  # fmt: skip
     """grid (T*k, cdiv(H, BLOCK_N)): y[pair, n] = inter[pair]·W2[e, n] on the inter the
     gate/up GEMV quantized, rounded to y's dtype; with COMBINE the last of a token's
@@ -203,8 +264,9 @@ def q4k_moe_down_q8x_kernel(
     iw, idd, iss = iw_ptr + pair * stride_iw, id_ptr + pair * stride_id, is_ptr + pair * stride_id
     acc = tl.zeros((BLOCK_N,), dtype=tl.float32)
     for sb in range(0, inter_dim // 256):
-        w_lo, w_hi, d_lo, d_hi, s_lo, s_hi = x_loaded(iw, idd, iss, sb)
-        acc += q4k_dot(w8_ptr, w32_ptr, rows, sb, w_lo, w_hi, d_lo, d_hi, s_lo, s_hi, mask_n, ASM)
+        w_lo, w_hi, d_lo, d_hi, s_lo, s_hi = x_loaded(iw, idd, iss, sb, Q4K)
+        acc += wdot(w8_ptr, wx_ptr, rows, sb, w_lo, w_hi, d_lo, d_hi, s_lo, s_hi, mask_n, Q4K,
+                    ASM)  # fmt: skip
     y = acc.to(y_ptr.dtype.element_ty)
     tl.store(y_ptr + pair * stride_yt + offs_n, y, mask=mask_n)
     if COMBINE:
@@ -215,13 +277,14 @@ def q4k_moe_down_q8x_kernel(
 
 
 @triton.jit(do_not_specialize=["M"])
-def q4k_linear_q8x_kernel(
-    x_ptr, w8_ptr, w32_ptr, bias_ptr, out_ptr, final_ptr, count_ptr,
+def q8x_linear_kernel(
+    x_ptr, w8_ptr, wx_ptr, bias_ptr, out_ptr, final_ptr, count_ptr,
     M, N, K, k_per_split,
     stride_xm, stride_wn, stride_os, stride_om, stride_fm,
-    HAS_BIAS: tl.constexpr, BLOCK_N: tl.constexpr, REDUCE: tl.constexpr, ASM: tl.constexpr,
+    HAS_BIAS: tl.constexpr, BLOCK_N: tl.constexpr, REDUCE: tl.constexpr, Q4K: tl.constexpr,
+    ASM: tl.constexpr,
 ):  # fmt: skip
-    """grid (M, cdiv(N, BLOCK_N), splits): a decode linear of Q4_K rows (stride in words) on
+    """grid (M, cdiv(N, BLOCK_N), splits): a decode linear of Q4_K or Q8_0 rows on
     one x row a program, quantized in the loop, over its split's super-blocks
     [split * k_per_split, +k_per_split) / 256, stored as the other decode linears
     (`store_split_tile`: the split's partial, or the tile's last split adds them in split
@@ -237,8 +300,9 @@ def q4k_linear_q8x_kernel(
     sb_end = tl.minimum(sb_start + k_per_split // 256, K // 256)
     acc = tl.zeros((BLOCK_N,), dtype=tl.float32)
     for sb in range(sb_start, sb_end):
-        w_lo, w_hi, d_lo, d_hi, s_lo, s_hi = x_quantized(x_row, sb, ASM)
-        acc += q4k_dot(w8_ptr, w32_ptr, rows, sb, w_lo, w_hi, d_lo, d_hi, s_lo, s_hi, mask_n, ASM)
+        w_lo, w_hi, d_lo, d_hi, s_lo, s_hi = x_quantized(x_row, sb, Q4K, ASM)
+        acc += wdot(w8_ptr, wx_ptr, rows, sb, w_lo, w_hi, d_lo, d_hi, s_lo, s_hi, mask_n, Q4K,
+                    ASM)  # fmt: skip
     offs_m = m + tl.arange(0, 1)
     store_split_tile(
         acc[None, :], out_ptr, bias_ptr, final_ptr, count_ptr, m * tl.num_programs(1) + pid_n,
