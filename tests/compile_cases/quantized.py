@@ -224,7 +224,8 @@ def _gguf_cases() -> None:
         add(f"gguf-Q4_K-moe-{name}-q8x", G_Q8X, _gguf_q8x_moe, "Q4_K", "Q4_K", dtype, 3)
     add("gguf-Q8_0+Q4_K-moe-bf16-q8x", G_Q8X, _gguf_q8x_moe, "Q8_0", "Q4_K", BF16, 1)
     add("gguf-Q4_K+Q8_0-moe-fp16-q8x", G_Q8X, _gguf_q8x_moe, "Q4_K", "Q8_0", F16, 2)
-    for name in ("Q4_K", "Q8_0"):
+    add("gguf-Q4_K+Q6_K-moe-bf16-q8x", G_Q8X, _gguf_q8x_moe, "Q4_K", "Q6_K", BF16, 1)
+    for name in ("Q4_K", "Q8_0", "Q6_K"):
         add(f"gguf-{name}-linear-bf16-m3-q8x", "q8x_linear_kernel", _gguf_q8x_linear, name, BF16,
             3)  # fmt: skip
     add("gguf-Q4_K-linear-fp16-m16-q8x-reduce-apart",

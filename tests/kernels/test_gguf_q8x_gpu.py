@@ -1,8 +1,8 @@
 """The GGUF decode GEMVs on int8 activations (`kernels/gguf_q8x_launch.py`) on the GPU, where
 `dp4a` and `mul.rn` are inline PTX: the activation quantizer equals its twin bit for bit;
-the Q4_K and Q8_0 MoE and linear at Qwen3-30B-A3B shapes equal their twins, a row's bits do not
-depend on the batch or on the slots, and CUDA graphs replay them (the fused combine's and
-split reduce's counters back at zero)."""
+the Q4_K, Q8_0 and Q6_K MoE and linear at Qwen3-30B-A3B shapes equal their twins, a row's
+bits do not depend on the batch or on the slots, and CUDA graphs replay them (the fused
+combine's and split reduce's counters back at zero)."""
 
 from __future__ import annotations
 
@@ -61,7 +61,7 @@ def test_quantize_equals_the_twin(dtype):
         assert torch.equal(a.cpu(), b)
 
 
-@pytest.mark.parametrize("t13,t2", [("Q4_K", "Q4_K"), ("Q8_0", "Q8_0")])
+@pytest.mark.parametrize("t13,t2", [("Q4_K", "Q4_K"), ("Q8_0", "Q8_0"), ("Q4_K", "Q6_K")])
 def test_moe_equals_the_twin_keeps_bits_and_replays(t13, t2):
     from xinfer.kernels import gguf_q8x_launch as ql
     from xinfer.kernels import gguf_q8x_reference as ref
@@ -100,7 +100,7 @@ def test_moe_equals_the_twin_keeps_bits_and_replays(t13, t2):
         assert torch.equal(captured, out)
 
 
-@pytest.mark.parametrize("name", ["Q4_K", "Q8_0"])
+@pytest.mark.parametrize("name", ["Q4_K", "Q8_0", "Q6_K"])
 @pytest.mark.parametrize("n,k", [(5120, 2048), (2048, 4096)])  # qkv, o_proj
 def test_linear_equals_the_twin_keeps_bits_and_replays(name, n, k):
     from xinfer.kernels import gguf_q8x_launch as ql

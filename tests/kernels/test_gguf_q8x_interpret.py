@@ -117,8 +117,9 @@ def test_quantize_equals_the_twin_bit_for_bit(ql, dtype):
 
 @child_only
 @pytest.mark.parametrize(
-    "t13,t2,inter", [("Q4_K", "Q4_K", 512), ("Q8_0", "Q4_K", 256), ("Q4_K", "Q8_0", 256)]
-)
+    "t13,t2,inter",
+    [("Q4_K", "Q4_K", 512), ("Q8_0", "Q4_K", 256), ("Q4_K", "Q8_0", 256), ("Q4_K", "Q6_K", 256)],
+)  # the last: a Q4_K_M file's experts
 def test_moe_equals_the_twin_and_keeps_row_bits(ql, t13, t2, inter):
     """Each pairing of the two types (down over two steps once: the quantized h read back);
     the batch and slot checks once (the same programs for every type; the linear test runs
@@ -145,7 +146,7 @@ def test_moe_equals_the_twin_and_keeps_row_bits(ql, t13, t2, inter):
     assert torch.equal(ql.fused_moe(hidden, slot_ids, weights, s13, b13, s2, b2, inter), out)
 
 
-@pytest.mark.parametrize("name", ["Q4_K", "Q8_0"])
+@pytest.mark.parametrize("name", ["Q4_K", "Q8_0", "Q6_K"])
 def test_the_twin_is_the_float_twin_within_int8_rounding(name):
     """Runs in the parent too (pure torch): the q8x twin against the dequantized-weight twin
     on the same experts — a wrong nibble, scale or sign would be far outside this."""
@@ -167,14 +168,15 @@ def test_the_twin_is_the_float_twin_within_int8_rounding(name):
     assert rel < 1e-2, rel
 
 
-def test_supports_only_whole_steps_of_q4_k_and_q8_0():
+def test_supports_only_whole_steps_of_q4_k_q8_0_and_q6_k():
     from xinfer.kernels import gguf_q8x_launch as ql
 
     q4k, q8, q6k = _bt("Q4_K"), _bt("Q8_0"), _bt("Q6_K")
     w13 = torch.zeros(2, 512, 144, dtype=torch.uint8)
     w2 = torch.zeros(2, 256, 144, dtype=torch.uint8)
     assert ql.supports(q4k, q4k, w13, w2, 256)
-    assert not ql.supports(q4k, q6k, w13, w2, 256)  # a Q4_K_M file's Q6_K down rows
+    assert not ql.supports(q4k, _bt("Q5_K"), w13, w2, 256)  # not read here
+    assert ql.supports(q4k, q6k, w13, torch.zeros(2, 256, 210, dtype=torch.uint8), 256)
     assert not ql.supports(q4k, q4k, w13, w2, 160)  # Qwen1.5's 1408 is not a multiple of 256
     w8 = torch.zeros(2, 512, 272, dtype=torch.uint8)  # Q8_0: 34-byte blocks, 2-byte aligned
     assert ql.supports(q8, q4k, w8, w2, 256)
@@ -199,7 +201,7 @@ def test_gguf_launch_takes_it_when_switched_on_for_decode_only(ql, monkeypatch):
 
 
 @child_only
-@pytest.mark.parametrize("name", ["Q4_K", "Q8_0"])
+@pytest.mark.parametrize("name", ["Q4_K", "Q8_0", "Q6_K"])
 def test_linear_splits_k_equals_the_twin_and_keeps_row_bits(ql, name):
     """K = 2048 (8 steps of 256): the linear splits K (partials added by each tile's last
     split, bias there); rows alone give their bits in 5."""

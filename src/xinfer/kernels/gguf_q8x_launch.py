@@ -1,7 +1,8 @@
 """Launchers of the GGUF decode GEMVs on int8 activations (`triton/gguf_q8x.py`): the routed
-experts and the linears of Q4_K and Q8_0 weights with the activations quantized per 32 to int8 in
-each program and the codes multiplied four at a time (`dp4a`), as llama.cpp's MMVQ kernels
-do, instead of every weight dequantized to float and multiplied (`gguf_launch`'s GEMVs).
+experts and the linears of Q4_K, Q8_0 and Q6_K weights with the activations quantized per
+32 to int8 in each program and the codes multiplied four at a time (`dp4a`), as llama.cpp's
+MMVQ kernels do, instead of every weight dequantized to float and multiplied
+(`gguf_launch`'s GEMVs).
 
 Not the default: `gguf_launch.Q8X_MOE` and `Q8X_LINEAR` turn them on once the H200 has
 timed them against the float GEMVs (`bench/bench_gguf_kernels.py`). Numerics: int8
@@ -32,12 +33,12 @@ def _asm() -> bool:
     return os.environ.get("TRITON_INTERPRET", "0") != "1"
 
 
-_TYPES = ("Q4_K", "Q8_0")  # Q4_K rows read as 4-byte words, Q8_0's 34-byte blocks as halves
+_TYPES = ("Q4_K", "Q8_0", "Q6_K")  # Q4_K rows read as 4-byte words, the others by halves
 
 
 def _readable(btype: BlockType, w: torch.Tensor, k: int) -> bool:
-    """Raw rows (..., row bytes) of `btype` over K columns this module reads: Q4_K or Q8_0,
-    whole steps of 256 columns, rows aligned to the element they are read by."""
+    """Raw rows (..., row bytes) of `btype` over K columns this module reads: Q4_K, Q8_0 or
+    Q6_K, whole steps of 256 columns, rows aligned to the element they are read by."""
     if btype.name not in _TYPES or k % 256:
         return False
     size = 4 if btype.name == "Q4_K" else 2
@@ -50,8 +51,8 @@ def _readable(btype: BlockType, w: torch.Tensor, k: int) -> bool:
 def supports(
     btype13: BlockType, btype2: BlockType, w13: torch.Tensor, w2: torch.Tensor, inter: int
 ) -> bool:
-    """Whether these experts run here: gate/up and down each Q4_K or Q8_0, hidden and
-    intermediate sizes multiples of 256."""
+    """Whether these experts run here: gate/up and down each Q4_K, Q8_0 or Q6_K (a Q4_K_M
+    file's mix), hidden and intermediate sizes multiples of 256."""
     return _readable(btype13, w13, w2.shape[1]) and _readable(btype2, w2, inter)
 
 
@@ -62,11 +63,10 @@ def supports_linear(btype: BlockType, w: torch.Tensor, k: int) -> bool:
 
 def _rows(w: torch.Tensor, btype: BlockType) -> tuple:
     """(the view the kernels read the rows through — int32 words for Q4_K, int16 halves for
-    Q8_0 —, its strides in those elements (all but the last), Q4K)."""
-    q4k = btype.name == "Q4_K"
-    size = 4 if q4k else 2
-    view = w.view(torch.int32 if q4k else torch.int16)
-    return (view, *(st // size for st in w.stride()[:-1]), q4k)
+    Q8_0 and Q6_K —, its strides in those elements (all but the last), the ggml type id)."""
+    size = 4 if btype.name == "Q4_K" else 2
+    view = w.view(torch.int32 if size == 4 else torch.int16)
+    return (view, *(st // size for st in w.stride()[:-1]), btype.type_id)
 
 
 def fused_moe(
@@ -92,19 +92,19 @@ def fused_moe(
     iw = torch.empty(num_pairs, inter // 4, dtype=torch.int32, device=hidden.device)
     idd = torch.empty(num_pairs, inter // 32, dtype=torch.float32, device=hidden.device)
     iss = torch.empty_like(idd)
-    w13x, swe13, swn13, q4k13 = _rows(w13, btype13)
+    w13x, swe13, swn13, type13 = _rows(w13, btype13)
     jit.q8x_moe_gate_up_kernel[(num_pairs, inter // 32)](
         hidden, topk_ids, w13, w13x, iw, idd, iss, hidden_dim, inter,
         hidden.stride(0), swe13, swn13, iw.stride(0), idd.stride(0),
-        TOP_K=top_k, Q4K=q4k13, ASM=asm, num_warps=4,
+        TOP_K=top_k, WTYPE=type13, ASM=asm, num_warps=4,
     )  # fmt: skip
     y = hidden.new_empty(num_pairs, hidden_dim)  # (T*k, H) unweighted expert outputs
     counters, fused = moe_launch.combine_tail(out, DOWN_BLOCK_N)
-    w2x, swe2, swn2, q4k2 = _rows(w2, btype2)
+    w2x, swe2, swn2, type2 = _rows(w2, btype2)
     jit.q8x_moe_down_kernel[(num_pairs, triton.cdiv(hidden_dim, DOWN_BLOCK_N))](
         iw, idd, iss, topk_ids, w2, w2x, y, topk_weights, out, counters, hidden_dim, inter,
         iw.stride(0), idd.stride(0), swe2, swn2, y.stride(0), out.stride(0),
-        BLOCK_N=DOWN_BLOCK_N, TOP_K=top_k, COMBINE=fused, Q4K=q4k2, ASM=asm, num_warps=4,
+        BLOCK_N=DOWN_BLOCK_N, TOP_K=top_k, COMBINE=fused, WTYPE=type2, ASM=asm, num_warps=4,
     )  # fmt: skip
     if not fused:
         moe_launch._combine(y, topk_weights, out, top_k)
@@ -125,11 +125,11 @@ def linear(
     n_tiles = triton.cdiv(n, LINEAR_BLOCK_N)
     k_per_split, splits = gemv_launch.decode_split(m, n_tiles, k, 256)
     sk = gemv_launch.SplitK.plan(out, k_per_split, splits, m * n_tiles, bias is not None)
-    wx, swn, q4k = _rows(w, btype)
+    wx, swn, wtype = _rows(w, btype)
     jit.q8x_linear_kernel[(m, n_tiles, splits)](
         x2, w, wx, sk.bias(bias, x2), sk.part, out, sk.counters, m, n, k, k_per_split,
         x2.stride(0), swn, *sk.part_strides, out.stride(0),
-        HAS_BIAS=sk.fuse_bias, BLOCK_N=LINEAR_BLOCK_N, REDUCE=sk.reduce, Q4K=q4k, ASM=_asm(),
+        HAS_BIAS=sk.fuse_bias, BLOCK_N=LINEAR_BLOCK_N, REDUCE=sk.reduce, WTYPE=wtype, ASM=_asm(),
         num_warps=4,
     )  # fmt: skip
     sk.finish(bias, out)

@@ -1,13 +1,13 @@
 """Pure-torch twins of the GGUF decode GEMVs on int8 activations (`triton/gguf_q8x.py`): the
 per-32 quantization of activations (bit for bit: the same IEEE divisions, multiplies and
-round-half-even), and the Q4_K / Q8_0 linear and routed-expert MLP computed from it — the integer
-sums exact, the float work per sub-block as the kernel orders it, in float32."""
+round-half-even), and the Q4_K / Q8_0 / Q6_K linear and routed-expert MLP computed from
+it — the integer sums exact, the float work per group of weights in float32."""
 
 from __future__ import annotations
 
 import torch
 
-from xinfer.quant.gguf_blocks import q4_k_parts
+from xinfer.quant.gguf_blocks import q4_k_parts, q6_k_parts
 
 
 def quantize_codes(x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
@@ -35,16 +35,21 @@ def quantize_rows(x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, torch.Te
 
 
 def _rows(raw: torch.Tensor, k: int, btype: str) -> tuple[torch.Tensor, ...]:
-    """Rows of Q4_K or Q8_0 blocks (N, row bytes) → (codes (N, K/32, 32) int32, the scale and
-    the minimum of each block of 32 (N, K/32) float32: weight = scale·code − minimum)."""
+    """Rows of Q4_K, Q8_0 or Q6_K blocks (N, row bytes) → (codes (N, K/g, g) int32, the scale
+    and the minimum of each group of g weights (N, K/g) float32: weight = scale·code −
+    minimum), g = 32 (16 for Q6_K, whose scales are per 16)."""
     n = raw.shape[0]
     if btype == "Q4_K":
         d, dmin, sc, mn, codes = q4_k_parts(raw.reshape(n * (k // 256), 144))
         scale = (d[:, None] * sc.float()).reshape(n, k // 32)
         minimum = (dmin[:, None] * mn.float()).reshape(n, k // 32)
         return codes.to(torch.int32).reshape(n, k // 32, 32), scale, minimum
+    if btype == "Q6_K":
+        d, scales, codes = q6_k_parts(raw.reshape(n * (k // 256), 210))
+        scale = (d[:, None] * scales.float()).reshape(n, k // 16)
+        return codes.to(torch.int32).reshape(n, k // 16, 16), scale, torch.zeros_like(scale)
     if btype != "Q8_0":
-        raise ValueError(f"q8x twin: {btype} is not Q4_K or Q8_0")
+        raise ValueError(f"q8x twin: {btype} is not Q4_K, Q8_0 or Q6_K")
     blocks = raw.reshape(n * (k // 32), 34)
     d = blocks[:, :2].contiguous().view(torch.float16).float().reshape(n, k // 32)
     codes = blocks[:, 2:].contiguous().view(torch.int8).to(torch.int32)
@@ -53,11 +58,14 @@ def _rows(raw: torch.Tensor, k: int, btype: str) -> tuple[torch.Tensor, ...]:
 
 def dot(raw: torch.Tensor, x: torch.Tensor, btype: str) -> torch.Tensor:
     """(M, N) float32: rows of x (M, K) against the rows raw (N, row bytes) of `btype` as
-    the kernels compute them: Σ_b scale[b]·(dx[b]·Σ code·xq) − minimum[b]·(dx[b]·Σ xq)."""
+    the kernels compute them: Σ_g scale[g]·(dx[g]·Σ code·xq) − minimum[g]·(dx[g]·Σ xq) over
+    the groups of g weights (dx: the scale of the block of 32 a group lies in)."""
     k = x.shape[1]
     codes, scale, minimum = _rows(raw, k, btype)
+    g = codes.shape[-1]
     q, dx, sx = quantize_codes(x)
-    xq = q.reshape(q.shape[0], k // 32, 32)
+    xq = q.reshape(q.shape[0], k // g, g)
+    dx, sx = dx.repeat_interleave(32 // g, dim=1), sx.repeat_interleave(32 // g, dim=1)
     isum = torch.einsum("nsl,msl->mns", codes.to(torch.int64), xq.to(torch.int64)).float()
     part = scale[None] * (dx[:, None, :] * isum) - minimum[None] * sx[:, None, :]
     return part.sum(dim=-1)

@@ -130,15 +130,22 @@ def _q5_k(blocks: torch.Tensor) -> torch.Tensor:
     return (d * q - dm).reshape(n, QK_K)
 
 
-def _q6_k(blocks: torch.Tensor) -> torch.Tensor:
+def q6_k_parts(blocks: torch.Tensor) -> tuple[torch.Tensor, ...]:
+    """Q6_K blocks (n, 210) u8 → (d (n,) float32; scales (n, 16) int8; codes (n, 16, 16) int8
+    in [-32, 31]): weight 16 g + l of a block is d·scales[g]·codes[g, l]."""
     n = blocks.shape[0]
-    scales = _view(blocks[:, 192:208], torch.int8).float()
-    d = (_f16(blocks[:, 208:210]) * scales).reshape(n, QK_K // 16, 1)
+    scales = _view(blocks[:, 192:208], torch.int8)
     ql = _nibbles(blocks[:, :128], 2, 64).reshape(n, 8, 32)
     shifts = torch.tensor([0, 2, 4, 6], dtype=torch.uint8, device=blocks.device).view(1, 1, 4, 1)
     qh = ((blocks[:, 128:192].reshape(n, 2, 1, 32) >> shifts) & 0x03).reshape(n, 8, 32)
     q = (ql | (qh << 4)).to(torch.int8) - 32
-    return (d * q.reshape(n, QK_K // 16, -1).float()).reshape(n, QK_K)
+    return _f16(blocks[:, 208:210]).view(n), scales, q.reshape(n, QK_K // 16, 16)
+
+
+def _q6_k(blocks: torch.Tensor) -> torch.Tensor:
+    n = blocks.shape[0]
+    d, scales, q = q6_k_parts(blocks)
+    return ((d[:, None] * scales.float())[:, :, None] * q.float()).reshape(n, QK_K)
 
 
 BLOCK_TYPES: dict[str, BlockType] = {

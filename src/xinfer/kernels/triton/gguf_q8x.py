@@ -26,6 +26,9 @@ import triton.language as tl
 from xinfer.kernels.triton.fused_moe import _silu_mul, combine_when_last
 from xinfer.kernels.triton.gemv import store_split_tile
 
+Q8_0 = tl.constexpr(8)  # ggml type ids, as `gguf_dequant`
+Q4_K = tl.constexpr(12)
+Q6_K = tl.constexpr(14)
 ROUND = tl.constexpr(12582912.0)  # 1.5 * 2^23: (v + ROUND) - ROUND rounds |v| < 2^22 to even
 
 
@@ -98,7 +101,7 @@ def _scale_min(w8_ptr, byte, s, m2):
 def _x_layout(sb, Q4K: tl.constexpr):
     """Activation offsets (4, 32) of the "lo" blocks of super-step `sb` (256 values) and the
     offset of the "hi" ones after them: Q4_K pairs sub-blocks 2j and 2j + 1 (the low and
-    high nibbles of one weight word), Q8_0 blocks j and j + 4."""
+    high nibbles of one weight word), Q8_0 and Q6_K blocks j and j + 4."""
     j = tl.arange(0, 4)
     if Q4K:
         return sb * 256 + (j * 64)[:, None] + tl.arange(0, 32)[None, :], 32
@@ -169,13 +172,19 @@ def q4k_dot(
 
 
 @triton.jit
+def _words16(w16_ptr, off, mask):
+    """int32 words from pairs of 16-bit halves at half offsets `off` and `off` + 1 (blocks
+    of 34 or 210 bytes are 2-byte aligned only)."""
+    lo = tl.load(w16_ptr + off, mask=mask, other=0).to(tl.int32)
+    hi = tl.load(w16_ptr + off + 1, mask=mask, other=0).to(tl.int32)
+    return (lo & 0xFFFF) | (hi << 16)
+
+
+@triton.jit
 def _q8_0_words(w16_ptr, blk, mask3):
     """(BN, 4, 8) int32: the 32 int8 codes of the Q8_0 blocks at half offsets `blk` (BN, 4),
-    four a word, read as 16-bit halves (34-byte blocks are 2-byte aligned only)."""
-    t = tl.arange(0, 8)[None, None, :]
-    lo = tl.load(w16_ptr + blk[:, :, None] + 1 + 2 * t, mask=mask3, other=0).to(tl.int32)
-    hi = tl.load(w16_ptr + blk[:, :, None] + 2 + 2 * t, mask=mask3, other=0).to(tl.int32)
-    return (lo & 0xFFFF) | (hi << 16)
+    four a word."""
+    return _words16(w16_ptr, blk[:, :, None] + 1 + 2 * tl.arange(0, 8)[None, None, :], mask3)
 
 
 @triton.jit
@@ -200,14 +209,60 @@ def q8_0_dot(
 
 
 @triton.jit
+def _q6_k_half(w16_ptr, blk, h: tl.constexpr, xw, dx, mask_n, ASM: tl.constexpr):
+    """(BLOCK_N,) float32: sub-blocks 4h .. 4h + 3 of the Q6_K blocks at half offsets `blk`
+    (BN,) against the activation words xw (4, 8) and scales dx (4,) of those sub-blocks.
+    Q6_K {u8 ql[128]; u8 qh[64]; i8 scales[16]; f16 d}: code c = 4 bits of ql and 2 of qh
+    (0..63), weight d·sc[16-group]·(c − 32); Σ (c − 32)·xq = dp4a(c, xq) − 32·Σ xq."""
+    j = tl.arange(0, 4)[None, :, None]
+    t = tl.arange(0, 8)[None, None, :]
+    m3 = mask_n[:, None, None]
+    b3 = blk[:, None, None]
+    ql = _words16(w16_ptr, b3 + h * 32 + (j % 2) * 16 + 2 * t, m3)
+    qh = _words16(w16_ptr, b3 + 64 + h * 16 + 2 * t, m3)  # (BN, 1, 8): every quarter's
+    codes = ((ql >> ((j // 2) * 4)) & 0x0F0F0F0F) | (((qh >> (j * 2)) & 0x03030303) << 4)
+    dots = dp4a(codes, xw[None], ASM)  # (BN, 4, 8): words 0-3 the first 16 weights
+    first = t < 4
+    i_a = tl.sum(tl.where(first, dots, 0), axis=2)
+    i_b = tl.sum(tl.where(first, 0, dots), axis=2)
+    ones = dp4a(xw, tl.full(xw.shape, 0x01010101, tl.int32), ASM)  # Σ xq a word
+    first2 = tl.arange(0, 8)[None, :] < 4
+    xs_a = tl.sum(tl.where(first2, ones, 0), axis=1)[None, :]
+    xs_b = tl.sum(tl.where(first2, 0, ones), axis=1)[None, :]
+    sc = tl.load(w16_ptr + blk[:, None] + 96 + h * 4 + tl.arange(0, 4)[None, :],
+                 mask=mask_n[:, None], other=0).to(tl.int32)  # fmt: skip
+    sc_a = ((sc << 24) >> 24).to(tl.float32)
+    sc_b = (sc >> 8).to(tl.float32)
+    sums = sc_a * (i_a - 32 * xs_a).to(tl.float32) + sc_b * (i_b - 32 * xs_b).to(tl.float32)
+    return tl.sum(dx[None, :] * sums, axis=1)
+
+
+@triton.jit
+def q6_k_dot(
+    w16_ptr, row_half, sb, xw_lo, xw_hi, dx_lo, dx_hi, mask_n, ASM: tl.constexpr,
+):  # fmt: skip
+    """(BLOCK_N,) float32: block `sb` (256 weights, 210 bytes = 105 halves) of the Q6_K rows
+    starting at 16-bit offsets `row_half` against one quantized activation super-step
+    (sub-blocks 0-3 "lo", 4-7 "hi": the two halves of ql and qh)."""
+    blk = row_half + sb * 105
+    d = _f16_bits(tl.load(w16_ptr + blk + 104, mask=mask_n, other=0).to(tl.int32) & 0xFFFF)
+    lo = _q6_k_half(w16_ptr, blk, 0, xw_lo, dx_lo, mask_n, ASM)
+    hi = _q6_k_half(w16_ptr, blk, 1, xw_hi, dx_hi, mask_n, ASM)
+    return d * (lo + hi)
+
+
+@triton.jit
 def wdot(
     w8_ptr, wx_ptr, row, sb, xw_lo, xw_hi, dx_lo, dx_hi, sx_lo, sx_hi, mask_n,
-    Q4K: tl.constexpr, ASM: tl.constexpr,
+    WTYPE: tl.constexpr, ASM: tl.constexpr,
 ):  # fmt: skip
-    """One super-step of rows of Q4_K (`wx` int32 words) or Q8_0 (`wx` int16 halves)."""
-    if Q4K:
+    """One step of 256 weights of rows of Q4_K (`wx` int32 words), Q8_0 or Q6_K (`wx` int16
+    halves)."""
+    if WTYPE == Q4_K:
         return q4k_dot(w8_ptr, wx_ptr, row, sb, xw_lo, xw_hi, dx_lo, dx_hi, sx_lo, sx_hi,
                        mask_n, ASM)  # fmt: skip
+    elif WTYPE == Q6_K:
+        return q6_k_dot(wx_ptr, row, sb, xw_lo, xw_hi, dx_lo, dx_hi, mask_n, ASM)
     else:
         return q8_0_dot(wx_ptr, row, sb, xw_lo, xw_hi, dx_lo, dx_hi, mask_n, ASM)
 
@@ -217,12 +272,12 @@ def q8x_moe_gate_up_kernel(
     x_ptr, ids_ptr, w8_ptr, wx_ptr, iw_ptr, id_ptr, is_ptr,
     hidden_dim, inter_dim,
     stride_xt, stride_we, stride_wn, stride_iw, stride_id,
-    TOP_K: tl.constexpr, Q4K: tl.constexpr, ASM: tl.constexpr,
+    TOP_K: tl.constexpr, WTYPE: tl.constexpr, ASM: tl.constexpr,
 ):  # fmt: skip
     """grid (T*k, I / 32): h = silu(x·W13[e, n]) * (x·W13[e, I + n]) in float32 for one block
     of 32 columns n, the token's row quantized in the loop, h quantized at the end for the
-    down GEMV (its words, d and d·Σq: iw, id, is). W13 in Q4_K (Q4K; strides in int32
-    words of `wx`) or Q8_0 (strides in int16 halves)."""
+    down GEMV (its words, d and d·Σq: iw, id, is). W13 of ggml type WTYPE: Q4_K (strides in
+    int32 words of `wx`), Q8_0 or Q6_K (strides in int16 halves)."""
     pair = tl.program_id(0).to(tl.int64)
     blk = tl.program_id(1)
     e = tl.load(ids_ptr + pair).to(tl.int64)
@@ -234,9 +289,11 @@ def q8x_moe_gate_up_kernel(
     g = tl.zeros((32,), dtype=tl.float32)
     u = tl.zeros((32,), dtype=tl.float32)
     for sb in range(0, hidden_dim // 256):
-        w_lo, w_hi, d_lo, d_hi, s_lo, s_hi = x_quantized(x_row, sb, Q4K, ASM)
-        g += wdot(w8_ptr, wx_ptr, gate, sb, w_lo, w_hi, d_lo, d_hi, s_lo, s_hi, mask_n, Q4K, ASM)
-        u += wdot(w8_ptr, wx_ptr, up, sb, w_lo, w_hi, d_lo, d_hi, s_lo, s_hi, mask_n, Q4K, ASM)
+        w_lo, w_hi, d_lo, d_hi, s_lo, s_hi = x_quantized(x_row, sb, WTYPE == Q4_K, ASM)
+        g += wdot(w8_ptr, wx_ptr, gate, sb, w_lo, w_hi, d_lo, d_hi, s_lo, s_hi, mask_n, WTYPE,
+                  ASM)  # fmt: skip
+        u += wdot(w8_ptr, wx_ptr, up, sb, w_lo, w_hi, d_lo, d_hi, s_lo, s_hi, mask_n, WTYPE,
+                  ASM)  # fmt: skip
     h = _silu_mul(g, u, tl.float32)
     words, d, s = quantize_blocks(tl.reshape(h, (1, 32)), ASM)
     tl.store(iw_ptr + pair * stride_iw + blk * 8 + tl.arange(0, 8), tl.reshape(words, (8,)))
@@ -249,7 +306,7 @@ def q8x_moe_down_kernel(
     iw_ptr, id_ptr, is_ptr, ids_ptr, w8_ptr, wx_ptr, y_ptr, weights_ptr, out_ptr, count_ptr,
     hidden_dim, inter_dim,
     stride_iw, stride_id, stride_we, stride_wn, stride_yt, stride_ot,
-    BLOCK_N: tl.constexpr, TOP_K: tl.constexpr, COMBINE: tl.constexpr, Q4K: tl.constexpr,
+    BLOCK_N: tl.constexpr, TOP_K: tl.constexpr, COMBINE: tl.constexpr, WTYPE: tl.constexpr,
     ASM: tl.constexpr,
 ):  # fmt: skip
     """grid (T*k, cdiv(H, BLOCK_N)): y[pair, n] = inter[pair]·W2[e, n] on the inter the
@@ -264,8 +321,8 @@ def q8x_moe_down_kernel(
     iw, idd, iss = iw_ptr + pair * stride_iw, id_ptr + pair * stride_id, is_ptr + pair * stride_id
     acc = tl.zeros((BLOCK_N,), dtype=tl.float32)
     for sb in range(0, inter_dim // 256):
-        w_lo, w_hi, d_lo, d_hi, s_lo, s_hi = x_loaded(iw, idd, iss, sb, Q4K)
-        acc += wdot(w8_ptr, wx_ptr, rows, sb, w_lo, w_hi, d_lo, d_hi, s_lo, s_hi, mask_n, Q4K,
+        w_lo, w_hi, d_lo, d_hi, s_lo, s_hi = x_loaded(iw, idd, iss, sb, WTYPE == Q4_K)
+        acc += wdot(w8_ptr, wx_ptr, rows, sb, w_lo, w_hi, d_lo, d_hi, s_lo, s_hi, mask_n, WTYPE,
                     ASM)  # fmt: skip
     y = acc.to(y_ptr.dtype.element_ty)
     tl.store(y_ptr + pair * stride_yt + offs_n, y, mask=mask_n)
@@ -281,10 +338,10 @@ def q8x_linear_kernel(
     x_ptr, w8_ptr, wx_ptr, bias_ptr, out_ptr, final_ptr, count_ptr,
     M, N, K, k_per_split,
     stride_xm, stride_wn, stride_os, stride_om, stride_fm,
-    HAS_BIAS: tl.constexpr, BLOCK_N: tl.constexpr, REDUCE: tl.constexpr, Q4K: tl.constexpr,
+    HAS_BIAS: tl.constexpr, BLOCK_N: tl.constexpr, REDUCE: tl.constexpr, WTYPE: tl.constexpr,
     ASM: tl.constexpr,
 ):  # fmt: skip
-    """grid (M, cdiv(N, BLOCK_N), splits): a decode linear of Q4_K or Q8_0 rows on
+    """grid (M, cdiv(N, BLOCK_N), splits): a decode linear of Q4_K, Q8_0 or Q6_K rows on
     one x row a program, quantized in the loop, over its split's super-blocks
     [split * k_per_split, +k_per_split) / 256, stored as the other decode linears
     (`store_split_tile`: the split's partial, or the tile's last split adds them in split
@@ -300,8 +357,8 @@ def q8x_linear_kernel(
     sb_end = tl.minimum(sb_start + k_per_split // 256, K // 256)
     acc = tl.zeros((BLOCK_N,), dtype=tl.float32)
     for sb in range(sb_start, sb_end):
-        w_lo, w_hi, d_lo, d_hi, s_lo, s_hi = x_quantized(x_row, sb, Q4K, ASM)
-        acc += wdot(w8_ptr, wx_ptr, rows, sb, w_lo, w_hi, d_lo, d_hi, s_lo, s_hi, mask_n, Q4K,
+        w_lo, w_hi, d_lo, d_hi, s_lo, s_hi = x_quantized(x_row, sb, WTYPE == Q4_K, ASM)
+        acc += wdot(w8_ptr, wx_ptr, rows, sb, w_lo, w_hi, d_lo, d_hi, s_lo, s_hi, mask_n, WTYPE,
                     ASM)  # fmt: skip
     offs_m = m + tl.arange(0, 1)
     store_split_tile(
