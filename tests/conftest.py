@@ -7,6 +7,17 @@ import os
 
 import pytest
 import torch
+from interpreter_child import start_children, stop_children
+
+
+def pytest_collection_finish(session):
+    """The interpreter children start now, beside the rest of the run (interpreter_child.py)."""
+    if not session.config.option.collectonly:
+        start_children(session.items)
+
+
+def pytest_sessionfinish(session, exitstatus):
+    stop_children()
 
 
 def pytest_collection_modifyitems(config, items):
