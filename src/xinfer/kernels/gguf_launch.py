@@ -44,9 +44,9 @@ DECODE_M = gemv_launch.DECODE_ROWS  # linears with at most this many rows: one 1
 _DTYPES = (torch.bfloat16, torch.float16, torch.float32)
 DEQUANT_BLOCK_N, DEQUANT_SUBS = 32, 8  # dequant tiles: elementwise, the bits do not depend on them
 PREFILL_MIN_PAIRS = 4096  # expert calls from this many (token, k) pairs dequantize (above)
-# decode GEMVs of Q4_K weights on int8 activations (`gguf_q8x_launch`: dp4a, several times
-# fewer instructions a weight by the sm_90 SASS), experts and linears; off until the H200 has
-# timed them (bench/NOTES.md)
+# decode GEMVs of Q4_K, Q8_0 and Q6_K weights on int8 activations (`gguf_q8x_launch`: dp4a,
+# 2-4x fewer instructions a weight by the sm_90 SASS), experts and linears; chosen by shapes
+# and types only, like the tiles; off until the H200 has timed them (bench/NOTES.md)
 Q8X_MOE = False
 Q8X_LINEAR = False
 
