@@ -87,6 +87,7 @@ class KernelSass:
     total: int
     loop: int  # instructions in the main loop's body (0: no loop)
     loop_kinds: dict[str, int] = field(default_factory=dict)
+    loop_ops: dict[str, int] = field(default_factory=dict)  # by opcode
 
 
 def _classify(op: str) -> str:
@@ -161,7 +162,8 @@ def compile_to_sass(launch: Callable[[], object], sass_dir: Path | None = None) 
         regs, local = _resources(cubin)
         kinds = collections.Counter(_classify(op) for op in loop)
         found.append(KernelSass(name, options.num_warps, regs, local, md.get("shared") or 0,
-                                total, len(loop), dict(kinds)))  # fmt: skip
+                                total, len(loop), dict(kinds),
+                                dict(collections.Counter(loop))))  # fmt: skip
         return md.get("shared")
 
     saved = tc._compile

@@ -64,3 +64,14 @@ def test_decode_gemv_loops_stay_in_registers(sass_report, case) -> None:
         assert k.loop > 0 and k.spill_bytes == 0, k
         assert k.loop_kinds.get("barrier", 0) == 0, k
         assert k.loop_kinds.get("shared ld/st", 0) == 0, k
+
+
+@pytest.mark.parametrize("case", ["gguf-q4_k-q8x", "linear-gguf-q8_0-q8x"])
+def test_q8x_loops_multiply_with_dp4a(sass_report, case) -> None:
+    """The GEMVs on int8 activations: the inline `dp4a` lowers to IDP in the loop (two a
+    code word: Q4_K's low and high nibbles; one a Q8_0 word), without spills."""
+    report = sass_report.compile_to_sass(sass_report.CASES[case]().launch)
+    assert report and all(k.name.startswith("q8x_") for k in report)
+    for k in report:
+        assert k.loop > 0 and k.spill_bytes == 0, k
+        assert k.loop_ops.get("IDP", 0) >= 8, k
