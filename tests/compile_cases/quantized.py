@@ -228,6 +228,15 @@ def _gguf_cases() -> None:
     for name in ("Q4_K", "Q8_0", "Q6_K"):
         add(f"gguf-{name}-linear-bf16-m3-q8x", "q8x_linear_kernel", _gguf_q8x_linear, name, BF16,
             3)  # fmt: skip
+    add(
+        "gguf-Q8_0-linear-bf16-m2-q8x-k352",
+        "q8x_linear_kernel",
+        _gguf_q8x_linear,
+        "Q8_0",
+        BF16,
+        2,
+        k=352,
+    )  # fmt: skip  (a row ending inside a step of 256)
     add("gguf-Q4_K-linear-fp16-m16-q8x-reduce-apart",
         "q8x_linear_kernel gemv_split_reduce_kernel", reduced_apart(_gguf_q8x_linear), "Q4_K",
         F16, 16)  # fmt: skip
@@ -236,11 +245,11 @@ def _gguf_cases() -> None:
 G_Q8X = "q8x_moe_gate_up_kernel q8x_moe_down_kernel"
 
 
-def _gguf_q8x_linear(name: str, dtype, m: int) -> None:
+def _gguf_q8x_linear(name: str, dtype, m: int, k: int = 1024) -> None:
     from xinfer.kernels import gguf_q8x_launch
     from xinfer.quant.gguf_blocks import BLOCK_TYPES
 
-    n, k = 96, 1024  # 4 steps of 256: K split in two
+    n = 96  # K = 1024: 4 steps of 256, split in two
     x, b = _randn(m, k, dtype=dtype), _randn(n, dtype=dtype)
     gguf_q8x_launch.linear(x, _gguf_rows(name, n, k), BLOCK_TYPES[name], b, n)
 

@@ -61,14 +61,17 @@ def test_quantize_equals_the_twin(dtype):
         assert torch.equal(a.cpu(), b)
 
 
-@pytest.mark.parametrize("t13,t2", [("Q4_K", "Q4_K"), ("Q8_0", "Q8_0"), ("Q4_K", "Q6_K")])
-def test_moe_equals_the_twin_keeps_bits_and_replays(t13, t2):
+@pytest.mark.parametrize(
+    "t13,t2,inter",
+    [("Q4_K", "Q4_K", 768), ("Q8_0", "Q8_0", 768), ("Q4_K", "Q6_K", 768), ("Q8_0", "Q8_0", 1408)],
+)  # the last: Qwen1.5's intermediate size (ISQ's Q8_0 fallback), ending inside a step
+def test_moe_equals_the_twin_keeps_bits_and_replays(t13, t2, inter):
     from xinfer.kernels import gguf_q8x_launch as ql
     from xinfer.kernels import gguf_q8x_reference as ref
     from xinfer.kernels import reference
     from xinfer.quant.gguf_blocks import BLOCK_TYPES
 
-    hidden_dim, inter, experts, tokens = 2048, 768, 8, 4
+    hidden_dim, experts, tokens = 2048, 8, 4
     w13 = _experts(2 * inter, hidden_dim, 1, experts, t13)
     w2 = _experts(hidden_dim, inter, 2, experts, t2)
     b13, b2 = BLOCK_TYPES[t13], BLOCK_TYPES[t2]

@@ -177,7 +177,7 @@ def test_supports_only_whole_steps_of_q4_k_q8_0_and_q6_k():
     assert ql.supports(q4k, q4k, w13, w2, 256)
     assert not ql.supports(q4k, _bt("Q5_K"), w13, w2, 256)  # not read here
     assert ql.supports(q4k, q6k, w13, torch.zeros(2, 256, 210, dtype=torch.uint8), 256)
-    assert not ql.supports(q4k, q4k, w13, w2, 160)  # Qwen1.5's 1408 is not a multiple of 256
+    assert not ql.supports(q4k, q4k, w13, w2, 160)  # Q4_K rows are whole 256-steps
     w8 = torch.zeros(2, 512, 272, dtype=torch.uint8)  # Q8_0: 34-byte blocks, 2-byte aligned
     assert ql.supports(q8, q4k, w8, w2, 256)
     assert not ql.supports(q8, q4k, w8[:, :, 1:], w2, 256)  # odd row starts
@@ -240,3 +240,23 @@ def test_gguf_launch_linear_takes_it_when_switched_on_for_decode_only(ql, monkey
     assert calls == [1] and torch.equal(out, linear(x, w, q4k, None, n))
     gguf_launch.linear(x, w, q4k, None, n, k, dequant=True)  # prefill: the float route
     assert calls == [1]
+
+
+@child_only
+def test_q8_0_rows_ending_inside_a_step(ql):
+    """Q8_0 rows of any multiple of 32 (ISQ's fallback for rows not a multiple of 256, e.g.
+    Qwen1.5's 1408): hidden 288 and intermediate 96 in the MoE, K = 352 in the linear; the
+    blocks past the row read as zeros."""
+    from xinfer.kernels import gguf_q8x_reference as ref
+
+    q8 = _bt("Q8_0")
+    hidden, ids, weights, w13, w2, inter = _case("Q8_0", "Q8_0", 13, 1, hidden_dim=288, inter=96)
+    assert ql.supports(q8, q8, w13, w2, inter)
+    out = ql.fused_moe(hidden, ids, weights, w13, q8, w2, q8, inter)
+    want = ref.moe(hidden, ids, weights, w13, "Q8_0", w2, "Q8_0", inter)
+    torch.testing.assert_close(out / want.abs().max(), want / want.abs().max(), rtol=0, atol=1e-5)
+    n, k = 24, 352
+    w = _experts("Q8_0", n, k, seed=14, experts=1)[0]
+    x = torch.randn(3, k, generator=torch.Generator().manual_seed(15))
+    got, want = ql.linear(x, w, q8, None, n), ref.linear(x, w, "Q8_0", None)
+    torch.testing.assert_close(got / want.abs().max(), want / want.abs().max(), rtol=0, atol=1e-5)

@@ -38,9 +38,9 @@ _TYPES = ("Q4_K", "Q8_0", "Q6_K")  # Q4_K rows read as 4-byte words, the others 
 
 def _readable(btype: BlockType, w: torch.Tensor, k: int) -> bool:
     """Raw rows (..., row bytes) of `btype` over K columns this module reads: Q4_K, Q8_0 or
-    Q6_K, whole steps of 256 columns, rows aligned to the element they are read by."""
-    if btype.name not in _TYPES or k % 256:
-        return False
+    Q6_K (K a multiple of 256; 32 for Q8_0), rows aligned to the element they are read by."""
+    if btype.name not in _TYPES or k % (32 if btype.name == "Q8_0" else 256):
+        return False  # Q8_0 rows may end inside a step of 256 (Qwen1.5's 1408 under ISQ)
     size = 4 if btype.name == "Q4_K" else 2
     strides = w.stride()
     return (
@@ -52,7 +52,7 @@ def supports(
     btype13: BlockType, btype2: BlockType, w13: torch.Tensor, w2: torch.Tensor, inter: int
 ) -> bool:
     """Whether these experts run here: gate/up and down each Q4_K, Q8_0 or Q6_K (a Q4_K_M
-    file's mix), hidden and intermediate sizes multiples of 256."""
+    file's mix), hidden and intermediate sizes whole rows of their types."""
     return _readable(btype13, w13, w2.shape[1]) and _readable(btype2, w2, inter)
 
 

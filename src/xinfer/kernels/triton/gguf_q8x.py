@@ -110,19 +110,27 @@ def _x_layout(sb, Q4K: tl.constexpr):
 
 
 @triton.jit
-def x_quantized(x_row_ptr, sb, Q4K: tl.constexpr, ASM: tl.constexpr):
-    """Super-step `sb` (256 values) of one activation row (float), quantized here
-    (`quantize_blocks`): (words (4, 8) lo, words hi, d lo (4,), d hi, d·Σq lo, d·Σq hi)."""
+def x_quantized(x_row_ptr, sb, K, Q4K: tl.constexpr, ASM: tl.constexpr):
+    """Super-step `sb` (256 values) of one activation row (float) of K, quantized here
+    (`quantize_blocks`): (words (4, 8) lo, words hi, d lo (4,), d hi, d·Σq lo, d·Σq hi).
+    Q4_K rows are whole steps; Q8_0's may end inside one (K a multiple of 32): the blocks
+    past K are zeros (d = 0)."""
     ks, hi = _x_layout(sb, Q4K)
-    w_lo, d_lo, s_lo = quantize_blocks(tl.load(x_row_ptr + ks).to(tl.float32), ASM)
-    w_hi, d_hi, s_hi = quantize_blocks(tl.load(x_row_ptr + ks + hi).to(tl.float32), ASM)
+    if Q4K:
+        x_lo = tl.load(x_row_ptr + ks)
+        x_hi = tl.load(x_row_ptr + ks + hi)
+    else:
+        x_lo = tl.load(x_row_ptr + ks, mask=ks < K, other=0.0)
+        x_hi = tl.load(x_row_ptr + ks + hi, mask=ks + hi < K, other=0.0)
+    w_lo, d_lo, s_lo = quantize_blocks(x_lo.to(tl.float32), ASM)
+    w_hi, d_hi, s_hi = quantize_blocks(x_hi.to(tl.float32), ASM)
     return w_lo, w_hi, d_lo, d_hi, s_lo, s_hi
 
 
 @triton.jit
-def x_loaded(xw_ptr, xd_ptr, xs_ptr, sb, Q4K: tl.constexpr):
-    """`x_quantized`'s values read from a row quantized before (words of block b at
-    [8 b, 8 b + 8), its d and d·Σq at [b])."""
+def x_loaded(xw_ptr, xd_ptr, xs_ptr, sb, nblk, Q4K: tl.constexpr):
+    """`x_quantized`'s values read from a row of `nblk` blocks quantized before (words of
+    block b at [8 b, 8 b + 8), its d and d·Σq at [b]); zeros past the row."""
     j = tl.arange(0, 4)
     if Q4K:
         b = sb * 8 + j * 2
@@ -130,10 +138,14 @@ def x_loaded(xw_ptr, xd_ptr, xs_ptr, sb, Q4K: tl.constexpr):
     else:
         b = sb * 8 + j
         step = 4
+    b2 = b + step
     xo = (b * 8)[:, None] + tl.arange(0, 8)[None, :]
+    m, m2 = b < nblk, b2 < nblk
     return (
-        tl.load(xw_ptr + xo), tl.load(xw_ptr + xo + step * 8), tl.load(xd_ptr + b),
-        tl.load(xd_ptr + b + step), tl.load(xs_ptr + b), tl.load(xs_ptr + b + step),
+        tl.load(xw_ptr + xo, mask=m[:, None], other=0),
+        tl.load(xw_ptr + xo + step * 8, mask=m2[:, None], other=0),
+        tl.load(xd_ptr + b, mask=m, other=0.0), tl.load(xd_ptr + b2, mask=m2, other=0.0),
+        tl.load(xs_ptr + b, mask=m, other=0.0), tl.load(xs_ptr + b2, mask=m2, other=0.0),
     )  # fmt: skip
 
 
@@ -189,19 +201,21 @@ def _q8_0_words(w16_ptr, blk, mask3):
 
 @triton.jit
 def q8_0_dot(
-    w16_ptr, row_half, sb, xw_lo, xw_hi, dx_lo, dx_hi, mask_n, ASM: tl.constexpr,
+    w16_ptr, row_half, sb, xw_lo, xw_hi, dx_lo, dx_hi, mask_n, nblk, ASM: tl.constexpr,
 ):  # fmt: skip
-    """(BLOCK_N,) float32: blocks 8 sb .. 8 sb + 7 (256 weights) of the Q8_0 rows starting at
-    16-bit offsets `row_half` ({f16 d; i8 q[32]}: 17 halves a block; weight d·q) against one
-    quantized activation super-step: Σ_b d[b]·dx[b]·Σ q·xq."""
-    blk_lo = row_half[:, None] + (sb * 8 + tl.arange(0, 4))[None, :] * 17
+    """(BLOCK_N,) float32: blocks 8 sb .. 8 sb + 7 (256 weights; those from `nblk`, the row's
+    block count, read as zeros) of the Q8_0 rows starting at 16-bit offsets `row_half`
+    ({f16 d; i8 q[32]}: 17 halves a block; weight d·q) against one quantized activation
+    super-step: Σ_b d[b]·dx[b]·Σ q·xq."""
+    b = sb * 8 + tl.arange(0, 4)
+    blk_lo = row_half[:, None] + b[None, :] * 17
     blk_hi = blk_lo + 4 * 17
-    m2 = mask_n[:, None]
-    m3 = m2[:, :, None]
-    i_lo = tl.sum(dp4a(_q8_0_words(w16_ptr, blk_lo, m3), xw_lo[None], ASM), axis=2)
-    i_hi = tl.sum(dp4a(_q8_0_words(w16_ptr, blk_hi, m3), xw_hi[None], ASM), axis=2)
-    d_lo = _f16_bits(tl.load(w16_ptr + blk_lo, mask=m2, other=0).to(tl.int32) & 0xFFFF)
-    d_hi = _f16_bits(tl.load(w16_ptr + blk_hi, mask=m2, other=0).to(tl.int32) & 0xFFFF)
+    m_lo = mask_n[:, None] & (b < nblk)[None, :]
+    m_hi = mask_n[:, None] & (b + 4 < nblk)[None, :]
+    i_lo = tl.sum(dp4a(_q8_0_words(w16_ptr, blk_lo, m_lo[:, :, None]), xw_lo[None], ASM), axis=2)
+    i_hi = tl.sum(dp4a(_q8_0_words(w16_ptr, blk_hi, m_hi[:, :, None]), xw_hi[None], ASM), axis=2)
+    d_lo = _f16_bits(tl.load(w16_ptr + blk_lo, mask=m_lo, other=0).to(tl.int32) & 0xFFFF)
+    d_hi = _f16_bits(tl.load(w16_ptr + blk_hi, mask=m_hi, other=0).to(tl.int32) & 0xFFFF)
     part = d_lo * (dx_lo[None, :] * i_lo.to(tl.float32)) + d_hi * (
         dx_hi[None, :] * i_hi.to(tl.float32)
     )
@@ -253,18 +267,18 @@ def q6_k_dot(
 
 @triton.jit
 def wdot(
-    w8_ptr, wx_ptr, row, sb, xw_lo, xw_hi, dx_lo, dx_hi, sx_lo, sx_hi, mask_n,
+    w8_ptr, wx_ptr, row, sb, xw_lo, xw_hi, dx_lo, dx_hi, sx_lo, sx_hi, mask_n, nblk,
     WTYPE: tl.constexpr, ASM: tl.constexpr,
 ):  # fmt: skip
     """One step of 256 weights of rows of Q4_K (`wx` int32 words), Q8_0 or Q6_K (`wx` int16
-    halves)."""
+    halves); `nblk`: the rows' blocks of 32 (Q8_0 rows may end inside a step)."""
     if WTYPE == Q4_K:
         return q4k_dot(w8_ptr, wx_ptr, row, sb, xw_lo, xw_hi, dx_lo, dx_hi, sx_lo, sx_hi,
                        mask_n, ASM)  # fmt: skip
     elif WTYPE == Q6_K:
         return q6_k_dot(wx_ptr, row, sb, xw_lo, xw_hi, dx_lo, dx_hi, mask_n, ASM)
     else:
-        return q8_0_dot(wx_ptr, row, sb, xw_lo, xw_hi, dx_lo, dx_hi, mask_n, ASM)
+        return q8_0_dot(wx_ptr, row, sb, xw_lo, xw_hi, dx_lo, dx_hi, mask_n, nblk, ASM)
 
 
 @triton.jit
@@ -288,12 +302,13 @@ def q8x_moe_gate_up_kernel(
     x_row = x_ptr + (pair // TOP_K) * stride_xt
     g = tl.zeros((32,), dtype=tl.float32)
     u = tl.zeros((32,), dtype=tl.float32)
-    for sb in range(0, hidden_dim // 256):
-        w_lo, w_hi, d_lo, d_hi, s_lo, s_hi = x_quantized(x_row, sb, WTYPE == Q4_K, ASM)
-        g += wdot(w8_ptr, wx_ptr, gate, sb, w_lo, w_hi, d_lo, d_hi, s_lo, s_hi, mask_n, WTYPE,
-                  ASM)  # fmt: skip
-        u += wdot(w8_ptr, wx_ptr, up, sb, w_lo, w_hi, d_lo, d_hi, s_lo, s_hi, mask_n, WTYPE,
-                  ASM)  # fmt: skip
+    nblk = hidden_dim // 32
+    for sb in range(0, tl.cdiv(hidden_dim, 256)):
+        w_lo, w_hi, d_lo, d_hi, s_lo, s_hi = x_quantized(x_row, sb, hidden_dim, WTYPE == Q4_K, ASM)
+        g += wdot(w8_ptr, wx_ptr, gate, sb, w_lo, w_hi, d_lo, d_hi, s_lo, s_hi, mask_n, nblk,
+                  WTYPE, ASM)  # fmt: skip
+        u += wdot(w8_ptr, wx_ptr, up, sb, w_lo, w_hi, d_lo, d_hi, s_lo, s_hi, mask_n, nblk,
+                  WTYPE, ASM)  # fmt: skip
     h = _silu_mul(g, u, tl.float32)
     words, d, s = quantize_blocks(tl.reshape(h, (1, 32)), ASM)
     tl.store(iw_ptr + pair * stride_iw + blk * 8 + tl.arange(0, 8), tl.reshape(words, (8,)))
@@ -320,10 +335,11 @@ def q8x_moe_down_kernel(
     rows = e * stride_we + offs_n.to(tl.int64) * stride_wn
     iw, idd, iss = iw_ptr + pair * stride_iw, id_ptr + pair * stride_id, is_ptr + pair * stride_id
     acc = tl.zeros((BLOCK_N,), dtype=tl.float32)
-    for sb in range(0, inter_dim // 256):
-        w_lo, w_hi, d_lo, d_hi, s_lo, s_hi = x_loaded(iw, idd, iss, sb, WTYPE == Q4_K)
-        acc += wdot(w8_ptr, wx_ptr, rows, sb, w_lo, w_hi, d_lo, d_hi, s_lo, s_hi, mask_n, WTYPE,
-                    ASM)  # fmt: skip
+    nblk = inter_dim // 32
+    for sb in range(0, tl.cdiv(inter_dim, 256)):
+        w_lo, w_hi, d_lo, d_hi, s_lo, s_hi = x_loaded(iw, idd, iss, sb, nblk, WTYPE == Q4_K)
+        acc += wdot(w8_ptr, wx_ptr, rows, sb, w_lo, w_hi, d_lo, d_hi, s_lo, s_hi, mask_n, nblk,
+                    WTYPE, ASM)  # fmt: skip
     y = acc.to(y_ptr.dtype.element_ty)
     tl.store(y_ptr + pair * stride_yt + offs_n, y, mask=mask_n)
     if COMBINE:
@@ -354,12 +370,12 @@ def q8x_linear_kernel(
     rows = offs_n.to(tl.int64) * stride_wn
     x_row = x_ptr + m.to(tl.int64) * stride_xm
     sb_start = split * (k_per_split // 256)
-    sb_end = tl.minimum(sb_start + k_per_split // 256, K // 256)
+    sb_end = tl.minimum(sb_start + k_per_split // 256, tl.cdiv(K, 256))
     acc = tl.zeros((BLOCK_N,), dtype=tl.float32)
     for sb in range(sb_start, sb_end):
-        w_lo, w_hi, d_lo, d_hi, s_lo, s_hi = x_quantized(x_row, sb, WTYPE == Q4_K, ASM)
-        acc += wdot(w8_ptr, wx_ptr, rows, sb, w_lo, w_hi, d_lo, d_hi, s_lo, s_hi, mask_n, WTYPE,
-                    ASM)  # fmt: skip
+        w_lo, w_hi, d_lo, d_hi, s_lo, s_hi = x_quantized(x_row, sb, K, WTYPE == Q4_K, ASM)
+        acc += wdot(w8_ptr, wx_ptr, rows, sb, w_lo, w_hi, d_lo, d_hi, s_lo, s_hi, mask_n, K // 32,
+                    WTYPE, ASM)  # fmt: skip
     offs_m = m + tl.arange(0, 1)
     store_split_tile(
         acc[None, :], out_ptr, bias_ptr, final_ptr, count_ptr, m * tl.num_programs(1) + pid_n,
