@@ -228,15 +228,9 @@ def _gguf_cases() -> None:
     for name in ("Q4_K", "Q8_0", "Q6_K"):
         add(f"gguf-{name}-linear-bf16-m3-q8x", "q8x_linear_kernel", _gguf_q8x_linear, name, BF16,
             3)  # fmt: skip
-    add(
-        "gguf-Q8_0-linear-bf16-m2-q8x-k352",
-        "q8x_linear_kernel",
-        _gguf_q8x_linear,
-        "Q8_0",
-        BF16,
-        2,
-        k=352,
-    )  # fmt: skip  (a row ending inside a step of 256)
+    # a Q8_0 row ending inside a step of 256
+    add("gguf-Q8_0-linear-bf16-m2-q8x-k352", "q8x_linear_kernel", _gguf_q8x_linear, "Q8_0", BF16,
+        2, k=352)  # fmt: skip
     add("gguf-Q4_K-linear-fp16-m16-q8x-reduce-apart",
         "q8x_linear_kernel gemv_split_reduce_kernel", reduced_apart(_gguf_q8x_linear), "Q4_K",
         F16, 16)  # fmt: skip
