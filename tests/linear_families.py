@@ -61,7 +61,7 @@ def _gguf(name: str, block_m: int = 16):
         from xinfer.quant.gguf_blocks import BLOCK_TYPES
 
         bt = BLOCK_TYPES[name]
-        n = 2048 if large else 19
+        n = 512 if large else 19  # large: the default decode tiles (4 rows) still split K
         k = 4096 if large else bt.block_size * (3 if name.endswith("_K") else 13)
         raw = torch.from_numpy(gf.random_blocks(name, n, k, np.random.default_rng(seed)))
         dtype = torch.bfloat16 if device != "cpu" else torch.float32

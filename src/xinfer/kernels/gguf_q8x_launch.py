@@ -25,6 +25,7 @@ from xinfer.quant.gguf_blocks import BlockType
 GATE_UP_BLOCK_N = 32  # gate (and up) rows a gate/up program: one block of 32 to quantize
 DOWN_BLOCK_N = 32  # rows of W2 a program of the down GEMV
 LINEAR_BLOCK_N = 32  # rows of W a program of the linear
+NUM_WARPS = 4  # of every q8x program (benchmarks sweep these constants)
 
 
 def _asm() -> bool:
@@ -96,7 +97,7 @@ def fused_moe(
     jit.q8x_moe_gate_up_kernel[(num_pairs, inter // 32)](
         hidden, topk_ids, w13, w13x, iw, idd, iss, hidden_dim, inter,
         hidden.stride(0), swe13, swn13, iw.stride(0), idd.stride(0),
-        TOP_K=top_k, WTYPE=type13, ASM=asm, num_warps=4,
+        TOP_K=top_k, WTYPE=type13, ASM=asm, num_warps=NUM_WARPS,
     )  # fmt: skip
     y = hidden.new_empty(num_pairs, hidden_dim)  # (T*k, H) unweighted expert outputs
     counters, fused = moe_launch.combine_tail(out, DOWN_BLOCK_N)
@@ -104,7 +105,8 @@ def fused_moe(
     jit.q8x_moe_down_kernel[(num_pairs, triton.cdiv(hidden_dim, DOWN_BLOCK_N))](
         iw, idd, iss, topk_ids, w2, w2x, y, topk_weights, out, counters, hidden_dim, inter,
         iw.stride(0), idd.stride(0), swe2, swn2, y.stride(0), out.stride(0),
-        BLOCK_N=DOWN_BLOCK_N, TOP_K=top_k, COMBINE=fused, WTYPE=type2, ASM=asm, num_warps=4,
+        BLOCK_N=DOWN_BLOCK_N, TOP_K=top_k, COMBINE=fused, WTYPE=type2, ASM=asm,
+        num_warps=NUM_WARPS,
     )  # fmt: skip
     if not fused:
         moe_launch._combine(y, topk_weights, out, top_k)
@@ -130,7 +132,7 @@ def linear(
         x2, w, wx, sk.bias(bias, x2), sk.part, out, sk.counters, m, n, k, k_per_split,
         x2.stride(0), swn, *sk.part_strides, out.stride(0),
         HAS_BIAS=sk.fuse_bias, BLOCK_N=LINEAR_BLOCK_N, REDUCE=sk.reduce, WTYPE=wtype, ASM=_asm(),
-        num_warps=4,
+        num_warps=NUM_WARPS,
     )  # fmt: skip
     sk.finish(bias, out)
     return out
