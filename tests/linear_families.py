@@ -3,7 +3,8 @@ quantized formats (block FP8, GPTQ int4) and two GGUF types, in the GEMV form an
 dot tile — as zero-argument closures, for
 the tests that compare the fused split reduce with the reduce kernel bit for bit
 (`test_split_reduce_*`). Each `make(rows, bias, seed, device, large)` builds fresh random
-weights whose K splits at `rows` rows; `large` gives the Qwen3-30B-A3B o_proj (2048 x 4096),
+weights whose K splits at `rows` rows; `large` gives the Qwen3-30B-A3B o_proj (2048 x 4096;
+GGUF 512 x 4096, which still splits K under the four-row decode tiles),
 else small sizes off the tile multiples."""
 
 from __future__ import annotations

@@ -212,7 +212,8 @@ def test_linear_splits_k_equals_the_twin_and_keeps_row_bits(ql, name):
     w = _experts(name, n, k, seed=9, experts=1)[0]
     bt = _bt(name)
     assert ql.supports_linear(bt, w, k)
-    assert gemv_launch.decode_split(5, 2, k, 256)[1] > 1  # K is split
+    n_tiles = -(-n // ql.LINEAR_BLOCK_N)
+    assert gemv_launch.decode_split(5, n_tiles, k, 256)[1] > 1  # K is split
     g = torch.Generator().manual_seed(10)
     x = torch.randn(5, k, generator=g) * 0.1
     bias = torch.randn(n, generator=g)

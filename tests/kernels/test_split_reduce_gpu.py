@@ -26,7 +26,7 @@ def run(monkeypatch):
 @pytest.mark.parametrize("rows,bias", [(1, False), (16, True)])
 def test_fused_split_reduce_has_the_reduce_kernels_bits(run, family, rows, bias) -> None:
     call = LINEARS[family](rows, bias, seed=rows, device="cuda", large=True)
-    assert_launches_repeat(run, call)  # the o_proj shape splits K at decode sizes
+    assert_launches_repeat(run, call)  # the large shapes split K at decode sizes
 
 
 @pytest.mark.parametrize("family", ["float", "fp8", "gguf-q4_k"])

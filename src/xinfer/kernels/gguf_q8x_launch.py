@@ -22,10 +22,14 @@ from xinfer.kernels import gemv_launch, moe_launch
 from xinfer.kernels.triton import gguf_q8x as jit
 from xinfer.quant.gguf_blocks import BlockType
 
-GATE_UP_BLOCK_N = 32  # gate (and up) rows a gate/up program: one block of 32 to quantize
+GATE_UP_BLOCK_N = 32  # gate (and up) rows a gate/up program: fixed, one block of 32 of h to
+# quantize for down (the kernel's tile)
 DOWN_BLOCK_N = 32  # rows of W2 a program of the down GEMV
 LINEAR_BLOCK_N = 32  # rows of W a program of the linear
-NUM_WARPS = 4  # of every q8x program (benchmarks sweep these constants)
+NUM_WARPS = 4  # of every q8x program
+# bench/sweep_q8x.py on an H100 (2026-12-05): MoE best at 2 warps, 16 down rows (34.3 µs, float
+# GEMV 31.9); qkv linear best at 1 warp, 8 rows (9.2 µs, float one-row 11.2). Not adopted:
+# the switches are off, and smaller tiles mean more interpreter programs in CI.
 
 
 def _asm() -> bool:
@@ -94,7 +98,7 @@ def fused_moe(
     idd = torch.empty(num_pairs, inter // 32, dtype=torch.float32, device=hidden.device)
     iss = torch.empty_like(idd)
     w13x, swe13, swn13, type13 = _rows(w13, btype13)
-    jit.q8x_moe_gate_up_kernel[(num_pairs, inter // 32)](
+    jit.q8x_moe_gate_up_kernel[(num_pairs, inter // GATE_UP_BLOCK_N)](
         hidden, topk_ids, w13, w13x, iw, idd, iss, hidden_dim, inter,
         hidden.stride(0), swe13, swn13, iw.stride(0), idd.stride(0),
         TOP_K=top_k, WTYPE=type13, ASM=asm, num_warps=NUM_WARPS,

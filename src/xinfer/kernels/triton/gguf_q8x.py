@@ -29,7 +29,8 @@ from xinfer.kernels.triton.gemv import store_split_tile
 Q8_0 = tl.constexpr(8)  # ggml type ids, as `gguf_dequant`
 Q4_K = tl.constexpr(12)
 Q6_K = tl.constexpr(14)
-ROUND = tl.constexpr(12582912.0)  # 1.5 * 2^23: (v + ROUND) - ROUND rounds |v| < 2^22 to even
+ROUND = tl.constexpr(12582912.0)  # 1.5 * 2^23: v + ROUND holds round-half-even(v) in its low
+# mantissa bits for |v| < 2^22 (bits − 0x4B400000 = the integer)
 
 
 @triton.jit
