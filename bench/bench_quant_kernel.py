@@ -112,6 +112,8 @@ def moe_case(name, fmt, tokens, sweep):
         variants = [dataclasses.replace(base, factored=f) for f in (False, True)]
         if not sweep:  # more columns a step: more bytes in flight a program
             variants += [dataclasses.replace(base, block_k=base.block_k * t) for t in (2, 4)]
+        # the next iterations' loads in flight (software-pipelined GEMV loops)
+        variants += [dataclasses.replace(base, loop_stages=st) for st in (2, 3)]
         for cfg in variants:
             err = (run(tiles=cfg).float() - ref).norm() / ref.norm()
             assert err < 1e-2, f"{name} moe T={tokens} {cfg}: error {err:.2e}"
@@ -162,6 +164,9 @@ def linear_case(name, fmt, n, k, m, sweep):
             ql.QuantTiles(1, 8, 4 * gemv_k, 8),
             ql.QuantTiles(16, 32, gemv_k // 2, 4),  # the dot tile
         ]
+        default = ql.linear_tiles(m, x.dtype, fmt.kernel_weights(t, k), k)
+        # the default tiles with the next iterations' loads in flight (pipelined loops)
+        configs += [dataclasses.replace(default, loop_stages=st) for st in (2, 3)]
         for cfg in configs[1:]:
             err = (run(tiles=cfg).float() - ref).norm() / ref.norm()
             assert err < 1e-2, f"{name} linear {cfg}: relative error {err:.2e}"

@@ -404,13 +404,37 @@ def report(name: str, case: Case, sass_dir: Path | None) -> list[str]:
     return lines
 
 
+def _set_loop_stages(stages: int) -> None:
+    """Every default GEMV tile of the GGUF and quantized launchers with `stages` loop stages."""
+    from dataclasses import replace
+
+    from xinfer.kernels import gguf_launch, quant_launch
+
+    for module in (gguf_launch, quant_launch):
+        for name in ("gemv_tiles", "linear_tiles"):
+            tiles_of = getattr(module, name)
+            setattr(
+                module,
+                name,
+                lambda *a, _f=tiles_of, **kw: replace(_f(*a, **kw), loop_stages=stages),
+            )
+
+
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--cases", default=",".join(CASES))
     ap.add_argument("--sass-dir", type=Path, default=None, help="keep the cubins and SASS here")
+    ap.add_argument(
+        "--loop-stages",
+        type=int,
+        default=None,
+        help="the GGUF and quantized GEMV loops' pipelining stages (default: theirs)",
+    )
     args = ap.parse_args()
     if os.environ.get("TRITON_INTERPRET") == "1":
         raise SystemExit("needs compiled Triton: unset TRITON_INTERPRET")
+    if args.loop_stages is not None:
+        _set_loop_stages(args.loop_stages)
     for name in args.cases.split(","):
         for line in report(name, CASES[name](), args.sass_dir):
             print(line, flush=True)

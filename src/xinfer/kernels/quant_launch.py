@@ -63,6 +63,9 @@ class QuantTiles:
     down_block_n: int = 0  # MoE GEMV: the down projection's rows per program (0: block_n)
     factored: bool | None = None  # MoE GEMV: scale group sums, not weights (None: FACTORED)
     split_programs: int | None = None  # decode linears' split-K target (None: the default)
+    # GEMV loops (MoE GEMV, GEMV-form linears): iterations whose loads are in flight at once
+    # (`tl.range` software pipelining through shared memory); 1: each iteration's at its start
+    loop_stages: int = 1
 
 
 def _decode_block_k(kw: KernelWeights) -> int:
@@ -212,7 +215,8 @@ def _gemv_linear(x2, kw: KernelWeights, bias, out, tiles: QuantTiles) -> None:
     consts = dict(
         **_fmt_kw(kw), PACKED=packed(kw), HAS_BIAS=sk.fuse_bias, BLOCK_N=tiles.block_n,
         BLOCK_K=tiles.block_k, GROUP_T=group_t(kw, tiles.block_k, k), REDUCE=sk.reduce,
-        EVEN=even(n, k, tiles.block_n, tiles.block_k), num_warps=tiles.num_warps,
+        EVEN=even(n, k, tiles.block_n, tiles.block_k), STAGES=tiles.loop_stages,
+        num_warps=tiles.num_warps,
     )  # fmt: skip
     if tiles.block_m == 4:
         if not (factored and rows_tiles_fit(kw, tiles.block_k, k)):
@@ -287,7 +291,8 @@ def fused_moe(
             **_fmt_kw(kw13), PACKED=packed(kw13), TOP_K=top_k, BLOCK_N=t.block_n,
             BLOCK_K=t.block_k, GROUP_T=group_t(kw13, t.block_k, hidden_dim),
             FACTORED=factored, WORDS=words(kw13, t.block_k, hidden_dim),
-            EVEN=even(inter, hidden_dim, t.block_n, t.block_k), num_warps=t.num_warps,
+            EVEN=even(inter, hidden_dim, t.block_n, t.block_k), STAGES=t.loop_stages,
+            num_warps=t.num_warps,
         )  # fmt: skip
         down_n = t.down_block_n or t.block_n
         grid = (num_pairs, triton.cdiv(hidden_dim, down_n))
@@ -299,7 +304,8 @@ def fused_moe(
             **_fmt_kw(kw2), PACKED=packed(kw2), BLOCK_N=down_n,
             BLOCK_K=down_k, GROUP_T=group_t(kw2, down_k, inter), FACTORED=factored,
             TOP_K=top_k, COMBINE=fused, WORDS=words(kw2, down_k, inter),
-            EVEN=even(hidden_dim, inter, down_n, down_k), num_warps=t.num_warps,
+            EVEN=even(hidden_dim, inter, down_n, down_k), STAGES=t.loop_stages,
+            num_warps=t.num_warps,
         )  # fmt: skip
     else:
         fused = False
