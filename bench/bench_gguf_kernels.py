@@ -70,6 +70,8 @@ def bench_type(name: str, sweep: bool) -> list[dict]:
         default = gl.gemv_tiles(x.dtype, bt)
         # the default tiles with the next iterations' loads in flight (pipelined loops)
         configs = [None] + [replace(default, loop_stages=st) for st in (2, 3)]
+        # twice the sub-blocks a step: half the iterations, twice the loads in flight
+        configs += [replace(default, subs=2 * default.subs, loop_stages=st) for st in (1, 2)]
         if sweep:
             configs += [gl.GGUFTiles(1, bn, subs, warps) for bn in (4, 8, 16, 32)
                         for subs in (4, 8) for warps in (2, 4, 8)]  # fmt: skip
@@ -127,23 +129,29 @@ def bench_type(name: str, sweep: bool) -> list[dict]:
             us = _time_us(partial(q8x.linear, x, w, bt, None, n))
             rows.append(dict(kernel=f"linear {label}", type=name, tokens=1, tiles="q8x",
                              us=round(us, 1), GBps=round(w.numel() / us / 1e3, 1)))  # fmt: skip
-        if label != "lm_head":  # a decode batch of 8: the GEMV form decodes per row, the dot
-            x8 = torch.randn(8, k, device="cuda").bfloat16()  # tile once for 16 rows
-            for tiles in (
+        # a decode batch of 8: the GEMV form decodes per row (four rows), the dot tile once
+        # for 16 rows; the LM head's swept dot tile against its one-row and four-row GEMVs
+        x8 = torch.randn(8, k, device="cuda").bfloat16()
+        if label == "lm_head":
+            tiles8 = (gl.GGUFTiles(16, 16, 2, 1), gl.GGUFTiles(1, 4, 8, 2),
+                      gl.GGUFTiles(4, 4, 8, 2), gl.GGUFTiles(4, 4, 8, 2, loop_stages=2))  # fmt: skip
+        else:
+            tiles8 = (
                 gl.GGUFTiles(1, 8, 8, 4),
                 gl.GGUFTiles(4, 4, 8, 2),
                 gl.GGUFTiles(4, 4, 8, 2, loop_stages=2),
                 gl.GGUFTiles(4, 4, 8, 2, loop_stages=3),
                 gl.GGUFTiles(4, 8, 8, 4),
                 gl.GGUFTiles(16, 16, 8, 4),
-            ):
-                us = _time_us(partial(gl.linear, x8, w, bt, None, n, k, tiles))
-                rows.append(dict(kernel=f"linear {label}", type=name, tokens=8,
-                                 tiles=str(tiles), us=round(us, 1)))  # fmt: skip
-            if q8x.supports_linear(bt, w, k):
-                us = _time_us(partial(q8x.linear, x8, w, bt, None, n))
-                rows.append(dict(kernel=f"linear {label}", type=name, tokens=8, tiles="q8x",
-                                 us=round(us, 1)))  # fmt: skip
+            )
+        for tiles in tiles8:
+            us = _time_us(partial(gl.linear, x8, w, bt, None, n, k, tiles))
+            rows.append(dict(kernel=f"linear {label}", type=name, tokens=8,
+                             tiles=str(tiles), us=round(us, 1)))  # fmt: skip
+        if q8x.supports_linear(bt, w, k):
+            us = _time_us(partial(q8x.linear, x8, w, bt, None, n))
+            rows.append(dict(kernel=f"linear {label}", type=name, tokens=8, tiles="q8x",
+                             us=round(us, 1)))  # fmt: skip
     x, ids, weights = _moe_case(2048)
     # the prefill path (dequantize, then the bf16 grouped GEMMs) and the in-register grouped
     # GEMMs at their default tile (and the sweep's)
