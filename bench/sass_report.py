@@ -283,7 +283,9 @@ def _quant_moe(fmt_name: str, tokens: int = 1) -> Case:
     nbytes = sum(per_weight.values())
     return Case(
         lambda: quant_launch.fused_moe(hidden, ids, weights, fmt, w13, w2, INTER, use_gemv=True),
-        {"quant_moe_gate_up_gemv_kernel": 2 * t.block_n * t.block_k,
+        # gate and up are two loops one after the other (`_row_dot` each): an iteration of
+        # the longest reads one tile
+        {"quant_moe_gate_up_gemv_kernel": t.block_n * t.block_k,
          "quant_moe_down_gemv_kernel": (t.down_block_n or t.block_n) * t.block_k},
         {"quant_moe_gate_up_gemv_kernel": pairs * 2 * INTER * HIDDEN,
          "quant_moe_down_gemv_kernel": pairs * HIDDEN * INTER},
