@@ -28,7 +28,7 @@ graph of 128+ sequences; experts keep the in-register kernels up to 4,095 pairs.
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 import torch
 import triton
@@ -49,6 +49,11 @@ PREFILL_MIN_PAIRS = 4096  # expert calls from this many (token, k) pairs dequant
 # and types only, like the tiles; off until the H200 has timed them (bench/NOTES.md)
 Q8X_MOE = False
 Q8X_LINEAR = False
+# The decode GEMVs' (MoE GEMV, GEMV-form linears) loop stages: iterations whose loads are in
+# flight at once (`GGUFTiles.loop_stages`; 1, none). The Q4_K MoE GEMV runs 8 dependent
+# iterations a program in about one wave, ~2.3x its issue floor (bench/NOTES.md); pipelined
+# loops compile without spills. Same bits either way.
+LOOP_STAGES = 1
 
 
 @dataclass(frozen=True)
@@ -82,7 +87,7 @@ def linear_tiles(
     if m <= DECODE_M:  # weight-bound: narrow N tiles give every SM work
         head = _SWEPT_HEAD.get(btype.name) if btype is not None and n >= HEAD_ROWS else None
         if head is None and quant_launch.DECODE_GEMV:  # the GEMV form, four rows a program
-            head = GGUFTiles(block_m=4, block_n=4, subs=8, num_warps=2)
+            head = GGUFTiles(block_m=4, block_n=4, subs=8, num_warps=2, loop_stages=LOOP_STAGES)
         return head or GGUFTiles(block_m=16, block_n=16, subs=8, num_warps=4)
     if dtype == torch.float32:
         return GGUFTiles(block_m=32, block_n=32, subs=2, num_warps=4)
@@ -107,7 +112,8 @@ def gemv_tiles(dtype: torch.dtype, btype: BlockType | None = None) -> GGUFTiles:
     blocks a step, 31.4 / 179.3 against 44.9 / 245.2 for the general tile. The other types
     are not swept."""
     del dtype
-    return _SWEPT_GEMV.get(btype.name if btype else "", GGUFTiles(1, 8, 8, num_warps=4))
+    tiles = _SWEPT_GEMV.get(btype.name if btype else "", GGUFTiles(1, 8, 8, num_warps=4))
+    return replace(tiles, loop_stages=LOOP_STAGES) if LOOP_STAGES != 1 else tiles
 
 
 def grouped_tiles(num_pairs: int, dtype: torch.dtype, btype: BlockType | None = None) -> GGUFTiles:

@@ -51,6 +51,12 @@ FACTORED = True
 # measured on the H200 (bench/NOTES.md, tenth session: predictions). False: the dot tile
 # (tiles with `block_m` 16 choose it too).
 DECODE_GEMV = True
+# The decode GEMVs' (MoE GEMV, GEMV-form linears) loop stages: how many iterations' loads are
+# in flight at once (`QuantTiles.loop_stages`: tl.range software pipelining; 1, none). The
+# kernels run 4-8 dependent iterations a program in one wave and sit far above their issue
+# and HBM floors (sm_90 SASS: NVFP4 MoE GEMV ~10 µs of issue, measured 44 µs); pipelined
+# loops compile without spills (bench/sass_report.py --loop-stages). Same bits either way.
+LOOP_STAGES = 1
 
 
 @dataclass(frozen=True)
@@ -78,8 +84,9 @@ def gemv_tiles(kw13: KernelWeights) -> QuantTiles:
     """The MoE GEMV's default tiles (decode): 8 rows a program, ~2 KB of stored bytes a row
     tile, 16 rows a program for the down projection."""
     return QuantTiles(
-        block_m=1, block_n=8, block_k=_decode_block_k(kw13), num_warps=8, down_block_n=16
-    )
+        block_m=1, block_n=8, block_k=_decode_block_k(kw13), num_warps=8, down_block_n=16,
+        loop_stages=LOOP_STAGES,
+    )  # fmt: skip
 
 
 def linear_tiles(
@@ -93,7 +100,8 @@ def linear_tiles(
     if m <= DECODE_M and DECODE_GEMV:
         block_k = _decode_block_k(kw) if kw is not None else 128
         fits = FACTORED and kw is not None and k is not None and rows_tiles_fit(kw, block_k, k)
-        return QuantTiles(block_m=4 if fits else 1, block_n=8, block_k=block_k, num_warps=8)
+        return QuantTiles(block_m=4 if fits else 1, block_n=8, block_k=block_k, num_warps=8,
+                          loop_stages=LOOP_STAGES)  # fmt: skip
     if m <= DECODE_M:  # weight-bound: narrow N tiles, K split below, give every SM work
         block_k = _decode_block_k(kw) // 2 if kw is not None else 128
         return QuantTiles(block_m=16, block_n=32, block_k=block_k, num_warps=4)
