@@ -112,8 +112,10 @@ def moe_case(name, fmt, tokens, sweep):
         variants = [dataclasses.replace(base, factored=f) for f in (False, True)]
         if not sweep:  # more columns a step: more bytes in flight a program
             variants += [dataclasses.replace(base, block_k=base.block_k * t) for t in (2, 4)]
-        # the next iterations' loads in flight (software-pipelined GEMV loops)
+        # the next iterations' loads in flight (software-pipelined GEMV loops), and gate and
+        # up in one loop (half the dependent iterations)
         variants += [dataclasses.replace(base, loop_stages=st) for st in (2, 3)]
+        variants += [dataclasses.replace(base, joined=True, loop_stages=st) for st in (1, 2)]
         for cfg in variants:
             err = (run(tiles=cfg).float() - ref).norm() / ref.norm()
             assert err < 1e-2, f"{name} moe T={tokens} {cfg}: error {err:.2e}"

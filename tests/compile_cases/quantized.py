@@ -71,7 +71,7 @@ def _quant_linear(
 
 def _quant_moe(name: str, dtype, tokens: int, use_gemv: bool, dequant=None,
                factored: bool | None = None, num_experts: int = 8,
-               stages: int = 1) -> None:  # fmt: skip
+               stages: int = 1, joined: bool = False) -> None:  # fmt: skip
     from xinfer.kernels import quant_launch
 
     hidden_dim, inter, top_k = _quant_k(name) // 2, 384 if "96" in name else 256, 8
@@ -80,11 +80,12 @@ def _quant_moe(name: str, dtype, tokens: int, use_gemv: bool, dequant=None,
     w2 = _quant_weights(name, hidden_dim, inter, num_experts)
     weights, ids = _routing(num_experts, top_k, True)(tokens)
     tiles = None
-    if factored is not None or stages > 1:
+    if factored is not None or stages > 1 or joined:
         tiles = dataclasses.replace(
             quant_launch.gemv_tiles(fmt.kernel_weights(w13, hidden_dim)),
             factored=factored,
             loop_stages=stages,
+            joined=joined,
         )
     hidden = _randn(tokens, hidden_dim, dtype=dtype)
     quant_launch.fused_moe(hidden, ids, weights, fmt, w13, w2, inter, use_gemv=use_gemv,
@@ -142,6 +143,10 @@ def _quant_cases() -> None:
     for name in ("fp8-block128", "nvfp4", "gptq-g128-asym"):  # loops software-pipelined
         add(f"quant-{name}-moe-bf16-gemv-stages3", Q_GEMV, _quant_moe, name, BF16, 1, True,
             stages=3)  # fmt: skip
+        add(f"quant-{name}-moe-bf16-gemv-joined-stages2", Q_GEMV, _quant_moe, name, BF16, 2,
+            True, stages=2, joined=True)  # fmt: skip
+        add(f"quant-{name}-moe-bf16-gemv-joined-unfactored", Q_GEMV, _quant_moe, name, BF16, 1,
+            True, factored=False, joined=True)  # fmt: skip
         add(f"quant-{name}-linear-bf16-m3-stages2", Q_SPLIT, _quant_linear, name, BF16, 3,
             stages=2)  # fmt: skip
     add("quant-gptq-g128-sym-linear-bf16-m1-one-row-stages3", Q_SPLIT_ONE, _quant_linear,

@@ -1,7 +1,8 @@
 """GPU checks of the software-pipelined GEMV loops (`loop_stages` of `GGUFTiles` and
 `QuantTiles`): with 2 or 3 iterations' loads in flight, the GGUF and quantized MoE GEMVs and
 GEMV-form decode linears give the same bits as with none (the arithmetic is the same; only
-when the loads are issued changes), on shapes whose loops run several iterations and
+when the loads are issued changes), and so does the quantized gate/up GEMV with both tiles
+in one loop (`QuantTiles.joined`), on shapes whose loops run several iterations and
 split-K ranges, and the pipelined kernels replay inside a CUDA graph."""
 
 from __future__ import annotations
@@ -94,11 +95,12 @@ def test_quant_gemvs_bits_do_not_depend_on_the_stages(name, stages) -> None:
     for factored in (False, True):
         t = dataclasses.replace(base, factored=factored)
         plain = ql.fused_moe(x, ids, weights, fmt, w13, w2, inter, use_gemv=True, tiles=t)
-        piped = ql.fused_moe(
-            x, ids, weights, fmt, w13, w2, inter, use_gemv=True,
-            tiles=dataclasses.replace(t, loop_stages=stages),
-        )  # fmt: skip
-        assert torch.equal(piped, plain), f"{name} MoE factored={factored} stages {stages}"
+        for joined in (False, True):  # gate and up in one loop or two: same bits too
+            piped = ql.fused_moe(
+                x, ids, weights, fmt, w13, w2, inter, use_gemv=True,
+                tiles=dataclasses.replace(t, loop_stages=stages, joined=joined),
+            )  # fmt: skip
+            assert torch.equal(piped, plain), f"{name} MoE {factored=} {joined=} {stages=}"
     n, k = 1024, 4096
     tensors = random_weights(fmt, n, k, 7, None, DEV)
     xl = torch.randn(5, k, device=DEV).to(torch.bfloat16)

@@ -8,6 +8,8 @@ Runs in a child pytest with TRITON_INTERPRET=1 (see interpreter_child.py)."""
 
 from __future__ import annotations
 
+import dataclasses
+
 import pytest
 import torch
 from interpreter_child import child_only, interpreter_child_test
@@ -168,7 +170,9 @@ def test_fused_moe_matches_twin(ql, monkeypatch, name, use_gemv, dequant, factor
     # path's align, which numbers the used rows first), too. The GEMV paths take no align
     # and read each pair's expert alike whatever the arithmetic: one view, and not again
     # for the per-weight variant (the interpreter's slowest cases)
-    if factored is False:
+    if factored is False:  # gate and up in one loop: the same sums, the same bits
+        run["tiles"] = dataclasses.replace(per_weight, joined=True)
+        assert torch.equal(ql.fused_moe(hidden, ids, weights, fmt, w13, w2, inter, **run), out)
         return
     seen, align = [], moe_align.align_pairs
     monkeypatch.setattr(moe_align, "align_pairs", lambda *a, **k: seen.append(k) or align(*a, **k))
@@ -216,6 +220,9 @@ def test_4bit_gemvs_read_words_or_bytes_alike(ql, monkeypatch, name):
         torch.testing.assert_close(out, ref_lin, **_tol(x.dtype))
         out = ql.fused_moe(x, ids, weights, fmt, w13, w2, inter, use_gemv=True)
         torch.testing.assert_close(out, ref_moe, rtol=1e-5, atol=1e-5)
+        joined = dataclasses.replace(ql.gemv_tiles(fmt.kernel_weights(w13, k)), joined=True)
+        assert torch.equal(ql.fused_moe(x, ids, weights, fmt, w13, w2, inter, use_gemv=True,
+                                        tiles=joined), out)  # fmt: skip
 
 
 @child_only

@@ -72,6 +72,7 @@ class QuantTiles:
     # GEMV loops (MoE GEMV, GEMV-form linears): iterations whose loads are in flight at once
     # (`tl.range` software pipelining through shared memory); 1: each iteration's at its start
     loop_stages: int = 1
+    joined: bool = False  # MoE GEMV: the gate and up tiles read in one loop, not two
 
 
 def _decode_block_k(kw: KernelWeights) -> int:
@@ -300,7 +301,7 @@ def fused_moe(
             BLOCK_K=t.block_k, GROUP_T=group_t(kw13, t.block_k, hidden_dim),
             FACTORED=factored, WORDS=words(kw13, t.block_k, hidden_dim),
             EVEN=even(inter, hidden_dim, t.block_n, t.block_k), STAGES=t.loop_stages,
-            num_warps=t.num_warps,
+            JOINED=t.joined, num_warps=t.num_warps,
         )  # fmt: skip
         down_n = t.down_block_n or t.block_n
         grid = (num_pairs, triton.cdiv(hidden_dim, down_n))

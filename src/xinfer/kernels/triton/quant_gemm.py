@@ -56,14 +56,64 @@ def _decoded_tile(
 
 
 @triton.jit
+def _col_step(
+    acc, x, w_ptr, s_ptr, z_ptr, rows, k0, mask_n, k_dim, stride_wn, stride_sn, stride_zn, dtype,
+    FMT: tl.constexpr, SCALE_BN: tl.constexpr, SCALE_BK: tl.constexpr, HAS_ZERO: tl.constexpr,
+    PACKED: tl.constexpr, BLOCK_K: tl.constexpr, GROUP_T: tl.constexpr,
+    FACTORED: tl.constexpr, EVEN: tl.constexpr,
+):  # fmt: skip
+    """One step of `_row_dot`'s column-order path: `acc` plus the group sums (FACTORED,
+    (BLOCK_N, groups)) or the products (BLOCK_N, groups, GROUP_T) of a tile with x (its full
+    shape)."""
+    v, sc = _decoded_tile(
+        w_ptr, s_ptr, z_ptr, rows, k0, mask_n, k_dim, stride_wn, stride_sn, stride_zn,
+        FMT, SCALE_BN, SCALE_BK, HAS_ZERO, PACKED, BLOCK_K, GROUP_T, EVEN,
+    )  # fmt: skip
+    if FACTORED:
+        acc += tl.sum(v * x, axis=2) * sc
+    else:  # each weight rounded to x's dtype, as the twin (load_weight_tile3's v * s)
+        acc += (v * sc[:, :, None]).to(dtype).to(tl.float32) * x
+    return acc
+
+
+@triton.jit
+def _pair_step(
+    acc, xe, xo, w_ptr, s_ptr, z_ptr, rows, k0, mask_n, k_dim, stride_wn, stride_sn, stride_zn,
+    dtype,
+    FMT: tl.constexpr, SCALE_BK: tl.constexpr, HAS_ZERO: tl.constexpr, BLOCK_K: tl.constexpr,
+    GROUP_T: tl.constexpr, FACTORED: tl.constexpr,
+):  # fmt: skip
+    """One step of `_row_dot`'s 4-bit-bytes path: `acc` plus the group sums (FACTORED) or
+    the products of the even and odd columns with xe, xo."""
+    if FACTORED:
+        lo, hi, sc = load_raw_pairs(
+            w_ptr, s_ptr, z_ptr, rows, k0, mask_n, k_dim,
+            stride_wn, stride_sn, stride_zn, FMT, SCALE_BK, HAS_ZERO, BLOCK_K, GROUP_T,
+        )  # fmt: skip
+        acc += tl.sum(lo * xe + hi * xo, axis=2) * sc
+    else:
+        lo, hi = load_weight_pairs(
+            w_ptr, s_ptr, z_ptr, rows, k0, mask_n, k_dim,
+            stride_wn, stride_sn, stride_zn, FMT, SCALE_BK, HAS_ZERO, BLOCK_K, GROUP_T,
+        )  # fmt: skip
+        acc += lo.to(dtype).to(tl.float32) * xe
+        acc += hi.to(dtype).to(tl.float32) * xo
+    return acc
+
+
+@triton.jit
 def _row_dot(
-    x_ptr, w_ptr, s_ptr, z_ptr, offs_n, mask_n, row_offset, k_begin, k_dim,
+    x_ptr, w_ptr, s_ptr, z_ptr, offs_n, mask_n, row_offset, row_offset2, k_begin, k_dim,
     stride_wn, stride_sn, stride_zn,
     FMT: tl.constexpr, SCALE_BN: tl.constexpr, SCALE_BK: tl.constexpr, HAS_ZERO: tl.constexpr,
     PACKED: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr, GROUP_T: tl.constexpr,
     FACTORED: tl.constexpr, WORDS: tl.constexpr, EVEN: tl.constexpr, STAGES: tl.constexpr,
+    PAIR: tl.constexpr,
 ):  # fmt: skip
-    """(BLOCK_N,) float32: x[k_begin:k_dim] · dequant(W[row_offset + offs_n, k_begin:k_dim])
+    """(BLOCK_N,) float32: x[k_begin:k_dim] · dequant(W[row_offset + offs_n, k_begin:k_dim]),
+    twice with PAIR: (the rows at row_offset, the rows at row_offset2), both tiles read in
+    one loop (the gate and up halves of a gate/up GEMV: half the dependent iterations; each
+    sum is computed as alone, so its bits are the same either way)
     (k_begin a multiple of BLOCK_K: a split of a linear's K, else 0). Tiles are (BLOCK_N,
     groups, columns of a group) so that scales load once per group; 4-bit formats (PACKED)
     read whole bytes and multiply the even and odd columns of x. Each weight is rounded to
@@ -91,49 +141,56 @@ def _row_dot(
     pipelining); 1 issues each iteration's loads at its start. Same arithmetic, same bits."""
     dtype = x_ptr.dtype.element_ty
     rows = offs_n + row_offset
+    rows2 = offs_n + row_offset2
     g = tl.arange(0, BLOCK_K // GROUP_T)
-    groups = tl.zeros((BLOCK_N, BLOCK_K // GROUP_T), dtype=tl.float32)
     if WORDS or not PACKED:  # codes in column order: 4-bit by words, or FP8
         cols = g[:, None] * GROUP_T + tl.arange(0, GROUP_T)[None, :]
         cols = cols[None, :, :] + tl.zeros((BLOCK_N, 1, 1), tl.int32)  # x at the tile's shape
-        acc = tl.zeros((BLOCK_N, BLOCK_K // GROUP_T, GROUP_T), dtype=tl.float32)
+        if FACTORED:
+            acc = tl.zeros((BLOCK_N, BLOCK_K // GROUP_T), dtype=tl.float32)
+        else:
+            acc = tl.zeros((BLOCK_N, BLOCK_K // GROUP_T, GROUP_T), dtype=tl.float32)
+        acc2 = acc
         for k0 in tl.range(k_begin, k_dim, BLOCK_K, num_stages=STAGES):
             x = _x_tile(x_ptr, k0 + cols, k_dim, EVEN)
-            v, sc = _decoded_tile(
-                w_ptr, s_ptr, z_ptr, rows, k0, mask_n, k_dim, stride_wn, stride_sn, stride_zn,
-                FMT, SCALE_BN, SCALE_BK, HAS_ZERO, PACKED, BLOCK_K, GROUP_T, EVEN,
+            acc = _col_step(
+                acc, x, w_ptr, s_ptr, z_ptr, rows, k0, mask_n, k_dim, stride_wn, stride_sn,
+                stride_zn, dtype, FMT, SCALE_BN, SCALE_BK, HAS_ZERO, PACKED, BLOCK_K, GROUP_T,
+                FACTORED, EVEN,
             )  # fmt: skip
-            if FACTORED:
-                groups += tl.sum(v * x, axis=2) * sc
-            else:  # each weight rounded to x's dtype, as the twin (load_weight_tile3's v * s)
-                acc += (v * sc[:, :, None]).to(dtype).to(tl.float32) * x
+            if PAIR:
+                acc2 = _col_step(
+                    acc2, x, w_ptr, s_ptr, z_ptr, rows2, k0, mask_n, k_dim, stride_wn, stride_sn,
+                    stride_zn, dtype, FMT, SCALE_BN, SCALE_BK, HAS_ZERO, PACKED, BLOCK_K,
+                    GROUP_T, FACTORED, EVEN,
+                )  # fmt: skip
     else:  # 4-bit codes by bytes
         pcols = g[:, None] * GROUP_T + 2 * tl.arange(0, GROUP_T // 2)[None, :]  # even columns
-        acc = tl.zeros((BLOCK_N, BLOCK_K // GROUP_T, GROUP_T // 2), dtype=tl.float32)
+        if FACTORED:
+            acc = tl.zeros((BLOCK_N, BLOCK_K // GROUP_T), dtype=tl.float32)
+        else:
+            acc = tl.zeros((BLOCK_N, BLOCK_K // GROUP_T, GROUP_T // 2), dtype=tl.float32)
+        acc2 = acc
         for k0 in tl.range(k_begin, k_dim, BLOCK_K, num_stages=STAGES):
             ke = k0 + pcols
             mask_p = ke < k_dim  # K is even for 4-bit formats: the odd column follows
             xe = tl.load(x_ptr + ke, mask=mask_p, other=0.0).to(tl.float32)[None, :, :]
             xo = tl.load(x_ptr + ke + 1, mask=mask_p, other=0.0).to(tl.float32)[None, :, :]
-            if FACTORED:
-                lo, hi, sc = load_raw_pairs(
-                    w_ptr, s_ptr, z_ptr, rows, k0, mask_n, k_dim,
-                    stride_wn, stride_sn, stride_zn, FMT, SCALE_BK, HAS_ZERO, BLOCK_K, GROUP_T,
+            acc = _pair_step(
+                acc, xe, xo, w_ptr, s_ptr, z_ptr, rows, k0, mask_n, k_dim, stride_wn, stride_sn,
+                stride_zn, dtype, FMT, SCALE_BK, HAS_ZERO, BLOCK_K, GROUP_T, FACTORED,
+            )  # fmt: skip
+            if PAIR:
+                acc2 = _pair_step(
+                    acc2, xe, xo, w_ptr, s_ptr, z_ptr, rows2, k0, mask_n, k_dim, stride_wn,
+                    stride_sn, stride_zn, dtype, FMT, SCALE_BK, HAS_ZERO, BLOCK_K, GROUP_T,
+                    FACTORED,
                 )  # fmt: skip
-                part = tl.sum(lo * xe + hi * xo, axis=2)
-                groups += part * sc
-            else:
-                lo, hi = load_weight_pairs(
-                    w_ptr, s_ptr, z_ptr, rows, k0, mask_n, k_dim,
-                    stride_wn, stride_sn, stride_zn, FMT, SCALE_BK, HAS_ZERO, BLOCK_K, GROUP_T,
-                )  # fmt: skip
-                acc += lo.to(dtype).to(tl.float32) * xe
-                acc += hi.to(dtype).to(tl.float32) * xo
     if FACTORED:
-        out = tl.sum(groups, axis=1)
+        out, out2 = tl.sum(acc, axis=1), tl.sum(acc2, axis=1)
     else:
-        out = tl.sum(tl.sum(acc, axis=2), axis=1)
-    return out
+        out, out2 = tl.sum(tl.sum(acc, axis=2), axis=1), tl.sum(tl.sum(acc2, axis=2), axis=1)
+    return out, out2
 
 
 @triton.jit(do_not_specialize=["M", "stride_os"])
@@ -204,10 +261,10 @@ def quant_linear_gemv_kernel(
     mask_n = offs_n < N
     k_begin = split * k_per_split
     k_end = tl.minimum(K, k_begin + k_per_split)
-    acc = _row_dot(
-        x_ptr + m.to(tl.int64) * stride_xm, w_ptr, s_ptr, z_ptr, offs_n, mask_n, 0, k_begin,
+    acc, _ = _row_dot(
+        x_ptr + m.to(tl.int64) * stride_xm, w_ptr, s_ptr, z_ptr, offs_n, mask_n, 0, 0, k_begin,
         k_end, stride_wn, stride_sn, stride_zn, FMT, SCALE_BN, SCALE_BK, HAS_ZERO, PACKED,
-        BLOCK_N, BLOCK_K, GROUP_T, FACTORED, WORDS, EVEN, STAGES,
+        BLOCK_N, BLOCK_K, GROUP_T, FACTORED, WORDS, EVEN, STAGES, False,
     )  # fmt: skip
     offs_m = m + tl.arange(0, 1)
     store_split_tile(
@@ -279,9 +336,11 @@ def quant_moe_gate_up_gemv_kernel(
     FMT: tl.constexpr, SCALE_BN: tl.constexpr, SCALE_BK: tl.constexpr, HAS_ZERO: tl.constexpr,
     PACKED: tl.constexpr, TOP_K: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr,
     GROUP_T: tl.constexpr, FACTORED: tl.constexpr, WORDS: tl.constexpr, EVEN: tl.constexpr,
-    STAGES: tl.constexpr,
+    STAGES: tl.constexpr, JOINED: tl.constexpr,
 ):  # fmt: skip
-    """grid (T*k, cdiv(I, BLOCK_N)): inter[pair, n] = silu(x·W13[e, n]) * (x·W13[e, I + n])."""
+    """grid (T*k, cdiv(I, BLOCK_N)): inter[pair, n] = silu(x·W13[e, n]) * (x·W13[e, I + n]);
+    JOINED reads the gate and up tiles in one loop (half the dependent iterations), otherwise
+    one loop after the other. Each sum's arithmetic is the same: same bits."""
     pair = tl.program_id(0)
     pid_n = tl.program_id(1)
     tok = (pair // TOP_K).to(tl.int64)
@@ -290,16 +349,23 @@ def quant_moe_gate_up_gemv_kernel(
     mask_n = offs_n < inter_dim
     w_e, s_e, z_e = w_ptr + e * stride_we, s_ptr + e * stride_se, z_ptr + e * stride_ze
     x_row = x_ptr + tok * stride_xt
-    g = _row_dot(
-        x_row, w_e, s_e, z_e, offs_n, mask_n, 0, 0, hidden_dim, stride_wn, stride_sn, stride_zn,
-        FMT, SCALE_BN, SCALE_BK, HAS_ZERO, PACKED, BLOCK_N, BLOCK_K, GROUP_T, FACTORED, WORDS,
-        EVEN, STAGES,
-    )  # fmt: skip
-    u = _row_dot(
-        x_row, w_e, s_e, z_e, offs_n, mask_n, inter_dim, 0, hidden_dim, stride_wn, stride_sn,
-        stride_zn, FMT, SCALE_BN, SCALE_BK, HAS_ZERO, PACKED, BLOCK_N, BLOCK_K, GROUP_T,
-        FACTORED, WORDS, EVEN, STAGES,
-    )  # fmt: skip
+    if JOINED:  # gate and up tiles in one loop
+        g, u = _row_dot(
+            x_row, w_e, s_e, z_e, offs_n, mask_n, 0, inter_dim, 0, hidden_dim, stride_wn,
+            stride_sn, stride_zn, FMT, SCALE_BN, SCALE_BK, HAS_ZERO, PACKED, BLOCK_N, BLOCK_K,
+            GROUP_T, FACTORED, WORDS, EVEN, STAGES, True,
+        )  # fmt: skip
+    else:
+        g, _ = _row_dot(
+            x_row, w_e, s_e, z_e, offs_n, mask_n, 0, 0, 0, hidden_dim, stride_wn, stride_sn,
+            stride_zn, FMT, SCALE_BN, SCALE_BK, HAS_ZERO, PACKED, BLOCK_N, BLOCK_K, GROUP_T,
+            FACTORED, WORDS, EVEN, STAGES, False,
+        )  # fmt: skip
+        u, _ = _row_dot(
+            x_row, w_e, s_e, z_e, offs_n, mask_n, inter_dim, 0, 0, hidden_dim, stride_wn,
+            stride_sn, stride_zn, FMT, SCALE_BN, SCALE_BK, HAS_ZERO, PACKED, BLOCK_N, BLOCK_K,
+            GROUP_T, FACTORED, WORDS, EVEN, STAGES, False,
+        )  # fmt: skip
     h = _silu_mul(g, u, inter_ptr.dtype.element_ty)
     tl.store(inter_ptr + pair.to(tl.int64) * stride_it + offs_n, h, mask=mask_n)
 
@@ -323,10 +389,10 @@ def quant_moe_down_gemv_kernel(
     offs_n = pid_n * BLOCK_N + tl.arange(0, BLOCK_N)
     mask_n = offs_n < hidden_dim
     w_e, s_e, z_e = w_ptr + e * stride_we, s_ptr + e * stride_se, z_ptr + e * stride_ze
-    y = _row_dot(
-        inter_ptr + pair * stride_it, w_e, s_e, z_e, offs_n, mask_n, 0, 0, inter_dim,
+    y, _ = _row_dot(
+        inter_ptr + pair * stride_it, w_e, s_e, z_e, offs_n, mask_n, 0, 0, 0, inter_dim,
         stride_wn, stride_sn, stride_zn, FMT, SCALE_BN, SCALE_BK, HAS_ZERO, PACKED, BLOCK_N,
-        BLOCK_K, GROUP_T, FACTORED, WORDS, EVEN, STAGES,
+        BLOCK_K, GROUP_T, FACTORED, WORDS, EVEN, STAGES, False,
     )  # fmt: skip
     tl.store(y_ptr + pair * stride_yt + offs_n, y.to(y_ptr.dtype.element_ty), mask=mask_n)
     if COMBINE:
