@@ -57,6 +57,10 @@ DECODE_GEMV = True
 # and HBM floors (sm_90 SASS: NVFP4 MoE GEMV ~10 µs of issue, measured 44 µs); pipelined
 # loops compile without spills (bench/sass_report.py --loop-stages). Same bits either way.
 LOOP_STAGES = 1
+# The MoE GEMV's gate and up tiles in one loop (`QuantTiles.joined`) rather than one loop
+# after the other: half the dependent iterations a program, x loaded once for both; same
+# bits. Not yet timed on the H200.
+JOINED = False
 
 
 @dataclass(frozen=True)
@@ -86,7 +90,7 @@ def gemv_tiles(kw13: KernelWeights) -> QuantTiles:
     tile, 16 rows a program for the down projection."""
     return QuantTiles(
         block_m=1, block_n=8, block_k=_decode_block_k(kw13), num_warps=8, down_block_n=16,
-        loop_stages=LOOP_STAGES,
+        loop_stages=LOOP_STAGES, joined=JOINED,
     )  # fmt: skip
 
 
