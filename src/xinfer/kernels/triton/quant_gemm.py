@@ -110,11 +110,11 @@ def _row_dot(
     FACTORED: tl.constexpr, WORDS: tl.constexpr, EVEN: tl.constexpr, STAGES: tl.constexpr,
     PAIR: tl.constexpr,
 ):  # fmt: skip
-    """(BLOCK_N,) float32: x[k_begin:k_dim] · dequant(W[row_offset + offs_n, k_begin:k_dim]),
-    twice with PAIR: (the rows at row_offset, the rows at row_offset2), both tiles read in
-    one loop (the gate and up halves of a gate/up GEMV: half the dependent iterations; each
-    sum is computed as alone, so its bits are the same either way)
-    (k_begin a multiple of BLOCK_K: a split of a linear's K, else 0). Tiles are (BLOCK_N,
+    """A pair of (BLOCK_N,) float32 sums: x[k_begin:k_dim] · dequant(W[row_offset + offs_n,
+    k_begin:k_dim]) (k_begin a multiple of BLOCK_K: a split of a linear's K, else 0), and with
+    PAIR the same for the rows at row_offset2, both tiles read in one loop (a gate/up GEMV's
+    gate and up halves: half the dependent iterations; each sum's arithmetic is as alone, so
+    its bits are the same either way); without PAIR the second is zeros. Tiles are (BLOCK_N,
     groups, columns of a group) so that scales load once per group; 4-bit formats (PACKED)
     read whole bytes and multiply the even and odd columns of x. Each weight is rounded to
     x's dtype first, as the twin dequantizes to it; or, FACTORED, the codes' values meet x
