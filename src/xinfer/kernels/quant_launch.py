@@ -54,7 +54,7 @@ DECODE_GEMV = True
 # The decode GEMVs' (MoE GEMV, GEMV-form linears) loop stages: how many iterations' loads are
 # in flight at once (`QuantTiles.loop_stages`: tl.range software pipelining; 1, none). The
 # kernels run 4-16 dependent iterations a program in one wave and sit far above their issue
-# and HBM floors (sm_90 SASS: NVFP4 MoE GEMV ~10 µs of issue, measured 44 µs); pipelined
+# and HBM floors (sm_90 SASS: NVFP4 MoE GEMV ~9 µs of issue, measured 44 µs); pipelined
 # loops compile without spills (bench/sass_report.py --loop-stages). Same bits either way.
 LOOP_STAGES = 1
 # The MoE GEMV's gate and up tiles in one loop (`QuantTiles.joined`) rather than one loop
