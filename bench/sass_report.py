@@ -406,22 +406,6 @@ def report(name: str, case: Case, sass_dir: Path | None) -> list[str]:
     return lines
 
 
-def _set_loop_stages(stages: int) -> None:
-    """Every default GEMV tile of the GGUF and quantized launchers with `stages` loop stages."""
-    from dataclasses import replace
-
-    from xinfer.kernels import gguf_launch, quant_launch
-
-    for module in (gguf_launch, quant_launch):
-        for name in ("gemv_tiles", "linear_tiles"):
-            tiles_of = getattr(module, name)
-            setattr(
-                module,
-                name,
-                lambda *a, _f=tiles_of, **kw: replace(_f(*a, **kw), loop_stages=stages),
-            )
-
-
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--cases", default=",".join(CASES))
@@ -435,8 +419,10 @@ def main() -> None:
     args = ap.parse_args()
     if os.environ.get("TRITON_INTERPRET") == "1":
         raise SystemExit("needs compiled Triton: unset TRITON_INTERPRET")
-    if args.loop_stages is not None:
-        _set_loop_stages(args.loop_stages)
+    if args.loop_stages is not None:  # the launchers' default GEMV tiles take it
+        from xinfer.kernels import gguf_launch, quant_launch
+
+        gguf_launch.LOOP_STAGES = quant_launch.LOOP_STAGES = args.loop_stages
     for name in args.cases.split(","):
         for line in report(name, CASES[name](), args.sass_dir):
             print(line, flush=True)

@@ -42,6 +42,18 @@ def random_blocks(name: str, rows: int, row_len: int, rng: np.random.Generator) 
     return raw.reshape(rows, -1)
 
 
+def random_block_rows(
+    name: str, rows: int, row_len: int, seed: int, experts: int | None = None, device="cpu"
+) -> torch.Tensor:
+    """`random_blocks` as a uint8 tensor on `device` (rows, row_bytes), or with `experts`
+    one such tensor an expert, stacked (experts, rows, row_bytes), drawn from one generator."""
+    rng = np.random.default_rng(seed)
+    if experts is None:
+        return torch.from_numpy(random_blocks(name, rows, row_len, rng)).to(device)
+    stack = [random_blocks(name, rows, row_len, rng) for _ in range(experts)]
+    return torch.from_numpy(np.stack(stack)).to(device)
+
+
 _NAMES = [
     (r"model\.embed_tokens\.weight", "token_embd.weight"),
     (r"model\.norm\.weight", "output_norm.weight"),

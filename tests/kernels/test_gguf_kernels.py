@@ -6,7 +6,6 @@ the slot that holds it, and a CUDA graph replays the kernels to the same bits.""
 from __future__ import annotations
 
 import gguf_files as gf
-import numpy as np
 import pytest
 import torch
 
@@ -20,11 +19,7 @@ DEV = "cuda"
 
 
 def _raw(name: str, rows: int, k: int, seed: int, experts: int | None = None) -> torch.Tensor:
-    rng = np.random.default_rng(seed)
-    if experts is None:
-        return torch.from_numpy(gf.random_blocks(name, rows, k, rng)).to(DEV)
-    stack = [gf.random_blocks(name, rows, k, rng) for _ in range(experts)]
-    return torch.from_numpy(np.stack(stack)).to(DEV)
+    return gf.random_block_rows(name, rows, k, seed, experts, DEV)
 
 
 def _close(out: torch.Tensor, ref: torch.Tensor, tol: float = 2e-2) -> None:

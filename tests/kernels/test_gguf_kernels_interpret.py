@@ -8,7 +8,6 @@ interpreter cannot tl.dot bf16)."""
 from __future__ import annotations
 
 import gguf_files as gf
-import numpy as np
 import pytest
 import torch
 from interpreter_child import child_only, interpreter_child_test
@@ -38,11 +37,7 @@ def _k_for(name: str, blocks: int) -> int:
 
 
 def _raw(name: str, rows: int, k: int, seed: int, experts: int | None = None) -> torch.Tensor:
-    rng = np.random.default_rng(seed)
-    if experts is None:
-        return torch.from_numpy(gf.random_blocks(name, rows, k, rng))
-    stack = [gf.random_blocks(name, rows, k, rng) for _ in range(experts)]
-    return torch.from_numpy(np.stack(stack))
+    return gf.random_block_rows(name, rows, k, seed, experts)
 
 
 def _assert_close_scaled(out: torch.Tensor, ref: torch.Tensor, dtype: torch.dtype) -> None:

@@ -7,7 +7,6 @@ combine's and split reduce's counters back at zero)."""
 from __future__ import annotations
 
 import gguf_files as gf
-import numpy as np
 import pytest
 import torch
 
@@ -26,9 +25,7 @@ def _needs_cuda():
 
 
 def _experts(rows: int, k: int, seed: int, experts: int, name: str = "Q4_K") -> torch.Tensor:
-    rng = np.random.default_rng(seed)
-    blocks = [gf.random_blocks(name, rows, k, rng) for _ in range(experts)]
-    return torch.from_numpy(np.stack(blocks)).to(CUDA)
+    return gf.random_block_rows(name, rows, k, seed, experts, CUDA)
 
 
 @triton.jit

@@ -12,7 +12,6 @@ Runs in a child pytest with TRITON_INTERPRET=1 (see interpreter_child.py)."""
 from __future__ import annotations
 
 import gguf_files as gf
-import numpy as np
 import pytest
 import torch
 from interpreter_child import child_only, interpreter_child_test
@@ -37,10 +36,7 @@ def ql():
 
 
 def _experts(name: str, rows: int, k: int, seed: int, experts: int) -> torch.Tensor:
-    rng = np.random.default_rng(seed)
-    return torch.from_numpy(
-        np.stack([gf.random_blocks(name, rows, k, rng) for _ in range(experts)])
-    )
+    return gf.random_block_rows(name, rows, k, seed, experts)
 
 
 def _case(

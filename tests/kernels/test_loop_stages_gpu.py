@@ -10,7 +10,6 @@ from __future__ import annotations
 import dataclasses
 
 import gguf_files as gf
-import numpy as np
 import pytest
 import torch
 from quant_weights import random_weights
@@ -34,12 +33,7 @@ QUANT = {
 
 
 def _raw(name: str, rows: int, k: int, seed: int, experts: int | None = None) -> torch.Tensor:
-    rng = np.random.default_rng(seed)
-    if experts is None:
-        return torch.from_numpy(gf.random_blocks(name, rows, k, rng)).to(DEV)
-    return torch.from_numpy(
-        np.stack([gf.random_blocks(name, rows, k, rng) for _ in range(experts)])
-    ).to(DEV)
+    return gf.random_block_rows(name, rows, k, seed, experts, DEV)
 
 
 def _routing(tokens: int, experts: int, seed: int):
@@ -53,7 +47,7 @@ def _routing(tokens: int, experts: int, seed: int):
 @pytest.mark.parametrize("name", ["Q4_K", "Q8_0", "Q6_K", "Q5_0"])
 @pytest.mark.parametrize("stages", STAGES)
 def test_gguf_moe_gemv_bits_do_not_depend_on_the_stages(name, stages) -> None:
-    hidden, inter, experts = 2048, 1280, 16  # gate/up 8 chunks of 256, down 5 (odd)
+    hidden, inter, experts = 2048, 1280, 16  # several chunks a loop, an odd count for down
     bt = BLOCK_TYPES[name]
     w13 = _raw(name, 2 * inter, hidden, 1, experts)
     w2 = _raw(name, hidden, inter, 2, experts)
