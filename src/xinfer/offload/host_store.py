@@ -1,7 +1,9 @@
 """Host store: every routed-expert tensor of every MoE layer (any set of `[E, ...]` tensors,
 any dtype) in host RAM, pinned *after* it was filled with `cudaHostRegister` (mapped,
 portable) so that kernels read it zero-copy through UVA and the copy engine moves it async.
-On CPU "host" and "device" are one memory and nothing is pinned."""
+On CPU "host" and "device" are one memory and nothing is pinned. A store closed (or
+collected) while a CUDA graph is being captured unregisters later: the capture forbids the
+call, and making it would break the capture."""
 
 from __future__ import annotations
 
@@ -24,6 +26,30 @@ _RAM_MARGIN_BYTES = 1 * GIB  # left for the process itself
 # Page-rounded [start, end) byte ranges registered by any store in this process: CUDA
 # refuses to register a page twice, so a tensor sharing a page with one is copied instead.
 _REGISTERED: list[tuple[int, int]] = []
+# Registrations whose store closed during a graph capture: (ptr, nbytes, the tensors kept
+# alive until then), dropped at the next pin or close outside a capture.
+_DEFERRED: list[tuple[int, int, object]] = []
+
+
+def _capturing() -> bool:
+    return torch.cuda.is_available() and torch.cuda.is_current_stream_capturing()
+
+
+def _unregister(ptr: int, nbytes: int) -> None:
+    torch.cuda.cudart().cudaHostUnregister(ptr)
+    start = ptr // PAGE * PAGE
+    end = -(-(ptr + nbytes) // PAGE) * PAGE
+    if (start, end) in _REGISTERED:
+        _REGISTERED.remove((start, end))
+
+
+def unregister_deferred() -> None:
+    """Drop the registrations deferred by a capture (a no-op while one still runs)."""
+    if _DEFERRED and not _capturing():
+        pending = list(_DEFERRED)
+        _DEFERRED.clear()
+        for ptr, nbytes, _ in pending:
+            _unregister(ptr, nbytes)
 
 
 def available_host_bytes() -> int | None:
@@ -111,6 +137,7 @@ class HostExpertStore:
     def pin_after_fill(self, t: torch.Tensor) -> torch.Tensor:
         """Register a filled host tensor as pinned, device-mapped memory (in place if its
         pages are its own, else a page-exclusive copy); returns the pinned tensor."""
+        unregister_deferred()
         if _overlaps_registered(*_page_range(t)):
             t = _page_exclusive_copy(t)
         nbytes = t.numel() * t.element_size()
@@ -131,13 +158,12 @@ class HostExpertStore:
         """Unregister the pinned memory (before the tensors are freed)."""
         if not self._registered:
             return
-        cudart = torch.cuda.cudart()
-        for ptr, nbytes in self._registered:
-            cudart.cudaHostUnregister(ptr)
-            start = ptr // PAGE * PAGE
-            end = -(-(ptr + nbytes) // PAGE) * PAGE
-            if (start, end) in _REGISTERED:
-                _REGISTERED.remove((start, end))
+        if _capturing():
+            _DEFERRED.extend((ptr, nbytes, self.layers) for ptr, nbytes in self._registered)
+        else:
+            unregister_deferred()
+            for ptr, nbytes in self._registered:
+                _unregister(ptr, nbytes)
         self._registered = []
 
     def __del__(self) -> None:

@@ -1,10 +1,17 @@
 """CUDA graphs for decode-only steps: one graph per batch size (every size up to 16, then
 steps of 8), captured once over static input buffers that each replay refills. Smaller
 batches are padded to the next captured size with rows that write no KV and attend to
-nothing. Sizes that a layer cannot run without a host decision are left eager."""
+nothing. Sizes that a layer cannot run without a host decision are left eager.
+
+The garbage collector is paused while a graph captures: a cycle collected then may run a
+finalizer that calls the CUDA API (a dropped engine's host store unregistering its pinned
+experts), which a capture forbids from any thread; the capture would fail with "operation
+failed due to a previous error during capture" at whatever launch came next."""
 
 from __future__ import annotations
 
+import contextlib
+import gc
 import logging
 from typing import TYPE_CHECKING
 
@@ -25,6 +32,18 @@ def capture_sizes(max_batch: int) -> list[int]:
     if sizes[-1] < max_batch:
         sizes.append(max_batch)
     return sizes
+
+
+@contextlib.contextmanager
+def gc_paused():
+    """No automatic garbage collection inside the block (restored as it was after)."""
+    was_enabled = gc.isenabled()
+    gc.disable()
+    try:
+        yield
+    finally:
+        if was_enabled:
+            gc.enable()
 
 
 class CudaGraphRunner:
@@ -72,6 +91,7 @@ class CudaGraphRunner:
         self.block_tables = self.dev32[2 * n :].view(n, w)
         self.query_start_loc = torch.arange(n + 1, dtype=torch.int32, device=device)
         self.pool = torch.cuda.graph_pool_handle()
+        gc.collect()  # what is already garbage goes now, not in the middle of a capture
         for bs in tqdm(sorted(sizes, reverse=True), desc="Capturing CUDA graphs"):
             self._capture(bs)
 
@@ -97,7 +117,7 @@ class CudaGraphRunner:
                 model.compute_logits(model(self.input_ids[:bs], self.positions[:bs]))
             torch.cuda.synchronize()
             graph = torch.cuda.CUDAGraph()
-            with torch.cuda.graph(graph, pool=self.pool):
+            with gc_paused(), torch.cuda.graph(graph, pool=self.pool):
                 hidden = model(self.input_ids[:bs], self.positions[:bs])
                 self.logits[bs] = model.compute_logits(hidden)
         torch.cuda.synchronize()
