@@ -38,7 +38,8 @@ def _fmt(x) -> str:
 
 
 def main(path: str) -> None:
-    rows = [json.loads(line) for line in open(path) if line.strip()]
+    # result rows are JSON objects; other lines the runs printed (notes, progress) are not
+    rows = [json.loads(line) for line in open(path) if line.lstrip().startswith("{")]
     merged: dict[tuple, dict] = {}
     for r in rows:
         key = (r["model"], r["engine"], r["placement"])
