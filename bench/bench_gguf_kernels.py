@@ -68,10 +68,8 @@ def bench_type(name: str, sweep: bool) -> list[dict]:
         x, ids, weights = _moe_case(num_tokens)
         pairs = num_tokens * TOP_K
         default = gl.gemv_tiles(x.dtype, bt)
-        # the default tiles with the next iterations' loads in flight (pipelined loops)
-        configs = [None] + [replace(default, loop_stages=st) for st in (2, 3)]
         # twice the sub-blocks a step: half the iterations, twice the loads in flight
-        configs += [replace(default, subs=2 * default.subs, loop_stages=st) for st in (1, 2)]
+        configs = [None, replace(default, subs=2 * default.subs)]
         if sweep:
             configs += [gl.GGUFTiles(1, bn, subs, warps) for bn in (4, 8, 16, 32)
                         for subs in (4, 8) for warps in (2, 4, 8)]  # fmt: skip
@@ -114,8 +112,6 @@ def bench_type(name: str, sweep: bool) -> list[dict]:
         # the default tiles at 2 and 4 times that target (programs in flight vs the reduce)
         runs = [(replace(default, split_programs=0), "None unsplit")]
         runs += [(t or default, str(t)) for t in configs]
-        if default.block_m in (1, 4):  # pipelined GEMV loops (the dot tile has its own)
-            runs += [(replace(default, loop_stages=st), f"None stages {st}") for st in (2, 3)]
         if sweep:
             runs += [(replace(default, split_programs=p * gemv_launch.DECODE_PROGRAMS),
                       f"None programs x{p}") for p in (2, 4)]  # fmt: skip
@@ -134,13 +130,11 @@ def bench_type(name: str, sweep: bool) -> list[dict]:
         x8 = torch.randn(8, k, device="cuda").bfloat16()
         if label == "lm_head":
             tiles8 = (gl.GGUFTiles(16, 16, 2, 1), gl.GGUFTiles(1, 4, 8, 2),
-                      gl.GGUFTiles(4, 4, 8, 2), gl.GGUFTiles(4, 4, 8, 2, loop_stages=2))  # fmt: skip
+                      gl.GGUFTiles(4, 4, 8, 2))  # fmt: skip
         else:
             tiles8 = (
                 gl.GGUFTiles(1, 8, 8, 4),
                 gl.GGUFTiles(4, 4, 8, 2),
-                gl.GGUFTiles(4, 4, 8, 2, loop_stages=2),
-                gl.GGUFTiles(4, 4, 8, 2, loop_stages=3),
                 gl.GGUFTiles(4, 8, 8, 4),
                 gl.GGUFTiles(16, 16, 8, 4),
             )

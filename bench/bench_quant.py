@@ -131,14 +131,7 @@ def main() -> None:
     ap.add_argument("--routing", default="qwen3-30b-a3b", help="offload rows: see --routing "
                     "of bench_offload_decode.py")  # fmt: skip
     ap.add_argument("--out", default="bench/results/quant")
-    ap.add_argument("--loop-stages", type=int, default=None,
-                    help="the decode GEMVs' loop stages (quant_launch.LOOP_STAGES; default: "
-                         "theirs)")  # fmt: skip
     args = ap.parse_args()
-    if args.loop_stages is not None:
-        from xinfer.kernels import quant_launch
-
-        quant_launch.LOOP_STAGES = args.loop_stages
     dev = torch.device("cuda:0")
     hbm = device_copy_bandwidth(dev)
     print(f"device copy {hbm / 1e12:.2f} TB/s (read + write)", flush=True)
@@ -153,8 +146,7 @@ def main() -> None:
             if "offload" in parts:
                 results["offload"].append(offload(args, fmt, path))
     meta = {"date": time.strftime("%Y-%m-%d"), "gpu": torch.cuda.get_device_name(dev),
-            "hbm_copy": hbm, "command": " ".join(sys.argv), "routing": args.routing,
-            "loop_stages": args.loop_stages}  # fmt: skip
+            "hbm_copy": hbm, "command": " ".join(sys.argv), "routing": args.routing}  # fmt: skip
     out = Path(args.out)
     out.parent.mkdir(parents=True, exist_ok=True)
     out.with_suffix(".json").write_text(json.dumps({"meta": meta, **results}, indent=1))

@@ -410,19 +410,9 @@ def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--cases", default=",".join(CASES))
     ap.add_argument("--sass-dir", type=Path, default=None, help="keep the cubins and SASS here")
-    ap.add_argument(
-        "--loop-stages",
-        type=int,
-        default=None,
-        help="the GGUF and quantized GEMV loops' pipelining stages (default: theirs)",
-    )
     args = ap.parse_args()
     if os.environ.get("TRITON_INTERPRET") == "1":
         raise SystemExit("needs compiled Triton: unset TRITON_INTERPRET")
-    if args.loop_stages is not None:  # the launchers' default GEMV tiles take it
-        from xinfer.kernels import gguf_launch, quant_launch
-
-        gguf_launch.LOOP_STAGES = quant_launch.LOOP_STAGES = args.loop_stages
     for name in args.cases.split(","):
         for line in report(name, CASES[name](), args.sass_dir):
             print(line, flush=True)

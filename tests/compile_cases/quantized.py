@@ -47,7 +47,7 @@ def _quant_k(name: str) -> int:
 
 def _quant_linear(
     name: str, dtype, m: int, dequant=None, bias: bool = True, dot: bool = False,
-    ragged: bool = False, rows: int = 0, stages: int = 1,
+    ragged: bool = False, rows: int = 0,
 ) -> None:  # fmt: skip
     from xinfer.kernels import quant_launch
 
@@ -59,11 +59,6 @@ def _quant_linear(
     tiles = quant_launch.QuantTiles(block_m=16, block_n=32, block_k=128) if dot else None
     if rows:
         tiles = quant_launch.QuantTiles(block_m=rows, block_n=8, block_k=512, num_warps=8)
-    if stages > 1:  # the default decode tiles, loops software-pipelined
-        kw = fmt.kernel_weights(tensors, k)
-        tiles = dataclasses.replace(
-            tiles or quant_launch.linear_tiles(m, dtype, kw, k), loop_stages=stages
-        )
     quant_launch.linear(
         _randn(m, k, dtype=dtype), fmt, tensors, b, n, k, dequant=dequant, tiles=tiles
     )
@@ -71,7 +66,7 @@ def _quant_linear(
 
 def _quant_moe(name: str, dtype, tokens: int, use_gemv: bool, dequant=None,
                factored: bool | None = None, num_experts: int = 8,
-               stages: int = 1, joined: bool = False) -> None:  # fmt: skip
+               joined: bool = False) -> None:  # fmt: skip
     from xinfer.kernels import quant_launch
 
     hidden_dim, inter, top_k = _quant_k(name) // 2, 384 if "96" in name else 256, 8
@@ -80,11 +75,10 @@ def _quant_moe(name: str, dtype, tokens: int, use_gemv: bool, dequant=None,
     w2 = _quant_weights(name, hidden_dim, inter, num_experts)
     weights, ids = _routing(num_experts, top_k, True)(tokens)
     tiles = None
-    if factored is not None or stages > 1 or joined:
+    if factored is not None or joined:
         tiles = dataclasses.replace(
             quant_launch.gemv_tiles(fmt.kernel_weights(w13, hidden_dim)),
             factored=factored,
-            loop_stages=stages,
             joined=joined,
         )
     hidden = _randn(tokens, hidden_dim, dtype=dtype)
@@ -140,17 +134,11 @@ def _quant_cases() -> None:
             ragged=True)  # fmt: skip
         add(f"quant-{name}-linear-bf16-m2-one-row", Q_SPLIT_ONE, _quant_linear, name, BF16, 2,
             rows=1)  # fmt: skip
-    for name in ("fp8-block128", "nvfp4", "gptq-g128-asym"):  # loops software-pipelined
-        add(f"quant-{name}-moe-bf16-gemv-stages3", Q_GEMV, _quant_moe, name, BF16, 1, True,
-            stages=3)  # fmt: skip
-        add(f"quant-{name}-moe-bf16-gemv-joined-stages2", Q_GEMV, _quant_moe, name, BF16, 2,
-            True, stages=2, joined=True)  # fmt: skip
+    for name in ("fp8-block128", "nvfp4", "gptq-g128-asym"):  # gate and up in one loop
+        add(f"quant-{name}-moe-bf16-gemv-joined", Q_GEMV, _quant_moe, name, BF16, 2, True,
+            joined=True)  # fmt: skip
         add(f"quant-{name}-moe-bf16-gemv-joined-unfactored", Q_GEMV, _quant_moe, name, BF16, 1,
             True, factored=False, joined=True)  # fmt: skip
-        add(f"quant-{name}-linear-bf16-m3-stages2", Q_SPLIT, _quant_linear, name, BF16, 3,
-            stages=2)  # fmt: skip
-    add("quant-gptq-g128-sym-linear-bf16-m1-one-row-stages3", Q_SPLIT_ONE, _quant_linear,
-        "gptq-g128-sym", BF16, 1, rows=1, stages=3)  # fmt: skip
 
 
 _quant_cases()
@@ -171,7 +159,7 @@ def _gguf_rows(name: str, rows: int, k: int, experts: int | None = None) -> torc
 
 def _gguf_linear(
     name: str, dtype, m: int, bias: bool = True, dequant=None, n: int = 96, dot: bool = False,
-    rows: int = 0, stages: int = 1,
+    rows: int = 0,
 ) -> None:  # fmt: skip
     from xinfer.kernels import gguf_launch
     from xinfer.quant.gguf_blocks import BLOCK_TYPES
@@ -182,18 +170,12 @@ def _gguf_linear(
     tiles = gguf_launch.GGUFTiles(16, 16, 8, num_warps=4) if dot else None
     if rows:
         tiles = gguf_launch.GGUFTiles(rows, 8, 8, num_warps=4)
-    if stages > 1:  # the GEMV-form tiles, loops software-pipelined
-        tiles = dataclasses.replace(
-            tiles or gguf_launch.linear_tiles(m, dtype, BLOCK_TYPES[name], n), loop_stages=stages
-        )
     gguf_launch.linear(
         _randn(m, k, dtype=dtype), w, BLOCK_TYPES[name], b, n, k, tiles, dequant=dequant
     )
 
 
-def _gguf_moe(
-    t13: str, t2: str, dtype, tokens: int, use_gemv: bool, dequant=None, stages: int = 1
-) -> None:
+def _gguf_moe(t13: str, t2: str, dtype, tokens: int, use_gemv: bool, dequant=None) -> None:
     from xinfer.kernels import gguf_launch
     from xinfer.quant.gguf_blocks import BLOCK_TYPES
 
@@ -201,14 +183,9 @@ def _gguf_moe(
     w13 = _gguf_rows(t13, 2 * inter, hidden_dim, num_experts)
     w2 = _gguf_rows(t2, hidden_dim, inter, num_experts)
     weights, ids = _routing(num_experts, top_k, True)(tokens)
-    tiles = None
-    if stages > 1:  # the MoE GEMV's tiles, loops software-pipelined
-        tiles = dataclasses.replace(
-            gguf_launch.gemv_tiles(dtype, BLOCK_TYPES[t13]), loop_stages=stages
-        )
     gguf_launch.fused_moe(_randn(tokens, hidden_dim, dtype=dtype), ids, weights,
                           w13, BLOCK_TYPES[t13], w2, BLOCK_TYPES[t2], inter, use_gemv,
-                          tiles, dequant=dequant)  # fmt: skip
+                          dequant=dequant)  # fmt: skip
 
 
 G_GEMV = "gguf_moe_gate_up_gemv_kernel gguf_moe_down_gemv_kernel"  # combine fused
@@ -244,13 +221,6 @@ def _gguf_cases() -> None:
     add("gguf-Q4_K-linear-bf16-m1-head", g, _gguf_linear, "Q4_K", BF16, 1, n=65536)  # 1 warp
     add("gguf-Q4_K-linear-fp16-m128-prefill", G_DEQUANT, _gguf_linear, "Q4_K", F16, 128)
     add("gguf-Q4_K+Q6_K-moe-fp16-gemv", G_GEMV, _gguf_moe, "Q4_K", "Q6_K", F16, 2, True)
-    for name in ("Q4_K", "Q8_0", "Q6_K"):  # loops software-pipelined
-        add(f"gguf-{name}-moe-bf16-gemv-stages3", G_GEMV, _gguf_moe, name, name, BF16, 1, True,
-            stages=3)  # fmt: skip
-        add(f"gguf-{name}-linear-bf16-m2-stages2", split, _gguf_linear, name, BF16, 2,
-            stages=2)  # fmt: skip
-    add("gguf-Q4_K-linear-bf16-m1-one-row-stages3", "gguf_linear_gemv_kernel", _gguf_linear,
-        "Q4_K", BF16, 1, rows=1, stages=3)  # fmt: skip
     add("gguf-Q4_K+Q6_K-moe-bf16-grouped-large", G_GROUPED, _gguf_moe, "Q4_K", "Q6_K", BF16,
         130, False, dequant=False)  # fmt: skip
     add("gguf-Q4_K+Q6_K-moe-fp16-prefill", G_PREFILL_MOE, _gguf_moe, "Q4_K", "Q6_K", F16, 130,

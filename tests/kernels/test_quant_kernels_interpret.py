@@ -226,7 +226,7 @@ def test_4bit_gemvs_read_words_or_bytes_alike(ql, monkeypatch, name):
 
 
 @child_only
-@pytest.mark.parametrize("name,k", [("fp8-16x32", 512), ("gptq-g32-sym", 512)])
+@pytest.mark.parametrize("name,k", [("fp8-16x32", 512), ("gptq-g32-sym", 2048)])
 def test_even_tiles_load_unmasked_and_match_twin(ql, name, k):
     """Shapes of whole tiles (`quant_launch.even`): the GEMVs' unmasked loads equal the twin."""
     fmt, n, inter, num_experts = _formats()[name], 16, 64, 2

@@ -28,7 +28,7 @@ graph of 128+ sequences; experts keep the in-register kernels up to 4,095 pairs.
 
 from __future__ import annotations
 
-from dataclasses import dataclass, replace
+from dataclasses import dataclass
 
 import torch
 import triton
@@ -49,11 +49,6 @@ PREFILL_MIN_PAIRS = 4096  # expert calls from this many (token, k) pairs dequant
 # and types only, like the tiles; off until the H200 has timed them (bench/NOTES.md)
 Q8X_MOE = False
 Q8X_LINEAR = False
-# The decode GEMVs' (MoE GEMV, GEMV-form linears) loop stages: iterations whose loads are in
-# flight at once (`GGUFTiles.loop_stages`; 1, none). The Q4_K MoE GEMV runs 8 dependent
-# iterations a program in about one wave, ~2.3x its issue floor (bench/NOTES.md); pipelined
-# loops compile without spills. Same bits either way.
-LOOP_STAGES = 1
 
 
 @dataclass(frozen=True)
@@ -66,9 +61,6 @@ class GGUFTiles:
     num_warps: int = 4
     num_stages: int = 2
     split_programs: int | None = None  # decode linears' split-K target (None: the default)
-    # GEMV loops (MoE GEMV, GEMV-form linears): iterations whose loads are in flight at once
-    # (`tl.range` software pipelining through shared memory); 1: each iteration's at its start
-    loop_stages: int = 1
 
 
 # Decode tiles swept for vocabulary-sized outputs (LM heads) by block type: the Q4_K head of
@@ -87,7 +79,7 @@ def linear_tiles(
     if m <= DECODE_M:  # weight-bound: narrow N tiles give every SM work
         head = _SWEPT_HEAD.get(btype.name) if btype is not None and n >= HEAD_ROWS else None
         if head is None and quant_launch.DECODE_GEMV:  # the GEMV form, four rows a program
-            head = GGUFTiles(block_m=4, block_n=4, subs=8, num_warps=2, loop_stages=LOOP_STAGES)
+            head = GGUFTiles(block_m=4, block_n=4, subs=8, num_warps=2)
         return head or GGUFTiles(block_m=16, block_n=16, subs=8, num_warps=4)
     if dtype == torch.float32:
         return GGUFTiles(block_m=32, block_n=32, subs=2, num_warps=4)
@@ -112,8 +104,7 @@ def gemv_tiles(dtype: torch.dtype, btype: BlockType | None = None) -> GGUFTiles:
     blocks a step, 31.4 / 179.3 against 44.9 / 245.2 for the general tile. The other types
     are not swept."""
     del dtype
-    tiles = _SWEPT_GEMV.get(btype.name if btype else "", GGUFTiles(1, 8, 8, num_warps=4))
-    return replace(tiles, loop_stages=LOOP_STAGES) if LOOP_STAGES != 1 else tiles
+    return _SWEPT_GEMV.get(btype.name if btype else "", GGUFTiles(1, 8, 8, num_warps=4))
 
 
 def grouped_tiles(num_pairs: int, dtype: torch.dtype, btype: BlockType | None = None) -> GGUFTiles:
@@ -243,7 +234,7 @@ def _gemv_linear(x2, w, btype: BlockType, bias, out, t: GGUFTiles) -> None:
         x2.stride(0), w.stride(0), *sk.part_strides, out.stride(0),
     )  # fmt: skip
     consts = dict(BTYPE=btype.type_id, HAS_BIAS=sk.fuse_bias, BLOCK_N=t.block_n, SUBS=t.subs,
-                  REDUCE=sk.reduce, STAGES=t.loop_stages, num_warps=t.num_warps)  # fmt: skip
+                  REDUCE=sk.reduce, num_warps=t.num_warps)  # fmt: skip
     if t.block_m == 1:
         jit.gguf_linear_gemv_kernel[grid](*args, **consts)
     else:
@@ -347,14 +338,14 @@ def fused_moe(
             hidden, topk_ids, w13, inter_buf, hidden_dim, inter,
             hidden.stride(0), *s13, inter_buf.stride(0),
             BTYPE=btype13.type_id, TOP_K=top_k, BLOCK_N=t.block_n, SUBS=t.subs,
-            STAGES=t.loop_stages, num_warps=t.num_warps,
+            num_warps=t.num_warps,
         )  # fmt: skip
         counters, fused = moe_launch.combine_tail(out, t.block_n)
         jit.gguf_moe_down_gemv_kernel[(num_pairs, triton.cdiv(hidden_dim, t.block_n))](
             inter_buf, topk_ids, w2, y, topk_weights, out, counters, hidden_dim, inter,
             inter_buf.stride(0), *s2, y.stride(0), out.stride(0),
             BTYPE=btype2.type_id, BLOCK_N=t.block_n, SUBS=t.subs, TOP_K=top_k,
-            COMBINE=fused, STAGES=t.loop_stages, num_warps=t.num_warps,
+            COMBINE=fused, num_warps=t.num_warps,
         )  # fmt: skip
     else:
         fused = False

@@ -51,16 +51,15 @@ FACTORED = True
 # measured on the H200 (bench/NOTES.md, tenth session: predictions). False: the dot tile
 # (tiles with `block_m` 16 choose it too).
 DECODE_GEMV = True
-# The decode GEMVs' (MoE GEMV, GEMV-form linears) loop stages: how many iterations' loads are
-# in flight at once (`QuantTiles.loop_stages`: tl.range software pipelining; 1, none). The
-# kernels run 4-16 dependent iterations a program in one wave and sit far above their issue
-# and HBM floors (sm_90 SASS: NVFP4 MoE GEMV ~9 µs of issue, measured 44 µs); pipelined
-# loops compile without spills (bench/sass_report.py --loop-stages). Same bits either way.
-LOOP_STAGES = 1
 # The MoE GEMV's gate and up tiles in one loop (`QuantTiles.joined`) rather than one loop
 # after the other: half the dependent iterations a program, x loaded once for both; same
-# bits. Not yet timed on the H200.
-JOINED = False
+# bits. Measured on an H100 (2026-12-05, thirteenth session), µs at 1 / 8 tokens: FP8 20.0 →
+# 17.4 / 116.4 → 102.4, NVFP4 26.8 → 23.6 / 162.7 → 145.0; GPTQ 31.7 → 32.1 / 204.3 → 189.9,
+# where 2,048-column tiles do better (27.7 / 185.9): the int4 family takes those instead
+# (INT4_GEMV_BLOCK_K). Each was timed alone, not in combination.
+JOINED = True
+INT4_GEMV_BLOCK_K = 2048
+_INT4 = 2  # KernelWeights.fmt_code of the int4 family (GPTQ, AWQ, compressed-tensors)
 
 
 @dataclass(frozen=True)
@@ -73,9 +72,6 @@ class QuantTiles:
     down_block_n: int = 0  # MoE GEMV: the down projection's rows per program (0: block_n)
     factored: bool | None = None  # MoE GEMV: scale group sums, not weights (None: FACTORED)
     split_programs: int | None = None  # decode linears' split-K target (None: the default)
-    # GEMV loops (MoE GEMV, GEMV-form linears): iterations whose loads are in flight at once
-    # (`tl.range` software pipelining through shared memory); 1: each iteration's at its start
-    loop_stages: int = 1
     joined: bool = False  # MoE GEMV: the gate and up tiles read in one loop, not two
 
 
@@ -86,11 +82,16 @@ def _decode_block_k(kw: KernelWeights) -> int:
 
 
 def gemv_tiles(kw13: KernelWeights) -> QuantTiles:
-    """The MoE GEMV's default tiles (decode): 8 rows a program, ~2 KB of stored bytes a row
-    tile, 16 rows a program for the down projection."""
+    """The MoE GEMV's default tiles (decode): 8 rows a program, 16 for the down projection;
+    FP8 and NVFP4: ~2 KB of stored bytes a row tile, gate and up in one loop (JOINED); the
+    int4 family: 2,048 columns a step, gate and up one after the other."""
+    if kw13.fmt_code == _INT4:
+        return QuantTiles(
+            block_m=1, block_n=8, block_k=INT4_GEMV_BLOCK_K, num_warps=8, down_block_n=16
+        )
     return QuantTiles(
         block_m=1, block_n=8, block_k=_decode_block_k(kw13), num_warps=8, down_block_n=16,
-        loop_stages=LOOP_STAGES, joined=JOINED,
+        joined=JOINED,
     )  # fmt: skip
 
 
@@ -105,8 +106,7 @@ def linear_tiles(
     if m <= DECODE_M and DECODE_GEMV:
         block_k = _decode_block_k(kw) if kw is not None else 128
         fits = FACTORED and kw is not None and k is not None and rows_tiles_fit(kw, block_k, k)
-        return QuantTiles(block_m=4 if fits else 1, block_n=8, block_k=block_k, num_warps=8,
-                          loop_stages=LOOP_STAGES)  # fmt: skip
+        return QuantTiles(block_m=4 if fits else 1, block_n=8, block_k=block_k, num_warps=8)
     if m <= DECODE_M:  # weight-bound: narrow N tiles, K split below, give every SM work
         block_k = _decode_block_k(kw) // 2 if kw is not None else 128
         return QuantTiles(block_m=16, block_n=32, block_k=block_k, num_warps=4)
@@ -228,8 +228,7 @@ def _gemv_linear(x2, kw: KernelWeights, bias, out, tiles: QuantTiles) -> None:
     consts = dict(
         **_fmt_kw(kw), PACKED=packed(kw), HAS_BIAS=sk.fuse_bias, BLOCK_N=tiles.block_n,
         BLOCK_K=tiles.block_k, GROUP_T=group_t(kw, tiles.block_k, k), REDUCE=sk.reduce,
-        EVEN=even(n, k, tiles.block_n, tiles.block_k), STAGES=tiles.loop_stages,
-        num_warps=tiles.num_warps,
+        EVEN=even(n, k, tiles.block_n, tiles.block_k), num_warps=tiles.num_warps,
     )  # fmt: skip
     if tiles.block_m == 4:
         if not (factored and rows_tiles_fit(kw, tiles.block_k, k)):
@@ -304,8 +303,8 @@ def fused_moe(
             **_fmt_kw(kw13), PACKED=packed(kw13), TOP_K=top_k, BLOCK_N=t.block_n,
             BLOCK_K=t.block_k, GROUP_T=group_t(kw13, t.block_k, hidden_dim),
             FACTORED=factored, WORDS=words(kw13, t.block_k, hidden_dim),
-            EVEN=even(inter, hidden_dim, t.block_n, t.block_k), STAGES=t.loop_stages,
-            JOINED=t.joined, num_warps=t.num_warps,
+            EVEN=even(inter, hidden_dim, t.block_n, t.block_k), JOINED=t.joined,
+            num_warps=t.num_warps,
         )  # fmt: skip
         down_n = t.down_block_n or t.block_n
         grid = (num_pairs, triton.cdiv(hidden_dim, down_n))
@@ -317,8 +316,7 @@ def fused_moe(
             **_fmt_kw(kw2), PACKED=packed(kw2), BLOCK_N=down_n,
             BLOCK_K=down_k, GROUP_T=group_t(kw2, down_k, inter), FACTORED=factored,
             TOP_K=top_k, COMBINE=fused, WORDS=words(kw2, down_k, inter),
-            EVEN=even(hidden_dim, inter, down_n, down_k), STAGES=t.loop_stages,
-            num_warps=t.num_warps,
+            EVEN=even(hidden_dim, inter, down_n, down_k), num_warps=t.num_warps,
         )  # fmt: skip
     else:
         fused = False

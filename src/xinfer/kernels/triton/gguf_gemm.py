@@ -72,7 +72,7 @@ def gguf_linear_gemv_kernel(
     M, N, K, k_per_split,
     stride_xm, stride_wn, stride_os, stride_om, stride_fm,
     BTYPE: tl.constexpr, HAS_BIAS: tl.constexpr, BLOCK_N: tl.constexpr, SUBS: tl.constexpr,
-    REDUCE: tl.constexpr, STAGES: tl.constexpr,
+    REDUCE: tl.constexpr,
 ):  # fmt: skip
     """grid (M, cdiv(N, BLOCK_N), splits), the decode linear without `tl.dot`: a program
     multiplies one x row by BLOCK_N weight rows over its split's K range as the MoE GEMV
@@ -89,7 +89,7 @@ def gguf_linear_gemv_kernel(
     kb_start = split * (k_per_split // (SUBS * 32))
     kb_end = tl.minimum(kb_start + k_per_split // (SUBS * 32), tl.cdiv(K, SUBS * 32))
     acc = tl.zeros((BLOCK_N, SUBS, 32), dtype=tl.float32)
-    for kb in tl.range(kb_start, kb_end, num_stages=STAGES):
+    for kb in range(kb_start, kb_end):
         acc += gguf_tile(w_ptr, row_off, kb, K, mask_n, BTYPE, SUBS) * x_chunk(
             x_row, kb, K, SUBS, BLOCK_N
         )
@@ -108,7 +108,7 @@ def gguf_linear_rows_kernel(
     M, N, K, k_per_split,
     stride_xm, stride_wn, stride_os, stride_om, stride_fm,
     BTYPE: tl.constexpr, HAS_BIAS: tl.constexpr, BLOCK_N: tl.constexpr, SUBS: tl.constexpr,
-    REDUCE: tl.constexpr, STAGES: tl.constexpr,
+    REDUCE: tl.constexpr,
 ):  # fmt: skip
     """grid (cdiv(M, 4), cdiv(N, BLOCK_N), splits): the GEMV form for four rows of x a
     program: each weight tile is decoded once and multiplied into four accumulators, one a
@@ -128,7 +128,7 @@ def gguf_linear_rows_kernel(
     acc1 = tl.zeros((BLOCK_N, SUBS, 32), dtype=tl.float32)
     acc2 = tl.zeros((BLOCK_N, SUBS, 32), dtype=tl.float32)
     acc3 = tl.zeros((BLOCK_N, SUBS, 32), dtype=tl.float32)
-    for kb in tl.range(kb_start, kb_end, num_stages=STAGES):
+    for kb in range(kb_start, kb_end):
         w = gguf_tile(w_ptr, row_off, kb, K, mask_n, BTYPE, SUBS)
         acc0 += w * x_chunk(x0, kb, K, SUBS, BLOCK_N)
         if m0 + 1 < M:
@@ -156,12 +156,8 @@ def gguf_moe_gate_up_gemv_kernel(
     hidden_dim, inter_dim,
     stride_xt, stride_we, stride_wn, stride_it,
     BTYPE: tl.constexpr, TOP_K: tl.constexpr, BLOCK_N: tl.constexpr, SUBS: tl.constexpr,
-    STAGES: tl.constexpr,
 ):  # fmt: skip
-    """grid (T*k, cdiv(I, BLOCK_N)): inter[pair, n] = silu(x·W13[e, n]) * (x·W13[e, I + n]).
-    STAGES: loop iterations whose loads are in flight at once (`tl.range`'s software
-    pipelining: the next chunks' bytes load while this one is decoded); 1 issues each
-    iteration's loads at its start. The arithmetic, so the bits, are the same either way."""
+    """grid (T*k, cdiv(I, BLOCK_N)): inter[pair, n] = silu(x·W13[e, n]) * (x·W13[e, I + n])."""
     pair = tl.program_id(0)
     pid_n = tl.program_id(1)
     tok = (pair // TOP_K).to(tl.int64)
@@ -173,7 +169,7 @@ def gguf_moe_gate_up_gemv_kernel(
     x_row = x_ptr + tok * stride_xt
     acc_g = tl.zeros((BLOCK_N, SUBS, 32), dtype=tl.float32)
     acc_u = tl.zeros((BLOCK_N, SUBS, 32), dtype=tl.float32)
-    for kb in tl.range(0, tl.cdiv(hidden_dim, SUBS * 32), num_stages=STAGES):
+    for kb in range(0, tl.cdiv(hidden_dim, SUBS * 32)):
         x = x_chunk(x_row, kb, hidden_dim, SUBS, BLOCK_N)
         acc_g += gguf_tile(w_ptr, gate_off, kb, hidden_dim, mask_n, BTYPE, SUBS) * x
         acc_u += gguf_tile(w_ptr, up_off, kb, hidden_dim, mask_n, BTYPE, SUBS) * x
@@ -189,7 +185,7 @@ def gguf_moe_down_gemv_kernel(
     hidden_dim, inter_dim,
     stride_it, stride_we, stride_wn, stride_yt, stride_ot,
     BTYPE: tl.constexpr, BLOCK_N: tl.constexpr, SUBS: tl.constexpr, TOP_K: tl.constexpr,
-    COMBINE: tl.constexpr, STAGES: tl.constexpr,
+    COMBINE: tl.constexpr,
 ):  # fmt: skip
     """grid (T*k, cdiv(H, BLOCK_N)): y[pair, n] = inter[pair]·W2[e, n], rounded to the dtype;
     with COMBINE the last of a token's programs sums its pairs (`combine_when_last`)."""
@@ -201,7 +197,7 @@ def gguf_moe_down_gemv_kernel(
     row_off = e * stride_we + offs_n.to(tl.int64) * stride_wn
     a_row = inter_ptr + pair * stride_it
     acc = tl.zeros((BLOCK_N, SUBS, 32), dtype=tl.float32)
-    for kb in tl.range(0, tl.cdiv(inter_dim, SUBS * 32), num_stages=STAGES):
+    for kb in range(0, tl.cdiv(inter_dim, SUBS * 32)):
         a = x_chunk(a_row, kb, inter_dim, SUBS, BLOCK_N)
         acc += gguf_tile(w_ptr, row_off, kb, inter_dim, mask_n, BTYPE, SUBS) * a
     y = tl.sum(tl.sum(acc, axis=2), axis=1).to(y_ptr.dtype.element_ty)

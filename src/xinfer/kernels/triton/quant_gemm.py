@@ -107,8 +107,7 @@ def _row_dot(
     stride_wn, stride_sn, stride_zn,
     FMT: tl.constexpr, SCALE_BN: tl.constexpr, SCALE_BK: tl.constexpr, HAS_ZERO: tl.constexpr,
     PACKED: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr, GROUP_T: tl.constexpr,
-    FACTORED: tl.constexpr, WORDS: tl.constexpr, EVEN: tl.constexpr, STAGES: tl.constexpr,
-    PAIR: tl.constexpr,
+    FACTORED: tl.constexpr, WORDS: tl.constexpr, EVEN: tl.constexpr, PAIR: tl.constexpr,
 ):  # fmt: skip
     """A pair of (BLOCK_N,) float32 sums: x[k_begin:k_dim] · dequant(W[row_offset + offs_n,
     k_begin:k_dim]) (k_begin a multiple of BLOCK_K: a split of a linear's K, else 0), and with
@@ -135,10 +134,7 @@ def _row_dot(
     barriers (sm_90 SASS, `bench/sass_report.py --cases linear-nvfp4`).
 
     EVEN (N and the K range whole tiles: `quant_launch.even`): the word and FP8 paths load
-    codes and x without masks (NVFP4 linear's loop 148 → ~125 instructions).
-
-    STAGES: loop iterations whose loads are in flight at once (`tl.range`'s software
-    pipelining); 1 issues each iteration's loads at its start. Same arithmetic, same bits."""
+    codes and x without masks (NVFP4 linear's loop 148 → ~125 instructions)."""
     dtype = x_ptr.dtype.element_ty
     rows = offs_n + row_offset
     rows2 = offs_n + row_offset2
@@ -151,7 +147,7 @@ def _row_dot(
         else:
             acc = tl.zeros((BLOCK_N, BLOCK_K // GROUP_T, GROUP_T), dtype=tl.float32)
         acc2 = acc
-        for k0 in tl.range(k_begin, k_dim, BLOCK_K, num_stages=STAGES):
+        for k0 in range(k_begin, k_dim, BLOCK_K):
             x = _x_tile(x_ptr, k0 + cols, k_dim, EVEN)
             acc = _col_step(
                 acc, x, w_ptr, s_ptr, z_ptr, rows, k0, mask_n, k_dim, stride_wn, stride_sn,
@@ -171,7 +167,7 @@ def _row_dot(
         else:
             acc = tl.zeros((BLOCK_N, BLOCK_K // GROUP_T, GROUP_T // 2), dtype=tl.float32)
         acc2 = acc
-        for k0 in tl.range(k_begin, k_dim, BLOCK_K, num_stages=STAGES):
+        for k0 in range(k_begin, k_dim, BLOCK_K):
             ke = k0 + pcols
             mask_p = ke < k_dim  # K is even for 4-bit formats: the odd column follows
             xe = tl.load(x_ptr + ke, mask=mask_p, other=0.0).to(tl.float32)[None, :, :]
@@ -245,7 +241,7 @@ def quant_linear_gemv_kernel(
     FMT: tl.constexpr, SCALE_BN: tl.constexpr, SCALE_BK: tl.constexpr, HAS_ZERO: tl.constexpr,
     PACKED: tl.constexpr, HAS_BIAS: tl.constexpr, BLOCK_N: tl.constexpr,
     BLOCK_K: tl.constexpr, GROUP_T: tl.constexpr, FACTORED: tl.constexpr, REDUCE: tl.constexpr,
-    WORDS: tl.constexpr, EVEN: tl.constexpr, STAGES: tl.constexpr,
+    WORDS: tl.constexpr, EVEN: tl.constexpr,
 ):  # fmt: skip
     """grid (M, cdiv(N, BLOCK_N), splits), the decode linear without `tl.dot`: a program
     multiplies one x row by BLOCK_N rows of the weight over its split's K range
@@ -264,7 +260,7 @@ def quant_linear_gemv_kernel(
     acc, _ = _row_dot(
         x_ptr + m.to(tl.int64) * stride_xm, w_ptr, s_ptr, z_ptr, offs_n, mask_n, 0, 0, k_begin,
         k_end, stride_wn, stride_sn, stride_zn, FMT, SCALE_BN, SCALE_BK, HAS_ZERO, PACKED,
-        BLOCK_N, BLOCK_K, GROUP_T, FACTORED, WORDS, EVEN, STAGES, False,
+        BLOCK_N, BLOCK_K, GROUP_T, FACTORED, WORDS, EVEN, False,
     )  # fmt: skip
     offs_m = m + tl.arange(0, 1)
     store_split_tile(
@@ -282,7 +278,6 @@ def quant_linear_rows_kernel(
     FMT: tl.constexpr, SCALE_BN: tl.constexpr, SCALE_BK: tl.constexpr, HAS_ZERO: tl.constexpr,
     PACKED: tl.constexpr, HAS_BIAS: tl.constexpr, BLOCK_N: tl.constexpr,
     BLOCK_K: tl.constexpr, GROUP_T: tl.constexpr, REDUCE: tl.constexpr, EVEN: tl.constexpr,
-    STAGES: tl.constexpr,
 ):  # fmt: skip
     """grid (cdiv(M, 4), cdiv(N, BLOCK_N), splits): the GEMV form for four rows of x a
     program: each weight tile is decoded once (FP8 codes, or 4-bit words: `load_raw_words`)
@@ -305,7 +300,7 @@ def quant_linear_rows_kernel(
     acc1 = tl.zeros((BLOCK_N, BLOCK_K // GROUP_T), dtype=tl.float32)
     acc2 = tl.zeros((BLOCK_N, BLOCK_K // GROUP_T), dtype=tl.float32)
     acc3 = tl.zeros((BLOCK_N, BLOCK_K // GROUP_T), dtype=tl.float32)
-    for k0 in tl.range(k_begin, k_end, BLOCK_K, num_stages=STAGES):
+    for k0 in range(k_begin, k_end, BLOCK_K):
         v, sc = _decoded_tile(
             w_ptr, s_ptr, z_ptr, offs_n, k0, mask_n, k_end, stride_wn, stride_sn, stride_zn,
             FMT, SCALE_BN, SCALE_BK, HAS_ZERO, PACKED, BLOCK_K, GROUP_T, EVEN,
@@ -336,7 +331,7 @@ def quant_moe_gate_up_gemv_kernel(
     FMT: tl.constexpr, SCALE_BN: tl.constexpr, SCALE_BK: tl.constexpr, HAS_ZERO: tl.constexpr,
     PACKED: tl.constexpr, TOP_K: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr,
     GROUP_T: tl.constexpr, FACTORED: tl.constexpr, WORDS: tl.constexpr, EVEN: tl.constexpr,
-    STAGES: tl.constexpr, JOINED: tl.constexpr,
+    JOINED: tl.constexpr,
 ):  # fmt: skip
     """grid (T*k, cdiv(I, BLOCK_N)): inter[pair, n] = silu(x·W13[e, n]) * (x·W13[e, I + n]);
     JOINED reads the gate and up tiles in one loop (half the dependent iterations), otherwise
@@ -353,18 +348,18 @@ def quant_moe_gate_up_gemv_kernel(
         g, u = _row_dot(
             x_row, w_e, s_e, z_e, offs_n, mask_n, 0, inter_dim, 0, hidden_dim, stride_wn,
             stride_sn, stride_zn, FMT, SCALE_BN, SCALE_BK, HAS_ZERO, PACKED, BLOCK_N, BLOCK_K,
-            GROUP_T, FACTORED, WORDS, EVEN, STAGES, True,
+            GROUP_T, FACTORED, WORDS, EVEN, True,
         )  # fmt: skip
     else:
         g, _ = _row_dot(
             x_row, w_e, s_e, z_e, offs_n, mask_n, 0, 0, 0, hidden_dim, stride_wn, stride_sn,
             stride_zn, FMT, SCALE_BN, SCALE_BK, HAS_ZERO, PACKED, BLOCK_N, BLOCK_K, GROUP_T,
-            FACTORED, WORDS, EVEN, STAGES, False,
+            FACTORED, WORDS, EVEN, False,
         )  # fmt: skip
         u, _ = _row_dot(
             x_row, w_e, s_e, z_e, offs_n, mask_n, inter_dim, 0, 0, hidden_dim, stride_wn,
             stride_sn, stride_zn, FMT, SCALE_BN, SCALE_BK, HAS_ZERO, PACKED, BLOCK_N, BLOCK_K,
-            GROUP_T, FACTORED, WORDS, EVEN, STAGES, False,
+            GROUP_T, FACTORED, WORDS, EVEN, False,
         )  # fmt: skip
     h = _silu_mul(g, u, inter_ptr.dtype.element_ty)
     tl.store(inter_ptr + pair.to(tl.int64) * stride_it + offs_n, h, mask=mask_n)
@@ -379,7 +374,7 @@ def quant_moe_down_gemv_kernel(
     FMT: tl.constexpr, SCALE_BN: tl.constexpr, SCALE_BK: tl.constexpr, HAS_ZERO: tl.constexpr,
     PACKED: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr, GROUP_T: tl.constexpr,
     FACTORED: tl.constexpr, TOP_K: tl.constexpr, COMBINE: tl.constexpr, WORDS: tl.constexpr,
-    EVEN: tl.constexpr, STAGES: tl.constexpr,
+    EVEN: tl.constexpr,
 ):  # fmt: skip
     """grid (T*k, cdiv(H, BLOCK_N)): y[pair, n] = inter[pair]·W2[e, n] in the dtype; with
     COMBINE the last of a token's programs sums its pairs into out (`combine_when_last`)."""
@@ -392,7 +387,7 @@ def quant_moe_down_gemv_kernel(
     y, _ = _row_dot(
         inter_ptr + pair * stride_it, w_e, s_e, z_e, offs_n, mask_n, 0, 0, 0, inter_dim,
         stride_wn, stride_sn, stride_zn, FMT, SCALE_BN, SCALE_BK, HAS_ZERO, PACKED, BLOCK_N,
-        BLOCK_K, GROUP_T, FACTORED, WORDS, EVEN, STAGES, False,
+        BLOCK_K, GROUP_T, FACTORED, WORDS, EVEN, False,
     )  # fmt: skip
     tl.store(y_ptr + pair * stride_yt + offs_n, y.to(y_ptr.dtype.element_ty), mask=mask_n)
     if COMBINE:
