@@ -7,6 +7,7 @@ to place the switch between them (`PREFILL_MIN_ROWS` / `PREFILL_MIN_PAIRS`). Dec
 calls are timed replayed from a CUDA graph (eager timings of them are launch cost).
 
     python3 bench/bench_quant_kernel.py --formats fp8,nvfp4,gptq --sweep
+    python3 bench/bench_quant_kernel.py --formats fp8 --prefill-sweep   # T = 2048 tiles only
 
 Each timing is checked against the twin first. A sweep prints the best tiles per case; put
 them in `kernels/quant_launch.py` (decode tiles must stay shape-only: batch invariance)."""
@@ -57,7 +58,30 @@ def nbytes(tensors: dict, rows: int | None = None) -> int:
     return per * (rows if rows is not None else 1)
 
 
-def moe_case(name, fmt, tokens, sweep):
+PREFILL_SWEEP = [  # the in-register grouped GEMMs' tiles at prefill sizes
+    ql.QuantTiles(bm, bn, bk, nw, num_stages=st)
+    for bm, bn, bk, nw, st in itertools.product((64, 128), (64, 128), (64, 128), (4, 8), (3, 4))
+]
+
+
+def prefill_sweep(name, run, ref, tokens) -> None:
+    """Time the in-register prefill path (`dequant=False`) over PREFILL_SWEEP; each tile is
+    checked against the twin first. The default tiles' time is printed by the caller."""
+    timed = []
+    for cfg in PREFILL_SWEEP:
+        try:
+            err = (run(tiles=cfg, dequant=False).float() - ref).norm() / ref.norm()
+            assert err < 1e-2, f"{name} moe T={tokens} {cfg}: relative error {err:.2e}"
+            sec = cuda_seconds(lambda cfg=cfg: run(tiles=cfg, dequant=False), 20)
+        except Exception as e:  # a tile the compiler refuses (registers, shared memory)
+            print(f"  in registers {cfg}: {type(e).__name__}")
+            continue
+        timed.append((sec, cfg))
+    for sec, cfg in sorted(timed, key=lambda t: t[0])[:6]:
+        print(f"  in registers {cfg}: {sec * 1e6:7.1f} us")
+
+
+def moe_case(name, fmt, tokens, sweep, sweep_prefill=False):
     g = torch.Generator(device=DEV).manual_seed(0)
     w13, w2 = (
         stack(fmt, 2 * INTER, HIDDEN, NUM_EXPERTS, g),
@@ -101,6 +125,8 @@ def moe_case(name, fmt, tokens, sweep):
             assert err < 1e-2, f"{name} moe T={tokens} {what}: relative error {err:.2e}"
             sec = timer(lambda d=dequant: run(dequant=d), 50)
             print(f"  {what}: {sec * 1e6:7.1f} us")
+        if sweep_prefill:
+            prefill_sweep(name, run, ref, tokens)
     if sweep and best and best[1] is not None:
         print(f"  best {best[1]}: {best[0] * 1e6:.1f} us, {moved / best[0] / 1e12:.2f} TB/s")
     for sec, cfg in sorted(timed, key=lambda t: t[0])[1:5] if sweep else ():
@@ -112,10 +138,8 @@ def moe_case(name, fmt, tokens, sweep):
         variants = [dataclasses.replace(base, factored=f) for f in (False, True)]
         if not sweep:  # more columns a step: more bytes in flight a program
             variants += [dataclasses.replace(base, block_k=base.block_k * t) for t in (2, 4)]
-        # the next iterations' loads in flight (software-pipelined GEMV loops), and gate and
-        # up in one loop (half the dependent iterations)
-        variants += [dataclasses.replace(base, loop_stages=st) for st in (2, 3)]
-        variants += [dataclasses.replace(base, joined=True, loop_stages=st) for st in (1, 2)]
+        # gate and up in one loop (half the dependent iterations)
+        variants.append(dataclasses.replace(base, joined=True))
         for cfg in variants:
             err = (run(tiles=cfg).float() - ref).norm() / ref.norm()
             assert err < 1e-2, f"{name} moe T={tokens} {cfg}: error {err:.2e}"
@@ -166,9 +190,6 @@ def linear_case(name, fmt, n, k, m, sweep):
             ql.QuantTiles(1, 8, 4 * gemv_k, 8),
             ql.QuantTiles(16, 32, gemv_k // 2, 4),  # the dot tile
         ]
-        default = ql.linear_tiles(m, x.dtype, fmt.kernel_weights(t, k), k)
-        # the default tiles with the next iterations' loads in flight (pipelined loops)
-        configs += [dataclasses.replace(default, loop_stages=st) for st in (2, 3)]
         for cfg in configs[1:]:
             err = (run(tiles=cfg).float() - ref).norm() / ref.norm()
             assert err < 1e-2, f"{name} linear {cfg}: relative error {err:.2e}"
@@ -210,7 +231,15 @@ def main() -> None:
     ap = argparse.ArgumentParser()
     ap.add_argument("--formats", default="bf16,fp8,nvfp4,gptq,awq,ct")
     ap.add_argument("--sweep", action="store_true")
+    ap.add_argument(
+        "--prefill-sweep", action="store_true",
+        help="only the 2,048-token MoE, its in-register tiles swept (PREFILL_SWEEP)",
+    )  # fmt: skip
     args = ap.parse_args()
+    if args.prefill_sweep:
+        for name in args.formats.split(","):
+            moe_case(name, FORMATS[name], 2048, False, sweep_prefill=name != "bf16")
+        return
     for name in args.formats.split(","):
         fmt = FORMATS[name]
         for tokens in (1, 8):  # the sweep at one token (the batch-1 decode)

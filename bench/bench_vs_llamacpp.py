@@ -99,17 +99,11 @@ def main() -> None:
                          "prompt pass (each layer's experts streamed once, overlapped)")  # fmt: skip
     ap.add_argument("--q8x", action="store_true",
                     help="Q4_K decode GEMVs on int8 activations (gguf_launch.Q8X_MOE, Q8X_LINEAR)")  # fmt: skip
-    ap.add_argument("--loop-stages", type=int, default=None,
-                    help="the GGUF decode GEMVs' loop stages (gguf_launch.LOOP_STAGES)")  # fmt: skip
     args = ap.parse_args()
     if args.q8x:
         from xinfer.kernels import gguf_launch
 
         gguf_launch.Q8X_MOE = gguf_launch.Q8X_LINEAR = True
-    if args.loop_stages is not None:
-        from xinfer.kernels import gguf_launch
-
-        gguf_launch.LOOP_STAGES = args.loop_stages
     # resident: the prompt in one chunk (the fastest there); under a budget, chunks shorter than
     # the prompt, so that it takes the prompt pass: in one chunk the call's missing experts
     # come through the per-call path instead (2026-12-04 H200: 4,002 tok/s at pp8192)
@@ -124,12 +118,12 @@ def main() -> None:
             budget["routing_source"] = args.routing_source
         runs.append((f"{args.budget_gb:g} GB auto", budget))
     label = args.label + (f" isq {args.isq}" if args.isq else "") + (" q8x" if args.q8x else "")
-    label += f" stages {args.loop_stages}" if args.loop_stages is not None else ""
     for placement, options in runs:
         if torch.cuda.is_available():  # what an earlier engine of this process still holds
             free, total = torch.cuda.mem_get_info()
-            print(f"[{placement}] GPU memory in use before loading: {(total - free) / 2**30:.2f} "
-                  "GiB", flush=True)  # fmt: skip
+            used = (total - free) / 2**30  # to stderr: stdout carries the JSON rows only
+            print(f"[{placement}] GPU memory in use before loading: {used:.2f} GiB",
+                  file=sys.stderr, flush=True)  # fmt: skip
         start = time.perf_counter()
         llm = LLM(
             args.gguf,

@@ -38,6 +38,7 @@ for phase in "$@"; do
     kernels) timeout 200 python3 -m pytest -q -p no:cacheprovider tests/kernels 2>&1 | tail -30 | tee "$OUT/kernel_tests.txt" ;;
     quant) timeout 580 python3 -m pytest -q -p no:cacheprovider tests/kernels/test_quant_kernels.py tests/quant/test_quant_gpu.py 2>&1 | tee "$OUT/quant_tests.txt" | tail -30 ;;
     quantkernel) timeout ${QUANT_TIMEOUT:-580} python3 bench/bench_quant_kernel.py --formats ${QUANT_FORMATS:-bf16,fp8,nvfp4,gptq} ${QUANT_SWEEP:+--sweep} 2>&1 | tee "$OUT/quant_kernel.txt" | tail -60 ;;
+    quantprefill) timeout ${QUANT_TIMEOUT:-400} python3 bench/bench_quant_kernel.py --prefill-sweep --formats ${QUANT_FORMATS:-fp8} 2>&1 | tee "$OUT/quant_prefill_sweep.txt" | tail -40 ;;
     quantres) timeout ${QUANT_TIMEOUT:-580} python3 bench/bench_quant.py --parts resident --formats ${QUANT_FORMATS:-bf16,fp8,nvfp4,gptq} ${QUANT_EXTRA:-} --out "$OUT/quant_resident" 2>&1 | tail -30 | tee "$OUT/quant_resident.txt" ;;
     quantoff) timeout 580 python3 bench/bench_quant.py --parts offload --formats ${QUANT_FORMATS:-fp8} --out "$OUT/quant_offload" 2>&1 | tail -30 | tee "$OUT/quant_offload.txt" ;;
     moebench) timeout 90 python3 bench/bench_moe_kernel.py 2>&1 | tail -30 | tee "$OUT/moe_kernel.txt" ;;
