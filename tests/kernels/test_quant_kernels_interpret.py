@@ -109,8 +109,10 @@ def test_split_k_decode_linear_matches_twin_and_the_batch(ql, name, rows):
     x = torch.randn(16, k, generator=g)
     bias = torch.randn(n, generator=g)
     kw = fmt.kernel_weights(tensors, k)
-    tiles = ql.linear_tiles(1, x.dtype, kw, k)
+    tiles = ql.linear_tiles(2, x.dtype, kw, k)
     assert tiles.block_m == 4  # the default decode tile of these formats and shapes
+    alone = ql.linear_tiles(1, x.dtype, kw, k)  # ONE_ROW_ALONE: the one-row kernel, same tile
+    assert (alone.block_m, alone.block_n, alone.block_k) == (1, tiles.block_n, tiles.block_k)
     if rows == 1:
         tiles = ql.QuantTiles(block_m=1, block_n=8, block_k=tiles.block_k, num_warps=8)
     elif rows == 16:
@@ -125,6 +127,8 @@ def test_split_k_decode_linear_matches_twin_and_the_batch(ql, name, rows):
         return
     assert torch.equal(ql.linear(x[5:6], fmt, tensors, bias, n, k, tiles=tiles), out[5:6])
     assert torch.equal(ql.linear(x[4:7], fmt, tensors, bias, n, k, tiles=tiles), out[4:7])
+    # a row alone by default (the one-row kernel) has its bits from the four-row kernel
+    assert torch.equal(ql.linear(x[5:6], fmt, tensors, bias, n, k), out[5:6])
 
 
 # MoE paths: the decode GEMV at its default tiles (each group's sum scaled once), the GEMV

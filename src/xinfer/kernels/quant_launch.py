@@ -51,6 +51,15 @@ FACTORED = True
 # measured on the H200 (bench/NOTES.md, tenth session: predictions). False: the dot tile
 # (tiles with `block_m` 16 choose it too).
 DECODE_GEMV = True
+# A decode call of one row runs the one-row GEMV (`quant_linear_gemv_kernel`) where the
+# four-row kernel would: with the same tile, splits and factored sums over FP8 codes or
+# 4-bit words a row's arithmetic is the same in both (per-group sums of the same products,
+# scaled once, summed over groups at the end), so its bits do not change with the batch
+# (tests: the interpreter's one-row == four-row, the GPU's rows-independent-of-M). Measured
+# on an H100 (2026-12-05, thirteenth session), µs at one row, four-row → one-row, same tile:
+# qkv 1 x 5120 x 2048 FP8 6.5 → 5.6, GPTQ 13.2 → 8.5, NVFP4 12.6 → 6.7; o_proj 1 x 2048 x
+# 4096 FP8 6.5 → 6.0, GPTQ 9.9 → 8.6, NVFP4 9.3 → 7.2.
+ONE_ROW_ALONE = True
 # The MoE GEMV's gate and up tiles in one loop (`QuantTiles.joined`) rather than one loop
 # after the other: half the dependent iterations a program, x loaded once for both; same
 # bits. Measured on an H100 (2026-12-05, thirteenth session), µs at 1 / 8 tokens: FP8 20.0 →
@@ -98,15 +107,16 @@ def gemv_tiles(kw13: KernelWeights) -> QuantTiles:
 def linear_tiles(
     m: int, dtype: torch.dtype, kw: KernelWeights | None = None, k: int | None = None
 ) -> QuantTiles:
-    """The linear's tiles from (M bucket, dtype, format, K), never from M within a bucket,
-    so a decode row's bits do not depend on the batch. Decode (M <= DECODE_M): the GEMV form
-    (DECODE_GEMV) with the MoE GEMV's tiles, four rows a program where the weight allows it
-    (`rows_tiles_fit`: each tile decoded once for four rows), else one; or the 16-row dot
-    tile."""
+    """The linear's tiles from (M bucket, dtype, format, K), never from M within a bucket
+    but for kernels of the same bits, so a decode row's bits do not depend on the batch.
+    Decode (M <= DECODE_M): the GEMV form (DECODE_GEMV) with the MoE GEMV's tiles, four rows
+    a program where the weight allows it (`rows_tiles_fit`: each tile decoded once for four
+    rows) and more than one row comes (ONE_ROW_ALONE), else one; or the 16-row dot tile."""
     if m <= DECODE_M and DECODE_GEMV:
         block_k = _decode_block_k(kw) if kw is not None else 128
         fits = FACTORED and kw is not None and k is not None and rows_tiles_fit(kw, block_k, k)
-        return QuantTiles(block_m=4 if fits else 1, block_n=8, block_k=block_k, num_warps=8)
+        four = fits and not (ONE_ROW_ALONE and m == 1)
+        return QuantTiles(block_m=4 if four else 1, block_n=8, block_k=block_k, num_warps=8)
     if m <= DECODE_M:  # weight-bound: narrow N tiles, K split below, give every SM work
         block_k = _decode_block_k(kw) // 2 if kw is not None else 128
         return QuantTiles(block_m=16, block_n=32, block_k=block_k, num_warps=4)
