@@ -19,7 +19,7 @@ from xinfer.offload.executor import OffloadExecutor  # noqa: E402
 from xinfer.offload.slot_cache import NUM_COUNTERS  # noqa: E402
 from xinfer.offload.slot_pool import build_slot_caches  # noqa: E402
 from xinfer.quant.experts import ExpertWeights  # noqa: E402
-from xinfer.quant.fp8 import Fp8Block  # noqa: E402
+from xinfer.quant.nvfp4 import Nvfp4  # noqa: E402
 
 CPU = torch.device("cpu")
 NUM_LAYERS, NUM_EXPERTS, NUM_SLOTS, TOP_K, HIDDEN, INTER = 6, 16, 4, 2, 128, 128
@@ -66,7 +66,9 @@ def counted(monkeypatch):
 
 
 def _executor(layer: int, fmt=None) -> OffloadExecutor:
-    weights = ExpertWeights(fmt or Fp8Block(), HIDDEN, INTER)
+    # NVFP4: a format whose prefill-sized expert calls dequantize (FP8 and INT4 stay in
+    # registers: `dequant_experts_in_prefill`)
+    weights = ExpertWeights(fmt or Nvfp4(), HIDDEN, INTER)
     specs = weights.specs(NUM_EXPERTS)
     hosts = [{key: torch.zeros(s.shape, dtype=s.dtype) for key, s in specs.items()}] * NUM_LAYERS
     counters = torch.zeros(NUM_LAYERS, NUM_COUNTERS, dtype=torch.int64)

@@ -87,10 +87,12 @@ def test_no_key_on_the_cpu_twin_and_for_gemv_sized_calls():
     assert fmt.moe_merge_key(4096, torch.zeros(2, 2)) is None  # CPU: the reference twin
 
 
-def test_quantized_keys_follow_the_dequantized_path(monkeypatch):
-    """FP8 / INT4 / NVFP4 / GGUF block types / ISQ: a key only where the call dequantizes and
-    runs the grouped GEMMs (from PREFILL_MIN_PAIRS pairs), equal where the grouped tiles are,
-    whatever the format; the CPU twin none."""
+def test_quantized_keys_follow_the_prefill_path(monkeypatch):
+    """FP8 / INT4 / NVFP4 / GGUF block types / ISQ: a key only from PREFILL_MIN_PAIRS pairs.
+    Formats that dequantize their experts there (NVFP4, GGUF, ISQ) share the dequantized
+    route's key, which follows the grouped tiles; FP8 and INT4 stay in registers
+    (`dequant_experts_in_prefill`), one key of their tiles, another than the dequantized
+    route's. The CPU twin: none."""
     from xinfer import kernels
     from xinfer.kernels import gguf_launch, quant_launch
     from xinfer.quant.fp8 import Fp8Block
@@ -100,12 +102,9 @@ def test_quantized_keys_follow_the_dequantized_path(monkeypatch):
     from xinfer.quant.nvfp4 import Nvfp4
 
     x = torch.zeros(2, 256, dtype=torch.bfloat16)  # ISQ picks its block type by row length
+    registers = (Fp8Block(128, 128), GptqInt4(group_size=128, has_zero=False))
     formats = {
-        quant_launch.PREFILL_MIN_PAIRS: (
-            Fp8Block(128, 128),
-            GptqInt4(group_size=128, has_zero=False),
-            Nvfp4(),
-        ),
+        quant_launch.PREFILL_MIN_PAIRS: (*registers, Nvfp4()),
         gguf_launch.PREFILL_MIN_PAIRS: (GGUFFormat("Q4_K"), GGUFFormat("Q6_K"), IsqFormat("Q4_K")),
     }
     every = [f for group in formats.values() for f in group]
@@ -113,10 +112,32 @@ def test_quantized_keys_follow_the_dequantized_path(monkeypatch):
     monkeypatch.setattr(kernels, "use_triton", lambda t: True)
     for low, group in formats.items():
         for fmt in group:
-            assert fmt.moe_merge_key(low - 1, x) is None  # the in-register kernels
+            assert fmt.moe_merge_key(low - 1, x) is None  # the decode-sized kernels
             assert fmt.moe_merge_key(low + 8, x) == fmt.moe_merge_key(2 * low, x) is not None
-            assert fmt.moe_merge_key(2048 * 8, x) != fmt.moe_merge_key(1024 * 8, x)  # tiles
-    assert len({f.moe_merge_key(8192, x) for f in every}) == 1  # one path for all
+            if fmt not in registers:  # the dequantized route's grouped tiles by size
+                assert fmt.moe_merge_key(2048 * 8, x) != fmt.moe_merge_key(1024 * 8, x)
+    dequantized = [f for f in every if f not in registers]
+    assert len({f.moe_merge_key(8192, x) for f in dequantized}) == 1  # one path for all
+    in_registers = {f.moe_merge_key(8192, x) for f in registers}
+    assert len(in_registers) == 1 and in_registers.isdisjoint(
+        {dequantized[0].moe_merge_key(8192, x)}
+    )
+
+
+def test_prefill_sized_expert_calls_dequantize_where_the_format_asks():
+    from xinfer.kernels import quant_launch as ql
+    from xinfer.quant.awq import AwqInt4
+    from xinfer.quant.compressed_tensors import PackQuantizedInt4
+    from xinfer.quant.fp8 import Fp8Block, Fp8Scaled
+    from xinfer.quant.gptq import GptqInt4
+    from xinfer.quant.nvfp4 import Nvfp4
+
+    low = ql.PREFILL_MIN_PAIRS
+    in_registers = (Fp8Block(), Fp8Scaled(), GptqInt4(), AwqInt4(),
+                    PackQuantizedInt4(32, True, torch.bfloat16))  # fmt: skip
+    for fmt in in_registers:
+        assert not ql.dequantizes_experts(fmt, 1 << 20), fmt
+    assert ql.dequantizes_experts(Nvfp4(), low) and not ql.dequantizes_experts(Nvfp4(), low - 1)
 
 
 def test_mixed_w2_block_type_joins_where_both_formats_agree(monkeypatch):

@@ -1,10 +1,11 @@
 """Launchers of the quantized-format kernels (`triton/quant_gemm.py`): `linear` and
 `fused_moe` for any format that describes its tensors as `KernelWeights`. Called through
 `xinfer.kernels.format_linear` / `format_moe` on CUDA tensors (and by the tests on CPU
-tensors under TRITON_INTERPRET=1). No host sync: safe in CUDA graphs. Calls of at least
-PREFILL_MIN_ROWS rows / PREFILL_MIN_PAIRS expert pairs take `quant_prefill` (dequantize to
-the activation dtype, then the bf16 kernels) unless `dequant=False` asks for the in-register
-GEMMs; smaller ones (decode) always dequantize in registers.
+tensors under TRITON_INTERPRET=1). No host sync: safe in CUDA graphs. Linears of at least
+PREFILL_MIN_ROWS rows, and expert calls of at least PREFILL_MIN_PAIRS pairs in a format that
+asks for it (`dequant_experts_in_prefill`), take `quant_prefill` (dequantize to the
+activation dtype, then the bf16 kernels) unless `dequant=False` asks for the in-register
+GEMMs; smaller ones (decode), and the other formats' expert calls, dequantize in registers.
 
 Determinism: tile sizes depend only on (M bucket, N, K, dtype) for linears and on
 (T*k bucket, H, I, dtype) for experts, never on ids, so an expert's bits do not depend on
@@ -19,19 +20,23 @@ from dataclasses import dataclass
 import torch
 import triton
 
+from xinfer import kernels
 from xinfer.kernels import gemv_launch, moe_align, moe_launch, quant_prefill
 from xinfer.kernels.quant_groups import group_t, packed
 from xinfer.kernels.triton import quant_gemm as jit
 from xinfer.quant.base import KernelWeights, WeightFormat
 
 DECODE_M = gemv_launch.DECODE_ROWS  # linears with at most this many rows: the decode tile
-# From these sizes on, calls take `quant_prefill` (dequantize, then the bf16 kernels), below
-# them the in-register GEMMs. Placed by arithmetic, not yet measured: the dequantized path
-# moves ~5x (FP8) to ~9x (4-bit) the stored bytes of the weights it touches, which pays once
-# a call has enough rows per weight (a prefill chunk: 2k tokens ~ 128 rows an expert) and
-# not for decode batches (at batch 32 ~2 rows an expert); the in-register grouped GEMM ran
-# FP8 prefill at 21.6k tok/s, 4-bit at 4-6k (H200, 2026-12-04).
-# `bench/bench_quant_kernel.py` times both paths at T = 32 and 2048 to place them.
+# From these sizes on, linears take `quant_prefill` (dequantize, then the bf16 kernels), and
+# expert calls do where their format asks for it (`dequant_experts_in_prefill`: NVFP4, the
+# GGUF block types); below them the in-register GEMMs. The dequantized path moves ~5x (FP8)
+# to ~9x (4-bit) the stored bytes of the weights it touches, which pays once a call has
+# enough rows per weight and not for decode batches. Measured on an H100 (2026-12-05,
+# thirteenth session; `bench/bench_quant_kernel.py` times both paths at T = 32 and 2048),
+# dequantized / in registers, µs: linear 2048 x 5120 x 2048 FP8 101.7 / 171.8, GPTQ 155.8 /
+# 311.3, NVFP4 129.0 / 1,007.0; MoE at 2,048 tokens FP8 2,890.6 / 804.9, GPTQ 3,187.5 /
+# 2,259.7, NVFP4 3,829.4 / 4,368.4; MoE at 32 tokens in registers everywhere (FP8 294.8 /
+# 1,076.5).
 PREFILL_MIN_ROWS = 128
 PREFILL_MIN_PAIRS = 1024
 # MoE GEMV: multiply the codes' values by x and scale each group's sum once (float32, within
@@ -256,9 +261,24 @@ def rows_tiles_fit(kw: KernelWeights, block_k: int, k: int) -> bool:
     return not packed(kw) or words(kw, block_k, k)
 
 
-def moe_merge_key(num_pairs: int, hidden: torch.Tensor) -> object | None:
-    """The merge key of the formats run here: `quant_prefill`'s from PREFILL_MIN_PAIRS."""
-    return quant_prefill.moe_merge_key(num_pairs, hidden, PREFILL_MIN_PAIRS)
+def dequantizes_experts(fmt: WeightFormat, num_pairs: int) -> bool:
+    """Whether an expert call of `num_pairs` pairs in `fmt` takes `quant_prefill`: from
+    PREFILL_MIN_PAIRS pairs, where the format asks for it (`dequant_experts_in_prefill`)."""
+    return num_pairs >= PREFILL_MIN_PAIRS and fmt.dequant_experts_in_prefill
+
+
+def moe_merge_key(num_pairs: int, hidden: torch.Tensor, fmt: WeightFormat) -> object | None:
+    """The merge key of an expert call in `fmt` from PREFILL_MIN_PAIRS pairs: `quant_prefill`'s
+    where it dequantizes, else the in-register grouped GEMMs' (each row's bits depend on its
+    x row, the weights and the tiles only; calls of that many pairs or more share the tiles);
+    none below (the GEMV and the small-call tiles are never joined)."""
+    if num_pairs < PREFILL_MIN_PAIRS:
+        return None
+    if dequantizes_experts(fmt, num_pairs):
+        return quant_prefill.moe_merge_key(num_pairs, hidden, PREFILL_MIN_PAIRS)
+    if not kernels.use_triton(hidden):
+        return None
+    return ("registers", _grouped_tiles(num_pairs, hidden.dtype))
 
 
 def fused_moe(
@@ -288,7 +308,7 @@ def fused_moe(
     if use_gemv is None:
         use_gemv = num_pairs <= moe_launch.MAX_GEMV_PAIRS
     if dequant is None:
-        dequant = num_pairs >= PREFILL_MIN_PAIRS
+        dequant = dequantizes_experts(fmt, num_pairs)
     if not use_gemv and dequant:
         cfg = tiles and moe_launch.MoeConfig(
             block_n=tiles.block_n, block_k=tiles.block_k, num_warps=tiles.num_warps,

@@ -5,7 +5,9 @@
 dequantize to the activation dtype and then multiply, so this is the twin's math exactly:
 the dequantized weight has the twin's bits, and the bf16 kernels then give the bits that
 they give an unquantized model holding those weights. Launched from `quant_launch` from
-PREFILL_MIN_ROWS rows (linears) and PREFILL_MIN_PAIRS (token, k) pairs (routed experts).
+PREFILL_MIN_ROWS rows (linears) and PREFILL_MIN_PAIRS (token, k) pairs (routed experts, in
+the formats whose `dequant_experts_in_prefill` asks for it: NVFP4; FP8 and INT4 run their
+prefill-sized expert calls in registers, faster as measured), and by `gguf_launch`.
 
 Cost: the dequantization moves the stored bytes once and writes the dense copy once, per
 call. Linears dequantize the whole weight (a transient N x K copy; one F.linear keeps the

@@ -220,6 +220,11 @@ class SharedKernelFormat(WeightFormat):
     GEMV / GEMM, `quant_prefill` for prefill-sized calls) from its `kernel_weights`: FP8,
     INT4 (GPTQ, AWQ, compressed-tensors) and NVFP4."""
 
+    # Whether expert calls of prefill size (`quant_launch.PREFILL_MIN_PAIRS` pairs and up)
+    # dequantize the experts they use and run the bf16 grouped GEMMs (`quant_prefill`), or
+    # multiply in registers as decode does: the faster of the two, measured per format.
+    dequant_experts_in_prefill = True
+
     @abstractmethod
     def kernel_weights(self, tensors: dict[str, torch.Tensor], k: int) -> KernelWeights: ...
 
@@ -238,4 +243,4 @@ class SharedKernelFormat(WeightFormat):
     def moe_merge_key(self, num_pairs, hidden):
         from xinfer.kernels import quant_launch
 
-        return quant_launch.moe_merge_key(num_pairs, hidden)
+        return quant_launch.moe_merge_key(num_pairs, hidden, self)

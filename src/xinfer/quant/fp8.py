@@ -28,6 +28,9 @@ FP8_MAX = 448.0
 class Fp8Block(SharedKernelFormat):
     block_n: int = 128
     block_k: int = 128
+    # prefill-sized expert calls in registers: Qwen3-30B-A3B MoE at 2,048 tokens 804.9 µs
+    # against 2,890.6 dequantized (H100, 2026-12-05)
+    dequant_experts_in_prefill = False
 
     @property
     def name(self) -> str:  # type: ignore[override]
