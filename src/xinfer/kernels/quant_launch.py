@@ -52,9 +52,12 @@ FACTORED = True
 # decoded once for them) or one (`quant_linear_gemv_kernel`). The 16-row dot tile ran far
 # from the bytes on the H200 (FP8 1 x 5120 x 2048 10.2 µs = 1.03 TB/s, NVFP4 36.0 µs =
 # 0.16 TB/s, 2026-12-05) while the MoE GEMV reads FP8 at 1.87 TB/s; its serial chain (load,
-# decode, layout conversion through shared memory, MMA) is what this removes. Not yet
-# measured on the H200 (bench/NOTES.md, tenth session: predictions). False: the dot tile
-# (tiles with `block_m` 16 choose it too).
+# decode, layout conversion through shared memory, MMA) is what this removes. Measured on
+# an H100 (2026-12-05, thirteenth session), 5120 x 2048, µs at 1 / 8 rows, GEMV form vs dot
+# tile: FP8 5.6 (one row alone) / 25.8 vs 10.4 / 10.3, GPTQ 8.5 / 31.8 vs 12.7 / 12.9,
+# NVFP4 6.7 / 27.7 vs 35.8 / 36.0: the GEMV form wins at one row and loses at eight for FP8
+# and GPTQ (one tile per bucket: a trade, bench/NOTES.md). False: the dot tile (tiles with
+# `block_m` 16 choose it too).
 DECODE_GEMV = True
 # A decode call of one row runs the one-row GEMV (`quant_linear_gemv_kernel`) where the
 # four-row kernel would: with the same tile, splits and factored sums over FP8 codes or
