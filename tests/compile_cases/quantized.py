@@ -102,7 +102,8 @@ def _quant_cases() -> None:
     for name in _formats():
         odd = "96" in name  # the gather variants: decode and in-register prefill tiles only
         split = Q_SPLIT_ONE if odd and "gptq" in name else Q_SPLIT  # 4-bit bytes: one row
-        add(f"quant-{name}-linear-bf16-m1", split, _quant_linear, name, BF16, 1)
+        # one row alone: the one-row kernel for every format (quant_launch.ONE_ROW_ALONE)
+        add(f"quant-{name}-linear-bf16-m1", Q_SPLIT_ONE, _quant_linear, name, BF16, 1)
         add(f"quant-{name}-linear-fp16-m16-nobias", split, _quant_linear, name, F16, 16,
             bias=False)  # fmt: skip
         if name in ("fp8-block128", "nvfp4"):  # the 16-row dot tile at decode (selectable)
@@ -121,8 +122,10 @@ def _quant_cases() -> None:
             128)  # fmt: skip
         add(f"quant-{name}-linear-fp32-m32-registers", Q_LINEAR, _quant_linear, name, F32, 32,
             dequant=False)  # fmt: skip
+        # the dequantized route (NVFP4's default from PREFILL_MIN_PAIRS; FP8 and INT4 take
+        # it only when asked: `dequant_experts_in_prefill`)
         add(f"quant-{name}-moe-bf16-prefill", Q_PREFILL_MOE, _quant_moe, name, BF16, 130,
-            False)  # fmt: skip
+            False, dequant=True)  # fmt: skip
         add(f"quant-{name}-moe-fp16-grouped-large", Q_GROUPED, _quant_moe, name, F16, 130,
             False, dequant=False)  # fmt: skip
         add(f"quant-{name}-moe-fp16-gemv", Q_GEMV, _quant_moe, name, F16, 3, True)
