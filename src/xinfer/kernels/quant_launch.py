@@ -28,11 +28,12 @@ from xinfer.quant.base import KernelWeights, WeightFormat
 
 DECODE_M = gemv_launch.DECODE_ROWS  # linears with at most this many rows: the decode tile
 # From these sizes on, linears take `quant_prefill` (dequantize, then the bf16 kernels), and
-# expert calls do where their format asks for it (`dequant_experts_in_prefill`: NVFP4, the
-# GGUF block types); below them the in-register GEMMs. The dequantized path moves ~5x (FP8)
-# to ~9x (4-bit) the stored bytes of the weights it touches, which pays once a call has
-# enough rows per weight and not for decode batches. Measured on an H100 (2026-12-05,
-# thirteenth session; `bench/bench_quant_kernel.py` times both paths at T = 32 and 2048),
+# expert calls do where their format asks for it (`dequant_experts_in_prefill`: NVFP4; the
+# GGUF block types have their own route, gguf_launch); below them the in-register GEMMs.
+# The dequantized path moves ~5x (FP8) to ~9x (4-bit) the stored bytes of the weights it
+# touches, which pays once a call has enough rows per weight and not for decode batches.
+# Measured on an H100 (2026-12-05, thirteenth session; `bench/bench_quant_kernel.py` times
+# both paths at T = 32 and 2048),
 # dequantized / in registers, µs: linear 2048 x 5120 x 2048 FP8 101.7 / 171.8, GPTQ 155.8 /
 # 311.3, NVFP4 129.0 / 1,007.0; MoE at 2,048 tokens FP8 2,890.6 / 804.9, GPTQ 3,187.5 /
 # 2,259.7, NVFP4 3,829.4 / 4,368.4; MoE at 32 tokens in registers everywhere (FP8 294.8 /
