@@ -33,11 +33,10 @@ DECODE_M = gemv_launch.DECODE_ROWS  # linears with at most this many rows: the d
 # The dequantized path moves ~5x (FP8) to ~9x (4-bit) the stored bytes of the weights it
 # touches, which pays once a call has enough rows per weight and not for decode batches.
 # Measured on an H100 (2026-12-05, thirteenth session; `bench/bench_quant_kernel.py` times
-# both paths at T = 32 and 2048),
-# dequantized / in registers, µs: linear 2048 x 5120 x 2048 FP8 101.7 / 171.8, GPTQ 155.8 /
-# 311.3, NVFP4 129.0 / 1,007.0; MoE at 2,048 tokens FP8 2,890.6 / 804.9, GPTQ 3,187.5 /
-# 2,259.7, NVFP4 3,829.4 / 4,368.4; MoE at 32 tokens in registers everywhere (FP8 294.8 /
-# 1,076.5).
+# both paths at T = 32 and 2048), dequantized / in registers, µs: linear 2048 x 5120 x 2048
+# FP8 101.7 / 171.8, GPTQ 155.8 / 311.3, NVFP4 129.0 / 1,007.0; MoE at 2,048 tokens FP8
+# 2,890.6 / 804.9, GPTQ 3,187.5 / 2,259.7, NVFP4 3,829.4 / 4,368.4; MoE at 32 tokens in
+# registers everywhere (FP8 1,076.5 / 294.8).
 PREFILL_MIN_ROWS = 128
 PREFILL_MIN_PAIRS = 1024
 # MoE GEMV: multiply the codes' values by x and scale each group's sum once (float32, within
