@@ -101,7 +101,7 @@ def moe_case(name, fmt, tokens, sweep, sweep_prefill=False):
         assert err < 1e-2, f"{name} moe T={tokens}: relative error {err:.2e}"
     configs = [None]
     if sweep:  # columns a step: 1, 2 and 4 times the default (~2 KB of bytes a row tile)
-        d = ql.gemv_tiles(fmt.kernel_weights(w13, HIDDEN)).block_k
+        d = ql.gemv_tiles(fmt, fmt.kernel_weights(w13, HIDDEN)).block_k
         configs += [ql.QuantTiles(1, bn, bk, nw, down_block_n=dn) for bn, bk, nw, dn in
                     itertools.product((4, 8, 16), (d, 2 * d, 4 * d), (4, 8), (8, 16))]  # fmt: skip
     timer = graph_timer(tokens <= 64)  # decode batches run in graphs
@@ -134,7 +134,7 @@ def moe_case(name, fmt, tokens, sweep, sweep_prefill=False):
     if name != "bf16" and tokens * TOP_K <= moe_launch.MAX_GEMV_PAIRS:
         # the GEMV scaling each group's sum instead of each weight (quant_launch.FACTORED)
         best_tiles = best[1] if sweep and best and best[1] else None
-        base = best_tiles or ql.gemv_tiles(fmt.kernel_weights(w13, HIDDEN))
+        base = best_tiles or ql.gemv_tiles(fmt, fmt.kernel_weights(w13, HIDDEN))
         variants = [dataclasses.replace(base, factored=f) for f in (False, True)]
         if not sweep:  # more columns a step: more bytes in flight a program
             variants += [dataclasses.replace(base, block_k=base.block_k * t) for t in (2, 4)]

@@ -277,7 +277,7 @@ def _quant_moe(fmt_name: str, tokens: int = 1) -> Case:
     w2 = random_weights(fmt, HIDDEN, INTER, seed=1, count=experts)
     hidden = torch.zeros(tokens, HIDDEN, dtype=torch.bfloat16)
     ids, weights = _routing(tokens)
-    t = quant_launch.gemv_tiles(fmt.kernel_weights(w13, HIDDEN))
+    t = quant_launch.gemv_tiles(fmt, fmt.kernel_weights(w13, HIDDEN))
     pairs = tokens * TOP_K
     per_weight = {n: v.nbytes / (experts * 2 * INTER * HIDDEN) for n, v in w13.items()}
     nbytes = sum(per_weight.values())

@@ -77,7 +77,7 @@ def _quant_moe(name: str, dtype, tokens: int, use_gemv: bool, dequant=None,
     tiles = None
     if factored is not None or joined:
         tiles = dataclasses.replace(
-            quant_launch.gemv_tiles(fmt.kernel_weights(w13, hidden_dim)),
+            quant_launch.gemv_tiles(fmt, fmt.kernel_weights(w13, hidden_dim)),
             factored=factored,
             joined=joined,
         )

@@ -35,7 +35,7 @@ def test_joined_gate_up_gemv_gives_the_two_loops_bits(name) -> None:
     g = torch.Generator(device=DEV).manual_seed(6)
     weights, ids = reference.route_topk(torch.randn(3, experts, device=DEV, generator=g), 8, True)
     x = torch.randn(3, hidden, device=DEV, generator=g).to(torch.bfloat16)
-    base = ql.gemv_tiles(fmt.kernel_weights(w13, hidden))
+    base = ql.gemv_tiles(fmt, fmt.kernel_weights(w13, hidden))
     for factored in (False, True):
         t = dataclasses.replace(base, factored=factored, joined=False)
         plain = ql.fused_moe(x, ids, weights, fmt, w13, w2, inter, use_gemv=True, tiles=t)

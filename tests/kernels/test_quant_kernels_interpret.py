@@ -224,7 +224,7 @@ def test_4bit_gemvs_read_words_or_bytes_alike(ql, monkeypatch, name):
         torch.testing.assert_close(out, ref_lin, **_tol(x.dtype))
         out = ql.fused_moe(x, ids, weights, fmt, w13, w2, inter, use_gemv=True)
         torch.testing.assert_close(out, ref_moe, rtol=1e-5, atol=1e-5)
-        joined = dataclasses.replace(ql.gemv_tiles(fmt.kernel_weights(w13, k)), joined=True)
+        joined = dataclasses.replace(ql.gemv_tiles(fmt, fmt.kernel_weights(w13, k)), joined=True)
         assert torch.equal(ql.fused_moe(x, ids, weights, fmt, w13, w2, inter, use_gemv=True,
                                         tiles=joined), out)  # fmt: skip
 
@@ -246,7 +246,7 @@ def test_even_tiles_load_unmasked_and_match_twin(ql, name, k):
     )  # fmt: skip
     w13 = _weights(fmt, 2 * inter, k, seed=23, count=num_experts)
     w2 = _weights(fmt, k, inter, seed=24, count=num_experts)
-    t = ql.gemv_tiles(fmt.kernel_weights(w13, k))
+    t = ql.gemv_tiles(fmt, fmt.kernel_weights(w13, k))
     assert ql.even(inter, k, t.block_n, t.block_k) and ql.even(k, inter, t.down_block_n, inter)
     ids = torch.tensor([[0, 1], [1, 0]], dtype=torch.int32)
     weights = torch.rand(2, 2, generator=g)

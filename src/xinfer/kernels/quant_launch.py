@@ -69,14 +69,11 @@ DECODE_GEMV = True
 # 4096 FP8 6.5 → 6.0, GPTQ 9.9 → 8.6, NVFP4 9.3 → 7.2.
 ONE_ROW_ALONE = True
 # The MoE GEMV's gate and up tiles in one loop (`QuantTiles.joined`) rather than one loop
-# after the other: half the dependent iterations a program, x loaded once for both; same
-# bits. Measured on an H100 (2026-12-05, thirteenth session), µs at 1 / 8 tokens: FP8 20.0 →
-# 17.4 / 116.4 → 102.4, NVFP4 26.8 → 23.6 / 162.7 → 145.0; GPTQ 31.7 → 32.1 / 204.3 → 189.9,
-# where 2,048-column tiles do better (27.7 / 185.9): the int4 family takes those instead
-# (INT4_GEMV_BLOCK_K). Each was timed alone, not in combination.
+# after the other, for the formats whose `moe_gemv_joined` asks for it: half the dependent
+# iterations a program, x loaded once for both; same bits. Measured on an H100 (2026-12-05,
+# thirteenth session), µs at 1 / 8 tokens: FP8 20.0 → 17.4 / 116.4 → 102.4, NVFP4 26.8 →
+# 23.6 / 162.7 → 145.0 (GPTQ: quant/int4.py). False: never.
 JOINED = True
-INT4_GEMV_BLOCK_K = 2048
-_INT4 = 2  # KernelWeights.fmt_code of the int4 family (GPTQ, AWQ, compressed-tensors)
 
 
 @dataclass(frozen=True)
@@ -98,17 +95,14 @@ def _decode_block_k(kw: KernelWeights) -> int:
     return 512 if packed(kw) else 256 if kw.fmt_code == 1 else 128
 
 
-def gemv_tiles(kw13: KernelWeights) -> QuantTiles:
-    """The MoE GEMV's default tiles (decode): 8 rows a program, 16 for the down projection;
-    FP8 and NVFP4: ~2 KB of stored bytes a row tile, gate and up in one loop (JOINED); the
-    int4 family: 2,048 columns a step, gate and up one after the other."""
-    if kw13.fmt_code == _INT4:
-        return QuantTiles(
-            block_m=1, block_n=8, block_k=INT4_GEMV_BLOCK_K, num_warps=8, down_block_n=16
-        )
+def gemv_tiles(fmt: WeightFormat, kw13: KernelWeights) -> QuantTiles:
+    """The MoE GEMV's default tiles (decode) for `fmt` (its gate/up weights `kw13`): 8 rows
+    a program, 16 for the down projection; the format's columns a step (`moe_gemv_block_k`;
+    default ~2 KB of stored bytes a row tile) and gate and up in one loop where it asks for
+    it (`moe_gemv_joined`, and JOINED)."""
     return QuantTiles(
-        block_m=1, block_n=8, block_k=_decode_block_k(kw13), num_warps=8, down_block_n=16,
-        joined=JOINED,
+        block_m=1, block_n=8, block_k=fmt.moe_gemv_block_k or _decode_block_k(kw13),
+        num_warps=8, down_block_n=16, joined=JOINED and fmt.moe_gemv_joined,
     )  # fmt: skip
 
 
@@ -327,7 +321,7 @@ def fused_moe(
     y = hidden.new_empty(num_pairs, hidden_dim)  # (T*k, H) unweighted expert outputs
     (a13, s13), (a2, s2) = _args(kw13, True), _args(kw2, True)
     if use_gemv:
-        t = tiles or gemv_tiles(kw13)
+        t = tiles or gemv_tiles(fmt, kw13)
         factored = FACTORED if t.factored is None else t.factored
         grid = (num_pairs, triton.cdiv(inter, t.block_n))
         jit.quant_moe_gate_up_gemv_kernel[grid](

@@ -224,6 +224,10 @@ class SharedKernelFormat(WeightFormat):
     # dequantize the experts they use and run the bf16 grouped GEMMs (`quant_prefill`), or
     # multiply in registers as decode does: the faster of the two, measured per format.
     dequant_experts_in_prefill = True
+    # The MoE GEMV's tiles (`quant_launch.gemv_tiles`), measured per format: columns a step
+    # (None: ~2 KB of stored bytes a row tile) and gate and up read in one loop.
+    moe_gemv_block_k = None
+    moe_gemv_joined = True
 
     @abstractmethod
     def kernel_weights(self, tensors: dict[str, torch.Tensor], k: int) -> KernelWeights: ...

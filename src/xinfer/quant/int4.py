@@ -28,6 +28,11 @@ class Int4Grouped(SharedKernelFormat):
     # 2,259.7 µs against 3,187.5 dequantized (H100, 2026-12-05); NVFP4 keeps the dequantized
     # route (3,829.4 against 4,368.4 in registers)
     dequant_experts_in_prefill = False
+    # MoE GEMV (H100, 2026-12-05, GPTQ g128), µs at 1 / 8 tokens: 512 columns a step, gate
+    # and up one loop after the other 31.7 / 204.3; joined 32.1 / 189.9; 2,048 columns 27.7 /
+    # 185.9 (joined with 2,048 columns: not measured)
+    moe_gemv_block_k = 2048
+    moe_gemv_joined = False
 
     @property
     def name(self) -> str:  # type: ignore[override]
