@@ -3,7 +3,8 @@ the MoE decode GEMV (T = 1 and 8, top-8 of 128 experts), the decode linears (qkv
 and the prefill paths, with the default tiles or a sweep over them. Past the decode sizes
 (T = 32: a graphed decode batch beyond the GEMV; T = 2048: prefill) each case is timed on
 both paths, `quant_prefill` (dequantize, then the bf16 kernels) and the in-register GEMMs,
-to place the switch between them (`PREFILL_MIN_ROWS` / `PREFILL_MIN_PAIRS`). Decode-sized
+to place the switch between them (`PREFILL_MIN_ROWS` / `PREFILL_MIN_PAIRS`, and each
+format's `dequant_experts_in_prefill`). Decode-sized
 calls are timed replayed from a CUDA graph (eager timings of them are launch cost).
 
     python3 bench/bench_quant_kernel.py --formats fp8,nvfp4,gptq --sweep
@@ -138,8 +139,9 @@ def moe_case(name, fmt, tokens, sweep, sweep_prefill=False):
         variants = [dataclasses.replace(base, factored=f) for f in (False, True)]
         if not sweep:  # more columns a step: more bytes in flight a program
             variants += [dataclasses.replace(base, block_k=base.block_k * t) for t in (2, 4)]
-        # gate and up in one loop (half the dependent iterations)
-        variants.append(dataclasses.replace(base, joined=True))
+        # the other loop form: gate and up in one loop (half the dependent iterations) where
+        # the default reads them one after the other, and the reverse
+        variants.append(dataclasses.replace(base, joined=not base.joined))
         for cfg in variants:
             err = (run(tiles=cfg).float() - ref).norm() / ref.norm()
             assert err < 1e-2, f"{name} moe T={tokens} {cfg}: error {err:.2e}"
