@@ -16,7 +16,8 @@
 # use --moe-offload auto with the routing model --routing-source qwen3-30b-a3b), then
 # llama-bench at -ngl 99 with -ncmoe 0 and the kit's -ncmoe for the same budget.
 # Results append to bench/results/vs_llamacpp.jsonl (RESET=1 empties it first).
-# Env: ONLY (rows), PP=8192 (prompt length), LCP=/tmp/lcp, NO_LLAMACPP=1 (xinfer only).
+# Env: ONLY (rows), PP=8192 (prompt length), LCP=/tmp/lcp, NO_LLAMACPP=1 (xinfer only),
+# NO_XINFER=1 (llama.cpp only), LCP_WAIT_S=120 (how long a row waits for the build).
 set -euo pipefail
 cd "$(dirname "$0")/.."
 KIT=bench/.llamacpp_kit
@@ -53,9 +54,12 @@ rows() {
 }
 llama_bench() {  # file label ncmoe
   local bin="$LCP/llama.cpp/build/bin/llama-bench"
-  for _ in $(seq 1 24); do [ -x "$bin" ] && break; sleep 5; done
+  local waited=0
+  while [ ! -x "$bin" ] && [ "$waited" -lt "${LCP_WAIT_S:-120}" ]; do sleep 5; waited=$((waited + 5)); done
   if [ ! -x "$bin" ]; then
-    echo "llama.cpp not built yet (tail $LCP/build.log); its rows are skipped" >&2; return 0
+    echo "llama.cpp not built after ${waited} s (was --start-build run? tail $LCP/build.log:" \
+      "$(tail -n 2 "$LCP/build.log" 2>/dev/null | tr '\n' ' ')); its rows are skipped" >&2
+    return 0
   fi
   for nc in 0 "$3"; do
     "$bin" -m "$1" -ngl 99 -fa 1 -t 16 -p "$PP" -n 128 -r 2 -ncmoe "$nc" -o json 2>/dev/null \
@@ -79,6 +83,8 @@ rows | while read -r name preset type budget ncmoe extra keep; do
       "$PY" bench/bench_vs_llamacpp.py --gguf "$f" --label "$label" --budget-gb "$budget" \
         --skip-resident --isq "$q" --prompt-len "$PP" | tee -a "$OUT"
     done
+  elif [ "${NO_XINFER:-0}" = 1 ]; then
+    llama_bench "$f" "$label" "$ncmoe"
   else
     # resident and budget rows in two processes: the budget's `auto` sizes its slots from
     # the GPU's free memory, which nothing of the resident engine may still hold

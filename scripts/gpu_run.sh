@@ -82,7 +82,9 @@ for phase in "$@"; do
     ggufprep) bash bench/bench_vs_llamacpp.sh --start-build > "$OUT/ggufprep.txt" 2>&1; tail -3 "$OUT/ggufprep.txt" ;;
     gguftests) PYTHONPATH=$PYTHONPATH:/tmp/lcp/llama.cpp/gguf-py timeout ${GGUF_TESTS_TIMEOUT:-500} python3 -m pytest -q -p no:cacheprovider -rfE --durations=10 tests/kernels/test_gguf_kernels.py tests/kernels/test_attention_window.py tests/weights/test_gguf_gpu.py 2>&1 | tee "$OUT/gguf_tests.txt" | tail -40 ;;
     ggufkernel) timeout ${GGUF_KERNEL_TIMEOUT:-500} python3 -u bench/bench_gguf_kernels.py ${GGUF_SWEEP:+--sweep} ${GGUF_TYPES:+--types $GGUF_TYPES} --out "$OUT/gguf_kernels.jsonl" 2>&1 | tee "$OUT/gguf_kernels.txt" | tail -50 ;;
-    vsllama) ONLY="${VS_ROWS:-q4_k}" timeout ${VS_TIMEOUT:-590} bash bench/bench_vs_llamacpp.sh 2>&1 | grep -v "it/s]" | tee "$OUT/vs_llamacpp_${VS_ROWS:-q4_k}.txt" | tail -30; cp bench/results/vs_llamacpp.jsonl "$OUT/" 2>/dev/null ;;
+    # the llama.cpp build (242 s on 16 cores, nice 19) starts first and runs beside the
+    # xinfer rows; each llama.cpp row waits for it up to LCP_WAIT_S (NO_XINFER=1: its rows only)
+    vsllama) bash bench/bench_vs_llamacpp.sh --start-build; ONLY="${VS_ROWS:-q4_k}" timeout ${VS_TIMEOUT:-590} bash bench/bench_vs_llamacpp.sh 2>&1 | grep -v "it/s]" | tee "$OUT/vs_llamacpp_${VS_ROWS:-q4_k}.txt" | tail -30; cp bench/results/vs_llamacpp.jsonl "$OUT/" 2>/dev/null ;;
     *) echo "unknown phase $phase" ;;
   esac
 done

@@ -118,10 +118,12 @@ def test_quantized_keys_follow_the_prefill_path(monkeypatch):
                 assert fmt.moe_merge_key(2048 * 8, x) != fmt.moe_merge_key(1024 * 8, x)
     dequantized = [f for f in every if f not in registers]
     assert len({f.moe_merge_key(8192, x) for f in dequantized}) == 1  # one path for all
+    # the in-register keys carry each format's tiles (`moe_prefill_tiles`: INT4's 128 rows)
     in_registers = {f.moe_merge_key(8192, x) for f in registers}
-    assert len(in_registers) == 1 and in_registers.isdisjoint(
-        {dequantized[0].moe_merge_key(8192, x)}
-    )
+    assert len(in_registers) == len(registers)
+    assert in_registers.isdisjoint({dequantized[0].moe_merge_key(8192, x)})
+    gptq_tiles = registers[1].moe_merge_key(8192, x)[1]
+    assert (gptq_tiles.block_m, gptq_tiles.num_warps) == (128, 8)
 
 
 def test_prefill_sized_expert_calls_dequantize_where_the_format_asks():

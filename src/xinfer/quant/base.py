@@ -228,6 +228,10 @@ class SharedKernelFormat(WeightFormat):
     # (None: ~2 KB of stored bytes a row tile) and gate and up read in one loop.
     moe_gemv_block_k = None
     moe_gemv_joined = True
+    # The in-register grouped GEMMs' tile for expert calls of prefill size (from
+    # `quant_launch.PREFILL_MIN_PAIRS` pairs, where they do not dequantize), measured per
+    # format: (block_m, block_n, block_k, num_warps, num_stages); None: 64 x 64 x 64, 4 warps.
+    moe_prefill_tiles: tuple[int, int, int, int, int] | None = None
 
     @abstractmethod
     def kernel_weights(self, tensors: dict[str, torch.Tensor], k: int) -> KernelWeights: ...

@@ -33,6 +33,12 @@ class Int4Grouped(SharedKernelFormat):
     # 185.9 (joined with 2,048 columns: not measured)
     moe_gemv_block_k = 2048
     moe_gemv_joined = False
+    # in-register MoE at 2,048 tokens (H100, 2026-12-05, fourteenth session, GPTQ g128, each
+    # tile checked against the twin; `bench_quant_kernel.py --prefill-sweep`): 64 x 64 x 64 of
+    # 4 warps 2,315.5 µs; 128 x 64 x 64 of 8 warps, 3 stages 1,214.6 (4 stages 1,225.5;
+    # 128 x 64 x 128 of 4 warps 1,271.1): a 128-row tile decodes each weight once for twice
+    # the rows (dequantized route 2,098.8)
+    moe_prefill_tiles = (128, 64, 64, 8, 3)
 
     @property
     def name(self) -> str:  # type: ignore[override]
