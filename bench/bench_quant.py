@@ -27,7 +27,7 @@ import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "src"))
 
-from bench_decode import time_engine_decode, time_engine_prefill  # noqa: E402
+from bench_decode import export_step_trace, time_engine_decode, time_engine_prefill  # noqa: E402
 from cuda_timing import device_copy_bandwidth  # noqa: E402
 
 from xinfer import LLM  # noqa: E402
@@ -99,6 +99,10 @@ def resident(args, fmt: str, path: Path, hbm: float) -> dict:
         row[f"b{batch}_tok_s"] = batch / step
         row[f"b{batch}_floor_tok_s"] = batch / (floor_ms(row, cfg, batch, hbm) / 1e3)
     row["prefill_2k_tok_s"] = 2048 / time_engine_prefill(llm, 2048)
+    if args.trace_dir:  # four graphed batch-1 steps: bench/trace_summary.py --steps 4
+        trace = Path(args.trace_dir) / f"quant_trace_{fmt}.json"
+        trace.parent.mkdir(parents=True, exist_ok=True)
+        row["anatomy"] = export_step_trace(llm, 64, trace)
     del llm
     gc.collect()  # the engine's reference cycles would keep its weights alive
     torch.cuda.empty_cache()
@@ -121,7 +125,7 @@ def offload(args, fmt: str, path: Path) -> str:
     return f"## {fmt}\n\n" + out.with_suffix(".md").read_text()
 
 
-def main() -> None:
+def build_parser() -> argparse.ArgumentParser:
     ap = argparse.ArgumentParser()
     ap.add_argument("--model", default="bench/configs/qwen3_30b_a3b")
     ap.add_argument("--formats", default="bf16,fp8,nvfp4,gptq,awq,ct")
@@ -131,7 +135,16 @@ def main() -> None:
     ap.add_argument("--routing", default="qwen3-30b-a3b", help="offload rows: see --routing "
                     "of bench_offload_decode.py")  # fmt: skip
     ap.add_argument("--out", default="bench/results/quant")
-    args = ap.parse_args()
+    ap.add_argument(
+        "--trace-dir", default=None,
+        help="resident rows: a Chrome trace of four graphed batch-1 steps per format here "
+        "(quant_trace_<format>.json; per kernel: bench/trace_summary.py FILE --steps 4)",
+    )  # fmt: skip
+    return ap
+
+
+def main() -> None:
+    args = build_parser().parse_args()
     dev = torch.device("cuda:0")
     hbm = device_copy_bandwidth(dev)
     print(f"device copy {hbm / 1e12:.2f} TB/s (read + write)", flush=True)

@@ -40,6 +40,8 @@ for phase in "$@"; do
     quantkernel) timeout ${QUANT_TIMEOUT:-580} python3 bench/bench_quant_kernel.py --formats ${QUANT_FORMATS:-bf16,fp8,nvfp4,gptq} ${QUANT_SWEEP:+--sweep} 2>&1 | tee "$OUT/quant_kernel.txt" | tail -60 ;;
     quantprefill) timeout ${QUANT_TIMEOUT:-400} python3 bench/bench_quant_kernel.py --prefill-sweep --formats ${QUANT_FORMATS:-fp8} 2>&1 | tee "$OUT/quant_prefill_sweep.txt" | tail -40 ;;
     quantres) timeout ${QUANT_TIMEOUT:-580} python3 bench/bench_quant.py --parts resident --formats ${QUANT_FORMATS:-bf16,fp8,nvfp4,gptq} ${QUANT_EXTRA:-} --out "$OUT/quant_resident" 2>&1 | tail -30 | tee "$OUT/quant_resident.txt" ;;
+    # the same with a trace of four batch-1 steps per format (gzipped), for trace_summary.py
+    quanttrace) timeout ${QUANT_TIMEOUT:-580} python3 bench/bench_quant.py --parts resident --formats ${QUANT_FORMATS:-bf16,fp8,gptq} --trace-dir "$OUT" --out "$OUT/quant_resident_traced" 2>&1 | grep -v Capturing | tail -30 | tee "$OUT/quant_resident_traced.txt"; gzip -f "$OUT"/quant_trace_*.json ;;
     quantoff) timeout 580 python3 bench/bench_quant.py --parts offload --formats ${QUANT_FORMATS:-fp8} --out "$OUT/quant_offload" 2>&1 | tail -30 | tee "$OUT/quant_offload.txt" ;;
     moebench) timeout 90 python3 bench/bench_moe_kernel.py 2>&1 | tail -30 | tee "$OUT/moe_kernel.txt" ;;
     attnbench) timeout 90 python3 bench/bench_attention_kernel.py 2>&1 | tail -30 | tee "$OUT/attn_kernel.txt" ;;

@@ -5,26 +5,15 @@ model (two batch sizes, two prefill lengths) writes its result file."""
 from __future__ import annotations
 
 import json
-import re
-import shlex
 import subprocess
 import sys
 from pathlib import Path
 
 import pytest
+from gpu_run_phases import gpu_run_args as _gpu_run_args
 
 ROOT = Path(__file__).resolve().parents[2]
 sys.path.insert(0, str(ROOT / "bench"))
-
-
-def _gpu_run_args(phase: str, script: str) -> list[str]:
-    """The arguments that scripts/gpu_run.sh passes to `script` in `phase`, with each
-    ${VAR:-default} at its default and $OUT at a placeholder."""
-    text = (ROOT / "scripts" / "gpu_run.sh").read_text()
-    [line] = [ln for ln in text.splitlines() if ln.strip().startswith(f"{phase})")]
-    command = line.split(script, 1)[1].split("2>&1")[0]
-    command = re.sub(r"\$\{\w+:-([^}]*)\}", r"\1", command).replace("$OUT", "/tmp/out")
-    return shlex.split(command)
 
 
 def test_gpu_run_phases_match_the_scripts():
