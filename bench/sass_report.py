@@ -306,16 +306,17 @@ def _quant_format(fmt_name: str):
             "nvfp4": Nvfp4()}[fmt_name]  # fmt: skip
 
 
-def _quant_linear(fmt_name: str, n: int = QKV_N, k: int = HIDDEN) -> Case:
-    """A quantized format's decode linear (one row: the M <= 16 tile)."""
+def _quant_linear(fmt_name: str, n: int = QKV_N, k: int = HIDDEN, m: int = 1) -> Case:
+    """A quantized format's decode linear of `m` rows (the M <= 16 tile; one row alone: the
+    one-row kernel)."""
     from quant_weights import random_weights
 
     from xinfer.kernels import quant_launch
 
     fmt = _quant_format(fmt_name)
     w = random_weights(fmt, n, k, seed=0)
-    x = torch.zeros(1, k, dtype=torch.bfloat16)
-    t = quant_launch.linear_tiles(1, torch.bfloat16, fmt.kernel_weights(w, k), k)
+    x = torch.zeros(m, k, dtype=torch.bfloat16)
+    t = quant_launch.linear_tiles(m, torch.bfloat16, fmt.kernel_weights(w, k), k)
     name = {1: "quant_linear_gemv_kernel", 4: "quant_linear_rows_kernel"}.get(
         t.block_m, "quant_linear_kernel"
     )
@@ -367,6 +368,9 @@ CASES: dict[str, Callable[[], Case]] = {
     "linear-fp8": lambda: _quant_linear("fp8-block128"),
     "linear-gptq": lambda: _quant_linear("gptq-g128"),
     "linear-nvfp4": lambda: _quant_linear("nvfp4"),
+    "linear-fp8-m8": lambda: _quant_linear("fp8-block128", m=8),
+    "linear-gptq-m8": lambda: _quant_linear("gptq-g128", m=8),
+    "linear-nvfp4-m8": lambda: _quant_linear("nvfp4", m=8),
     "linear-gguf-q4_k": lambda: _gguf_linear("Q4_K"),
     "linear-gguf-q8_0": lambda: _gguf_linear("Q8_0"),
     "linear-gguf-q4_k-q8x": _gguf_q8x_linear,
