@@ -294,6 +294,36 @@ def _quant_moe(fmt_name: str, tokens: int = 1) -> Case:
     )  # fmt: skip
 
 
+def _quant_moe_prefill(fmt_name: str, tokens: int = 2048) -> Case:
+    """A quantized format's in-register grouped expert GEMMs at prefill size (`dequant=False`,
+    the format's `moe_prefill_tiles`): a loop iteration of a program reads a BLOCK_N x
+    BLOCK_K weight tile (gate and up: two) for BLOCK_M rows."""
+    from quant_weights import random_weights
+
+    from xinfer.kernels import quant_launch
+
+    fmt = _quant_format(fmt_name)
+    w13 = random_weights(fmt, 2 * INTER, HIDDEN, seed=0, count=STORED)
+    w2 = random_weights(fmt, HIDDEN, INTER, seed=1, count=STORED)
+    hidden = torch.zeros(tokens, HIDDEN, dtype=torch.bfloat16)
+    ids, weights = _routing(tokens)
+    t = quant_launch._grouped_tiles(tokens * TOP_K, torch.bfloat16, fmt)
+    # every expert's tiles once per row tile of its pairs (block_m rows share a decode)
+    row_tiles = tokens * TOP_K // t.block_m
+    per_weight = {n: v.nbytes / (STORED * 2 * INTER * HIDDEN) for n, v in w13.items()}
+    nbytes = sum(per_weight.values())
+    gate_up, down = "quant_moe_gate_up_grouped_kernel", "quant_moe_down_grouped_kernel"
+    return Case(
+        lambda: quant_launch.fused_moe(
+            hidden, ids, weights, fmt, w13, w2, INTER, use_gemv=False, dequant=False
+        ),
+        {gate_up: 2 * t.block_n * t.block_k, down: t.block_n * t.block_k},
+        {gate_up: row_tiles * 2 * INTER * HIDDEN, down: row_tiles * HIDDEN * INTER},
+        {gate_up: int(STORED * 2 * INTER * HIDDEN * nbytes),
+         down: int(STORED * HIDDEN * INTER * nbytes)},
+    )  # fmt: skip
+
+
 QKV_N = 5120  # the decode linears' case: Qwen3-30B-A3B's qkv projection, one row
 
 
@@ -388,6 +418,9 @@ CASES: dict[str, Callable[[], Case]] = {
     "gguf-q5_0": lambda: _gguf_moe("Q5_0"),
     "gguf-q4_0": lambda: _gguf_moe("Q4_0"),
     "bf16": _bf16_moe,
+    "fp8-prefill": lambda: _quant_moe_prefill("fp8-block128"),
+    "gptq-prefill": lambda: _quant_moe_prefill("gptq-g128"),
+    "nvfp4-prefill": lambda: _quant_moe_prefill("nvfp4"),
 }
 
 

@@ -75,3 +75,15 @@ def test_q8x_loops_multiply_with_dp4a(sass_report, case) -> None:
     for k in report:
         assert k.loop > 0 and k.spill_bytes == 0, k
         assert k.loop_ops.get("IDP", 0) >= 8, k
+
+
+def test_int4_prefill_tile_runs_on_tensor_cores_without_spills(sass_report) -> None:
+    """The int4 family's measured in-register prefill tile (`moe_prefill_tiles`, 128 rows of
+    8 warps): both grouped GEMMs compile for sm_90 without register spills, with MMA in the
+    loop."""
+    report = sass_report.compile_to_sass(sass_report.CASES["gptq-prefill"]().launch)
+    grouped = [k for k in report if "grouped" in k.name]
+    assert len(grouped) == 2
+    for k in grouped:
+        assert k.num_warps == 8 and k.spill_bytes == 0, k
+        assert k.loop_kinds.get("tensor core", 0) > 0, k
