@@ -9,6 +9,7 @@ calls are timed replayed from a CUDA graph (eager timings of them are launch cos
 
     python3 bench/bench_quant_kernel.py --formats fp8,nvfp4,gptq --sweep
     python3 bench/bench_quant_kernel.py --formats fp8 --prefill-sweep   # T = 2048 tiles only
+    python3 bench/bench_quant_kernel.py --decode-rows-sweep          # decode linears, 1 and 8 rows
 
 Each timing is checked against the twin first. A sweep prints the best tiles per case; put
 them in `kernels/quant_launch.py` (decode tiles must stay shape-only: batch invariance)."""
@@ -229,6 +230,50 @@ def linear_case(name, fmt, n, k, m, sweep):
             print(f"  split-K program target {programs}: {sec * 1e6:7.1f} us")
 
 
+def decode_rows_sweep(name, fmt, n, k) -> None:
+    """The decode linear's GEMV-form tiles at one row (the one-row kernel) and at eight (the
+    four-row kernel, two programs along M), side by side: wider BLOCK_N gives a thread several
+    output rows of the same columns, so x is loaded and converted once for them (sm_90 SASS,
+    FP8 at 8 rows: 0.688 warp instructions a weight a program at 8 x 256 of 8 warps, 0.364 at
+    32 x 256 of 4). A tile serves decode only if one row alone gets the bits it gets among
+    eight (batch invariance): each candidate is checked for that on rows 0 and 5 first."""
+    g = torch.Generator(device=DEV).manual_seed(1)
+    t = fmt.dummy(n, k, g, 0.02)
+    x8 = torch.randn(8, k, device=DEV, dtype=torch.bfloat16)
+    ref = fmt.reference_linear(x8, t, None, n, k).float()
+    d = ql.linear_tiles(1, torch.bfloat16, fmt.kernel_weights(t, k), k).block_k
+    timer = graph_timer(True)
+    default = [ql.linear_tiles(m, torch.bfloat16, fmt.kernel_weights(t, k), k) for m in (1, 8)]
+    print(f"{name:6s} linear {n}x{k}, default {default[1]}")
+    rows = []
+    candidates = [*itertools.product((8, 16, 32), (d,), (4, 8)), (16, 2 * d, 4), (32, 2 * d, 4)]
+    for bn, bk, nw in candidates:
+        one, four = ql.QuantTiles(1, bn, bk, nw), ql.QuantTiles(4, bn, bk, nw)
+        try:
+            out8 = ql.linear(x8, fmt, t, None, n, k, tiles=four)
+            err = (out8.float() - ref).norm() / ref.norm()
+            assert err < 1e-2, f"{name} {four}: relative error {err:.2e}"
+            same = all(
+                torch.equal(
+                    ql.linear(x8[j : j + 1], fmt, t, None, n, k, tiles=one), out8[j : j + 1]
+                )
+                for j in (0, 5)
+            )
+            us1 = timer(lambda c=one: ql.linear(x8[:1], fmt, t, None, n, k, tiles=c), 50) * 1e6
+            us8 = timer(lambda c=four: ql.linear(x8, fmt, t, None, n, k, tiles=c), 50) * 1e6
+        except Exception as e:  # a tile the compiler refuses (registers, shared memory)
+            print(f"  {bn} x {bk}, {nw} warps: {type(e).__name__}: {str(e)[:160]}")
+            continue
+        rows.append((us1 + us8, bn, bk, nw, us1, us8, same))
+    for _, bn, bk, nw, us1, us8, same in sorted(rows):
+        mark = "" if same else "  (rows differ: not batch-invariant)"
+        dflt = " (default)" if (bn, bk, nw) == (default[1].block_n, default[1].block_k,
+                                                  default[1].num_warps) else ""  # fmt: skip
+        print(
+            f"  {bn:2d} x {bk:4d}, {nw} warps: 1 row {us1:6.1f} us, 8 rows {us8:6.1f} us{dflt}{mark}"
+        )
+
+
 def main() -> None:
     ap = argparse.ArgumentParser()
     ap.add_argument("--formats", default="bf16,fp8,nvfp4,gptq,awq,ct")
@@ -237,7 +282,16 @@ def main() -> None:
         "--prefill-sweep", action="store_true",
         help="only the 2,048-token MoE, its in-register tiles swept (PREFILL_SWEEP)",
     )  # fmt: skip
+    ap.add_argument(
+        "--decode-rows-sweep", action="store_true",
+        help="only the decode linears (qkv, o_proj): GEMV-form tiles at 1 and 8 rows",
+    )  # fmt: skip
     args = ap.parse_args()
+    if args.decode_rows_sweep:
+        for name in args.formats.split(","):
+            for n, k in ((5120, 2048), (2048, 4096)):
+                decode_rows_sweep(name, FORMATS[name], n, k)
+        return
     if args.prefill_sweep:
         for name in args.formats.split(","):
             moe_case(name, FORMATS[name], 2048, False, sweep_prefill=name != "bf16")

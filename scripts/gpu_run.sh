@@ -39,6 +39,7 @@ for phase in "$@"; do
     quant) timeout 580 python3 -m pytest -q -p no:cacheprovider tests/kernels/test_quant_kernels.py tests/quant/test_quant_gpu.py 2>&1 | tee "$OUT/quant_tests.txt" | tail -30 ;;
     quantkernel) timeout ${QUANT_TIMEOUT:-580} python3 bench/bench_quant_kernel.py --formats ${QUANT_FORMATS:-bf16,fp8,nvfp4,gptq} ${QUANT_SWEEP:+--sweep} 2>&1 | tee "$OUT/quant_kernel.txt" | tail -60 ;;
     quantprefill) timeout ${QUANT_TIMEOUT:-400} python3 bench/bench_quant_kernel.py --prefill-sweep --formats ${QUANT_FORMATS:-fp8} 2>&1 | tee "$OUT/quant_prefill_sweep.txt" | tail -40 ;;
+    decoderows) timeout ${QUANT_TIMEOUT:-400} python3 bench/bench_quant_kernel.py --decode-rows-sweep --formats ${QUANT_FORMATS:-fp8,gptq,nvfp4} 2>&1 | tee "$OUT/decode_rows_sweep.txt" | tail -80 ;;
     quantres) timeout ${QUANT_TIMEOUT:-580} python3 bench/bench_quant.py --parts resident --formats ${QUANT_FORMATS:-bf16,fp8,nvfp4,gptq} ${QUANT_EXTRA:-} --out "$OUT/quant_resident" 2>&1 | tail -30 | tee "$OUT/quant_resident.txt" ;;
     # the same with a trace of four batch-1 steps per format (gzipped), for trace_summary.py
     quanttrace) timeout ${QUANT_TIMEOUT:-580} python3 bench/bench_quant.py --parts resident --formats ${QUANT_FORMATS:-bf16,fp8,gptq} --trace-dir "$OUT" --out "$OUT/quant_resident_traced" 2>&1 | grep -v Capturing | tail -30 | tee "$OUT/quant_resident_traced.txt"; gzip -f "$OUT"/quant_trace_*.json ;;
