@@ -194,6 +194,13 @@ class Case:
     per_iter: dict[str, int]
     call_weights: dict[str, int]
     call_bytes: dict[str, int]
+    # programs the call launches, where known: the report then adds the issue time of every
+    # instruction executed (the code outside the loop too, once a program), which is what
+    # a kernel whose loop runs once or twice (4-bit MoE GEMVs: K in one or two steps) costs
+    programs: dict[str, int] = field(default_factory=dict)
+    # loops of the main loop's length in the code (gate and up one after the other: 2), so
+    # that their bodies are counted by their iterations and not once more
+    loop_copies: dict[str, int] = field(default_factory=dict)
 
 
 STORED = 8  # experts whose (zero) weights the launches get: the kernels see only strides
@@ -283,14 +290,17 @@ def _quant_moe(fmt_name: str, tokens: int = 1) -> Case:
     nbytes = sum(per_weight.values())
     return Case(
         lambda: quant_launch.fused_moe(hidden, ids, weights, fmt, w13, w2, INTER, use_gemv=True),
-        # gate and up are two loops one after the other (`_row_dot` each): an iteration of
-        # the longest reads one tile
-        {"quant_moe_gate_up_gemv_kernel": t.block_n * t.block_k,
+        # gate and up in one loop (`joined`): an iteration reads both tiles; else two loops
+        # one after the other (`_row_dot` each), an iteration of either reads one tile
+        {"quant_moe_gate_up_gemv_kernel": (2 if t.joined else 1) * t.block_n * t.block_k,
          "quant_moe_down_gemv_kernel": (t.down_block_n or t.block_n) * t.block_k},
         {"quant_moe_gate_up_gemv_kernel": pairs * 2 * INTER * HIDDEN,
          "quant_moe_down_gemv_kernel": pairs * HIDDEN * INTER},
         {"quant_moe_gate_up_gemv_kernel": int(pairs * 2 * INTER * HIDDEN * nbytes),
          "quant_moe_down_gemv_kernel": int(pairs * HIDDEN * INTER * nbytes)},
+        {"quant_moe_gate_up_gemv_kernel": pairs * -(-INTER // t.block_n),
+         "quant_moe_down_gemv_kernel": pairs * -(-HIDDEN // (t.down_block_n or t.block_n))},
+        {"quant_moe_gate_up_gemv_kernel": 1 if t.joined else 2},
     )  # fmt: skip
 
 
@@ -436,6 +446,12 @@ def report(name: str, case: Case, sass_dir: Path | None) -> list[str]:
             per_w = (
                 f" | {wi:.3f} warp-instr/weight: issue floor {issue_us:.1f} µs, HBM {hbm_us:.1f} µs"
             )
+            if k.name in case.programs:  # loop iterations in all = the call's weights / a step's
+                steps = case.call_weights[k.name] / case.per_iter[k.name]
+                once = k.total - case.loop_copies.get(k.name, 1) * k.loop
+                executed = once * k.num_warps * case.programs[k.name]
+                executed += k.loop * k.num_warps * steps
+                per_w += f", all executed {executed / ISSUE_RATE * 1e6:.1f} µs"
         lines.append(
             f"{name:10s} {k.name:34s} warps {k.num_warps} regs {k.registers} spill {k.spill_bytes} "
             f"smem {k.shared_bytes} | {k.total} instr, loop {k.loop}{per_w}\n    loop: {kinds}"
