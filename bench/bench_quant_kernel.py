@@ -103,9 +103,13 @@ def moe_case(name, fmt, tokens, sweep, sweep_prefill=False):
         assert err < 1e-2, f"{name} moe T={tokens}: relative error {err:.2e}"
     configs = [None]
     if sweep:  # columns a step: 1, 2 and 4 times the default (~2 KB of bytes a row tile)
-        d = ql.gemv_tiles(fmt, fmt.kernel_weights(w13, HIDDEN)).block_k
-        configs += [ql.QuantTiles(1, bn, bk, nw, down_block_n=dn) for bn, bk, nw, dn in
-                    itertools.product((4, 8, 16), (d, 2 * d, 4 * d), (4, 8), (8, 16))]  # fmt: skip
+        # (down rows 32 and 64: fewer down programs, each paying its setup and reduction
+        # once for more rows; the format's loop form, joined or not, kept)
+        base = ql.gemv_tiles(fmt, fmt.kernel_weights(w13, HIDDEN))
+        d = base.block_k
+        configs += [dataclasses.replace(base, block_n=bn, block_k=bk, num_warps=nw,
+                                        down_block_n=dn) for bn, bk, nw, dn in
+                    itertools.product((4, 8, 16), (d, 2 * d, 4 * d), (4, 8), (16, 32, 64))]  # fmt: skip
     timer = graph_timer(tokens <= 64)  # decode batches run in graphs
     best = None
     timed = []
