@@ -317,7 +317,7 @@ def _quant_moe_prefill(fmt_name: str, tokens: int = 2048) -> Case:
     w2 = random_weights(fmt, HIDDEN, INTER, seed=1, count=STORED)
     hidden = torch.zeros(tokens, HIDDEN, dtype=torch.bfloat16)
     ids, weights = _routing(tokens)
-    t = quant_launch._grouped_tiles(tokens * TOP_K, torch.bfloat16, fmt)
+    t = quant_launch.grouped_tiles(tokens * TOP_K, torch.bfloat16, fmt)
     # every expert's tiles once per row tile of its pairs (block_m rows share a decode)
     row_tiles = tokens * TOP_K // t.block_m
     per_weight = {n: v.nbytes / (STORED * 2 * INTER * HIDDEN) for n, v in w13.items()}

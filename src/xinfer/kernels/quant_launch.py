@@ -275,7 +275,7 @@ def moe_merge_key(num_pairs: int, hidden: torch.Tensor, fmt: WeightFormat) -> ob
         return quant_prefill.moe_merge_key(num_pairs, hidden, PREFILL_MIN_PAIRS)
     if not kernels.use_triton(hidden):
         return None
-    return ("registers", _grouped_tiles(num_pairs, hidden.dtype, fmt))
+    return ("registers", grouped_tiles(num_pairs, hidden.dtype, fmt))
 
 
 def fused_moe(
@@ -347,7 +347,7 @@ def fused_moe(
         )  # fmt: skip
     else:
         fused = False
-        t = tiles or _grouped_tiles(num_pairs, hidden.dtype, fmt)
+        t = tiles or grouped_tiles(num_pairs, hidden.dtype, fmt)
         num_ids = kw13.w.shape[0]
         sorted_pairs, block_ids, num_rows = moe_align.align_pairs(
             topk_ids, num_ids, t.block_m, max_ids=max_ids
@@ -375,13 +375,13 @@ def fused_moe(
     return out
 
 
-def _grouped_tiles(num_pairs: int, dtype: torch.dtype, fmt: WeightFormat) -> QuantTiles:
+def grouped_tiles(num_pairs: int, dtype: torch.dtype, fmt: WeightFormat) -> QuantTiles:
     """The in-register grouped GEMMs' tiles of an expert call: by the call's pairs and
     dtype only (so a row's bits do not depend on the other rows); past PREFILL_MIN_PAIRS
     pairs the format's measured tile (`moe_prefill_tiles`) where it declares one."""
     if dtype == torch.float32:
         return QuantTiles(block_m=32, block_n=32, block_k=32, num_warps=4, num_stages=2)
-    if num_pairs <= 1024:
+    if num_pairs <= PREFILL_MIN_PAIRS:
         # two stages: the per-element scale gathers of block formats (f32, N x K) of gate and
         # up are pipelined too; four stages of them asked 258 KB of shared memory (H200: 227)
         return QuantTiles(block_m=16, block_n=64, block_k=128, num_warps=4, num_stages=2)
