@@ -356,7 +356,7 @@ def _quant_linear(fmt_name: str, n: int = QKV_N, k: int = HIDDEN, m: int = 1) ->
     fmt = _quant_format(fmt_name)
     w = random_weights(fmt, n, k, seed=0)
     x = torch.zeros(m, k, dtype=torch.bfloat16)
-    t = quant_launch.linear_tiles(m, torch.bfloat16, fmt.kernel_weights(w, k), k)
+    t = quant_launch.linear_tiles(m, torch.bfloat16, fmt.kernel_weights(w, k), k, fmt)
     name = {1: "quant_linear_gemv_kernel", 4: "quant_linear_rows_kernel"}.get(
         t.block_m, "quant_linear_kernel"
     )

@@ -102,8 +102,10 @@ def _quant_cases() -> None:
     for name in _formats():
         odd = "96" in name  # the gather variants: decode and in-register prefill tiles only
         split = Q_SPLIT_ONE if odd and "gptq" in name else Q_SPLIT  # 4-bit bytes: one row
-        # one row alone: the one-row kernel for every format (quant_launch.ONE_ROW_ALONE)
-        add(f"quant-{name}-linear-bf16-m1", Q_SPLIT_ONE, _quant_linear, name, BF16, 1)
+        # one row alone: the one-row kernel where the format's `decode_one_row_alone` says
+        # its bits equal the four-row kernel's (FP8), else the four-row kernel
+        alone = Q_SPLIT_ONE if _formats()[name].decode_one_row_alone else split
+        add(f"quant-{name}-linear-bf16-m1", alone, _quant_linear, name, BF16, 1)
         add(f"quant-{name}-linear-fp16-m16-nobias", split, _quant_linear, name, F16, 16,
             bias=False)  # fmt: skip
         if name in ("fp8-block128", "nvfp4"):  # the 16-row dot tile at decode (selectable)

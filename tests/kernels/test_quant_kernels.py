@@ -13,7 +13,7 @@ from xinfer.kernels import quant_launch as ql
 from xinfer.kernels import reference
 from xinfer.quant.awq import AwqInt4
 from xinfer.quant.compressed_tensors import PackQuantizedInt4
-from xinfer.quant.fp8 import Fp8Block
+from xinfer.quant.fp8 import Fp8Block, Fp8Scaled
 from xinfer.quant.gptq import GptqInt4
 from xinfer.quant.nvfp4 import Nvfp4
 
@@ -21,6 +21,7 @@ pytestmark = pytest.mark.gpu
 DEV = torch.device("cuda", 0) if torch.cuda.is_available() else None
 FORMATS = {
     "fp8": Fp8Block(128, 128),
+    "fp8-channel": Fp8Scaled(),
     "gptq": GptqInt4(group_size=128, has_zero=False),
     "awq": AwqInt4(group_size=128, has_zero=True),
     "ct-g32": PackQuantizedInt4(32, False, torch.bfloat16),
@@ -49,13 +50,22 @@ def test_linear_matches_twin(name, n, k, m):
 
 
 @pytest.mark.parametrize("name", list(FORMATS))
-def test_linear_rows_do_not_depend_on_the_batch(name):
-    fmt, n, k = FORMATS[name], 2048, 4096
+@pytest.mark.parametrize("n,k", [(5120, 2048), (2048, 4096)])  # qkv (K whole), o_proj (split)
+def test_linear_rows_do_not_depend_on_the_batch(name, n, k):
+    """Every row of 16 alone (the one-row kernel) and every batch of the first m rows (the
+    four-row kernel) on the format's default decode tiles: the bits of the 16-row call, and
+    the same call twice the same bits."""
+    fmt = FORMATS[name]
     tensors = _weights(fmt, n, k, seed=1)
     x = torch.randn(16, k, device=DEV, dtype=torch.bfloat16)
     full = ql.linear(x, fmt, tensors, None, n, k)
-    for m in (1, 3, 8, 15):
-        assert torch.equal(ql.linear(x[:m], fmt, tensors, None, n, k), full[:m]), (name, m)
+    assert torch.equal(ql.linear(x, fmt, tensors, None, n, k), full), (name, "twice")
+    alone = [j for j in range(16) if not torch.equal(
+        ql.linear(x[j : j + 1], fmt, tensors, None, n, k), full[j : j + 1])]  # fmt: skip
+    assert not alone, f"{name} {n}x{k}: rows {alone} alone differ from the batch"
+    batches = [m for m in range(2, 16) if not torch.equal(
+        ql.linear(x[:m], fmt, tensors, None, n, k), full[:m])]  # fmt: skip
+    assert not batches, f"{name} {n}x{k}: batches of {batches} rows differ from 16"
 
 
 @pytest.mark.parametrize("name", list(FORMATS))

@@ -96,7 +96,7 @@ def test_linear_matches_twin(ql, name, dtype, m, dequant):
 @child_only
 @pytest.mark.parametrize(
     "name,rows",
-    [("fp8-16x32", 4), ("gptq-g32-sym", 4), ("nvfp4", 4), ("nvfp4", 1), ("nvfp4", 16)],
+    [(f, r) for f in ("fp8-16x32", "gptq-g32-sym", "nvfp4") for r in (4, 1)] + [("nvfp4", 16)],
 )
 def test_split_k_decode_linear_matches_twin_and_the_batch(ql, name, rows):
     """K long enough that the decode tiles split it (partials added in split order, bias
@@ -109,12 +109,13 @@ def test_split_k_decode_linear_matches_twin_and_the_batch(ql, name, rows):
     x = torch.randn(16, k, generator=g)
     bias = torch.randn(n, generator=g)
     kw = fmt.kernel_weights(tensors, k)
-    tiles = ql.linear_tiles(2, x.dtype, kw, k)
+    tiles = ql.linear_tiles(2, x.dtype, kw, k, fmt)  # the format's own (`decode_linear_tiles`)
     assert tiles.block_m == 4  # the default decode tile of these formats and shapes
-    alone = ql.linear_tiles(1, x.dtype, kw, k)  # ONE_ROW_ALONE: the one-row kernel, same tile
-    assert (alone.block_m, alone.block_n, alone.block_k) == (1, tiles.block_n, tiles.block_k)
+    alone = ql.linear_tiles(1, x.dtype, kw, k, fmt)  # the one-row kernel where the format
+    assert alone.block_m == (1 if fmt.decode_one_row_alone else 4)  # asks for it (FP8)
+    assert dataclasses.replace(alone, block_m=4) == tiles  # ... on the same tile
     if rows == 1:
-        tiles = ql.QuantTiles(block_m=1, block_n=8, block_k=tiles.block_k, num_warps=8)
+        tiles = dataclasses.replace(tiles, block_m=1)
     elif rows == 16:
         tiles = ql.QuantTiles(block_m=16, block_n=32, block_k=tiles.block_k // 2)
     n_tiles = -(-n // tiles.block_n)
@@ -127,7 +128,7 @@ def test_split_k_decode_linear_matches_twin_and_the_batch(ql, name, rows):
         return
     assert torch.equal(ql.linear(x[5:6], fmt, tensors, bias, n, k, tiles=tiles), out[5:6])
     assert torch.equal(ql.linear(x[4:7], fmt, tensors, bias, n, k, tiles=tiles), out[4:7])
-    # a row alone by default (the one-row kernel) has its bits from the four-row kernel
+    # a row alone by default (the one-row kernel where the format asks for it) has its bits
     assert torch.equal(ql.linear(x[5:6], fmt, tensors, bias, n, k), out[5:6])
 
 

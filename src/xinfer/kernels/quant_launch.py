@@ -60,13 +60,16 @@ FACTORED = True
 # `block_m` 16 choose it too).
 DECODE_GEMV = True
 # A decode call of one row runs the one-row GEMV (`quant_linear_gemv_kernel`) where the
-# four-row kernel would: with the same tile, splits and factored sums over FP8 codes or
-# 4-bit words a row's arithmetic is the same in both (per-group sums of the same products,
-# scaled once, summed over groups at the end), so its bits do not change with the batch
-# (tests: the interpreter's one-row == four-row, the GPU's rows-independent-of-M). Measured
-# on an H100 (2026-12-05, thirteenth session), µs at one row, four-row → one-row, same tile:
-# qkv 1 x 5120 x 2048 FP8 6.5 → 5.6, GPTQ 13.2 → 8.5, NVFP4 12.6 → 6.7; o_proj 1 x 2048 x
-# 4096 FP8 6.5 → 6.0, GPTQ 9.9 → 8.6, NVFP4 9.3 → 7.2.
+# four-row kernel would, for the formats whose `decode_one_row_alone` says the two compiled
+# kernels give a row the same bits. The source computes a row alike in both (per-group sums
+# of the same products, scaled once, summed over groups at the end), but the order of a
+# group's sum follows the register layout the compiler picks for each kernel: on an H100
+# (2026-12-05, fifteenth session) every row alone equals its row in 16 for FP8, while the
+# 4-bit formats (GPTQ, AWQ, compressed-tensors, NVFP4) differ in 1 to 8 rows of 16 (rare
+# rounding: 4-bit × bf16 products are exact, their sums mostly so). Measured on an H100
+# (thirteenth session), µs at one row, four-row → one-row, same tile: qkv 1 x 5120 x 2048
+# FP8 6.5 → 5.6, GPTQ 13.2 → 8.5, NVFP4 12.6 → 6.7; o_proj 1 x 2048 x 4096 FP8 6.5 → 6.0,
+# GPTQ 9.9 → 8.6, NVFP4 9.3 → 7.2. False: never (a format-blind call, `fmt` None: always).
 ONE_ROW_ALONE = True
 # The MoE GEMV's gate and up tiles in one loop (`QuantTiles.joined`) rather than one loop
 # after the other, for the formats whose `moe_gemv_joined` asks for it: half the dependent
@@ -107,18 +110,29 @@ def gemv_tiles(fmt: WeightFormat, kw13: KernelWeights) -> QuantTiles:
 
 
 def linear_tiles(
-    m: int, dtype: torch.dtype, kw: KernelWeights | None = None, k: int | None = None
+    m: int,
+    dtype: torch.dtype,
+    kw: KernelWeights | None = None,
+    k: int | None = None,
+    fmt: WeightFormat | None = None,
 ) -> QuantTiles:
     """The linear's tiles from (M bucket, dtype, format, K), never from M within a bucket
     but for kernels of the same bits, so a decode row's bits do not depend on the batch.
-    Decode (M <= DECODE_M): the GEMV form (DECODE_GEMV) with the MoE GEMV's tiles, four rows
-    a program where the weight allows it (`rows_tiles_fit`: each tile decoded once for four
-    rows) and more than one row comes (ONE_ROW_ALONE), else one; or the 16-row dot tile."""
+    Decode (M <= DECODE_M): the GEMV form (DECODE_GEMV) on the format's measured tile
+    (`decode_linear_tiles`; default 8 rows of ~2 KB of stored bytes, 8 warps), four rows a
+    program where the weight allows it (`rows_tiles_fit`: each tile decoded once for four
+    rows) unless one row comes alone on a format whose one-row kernel has the four-row
+    kernel's bits (ONE_ROW_ALONE, `decode_one_row_alone`), else one; or the 16-row dot tile."""
     if m <= DECODE_M and DECODE_GEMV:
-        block_k = _decode_block_k(kw) if kw is not None else 128
+        block_n, block_k, warps = 8, _decode_block_k(kw) if kw is not None else 128, 8
+        if fmt is not None and fmt.decode_linear_tiles:
+            block_n, block_k, warps = fmt.decode_linear_tiles
         fits = FACTORED and kw is not None and k is not None and rows_tiles_fit(kw, block_k, k)
-        four = fits and not (ONE_ROW_ALONE and m == 1)
-        return QuantTiles(block_m=4 if four else 1, block_n=8, block_k=block_k, num_warps=8)
+        alone = ONE_ROW_ALONE and (fmt is None or fmt.decode_one_row_alone)
+        four = fits and not (alone and m == 1)
+        return QuantTiles(
+            block_m=4 if four else 1, block_n=block_n, block_k=block_k, num_warps=warps
+        )
     if m <= DECODE_M:  # weight-bound: narrow N tiles, K split below, give every SM work
         block_k = _decode_block_k(kw) // 2 if kw is not None else 128
         return QuantTiles(block_m=16, block_n=32, block_k=block_k, num_warps=4)
@@ -188,7 +202,7 @@ def linear(
     if m >= PREFILL_MIN_ROWS if dequant is None else dequant:
         return quant_prefill.linear(x2, kw, bias, n, k).view(*x.shape[:-1], n)
     out = x.new_empty(m, n)
-    tiles = tiles or linear_tiles(m, x.dtype, kw, k)
+    tiles = tiles or linear_tiles(m, x.dtype, kw, k, fmt)
     if tiles.block_m in (1, 4):
         if m > DECODE_M:
             raise ValueError(f"quant linear: the GEMV tiles take at most {DECODE_M} rows")

@@ -232,6 +232,15 @@ class SharedKernelFormat(WeightFormat):
     # `quant_launch.PREFILL_MIN_PAIRS` pairs, where they do not dequantize), measured per
     # format: (block_m, block_n, block_k, num_warps, num_stages); None: 64 x 64 x 64, 4 warps.
     moe_prefill_tiles: tuple[int, int, int, int, int] | None = None
+    # The decode linears' GEMV-form tile (`quant_launch.linear_tiles`), measured per format:
+    # (block_n, block_k, num_warps), one tile for the one-row and four-row kernels so a row's
+    # bits do not depend on the batch; None: 8 rows of ~2 KB of stored bytes, 8 warps.
+    decode_linear_tiles: tuple[int, int, int] | None = None
+    # Whether a decode linear's call of one row runs the one-row GEMV rather than the
+    # four-row kernel (faster: no decode shared with absent rows): only where the GPU test
+    # (`test_linear_rows_do_not_depend_on_the_batch`) shows the two compiled kernels give a
+    # row the same bits, so a row's output never depends on the batch.
+    decode_one_row_alone = False
 
     @abstractmethod
     def kernel_weights(self, tensors: dict[str, torch.Tensor], k: int) -> KernelWeights: ...

@@ -31,6 +31,14 @@ class Fp8Block(SharedKernelFormat):
     # prefill-sized expert calls in registers: Qwen3-30B-A3B MoE at 2,048 tokens 804.9 µs
     # against 2,890.6 dequantized (H100, 2026-12-05)
     dequant_experts_in_prefill = False
+    # decode linears (H100, 2026-12-05, fifteenth session, `bench_quant_kernel.py
+    # --decode-rows-sweep`), µs at 1 / 8 rows, qkv 5120 x 2048 and o_proj 2048 x 4096:
+    # 8 x 256 of 8 warps 5.6 / 25.9 and 5.9 / 24.3; 32 x 256 of 4 warps 6.0 / 16.1 and
+    # 5.2 / 13.6 (x loaded and converted once for 4x the output rows), rows alone and in
+    # eight equal bit for bit
+    decode_linear_tiles = (32, 256, 4)
+    # every row of 16 alone equals its row in the batch at both shapes (H100, fifteenth session)
+    decode_one_row_alone = True
 
     @property
     def name(self) -> str:  # type: ignore[override]

@@ -30,9 +30,15 @@ class Int4Grouped(SharedKernelFormat):
     dequant_experts_in_prefill = False
     # MoE GEMV (H100, 2026-12-05, GPTQ g128), µs at 1 / 8 tokens: 512 columns a step, gate
     # and up one loop after the other 31.7 / 204.3; joined 32.1 / 189.9; 2,048 columns 27.7 /
-    # 185.9 (joined with 2,048 columns: not measured)
+    # 185.9; 2,048 columns joined (fifteenth session) 25.6 / 183.7 against 27.1 / 186.1
     moe_gemv_block_k = 2048
-    moe_gemv_joined = False
+    moe_gemv_joined = True
+    # decode linears (H100, 2026-12-05, fifteenth session, GPTQ g128, `bench_quant_kernel.py
+    # --decode-rows-sweep`), µs at 1 / 8 rows, qkv 5120 x 2048 and o_proj 2048 x 4096:
+    # 8 x 512 of 8 warps 8.7 / 31.9 and 8.6 / 26.7; 16 x 512 of 4 warps 8.3 / 30.5 and
+    # 7.2 / 25.8, rows alone and in eight equal bit for bit (8 x 512 of 4 warps, 7.4 / 28.1
+    # and 7.8 / 27.7, was not: rows differed at 2048 x 4096)
+    decode_linear_tiles = (16, 512, 4)
     # in-register MoE at 2,048 tokens (H100, 2026-12-05, fourteenth session, GPTQ g128, each
     # tile checked against the twin; `bench_quant_kernel.py --prefill-sweep`): 64 x 64 x 64 of
     # 4 warps 2,315.5 µs; 128 x 64 x 64 of 8 warps, 3 stages 1,214.6 (4 stages 1,225.5;
