@@ -1,5 +1,6 @@
 """One table from `bench_vs_llamacpp.sh`'s JSON lines: xinfer and llama.cpp measured in this
-run, beside the llama.cpp figures of issue 16 (H200, 2026-12-03, the peer kit, `-fa 1 -t 16`)
+run, each xinfer row beside llama.cpp on the same machine where this run measured it (`here`),
+else beside the figures of issue 16 (H200, 2026-12-03, the peer kit, `-fa 1 -t 16`: `issue`),
 and the ratio to them where the issue sets a target.
 
     python3 bench/bench_vs_llamacpp_table.py bench/results/vs_llamacpp.jsonl"""
@@ -33,6 +34,11 @@ def _key(row: dict) -> tuple[str, str]:
     return model, "resident" if place == "resident" else place.replace(" auto", "")
 
 
+def _pp(row: dict) -> float | None:
+    """The row's prompt-processing tok/s (its `pp<N>_tok_s`), or None."""
+    return next((v for k, v in row.items() if k.startswith("pp") and k.endswith("tok_s")), None)
+
+
 def _fmt(x) -> str:
     return "" if x in (None, "") else f"{x:,.1f}"
 
@@ -44,12 +50,17 @@ def main(path: str) -> None:
     for r in rows:
         key = (r["model"], r["engine"], r["placement"])
         merged.setdefault(key, {}).update(r)
+    here = {  # llama.cpp measured in this run, by the key the issue's figures use
+        _key(r): (r.get("decode_tok_s"), _pp(r))
+        for (_, engine, _), r in merged.items()
+        if engine == "llama.cpp"
+    }
     head = f"{'model':34} {'engine':10} {'placement':12} {'decode':>8} {'pp8192':>9}"
-    print(head + f" {'llama.cpp (issue)':>19} {'decode x':>9} {'pp x':>6}  experts / offload")
+    print(head + f" {'llama.cpp':>25} {'decode x':>9} {'pp x':>6}  experts / offload")
     for (model, engine, place), r in sorted(merged.items()):
-        pp = next((v for k, v in r.items() if k.startswith("pp") and k.endswith("tok_s")), None)
-        dec = r.get("decode_tok_s")
-        ref = ISSUE.get(_key(r), (None, None))
+        pp, dec = _pp(r), r.get("decode_tok_s")
+        source = "here" if _key(r) in here else "issue"
+        ref = here.get(_key(r)) or ISSUE.get(_key(r), (None, None))
         ratios = ["", ""]
         if engine == "xinfer" and not r["model"].count(" isq "):
             goal = TARGETS.get(_key(r), (None, None))
@@ -60,9 +71,11 @@ def main(path: str) -> None:
         extra = r.get("experts", "")
         if "hit_rate" in r:
             extra += f" slots {r['slots_per_layer']}/{r['num_experts']} hit {r['hit_rate']:.2f}"
-        issue = f"{_fmt(ref[0])} / {_fmt(ref[1])}" if engine == "xinfer" and ref[0] else ""
+        peer = (
+            f"{_fmt(ref[0])} / {_fmt(ref[1])} ({source})" if engine == "xinfer" and ref[0] else ""
+        )
         print(
-            f"{model:34} {engine:10} {place:12} {_fmt(dec):>8} {_fmt(pp):>9} {issue:>19} "
+            f"{model:34} {engine:10} {place:12} {_fmt(dec):>8} {_fmt(pp):>9} {peer:>25} "
             f"{ratios[0]:>9} {ratios[1]:>6}  {extra}"
         )
     print("targets (issue 16): resident Q4_K decode >= 1.5x; under the budget decode >= 3x "
