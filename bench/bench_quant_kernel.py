@@ -242,7 +242,9 @@ def decode_rows_sweep(name, fmt, n, k) -> None:
     32 x 256 of 4). A tile serves decode only if one row alone gets the bits it gets among
     eight (batch invariance): each candidate is checked for that on every row first (the
     rows that differ are listed: a row's place in its four-row program shows), and the
-    eight-row call twice (run-to-run determinism)."""
+    eight-row call twice (run-to-run determinism). One row on the four-row kernel (the 4-bit
+    formats' default) is timed and checked too, as built for four rows and with rows 1-3
+    compiled out (`quant_launch.ONE_ROW_PRUNED`)."""
     g = torch.Generator(device=DEV).manual_seed(1)
     t = fmt.dummy(n, k, g, 0.02)
     x8 = torch.randn(8, k, device=DEV, dtype=torch.bfloat16)
@@ -270,17 +272,37 @@ def decode_rows_sweep(name, fmt, n, k) -> None:
             again = torch.equal(ql.linear(x8, fmt, t, None, n, k, tiles=four), out8)
             us1 = timer(lambda c=one: ql.linear(x8[:1], fmt, t, None, n, k, tiles=c), 50) * 1e6
             us8 = timer(lambda c=four: ql.linear(x8, fmt, t, None, n, k, tiles=c), 50) * 1e6
+            # one row on the four-row kernel, as built for four rows and with rows 1-3
+            # compiled out (ONE_ROW_PRUNED): bits against the eight-row call, and time
+            alone4 = []
+            for pruned in (False, True):
+                ql.ONE_ROW_PRUNED = pruned
+                same = all(
+                    torch.equal(
+                        ql.linear(x8[j : j + 1], fmt, t, None, n, k, tiles=four), out8[j : j + 1]
+                    )
+                    for j in range(8)
+                )
+                us = timer(lambda c=four: ql.linear(x8[:1], fmt, t, None, n, k, tiles=c), 50)
+                alone4.append((us * 1e6, same))
+            ql.ONE_ROW_PRUNED = False
         except Exception as e:  # a tile the compiler refuses (registers, shared memory)
+            ql.ONE_ROW_PRUNED = False
             print(f"  {bn} x {bk}, {nw} warps: {type(e).__name__}: {str(e)[:160]}")
             continue
-        rows.append((us1 + us8, bn, bk, nw, us1, us8, differ, again))
-    for _, bn, bk, nw, us1, us8, differ, again in sorted(rows):
+        rows.append((us1 + us8, bn, bk, nw, us1, us8, differ, again, alone4))
+    for _, bn, bk, nw, us1, us8, differ, again, alone4 in sorted(rows):
         mark = f"  (rows {differ} alone differ: not batch-invariant)" if differ else ""
         mark += "" if again else "  (eight rows twice differ: not deterministic)"
         dflt = " (default)" if (bn, bk, nw) == (default[1].block_n, default[1].block_k,
                                                   default[1].num_warps) else ""  # fmt: skip
+        four_row = ", ".join(
+            f"{what} {us:.1f} us{'' if same else ' (differs)'}"
+            for what, (us, same) in zip(("four-row", "pruned"), alone4)
+        )
         print(
             f"  {bn:2d} x {bk:4d}, {nw} warps: 1 row {us1:6.1f} us, 8 rows {us8:6.1f} us{dflt}{mark}"
+            f"; 1 row on the four-row kernel: {four_row}"
         )
 
 

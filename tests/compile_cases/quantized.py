@@ -47,8 +47,10 @@ def _quant_k(name: str) -> int:
 
 def _quant_linear(
     name: str, dtype, m: int, dequant=None, bias: bool = True, dot: bool = False,
-    ragged: bool = False, rows: int = 0,
+    ragged: bool = False, rows: int = 0, pruned: bool = False,
 ) -> None:  # fmt: skip
+    """`pruned`: a call of one row on the four-row kernel with rows 1-3 compiled out
+    (`quant_launch.ONE_ROW_PRUNED`)."""
     from xinfer.kernels import quant_launch
 
     n, k = 256, _quant_k(name)
@@ -59,9 +61,13 @@ def _quant_linear(
     tiles = quant_launch.QuantTiles(block_m=16, block_n=32, block_k=128) if dot else None
     if rows:
         tiles = quant_launch.QuantTiles(block_m=rows, block_n=8, block_k=512, num_warps=8)
-    quant_launch.linear(
-        _randn(m, k, dtype=dtype), fmt, tensors, b, n, k, dequant=dequant, tiles=tiles
-    )
+    saved, quant_launch.ONE_ROW_PRUNED = quant_launch.ONE_ROW_PRUNED, pruned
+    try:
+        quant_launch.linear(
+            _randn(m, k, dtype=dtype), fmt, tensors, b, n, k, dequant=dequant, tiles=tiles
+        )
+    finally:
+        quant_launch.ONE_ROW_PRUNED = saved
 
 
 def _quant_moe(name: str, dtype, tokens: int, use_gemv: bool, dequant=None,
@@ -106,6 +112,9 @@ def _quant_cases() -> None:
         # its bits equal the four-row kernel's (FP8), else the four-row kernel
         alone = Q_SPLIT_ONE if _formats()[name].decode_one_row_alone else split
         add(f"quant-{name}-linear-bf16-m1", alone, _quant_linear, name, BF16, 1)
+        if alone == Q_SPLIT:  # one row on the four-row kernel, rows 1-3 compiled out
+            add(f"quant-{name}-linear-bf16-m1-pruned", Q_SPLIT, _quant_linear, name, BF16, 1,
+                pruned=True)  # fmt: skip
         add(f"quant-{name}-linear-fp16-m16-nobias", split, _quant_linear, name, F16, 16,
             bias=False)  # fmt: skip
         if name in ("fp8-block128", "nvfp4"):  # the 16-row dot tile at decode (selectable)

@@ -68,6 +68,21 @@ def test_linear_rows_do_not_depend_on_the_batch(name, n, k):
     assert not batches, f"{name} {n}x{k}: batches of {batches} rows differ from 16"
 
 
+@pytest.mark.parametrize("name", [n for n in FORMATS if not FORMATS[n].decode_one_row_alone])
+@pytest.mark.parametrize("n,k", [(5120, 2048), (2048, 4096)])
+def test_one_row_pruned_build_matches_the_batch(name, n, k, monkeypatch):
+    """`quant_launch.ONE_ROW_PRUNED`'s question: one row on the four-row kernel built with
+    rows 1-3 compiled out gets the bits of the default four-row build's 16-row call."""
+    fmt = FORMATS[name]
+    tensors = _weights(fmt, n, k, seed=1)
+    x = torch.randn(16, k, device=DEV, dtype=torch.bfloat16)
+    full = ql.linear(x, fmt, tensors, None, n, k)
+    monkeypatch.setattr(ql, "ONE_ROW_PRUNED", True)
+    alone = [j for j in range(16) if not torch.equal(
+        ql.linear(x[j : j + 1], fmt, tensors, None, n, k), full[j : j + 1])]  # fmt: skip
+    assert not alone, f"{name} {n}x{k}: rows {alone} alone (pruned build) differ from the batch"
+
+
 @pytest.mark.parametrize("name", list(FORMATS))
 @pytest.mark.parametrize("tokens", [1, 8, 300])
 def test_fused_moe_matches_twin_and_ignores_slots(name, tokens):

@@ -98,7 +98,7 @@ def test_linear_matches_twin(ql, name, dtype, m, dequant):
     "name,rows",
     [(f, r) for f in ("fp8-16x32", "gptq-g32-sym", "nvfp4") for r in (4, 1)] + [("nvfp4", 16)],
 )
-def test_split_k_decode_linear_matches_twin_and_the_batch(ql, name, rows):
+def test_split_k_decode_linear_matches_twin_and_the_batch(ql, name, rows, monkeypatch):
     """K long enough that the decode tiles split it (partials added in split order, bias
     after), in the GEMV form with four rows a program (the default) or one, and the 16-row
     dot tile: equal to the twin, and a row's bits the same alone, in a batch of 3 (one
@@ -130,6 +130,9 @@ def test_split_k_decode_linear_matches_twin_and_the_batch(ql, name, rows):
     assert torch.equal(ql.linear(x[4:7], fmt, tensors, bias, n, k, tiles=tiles), out[4:7])
     # a row alone by default (the one-row kernel where the format asks for it) has its bits
     assert torch.equal(ql.linear(x[5:6], fmt, tensors, bias, n, k), out[5:6])
+    if tiles.block_m == 4:  # ... and on the four-row kernel with rows 1-3 compiled out
+        monkeypatch.setattr(ql, "ONE_ROW_PRUNED", True)
+        assert torch.equal(ql.linear(x[5:6], fmt, tensors, bias, n, k, tiles=tiles), out[5:6])
 
 
 # MoE paths: the decode GEMV at its default tiles (each group's sum scaled once), the GEMV

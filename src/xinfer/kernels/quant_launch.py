@@ -71,6 +71,12 @@ DECODE_GEMV = True
 # FP8 6.5 → 5.6, GPTQ 13.2 → 8.5, NVFP4 12.6 → 6.7; o_proj 1 x 2048 x 4096 FP8 6.5 → 6.0,
 # GPTQ 9.9 → 8.6, NVFP4 9.3 → 7.2. False: never (a format-blind call, `fmt` None: always).
 ONE_ROW_ALONE = True
+# A call of one row on the four-row kernel (the formats without `decode_one_row_alone`)
+# compiles rows 1-3 out (`quant_linear_rows_kernel`'s ROWS = 1: no branches in the loop),
+# row 0's operations as in the four-row build. Off until a GPU shows both builds give a row
+# the same bits (`test_linear_rows_do_not_depend_on_the_batch`) and times it
+# (`bench_quant_kernel.py --decode-rows-sweep`); the interpreter checks the arithmetic.
+ONE_ROW_PRUNED = False
 # The MoE GEMV's gate and up tiles in one loop (`QuantTiles.joined`) rather than one loop
 # after the other, for the formats whose `moe_gemv_joined` asks for it: half the dependent
 # iterations a program, x loaded once for both; same bits. Measured on an H100 (2026-12-05,
@@ -259,7 +265,8 @@ def _gemv_linear(x2, kw: KernelWeights, bias, out, tiles: QuantTiles) -> None:
     if tiles.block_m == 4:
         if not (factored and rows_tiles_fit(kw, tiles.block_k, k)):
             raise ValueError("quant linear: four-row tiles need factored sums and FP8 or words")
-        jit.quant_linear_rows_kernel[grid](*args, **consts)
+        rows = 1 if m == 1 and ONE_ROW_PRUNED else 4
+        jit.quant_linear_rows_kernel[grid](*args, **consts, ROWS=rows)
     else:
         jit.quant_linear_gemv_kernel[grid](
             *args, **consts, FACTORED=factored, WORDS=words(kw, tiles.block_k, k)

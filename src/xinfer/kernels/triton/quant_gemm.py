@@ -278,13 +278,15 @@ def quant_linear_rows_kernel(
     FMT: tl.constexpr, SCALE_BN: tl.constexpr, SCALE_BK: tl.constexpr, HAS_ZERO: tl.constexpr,
     PACKED: tl.constexpr, HAS_BIAS: tl.constexpr, BLOCK_N: tl.constexpr,
     BLOCK_K: tl.constexpr, GROUP_T: tl.constexpr, REDUCE: tl.constexpr, EVEN: tl.constexpr,
+    ROWS: tl.constexpr = 4,
 ):  # fmt: skip
     """grid (cdiv(M, 4), cdiv(N, BLOCK_N), splits): the GEMV form for four rows of x a
     program: each weight tile is decoded once (FP8 codes, or 4-bit words: `load_raw_words`)
     and each row's group sums scaled once (FACTORED) into an accumulator of its own; rows
     past M skip their multiply-adds. A row's arithmetic is the same whether its neighbours
     exist or not, so its bits never depend on M; the decode is shared by four rows instead
-    of paid per row (`quant_linear_gemv_kernel`)."""
+    of paid per row (`quant_linear_gemv_kernel`). ROWS = 1 (calls of one row): rows 1-3
+    compiled out, no branch in the loop, row 0's operations as in ROWS = 4."""
     m0 = tl.program_id(0) * 4
     pid_n = tl.program_id(1)
     split = tl.program_id(2)
@@ -307,12 +309,13 @@ def quant_linear_rows_kernel(
         )  # fmt: skip
         ks = k0 + cols
         acc0 += tl.sum(v * _x_tile(x0, ks, k_end, EVEN), axis=2) * sc
-        if m0 + 1 < M:
-            acc1 += tl.sum(v * _x_tile(x0 + stride_xm, ks, k_end, EVEN), axis=2) * sc
-        if m0 + 2 < M:
-            acc2 += tl.sum(v * _x_tile(x0 + 2 * stride_xm, ks, k_end, EVEN), axis=2) * sc
-        if m0 + 3 < M:
-            acc3 += tl.sum(v * _x_tile(x0 + 3 * stride_xm, ks, k_end, EVEN), axis=2) * sc
+        if ROWS > 1:
+            if m0 + 1 < M:
+                acc1 += tl.sum(v * _x_tile(x0 + stride_xm, ks, k_end, EVEN), axis=2) * sc
+            if m0 + 2 < M:
+                acc2 += tl.sum(v * _x_tile(x0 + 2 * stride_xm, ks, k_end, EVEN), axis=2) * sc
+            if m0 + 3 < M:
+                acc3 += tl.sum(v * _x_tile(x0 + 3 * stride_xm, ks, k_end, EVEN), axis=2) * sc
     y = four_rows(tl.sum(acc0, axis=1), tl.sum(acc1, axis=1), tl.sum(acc2, axis=1),
                   tl.sum(acc3, axis=1))  # fmt: skip
     offs_m = m0 + tl.arange(0, 4)
