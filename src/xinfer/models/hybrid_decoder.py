@@ -19,11 +19,10 @@ from xinfer.kernels import linear_attn
 from xinfer.layers.attention import PagedAttention
 from xinfer.layers.gated_delta_net import GatedDeltaNet
 from xinfer.layers.linear import Linear, MergedLinear
-from xinfer.layers.mlp import GatedMLP
 from xinfer.layers.norm import RMSNorm
 from xinfer.layers.rotary import RotaryEmbedding
 from xinfer.models.layer_stack import LayerStack
-from xinfer.models.moe_decoder import MoeForCausalLM, SparseMoeBlock
+from xinfer.models.moe_decoder import MoeForCausalLM, PreNormDecoderLayer
 
 LINEAR, FULL = "linear_attention", "full_attention"
 
@@ -111,7 +110,7 @@ class GatedAttention(nn.Module):
         return self.o_proj(linear_attn.sigmoid_gate_mul(out, gate))
 
 
-class HybridDecoderLayer(nn.Module):
+class HybridDecoderLayer(PreNormDecoderLayer):
     def __init__(
         self,
         cfg: HybridConfig,
@@ -135,29 +134,10 @@ class HybridDecoderLayer(nn.Module):
             )
         else:
             self.self_attn = GatedAttention(cfg, max_pos)
-        if cfg.is_moe_layer(layer_idx):
-            self.mlp: nn.Module = SparseMoeBlock(cfg, expert_device)
-        else:
-            self.mlp = GatedMLP(cfg.hidden_size, cfg.intermediate_size)
-        self.input_layernorm = RMSNorm(cfg.hidden_size, cfg.rms_norm_eps)
-        self.post_attention_layernorm = RMSNorm(cfg.hidden_size, cfg.rms_norm_eps)
+        self.add_mlp_and_norms(cfg, layer_idx, expert_device)
 
-    def forward(
-        self, positions: torch.Tensor, x: torch.Tensor, residual: torch.Tensor | None
-    ) -> tuple[torch.Tensor, torch.Tensor]:
-        x, residual = self.forward_attention(positions, x, residual)
-        return self.mlp(x), residual
-
-    def forward_attention(
-        self, positions: torch.Tensor, x: torch.Tensor, residual: torch.Tensor | None
-    ) -> tuple[torch.Tensor, torch.Tensor]:
-        """The layer up to its MLP: (the MLP's input, the residual)."""
-        if residual is None:
-            residual, x = x, self.input_layernorm(x)
-        else:
-            x, residual = self.input_layernorm(x, residual)
-        x = self.linear_attn(x) if self.is_linear else self.self_attn(positions, x)
-        return self.post_attention_layernorm(x, residual)
+    def mix(self, positions: torch.Tensor, x: torch.Tensor) -> torch.Tensor:
+        return self.linear_attn(x) if self.is_linear else self.self_attn(positions, x)
 
 
 class HybridModel(nn.Module):

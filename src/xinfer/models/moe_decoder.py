@@ -104,18 +104,23 @@ class SparseMoeBlock(nn.Module):
         return kernels.sigmoid_gated_add(routed, self.shared_expert_gate(x), shared)
 
 
-class DecoderLayer(nn.Module):
-    def __init__(
-        self, cfg: ModelConfig, layer_idx: int, max_pos: int, expert_device: torch.device | None
+class PreNormDecoderLayer(nn.Module):
+    """A pre-norm layer: its token mixer (`mix`: attention, or linear attention in the hybrid
+    decoder) and then the MoE or dense MLP of `layer_idx`, each after an RMSNorm that also
+    adds the residual. Subclasses build the mixer, then call `add_mlp_and_norms`."""
+
+    def add_mlp_and_norms(
+        self, cfg: ModelConfig, layer_idx: int, expert_device: torch.device | None
     ) -> None:
-        super().__init__()
-        self.self_attn = DecoderAttention(cfg, max_pos)
         if cfg.is_moe_layer(layer_idx):
             self.mlp: nn.Module = SparseMoeBlock(cfg, expert_device)
         else:
             self.mlp = GatedMLP(cfg.hidden_size, cfg.intermediate_size)
         self.input_layernorm = RMSNorm(cfg.hidden_size, cfg.rms_norm_eps)
         self.post_attention_layernorm = RMSNorm(cfg.hidden_size, cfg.rms_norm_eps)
+
+    def mix(self, positions: torch.Tensor, x: torch.Tensor) -> torch.Tensor:
+        raise NotImplementedError
 
     def forward(
         self, positions: torch.Tensor, x: torch.Tensor, residual: torch.Tensor | None
@@ -131,8 +136,19 @@ class DecoderLayer(nn.Module):
             residual, x = x, self.input_layernorm(x)
         else:
             x, residual = self.input_layernorm(x, residual)
-        x = self.self_attn(positions, x)
-        return self.post_attention_layernorm(x, residual)
+        return self.post_attention_layernorm(self.mix(positions, x), residual)
+
+
+class DecoderLayer(PreNormDecoderLayer):
+    def __init__(
+        self, cfg: ModelConfig, layer_idx: int, max_pos: int, expert_device: torch.device | None
+    ) -> None:
+        super().__init__()
+        self.self_attn = DecoderAttention(cfg, max_pos)
+        self.add_mlp_and_norms(cfg, layer_idx, expert_device)
+
+    def mix(self, positions: torch.Tensor, x: torch.Tensor) -> torch.Tensor:
+        return self.self_attn(positions, x)
 
 
 class MoeModel(nn.Module):
