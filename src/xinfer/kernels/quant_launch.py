@@ -69,12 +69,14 @@ DECODE_GEMV = True
 # rounding: 4-bit × bf16 products are exact, their sums mostly so). Measured on an H100
 # (thirteenth session), µs at one row, four-row → one-row, same tile: qkv 1 x 5120 x 2048
 # FP8 6.5 → 5.6, GPTQ 13.2 → 8.5, NVFP4 12.6 → 6.7; o_proj 1 x 2048 x 4096 FP8 6.5 → 6.0,
-# GPTQ 9.9 → 8.6, NVFP4 9.3 → 7.2. False: never (a format-blind call, `fmt` None: always).
+# GPTQ 9.9 → 8.6, NVFP4 9.3 → 7.2. False: no call of one row takes the one-row kernel;
+# True: those of a format that asks for it, and every call that names no format (`fmt`
+# None: tests and benchmarks of the kernels).
 ONE_ROW_ALONE = True
 # A call of one row on the four-row kernel (the formats without `decode_one_row_alone`)
 # compiles rows 1-3 out (`quant_linear_rows_kernel`'s ROWS = 1: no branches in the loop),
 # row 0's operations as in the four-row build. Off until a GPU shows both builds give a row
-# the same bits (`test_linear_rows_do_not_depend_on_the_batch`) and times it
+# the same bits (`test_one_row_pruned_build_matches_the_batch`) and times it
 # (`bench_quant_kernel.py --decode-rows-sweep`); the interpreter checks the arithmetic.
 ONE_ROW_PRUNED = False
 # The MoE GEMV's gate and up tiles in one loop (`QuantTiles.joined`) rather than one loop
