@@ -254,6 +254,14 @@ def decode_rows_sweep(name, fmt, n, k) -> None:
     timer = graph_timer(True)
     default = [ql.linear_tiles(m, torch.bfloat16, kw, k, fmt) for m in (1, 8)]
     print(f"{name:6s} linear {n}x{k}, default {default[1]}")
+
+    def alone_differ(tiles, out8) -> list[int]:  # the rows whose call alone differs from out8
+        return [j for j in range(8) if not torch.equal(
+            ql.linear(x8[j : j + 1], fmt, t, None, n, k, tiles=tiles), out8[j : j + 1])]  # fmt: skip
+
+    def us(tiles, rows: int) -> float:
+        return timer(lambda: ql.linear(x8[:rows], fmt, t, None, n, k, tiles=tiles), 50) * 1e6
+
     rows = []
     candidates = [*itertools.product((8, 16, 32), (d,), (4, 8)), (16, 2 * d, 4), (32, 2 * d, 4)]
     for bn, bk, nw in candidates:
@@ -262,34 +270,20 @@ def decode_rows_sweep(name, fmt, n, k) -> None:
             out8 = ql.linear(x8, fmt, t, None, n, k, tiles=four)
             err = (out8.float() - ref).norm() / ref.norm()
             assert err < 1e-2, f"{name} {four}: relative error {err:.2e}"
-            differ = [
-                j
-                for j in range(8)
-                if not torch.equal(
-                    ql.linear(x8[j : j + 1], fmt, t, None, n, k, tiles=one), out8[j : j + 1]
-                )
-            ]
+            differ = alone_differ(one, out8)
             again = torch.equal(ql.linear(x8, fmt, t, None, n, k, tiles=four), out8)
-            us1 = timer(lambda c=one: ql.linear(x8[:1], fmt, t, None, n, k, tiles=c), 50) * 1e6
-            us8 = timer(lambda c=four: ql.linear(x8, fmt, t, None, n, k, tiles=c), 50) * 1e6
+            us1, us8 = us(one, 1), us(four, 8)
             # one row on the four-row kernel, as built for four rows and with rows 1-3
             # compiled out (ONE_ROW_PRUNED): bits against the eight-row call, and time
             alone4 = []
             for pruned in (False, True):
                 ql.ONE_ROW_PRUNED = pruned
-                same = all(
-                    torch.equal(
-                        ql.linear(x8[j : j + 1], fmt, t, None, n, k, tiles=four), out8[j : j + 1]
-                    )
-                    for j in range(8)
-                )
-                us = timer(lambda c=four: ql.linear(x8[:1], fmt, t, None, n, k, tiles=c), 50)
-                alone4.append((us * 1e6, same))
-            ql.ONE_ROW_PRUNED = False
+                alone4.append((us(four, 1), not alone_differ(four, out8)))
         except Exception as e:  # a tile the compiler refuses (registers, shared memory)
-            ql.ONE_ROW_PRUNED = False
             print(f"  {bn} x {bk}, {nw} warps: {type(e).__name__}: {str(e)[:160]}")
             continue
+        finally:
+            ql.ONE_ROW_PRUNED = False
         rows.append((us1 + us8, bn, bk, nw, us1, us8, differ, again, alone4))
     for _, bn, bk, nw, us1, us8, differ, again, alone4 in sorted(rows):
         mark = f"  (rows {differ} alone differ: not batch-invariant)" if differ else ""
@@ -297,8 +291,8 @@ def decode_rows_sweep(name, fmt, n, k) -> None:
         dflt = " (default)" if (bn, bk, nw) == (default[1].block_n, default[1].block_k,
                                                   default[1].num_warps) else ""  # fmt: skip
         four_row = ", ".join(
-            f"{what} {us:.1f} us{'' if same else ' (differs)'}"
-            for what, (us, same) in zip(("four-row", "pruned"), alone4)
+            f"{what} {t_us:.1f} us{'' if same else ' (differs)'}"
+            for what, (t_us, same) in zip(("four-row", "pruned"), alone4)
         )
         print(
             f"  {bn:2d} x {bk:4d}, {nw} warps: 1 row {us1:6.1f} us, 8 rows {us8:6.1f} us{dflt}{mark}"

@@ -52,9 +52,10 @@ def test_linear_matches_twin(name, n, k, m):
 @pytest.mark.parametrize("name", list(FORMATS))
 @pytest.mark.parametrize("n,k", [(5120, 2048), (2048, 4096)])  # qkv (K whole), o_proj (split)
 def test_linear_rows_do_not_depend_on_the_batch(name, n, k):
-    """Every row of 16 alone (the one-row kernel) and every batch of the first m rows (the
-    four-row kernel) on the format's default decode tiles: the bits of the 16-row call, and
-    the same call twice the same bits."""
+    """Every row of 16 alone (the one-row kernel where the format's `decode_one_row_alone`
+    asks for it, else the four-row kernel) and every batch of the first m rows (the four-row
+    kernel) on the format's default decode tiles: the bits of the 16-row call, and the same
+    call twice the same bits."""
     fmt = FORMATS[name]
     tensors = _weights(fmt, n, k, seed=1)
     x = torch.randn(16, k, device=DEV, dtype=torch.bfloat16)
