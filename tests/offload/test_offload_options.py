@@ -14,6 +14,7 @@ from xinfer.offload import host_store
 from xinfer.offload.sizing import (
     GIB,
     LayerShape,
+    auto_reserve_bytes,
     device_bytes_for,
     plan_slots,
     slots_for_fraction,
@@ -254,3 +255,45 @@ def test_offload_options_on_a_dense_model_are_ignored_with_a_note(tmp_path, capl
                   moe_offload_fill="copy-engine")  # fmt: skip
     assert "MoE offload is ignored" in caplog.text
     assert llm.generate([[3, 4, 5]], GREEDY)[0].token_ids
+
+
+def test_auto_keeps_what_one_full_sequence_needs():
+    """`auto` leaves XINFER_MOE_OFFLOAD_RESERVE_GB free, or more where one --max-model-len
+    sequence's KV cache and the workspace need more (a model with a wide KV, e.g. Qwen1.5-MoE's
+    full multi-head attention at 8k, needs ~3 GB): the slots shrink instead of start-up failing
+    on a KV cache shorter than one sequence."""
+    layers = [LayerShape(128, 8, 10_000_000)] * 48
+    auto = OffloadConfig(is_auto=True, reserve_gb=2.5)
+    regions = 2 * (128 - 40) * 10_000_000
+    budget = int(2.5 * GIB) + regions + 40 * 480_000_000 + 1000
+    assert auto_reserve_bytes(auto, int(GIB)) == int(2.5 * GIB)  # the reserve is enough
+    assert plan_slots(layers, auto, budget, int(GIB)) == 40
+    more = int(2.5 * GIB) + 3 * 480_000_000  # three slots' worth more than the reserve
+    assert auto_reserve_bytes(auto, more) == more
+    assert plan_slots(layers, auto, budget, more) == 36  # regions grow by 2 rows per slot less
+    with pytest.raises(UserError, match="one --max-model-len sequence's KV cache"):
+        plan_slots(layers, auto, budget, budget)
+
+
+def test_min_free_gpu_bytes_is_what_the_kv_sizing_needs(monkeypatch):
+    """The floor `auto` keeps is exactly what `plan_num_blocks` needs for one
+    --max-model-len sequence (plus a hybrid model's state): at the floor the cache holds one
+    sequence, one block's worth below it it does not."""
+    from types import SimpleNamespace
+
+    from xinfer.config import CacheConfig, EngineConfig
+    from xinfer.engine import memory
+
+    # Qwen1.5-MoE-A2.7B's KV: 24 layers, K and V of 16 heads x 128, bf16
+    cfg = SimpleNamespace(kv_bytes_per_token=lambda dtype: 24 * 2 * 16 * 128 * 2)
+    for util, state in [(0.9, 0), (0.75, 12_345_678)]:
+        engine = EngineConfig(model="x", cache=CacheConfig(gpu_memory_utilization=util))
+        kv_dtype, max_len = torch.bfloat16, 8448
+        floor = memory.min_free_gpu_bytes(cfg, engine, kv_dtype, max_len, state)
+        blocks_per_seq = -(-max_len // engine.cache.block_size)
+        per_block = cfg.kv_bytes_per_token(kv_dtype) * engine.cache.block_size
+        cuda = torch.device("cuda")
+        for free, enough in [(floor, True), (floor - per_block, False)]:
+            monkeypatch.setattr(memory, "usable_gpu_bytes", lambda d, lim, free=free: free)
+            blocks = memory.plan_num_blocks(cfg, engine, cuda, kv_dtype, max_len, state)
+            assert (blocks >= blocks_per_seq) is enough, (util, state, free)

@@ -13,7 +13,7 @@ import torch
 from xinfer import envs
 from xinfer.config import EngineConfig, ModelConfig
 from xinfer.engine.kv_cache import BlockAllocator
-from xinfer.engine.memory import plan_num_blocks
+from xinfer.engine.memory import min_free_gpu_bytes, plan_num_blocks
 from xinfer.engine.output import OutputProcessor
 from xinfer.engine.prefix_cache import PrefixCacheStats
 from xinfer.engine.request import Request, RequestOutput
@@ -119,16 +119,27 @@ class Engine:
             isq,
         )
         phase_done("weights")
-        if offload.is_enabled:
-            from xinfer.offload.setup import enable_offload
-
-            self.offload_manager = enable_offload(self.model, config, offload, self.device)
-            phase_done("offload")
         kv_dtype = config.cache.kv_dtype or self.dtype
         look_ahead = self._look_ahead(config)
         # hybrid models: one recurrent-state slot per running request, from the same budget;
         # two rows each under decode look-ahead (a dropped queued step must be undoable)
         self.state_copies = 2 if look_ahead else 1
+        if offload.is_enabled:
+            from xinfer.offload.setup import enable_offload
+
+            one_seq = 0  # on CPU the KV cache does not come from the device budget
+            if self.device.type == "cuda":
+                one_seq = min_free_gpu_bytes(
+                    cfg,
+                    config,
+                    kv_dtype,
+                    self.max_model_len,
+                    cfg.state_bytes_per_seq(self.dtype) * self.state_copies,
+                )
+            self.offload_manager = enable_offload(
+                self.model, config, offload, self.device, min_free_bytes=one_seq
+            )
+            phase_done("offload")
         self.num_state_slots = plan_state_slots(
             cfg, config, self.device, self.dtype, kv_dtype, self.max_model_len, self.state_copies
         )

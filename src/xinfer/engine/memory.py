@@ -6,6 +6,7 @@ the GPU were that small), from a fixed token budget on CPU."""
 
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass
 
 import torch
@@ -79,6 +80,26 @@ def gpu_kv_budget(engine: EngineConfig, device: torch.device) -> int:
     """Bytes the caches (KV blocks and any recurrent state) may take on the GPU."""
     budget = usable_gpu_bytes(device, engine.gpu_memory_limit_gb)
     return int(budget * engine.cache.gpu_memory_utilization) - _GPU_WORKSPACE_BYTES
+
+
+def min_free_gpu_bytes(
+    cfg: ModelConfig,
+    engine: EngineConfig,
+    kv_dtype: torch.dtype,
+    max_model_len: int,
+    state_bytes_per_seq: int = 0,
+) -> int:
+    """Free device bytes the engine needs after its weights (and expert slots) to start: one
+    `--max-model-len` sequence's KV blocks (or the `--num-gpu-blocks` asked for) and one
+    request's recurrent state, plus the workspace, before `gpu_memory_utilization` takes its
+    share: the inverse of `gpu_kv_budget`. `auto` offload keeps at least this much free."""
+    block_size = engine.cache.block_size
+    per_block = cfg.kv_bytes_per_token(kv_dtype) * block_size
+    blocks = engine.cache.num_blocks
+    if blocks is None:
+        blocks = -(-max_model_len // block_size)
+    need = blocks * per_block + state_bytes_per_seq + _GPU_WORKSPACE_BYTES
+    return math.ceil(need / engine.cache.gpu_memory_utilization) + 1  # + 1: int() in gpu_kv_budget
 
 
 def plan_num_blocks(

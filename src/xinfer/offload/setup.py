@@ -16,7 +16,13 @@ from xinfer.offload.copy_engine import BounceBuffers, LayerCopies
 from xinfer.offload.executor import OffloadExecutor, ResidentExecutor
 from xinfer.offload.graph_nodes import unavailable_reason
 from xinfer.offload.host_store import HostExpertStore
-from xinfer.offload.sizing import LayerShape, device_budget_bytes, plan_slots
+from xinfer.offload.sizing import (
+    GIB,
+    LayerShape,
+    auto_reserve_bytes,
+    device_budget_bytes,
+    plan_slots,
+)
 from xinfer.offload.slot_pool import SlotPool, build_slot_caches
 from xinfer.offload.staging import LayerStreamer
 from xinfer.offload.stats import CallProfile, OffloadStats, format_summary
@@ -99,10 +105,11 @@ def enable_offload(
     engine_config: EngineConfig,
     offload: OffloadConfig,
     device: torch.device,
+    min_free_bytes: int = 0,
 ) -> OffloadManager:
     """Offload the routed experts of every FusedMoE in `model.moe_layers()` (their expert
-    tensors are on the host). Call before the KV cache is sized: `auto` leaves exactly the
-    reserve free for it."""
+    tensors are on the host). Call before the KV cache is sized: `auto` leaves the reserve
+    free for it, or `min_free_bytes` (what one --max-model-len sequence needs) if more."""
     device = torch.device(device)
     layers = model.moe_layers()
     shapes = []
@@ -116,7 +123,16 @@ def enable_offload(
         resident = sum(p.numel() * p.element_size() for p in model.parameters())
         resident += sum(b.numel() * b.element_size() for b in model.buffers())
         budget = device_budget_bytes(device, engine_config.gpu_memory_limit_gb, resident)
-        num_slots = plan_slots(shapes, offload, budget)
+        num_slots = plan_slots(shapes, offload, budget, min_free_bytes)
+        reserve = auto_reserve_bytes(offload, min_free_bytes)
+        if offload.is_auto and budget is not None and reserve > int(offload.reserve_gb * GIB):
+            logger.info(
+                "MoE offload: 'auto' keeps %.2f GB free, more than XINFER_MOE_OFFLOAD_"
+                "RESERVE_GB=%g: one --max-model-len sequence's KV cache and the workspace "
+                "need it",
+                reserve / GIB,
+                offload.reserve_gb,
+            )
 
     store = HostExpertStore(device)
     stats = OffloadStats(len(layers), device)

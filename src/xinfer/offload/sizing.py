@@ -50,9 +50,14 @@ def device_bytes_for(layers: list[LayerShape], slots: int) -> int:
     return slots * per_slot + 2 * max(regions, default=0)
 
 
-def plan_slots(layers: list[LayerShape], offload: OffloadConfig, budget_bytes: int | None) -> int:
+def plan_slots(
+    layers: list[LayerShape],
+    offload: OffloadConfig,
+    budget_bytes: int | None,
+    min_free_bytes: int = 0,
+) -> int:
     """Slots per layer (the same for every layer). `budget_bytes` is the free device memory
-    (None = unbounded)."""
+    (None = unbounded). `auto` keeps `auto_reserve_bytes` free."""
     if not layers:
         return 0
     num_experts = min(s.num_experts for s in layers)
@@ -71,7 +76,8 @@ def plan_slots(layers: list[LayerShape], offload: OffloadConfig, budget_bytes: i
         raise ValueError("plan_slots: offload is not enabled")
     if budget_bytes is None:
         return num_experts
-    free = budget_bytes - int(offload.reserve_gb * GIB)
+    reserve = auto_reserve_bytes(offload, min_free_bytes)
+    free = budget_bytes - reserve
     if device_bytes_for(layers, num_experts) <= free:
         return num_experts  # everything fits: no overflow regions needed either
     # The most slots that fit with their regions (few candidates: E is at most a few hundred).
@@ -80,7 +86,24 @@ def plan_slots(layers: list[LayerShape], offload: OffloadConfig, budget_bytes: i
             return slots
     raise UserError(
         f"MoE offload 'auto' cannot fit {top_k} experts per layer in "
-        f"{budget_bytes / GIB:.2f} GB of free GPU memory while keeping "
-        f"XINFER_MOE_OFFLOAD_RESERVE_GB={offload.reserve_gb} free; lower the reserve "
+        f"{budget_bytes / GIB:.2f} GB of free GPU memory while keeping {reserve / GIB:.2f} GB "
+        f"free ({_reserve_reason(offload, min_free_bytes)}); lower the reserve "
         "or --max-model-len, or use a smaller model"
     )
+
+
+def auto_reserve_bytes(offload: OffloadConfig, min_free_bytes: int = 0) -> int:
+    """What `auto` leaves free: XINFER_MOE_OFFLOAD_RESERVE_GB, or more where the engine needs
+    more to start (`min_free_bytes`: one --max-model-len sequence's KV cache, its recurrent
+    state and the workspace; engine/memory.py `min_free_gpu_bytes`), so that `auto` never
+    picks slots that leave the KV cache too small for one sequence."""
+    return max(int(offload.reserve_gb * GIB), min_free_bytes)
+
+
+def _reserve_reason(offload: OffloadConfig, min_free_bytes: int) -> str:
+    if min_free_bytes > int(offload.reserve_gb * GIB):
+        return (
+            "what one --max-model-len sequence's KV cache and the workspace need, more than "
+            f"XINFER_MOE_OFFLOAD_RESERVE_GB={offload.reserve_gb}"
+        )
+    return f"XINFER_MOE_OFFLOAD_RESERVE_GB={offload.reserve_gb}"
