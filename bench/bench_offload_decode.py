@@ -79,6 +79,8 @@ def build_parser() -> argparse.ArgumentParser:
     a("--prefetch", default="0", help="prefetch distances per rate, 0 = off (0,1: an engine each)")
     a("--fill", default="kernel", choices=("kernel", "copy-engine"),
       help="--moe-offload-fill of the offload engines")  # fmt: skip
+    a("--policy", default="lru", choices=("lru", "lfu"),
+      help="--moe-offload-policy of the offload engines (which expert a miss evicts)")  # fmt: skip
     a(
         "--prefetch-issue",
         default="after-fill",
@@ -133,7 +135,7 @@ def plan_jobs(args: argparse.Namespace) -> list[dict]:
                 routing_seed=args.routing_seed, prompt_tokens=args.prompt_tokens,
                 gpu_memory_limit_gb=args.gpu_memory_limit_gb, trace_dir=args.trace_dir,
                 max_num_batched_tokens=args.max_num_batched_tokens, prefetch=0,
-                prefetch_margin=args.prefetch_margin, fill=args.fill,
+                prefetch_margin=args.prefetch_margin, fill=args.fill, policy=args.policy,
                 prefetch_issue=args.prefetch_issue,
                 prefetch_fill=args.prefetch_fill,
                 prefetch_programs=args.prefetch_programs)  # fmt: skip
@@ -267,7 +269,8 @@ def write(out: Path, meta: dict, results: list[dict]) -> str:
         f"- command: `{meta['command']}`",
         "",
         f"Decode, routing `{meta['routing']}`, prefetch {prefetch_setting(meta)} (issued "
-        f"{meta.get('prefetch_issue', 'before-lookup')}), fill `{meta.get('fill', 'kernel')}`"
+        f"{meta.get('prefetch_issue', 'before-lookup')}), fill `{meta.get('fill', 'kernel')}`, "
+        f"slot policy `{meta.get('policy', 'lru')}`"
         f"{prefetch_fill_note(meta)}:",
         "",
         decode_report.decode_table(decode),
@@ -311,7 +314,7 @@ def main(argv: list[str] | None = None) -> int:
             "bandwidth": bw, "bandwidth_gbps": used,
             "gpu_memory_limit_gb": args.gpu_memory_limit_gb,
             "prefetch": list(dict.fromkeys(int_list(args.prefetch))) or [0],
-            "prefetch_margin": args.prefetch_margin, "fill": args.fill,
+            "prefetch_margin": args.prefetch_margin, "fill": args.fill, "policy": args.policy,
             "prefetch_issue": args.prefetch_issue, "prefetch_fill": args.prefetch_fill,
             "prefetch_programs": args.prefetch_programs,
             "command": "python3 " + " ".join([sys.argv[0], *(argv or sys.argv[1:])])}  # fmt: skip

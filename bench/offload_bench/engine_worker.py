@@ -55,6 +55,7 @@ def engine_kwargs(cfg: dict) -> dict:
     if cfg["rate"] != "0":
         kw["moe_offload"] = cfg["rate"]
         kw["moe_offload_fill"] = cfg.get("fill") or "kernel"
+        kw["moe_offload_policy"] = cfg.get("policy") or "lru"
     if cfg["rate"] == "auto":  # fractions size themselves; auto from the (limited) GPU
         kw["gpu_memory_limit_gb"] = cfg["gpu_memory_limit_gb"]
     if cfg.get("reserve_gb") is not None:

@@ -17,6 +17,7 @@ from xinfer import envs
 from xinfer.config import (
     MAX_PREFETCH_DISTANCE,
     OFFLOAD_FILLS,
+    OFFLOAD_POLICIES,
     PREFETCH_ISSUE_POINTS,
     CacheConfig,
     EngineConfig,
@@ -183,6 +184,13 @@ class EngineArgs(OptionSet):
         "experimental, see docs/moe_offload.md)",
         choices=OFFLOAD_FILLS,
     )
+    moe_offload_policy: str = option(
+        "lru",
+        "which expert a miss evicts from a layer's GPU slots: lru (least recently used) or "
+        "lfu (least often used lately: a count decayed by 7/8 a call; a miss whose count is "
+        "below its victim's is used from a call-local row instead of evicting it)",
+        choices=OFFLOAD_POLICIES,
+    )
     moe_prefetch_fill: str | None = option(
         None,
         "how prefetch copies move to the GPU (default: as --moe-offload-fill): kernel or "
@@ -248,6 +256,7 @@ class EngineArgs(OptionSet):
             prefetch_fill=self.moe_prefetch_fill,
             prefetch_programs=self.moe_prefetch_programs,
             prefetch_issue=self.moe_prefetch_issue,
+            policy=self.moe_offload_policy,
         )
 
     def create_engine_config(self) -> EngineConfig:

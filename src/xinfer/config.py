@@ -239,6 +239,10 @@ MAX_PREFETCH_DISTANCE = 4
 # store) or `copy-engine` (copy-engine copies chosen on the device by conditional graph nodes,
 # offload/copy_engine.py).
 OFFLOAD_FILLS = ("kernel", "copy-engine")
+# Which expert a miss evicts from a layer's slots (offload/lookup.py): the least recently
+# used, or the least frequently used by a decayed count, admitted only if at least as
+# frequent as its victim.
+OFFLOAD_POLICIES = ("lru", "lfu")
 PREFETCH_ISSUE_POINTS = ("after-fill", "before-lookup")
 
 
@@ -263,8 +267,24 @@ class OffloadConfig:
     # prefetch of l + d (offload/prefetch.py); decisions and output are the same either way.
     prefetch_programs: int | None = None
     prefetch_issue: str = "after-fill"  # one of PREFETCH_ISSUE_POINTS
+    policy: str = "lru"  # one of OFFLOAD_POLICIES
 
     def __post_init__(self) -> None:
+        if self.policy not in OFFLOAD_POLICIES:
+            raise UserError(
+                f"MoE offload policy must be one of {', '.join(OFFLOAD_POLICIES)}, "
+                f"got {self.policy!r}"
+            )
+        if self.policy != "lru" and not self.is_auto and self.fraction is None:
+            raise UserError(
+                f"--moe-offload-policy {self.policy} chooses which experts stay on the GPU: "
+                "it needs MoE expert offload (--moe-offload or XINFER_MOE_OFFLOAD)"
+            )
+        if self.policy != "lru" and self.prefetch_distance:
+            raise UserError(
+                "--moe-prefetch reserves slots by least recent use: it does not combine with "
+                f"--moe-offload-policy {self.policy} yet; use one or the other"
+            )
         for what, value in (("fill", self.fill), ("prefetch fill", self.prefetch_fill)):
             if value is not None and value not in OFFLOAD_FILLS:
                 raise UserError(

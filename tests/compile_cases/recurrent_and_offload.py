@@ -108,17 +108,18 @@ def _expert_set(kind: str, num_experts: int) -> dict[str, torch.Tensor]:
     }
 
 
-def _slot_cache(kind: str, num_experts: int, num_slots: int):
+def _slot_cache(kind: str, num_experts: int, num_slots: int, policy: str = "lru"):
     from xinfer.offload.slot_cache import SlotCache
 
     host = _expert_set(kind, num_experts)
-    return SlotCache(host, num_slots, torch.device("cpu")), host
+    return SlotCache(host, num_slots, torch.device("cpu"), policy=policy), host
 
 
-def _lookup_fill(kind: str, num_experts: int, num_slots: int, tokens: int, top_k: int) -> None:
+def _lookup_fill(kind: str, num_experts: int, num_slots: int, tokens: int, top_k: int,
+                 policy: str = "lru") -> None:  # fmt: skip
     from xinfer.offload import kernels as offload_kernels
 
-    cache, host = _slot_cache(kind, num_experts, num_slots)
+    cache, host = _slot_cache(kind, num_experts, num_slots, policy)
     _, ids = _routing(num_experts, top_k, True)(tokens)
     offload_kernels.lookup(cache, ids, force_triton=True)
     offload_kernels.fill(cache, host, force_triton=True)
@@ -179,6 +180,8 @@ def _offload_cases() -> None:
     add("offload-bf16-e128-s32-decode", lf, _lookup_fill, "bf16", 128, 32, 1, 8)
     add("offload-fp8-e128-s32-prefill", lf, _lookup_fill, "fp8", 128, 32, 512, 8)
     add("offload-mixed-e60-s20", lf, _lookup_fill, "mixed", 60, 20, 3, 4)
+    add("offload-lfu-bf16-e128-s13-decode", lf, _lookup_fill, "bf16", 128, 13, 1, 8, "lfu")
+    add("offload-lfu-bf16-e512-s64-batch", lf, _lookup_fill, "bf16", 512, 64, 16, 8, "lfu")
     add("prefetch-reserve-e128-s32-decode", "reserve_kernel fill_kernel", _reserve, 128, 32,
         1, 8)  # fmt: skip
     add("prefetch-reserve-e60-s24-batch", "reserve_kernel fill_kernel", _reserve, 60, 24, 16, 4)

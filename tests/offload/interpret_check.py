@@ -12,7 +12,7 @@ import random
 assert os.environ.get("TRITON_INTERPRET") == "1", "run with TRITON_INTERPRET=1"
 
 import torch  # noqa: E402
-from lru_model import random_expert_set, routing_stream  # noqa: E402
+from lru_model import PyLFU, random_expert_set, routing_stream  # noqa: E402
 
 from xinfer.offload import kernels as offload_kernels  # noqa: E402
 from xinfer.offload.lookup import fill_reference, lookup_reference  # noqa: E402
@@ -25,8 +25,8 @@ CPU = torch.device("cpu")
 CASES = [(8, 2, 2, 30, 6), (8, 8, 2, 20, 4), (20, 7, 3, 30, 9), (70, 24, 8, 12, 20)]
 
 
-def _cache(host: dict[str, torch.Tensor], num_slots: int) -> SlotCache:
-    return SlotCache(host, num_slots, torch.device("cpu"))
+def _cache(host: dict[str, torch.Tensor], num_slots: int, **kw) -> SlotCache:
+    return SlotCache(host, num_slots, torch.device("cpu"), **kw)
 
 
 def with_bad_ids(ids: torch.Tensor, num_experts: int) -> torch.Tensor:
@@ -36,11 +36,15 @@ def with_bad_ids(ids: torch.Tensor, num_experts: int) -> torch.Tensor:
     return flat.view(ids.shape)
 
 
-def check(num_experts: int, num_slots: int, top_k: int, num_calls: int, max_rows: int) -> None:
+def check(num_experts: int, num_slots: int, top_k: int, num_calls: int, max_rows: int,
+          **kw) -> None:  # fmt: skip
     host = random_expert_set(num_experts, seed=num_experts + num_slots)
-    ref, tri = _cache(host, num_slots), _cache(host, num_slots)
+    ref, tri = _cache(host, num_slots, **kw), _cache(host, num_slots, **kw)
     rng = random.Random(num_slots)
     stream = routing_stream(rng, num_experts, num_slots, top_k, num_calls, max_rows)
+    if "num_overflow" in kw:  # only calls that fit the slots and the few overflow rows
+        stream = [ids for ids in stream if ids.numel() <= num_slots + kw["num_overflow"]]
+    lfu = PyLFU(num_experts, num_slots, kw.get("num_overflow"))  # counts refusals
     for step, ids in enumerate(stream):
         tri_ids = ids
         if step % 5 == 4:  # every fifth call: ids outside [0, E), clamped by the kernel
@@ -48,6 +52,7 @@ def check(num_experts: int, num_slots: int, top_k: int, num_calls: int, max_rows
             ids = tri_ids.clamp(0, num_experts - 1)
         want = lookup_reference(ref, ids)
         fill_reference(ref, host)
+        lfu.call(ids.reshape(-1).tolist())
         # One warp on odd calls: smaller id blocks, so wide calls take several blocks.
         got = offload_kernels.lookup(
             tri, tri_ids, force_triton=True, num_warps=1 + 3 * (step % 2), check_range=False
@@ -55,7 +60,7 @@ def check(num_experts: int, num_slots: int, top_k: int, num_calls: int, max_rows
         # Tiny blocks over a few programs: rows that are not multiples of the block, blocks
         # of one row dealt to several programs, more than four tensors (two launches).
         offload_kernels.fill(tri, host, force_triton=True, num_programs=3, block=4)
-        where = f"E={num_experts} S={num_slots} k={top_k} call {step}"
+        where = f"E={num_experts} S={num_slots} k={top_k} {kw} call {step}"
         assert torch.equal(got, want), (where, got, want)
         for name, value in ref.state().items():
             assert torch.equal(tri.state()[name], value), (where, name)
@@ -73,6 +78,8 @@ def check(num_experts: int, num_slots: int, top_k: int, num_calls: int, max_rows
                 assert torch.equal(tri.slots[name][r], t[e]), (where, name, e, r)
     if num_slots < num_experts:
         assert int(tri.counters[OVERFLOW]) > 0, "the stream never overflowed the slots"
+    if kw.get("policy") == "lfu" and num_slots < num_experts:
+        assert lfu.refused > 0, "the stream never refused a miss"
 
 
 def check_pool(num_layers: int = 3, num_experts: int = 12, num_slots: int = 3) -> None:
@@ -122,6 +129,10 @@ def check_routing_ids_in_range() -> None:
 if __name__ == "__main__":
     for case in CASES:
         check(*case)
+        check(*case, policy="lfu")
+    # LFU with few overflow rows: admission stops where the rows run out (calls of at most
+    # S + 3 ids, so every call fits)
+    check(20, 4, 2, 40, 3, policy="lfu", num_overflow=3)
     check_pool()
     check_routing_ids_in_range()
     print("interpreted kernels match the reference twins")

@@ -62,6 +62,73 @@ class PyLRU:
         return [rows[e] for e in flat_ids], fills
 
 
+class PyLFU:
+    """The `lfu` policy written out plainly: integer use counts decayed by 7/8 a call (+1024
+    for each expert of the call); a miss is offered the free slot of smallest (empty first,
+    count, stamp, slot) and refuses to evict an expert that counts more than it while the
+    call's overflow rows have room (its slot is then offered to no later miss); misses
+    without a slot or not admitted take overflow rows in order. Returns as `PyLRU.call`."""
+
+    def __init__(self, num_experts: int, num_slots: int, num_overflow: int | None = None) -> None:
+        self.num_slots = num_slots
+        self.num_overflow = num_experts - num_slots if num_overflow is None else num_overflow
+        self.count = [0] * num_experts
+        self.slot_of: dict[int, int] = {}
+        self.holder: list[int | None] = [None] * num_slots
+        self.stamp = [-1] * num_slots
+        self.clock = 0
+        self.hits = self.misses = self.overflow = self.refused = 0
+
+    def call(self, flat_ids: list[int]) -> tuple[list[int], list[tuple[int, int]]]:
+        self.clock += 1
+        order = list(dict.fromkeys(flat_ids))
+        self.count = [c - c // 8 for c in self.count]
+        for e in order:
+            self.count[e] += 1024
+        hits = [e for e in order if e in self.slot_of]
+        misses = [e for e in order if e not in self.slot_of]
+        busy = {self.slot_of[e] for e in hits}
+        for e in hits:
+            self.stamp[self.slot_of[e]] = self.clock
+        self.hits += len(hits)
+        rows = {e: self.slot_of[e] for e in hits}
+        offered = self.num_slots - len(hits)
+        beyond = max(0, len(misses) - offered)
+        over, fills = 0, []
+        for i, e in enumerate(misses):
+            if i >= offered:
+                rows[e] = self.num_slots + over
+                over += 1
+                fills.append((e, rows[e]))
+                continue
+
+            def rank(s: int) -> tuple[int, int, int]:
+                held = self.holder[s]
+                return (-1, -1, s) if held is None else (self.count[held], self.stamp[s], s)
+
+            s = min((s for s in range(self.num_slots) if s not in busy), key=rank)
+            busy.add(s)
+            held = self.holder[s]
+            if (
+                held is not None
+                and self.count[held] > self.count[e]
+                and (over + beyond < self.num_overflow)
+            ):
+                rows[e] = self.num_slots + over
+                over += 1
+                self.refused += 1
+                fills.append((e, rows[e]))
+                continue
+            if held is not None:
+                del self.slot_of[held]
+            self.holder[s], self.slot_of[e], self.stamp[s] = e, s, self.clock
+            rows[e] = s
+            fills.append((e, s))
+        self.misses += len(fills)
+        self.overflow += over
+        return [rows[e] for e in flat_ids], fills
+
+
 def routing_stream(
     rng: random.Random,
     num_experts: int,

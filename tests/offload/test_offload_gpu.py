@@ -57,11 +57,13 @@ def assert_same(gpu: SlotCache, cpu: SlotCache, host: dict, rows: torch.Tensor, 
     "num_experts,num_slots,top_k",
     [(8, 2, 2), (64, 16, 8), (128, 32, 8), (128, 128, 8), (512, 40, 10), (60, 9, 4)],
 )
-def test_triton_lookup_and_fill_equal_twins(num_experts, num_slots, top_k):
+@pytest.mark.parametrize("policy", ["lru", "lfu"])
+def test_triton_lookup_and_fill_equal_twins(num_experts, num_slots, top_k, policy):
     store = HostExpertStore(DEV)
     host = store.add_layer(expert_set(num_experts, seed=num_experts))
     assert all(t.is_pinned() for t in host.values())
-    gpu, cpu = SlotCache(host, num_slots, DEV), SlotCache(host, num_slots, CPU)
+    gpu = SlotCache(host, num_slots, DEV, policy=policy)
+    cpu = SlotCache(host, num_slots, CPU, policy=policy)
     stream = routing_stream(random.Random(num_slots), num_experts, num_slots, top_k, 150)
     for step, ids in enumerate(stream):
         want = lookup_reference(cpu, ids)
@@ -75,17 +77,20 @@ def test_triton_lookup_and_fill_equal_twins(num_experts, num_slots, top_k):
     store.close()
 
 
-def replay_lookup_and_fill(rows: int, make_fill, seed: int, steps: int = 60) -> set[int]:
+def replay_lookup_and_fill(
+    rows: int, make_fill, seed: int, steps: int = 60, policy: str = "lru"
+) -> set[int]:
     """A graph of lookup + fill (`make_fill(cache, host)` → the fill to capture) replayed on
     random calls of `rows` tokens (every tenth repeats the last: all hits where the calls fit
     the slots) equals the CPU twins after every replay; returns the miss counts seen."""
     num_experts, num_slots, top_k = 64, 16, 8
     store = HostExpertStore(DEV)
     host = store.add_layer(expert_set(num_experts, seed=seed))
-    gpu, cpu = SlotCache(host, num_slots, DEV), SlotCache(host, num_slots, CPU)
+    gpu = SlotCache(host, num_slots, DEV, policy=policy)
+    cpu = SlotCache(host, num_slots, CPU, policy=policy)
     fill = make_fill(gpu, host)
     static_ids = torch.zeros(rows, top_k, dtype=torch.int32, device=DEV)
-    warm = SlotCache(host, num_slots, DEV)
+    warm = SlotCache(host, num_slots, DEV, policy=policy)
     offload_kernels.lookup(warm, static_ids)  # compile outside capture
     offload_kernels.fill(warm, host)
     torch.cuda.synchronize()
@@ -116,9 +121,10 @@ def replay_lookup_and_fill(rows: int, make_fill, seed: int, steps: int = 60) -> 
 
 
 @pytest.mark.parametrize("rows", [2, 8])  # 16 and 64 routed ids against 16 slots
-def test_lookup_and_fill_replay_in_cuda_graph(rows):
+@pytest.mark.parametrize("policy", ["lru", "lfu"])
+def test_lookup_and_fill_replay_in_cuda_graph(rows, policy):
     kernel_fill = lambda cache, host: lambda: offload_kernels.fill(cache, host)  # noqa: E731
-    replay_lookup_and_fill(rows, kernel_fill, seed=1, steps=100)
+    replay_lookup_and_fill(rows, kernel_fill, seed=1, steps=100, policy=policy)
 
 
 def _pooled_executors(num_layers: int, num_experts: int, num_slots: int, top_k: int):
@@ -239,5 +245,6 @@ def test_engine_offload_greedy_matches_bf16(tmp_path):
         assert eager == base and stats["misses"] > 0 and stats["staging_copies"] > 0
         graphed, llm = run(enforce_eager=False, moe_offload=frac)
         assert graphed == base
+        assert run(enforce_eager=False, moe_offload=frac, moe_offload_policy="lfu")[0] == base
         graphs = llm.engine.runner.graph_runner.graphs
         assert max(graphs) * 2 > min(llm.offload_stats()["slots_per_layer"])

@@ -297,3 +297,18 @@ def test_min_free_gpu_bytes_is_what_the_kv_sizing_needs(monkeypatch):
             monkeypatch.setattr(memory, "usable_gpu_bytes", lambda d, lim, free=free: free)
             blocks = memory.plan_num_blocks(cfg, engine, cuda, kv_dtype, max_len, state)
             assert (blocks >= blocks_per_seq) is enough, (util, state, free)
+
+
+def test_offload_policy_option():
+    """`--moe-offload-policy`: lru (default) or lfu; lfu needs offload and does not combine
+    with prefetch yet (its slot reservation is LRU); a bad name is refused."""
+    from xinfer.args import EngineArgs
+
+    assert OffloadConfig(fraction=0.2).policy == "lru"
+    assert EngineArgs(moe_offload=0.2, moe_offload_policy="lfu").offload_config().policy == "lfu"
+    with pytest.raises(UserError, match="policy must be one of lru, lfu"):
+        OffloadConfig(fraction=0.2, policy="fifo")
+    with pytest.raises(UserError, match="needs MoE expert offload"):
+        OffloadConfig(policy="lfu")
+    with pytest.raises(UserError, match="does not combine with --moe-offload-policy lfu"):
+        OffloadConfig(fraction=0.2, policy="lfu", prefetch_distance=1)

@@ -15,7 +15,7 @@ import torch
 
 from xinfer.kernels import use_triton
 from xinfer.offload.lookup import check_call, check_id_range, fill_reference, lookup_reference
-from xinfer.offload.slot_cache import SlotCache
+from xinfer.offload.slot_cache import LFU_SHIFT, LFU_STEP, SlotCache
 
 FILL_BLOCK = 2048  # words per block of the fill's work list
 FILL_NUM_WARPS = 4
@@ -75,9 +75,15 @@ def lookup(
             cache.num_experts,
             cache.num_slots,
             cache.overflow_base,
+            cache.score,
+            cache.slot_score,
+            cache.num_overflow,
             BLOCK_E=block_e,
             BLOCK_S=_next_pow2(cache.num_slots),
             BLOCK_N=block_n,
+            LFU=cache.policy == "lfu",
+            LFU_SHIFT=LFU_SHIFT,
+            LFU_STEP=LFU_STEP,
             num_warps=num_warps,
         )
     return slot_ids

@@ -26,13 +26,36 @@ Rules:
   in first-appearance order, slot or overflow row) and `miss_count` are written for `fill`;
 - counters: hits and misses (distinct experts), one call, the overflow misses, and the
   largest number of misses of one call.
+
+The `lfu` policy (`cache.policy`) changes only which slot a miss takes and whether it takes
+one; everything else above holds:
+- first, every expert's `score` decays, `score -= score >> LFU_SHIFT`, and each expert of
+  the call gains `LFU_STEP`; `slot_score[s]` (the score of the expert in slot s, 0 when
+  empty) follows the same arithmetic, so it stays equal to its expert's score;
+- the m-th miss (m below the free slots) is offered the free slot of smallest key, empty
+  slots first (by index), then `(slot_score, last_use, slot index)`; it takes it unless the
+  slot holds an expert whose score exceeds the miss's and the overflow rows still have room
+  for one more miss than the call already sends there; a miss not admitted gets the next
+  overflow row and its victim keeps its expert but is offered to no later miss of the call
+  (the m-th miss always meets the m-th victim in key order);
+- overflow rows go to the misses not admitted (in order) and then to the misses beyond the
+  free slots, so the miss list stays in first-appearance order.
 """
 
 from __future__ import annotations
 
 import torch
 
-from xinfer.offload.slot_cache import CALLS, HITS, MAX_CALL_MISSES, MISSES, OVERFLOW, SlotCache
+from xinfer.offload.slot_cache import (
+    CALLS,
+    HITS,
+    LFU_SHIFT,
+    LFU_STEP,
+    MAX_CALL_MISSES,
+    MISSES,
+    OVERFLOW,
+    SlotCache,
+)
 
 
 def check_call(cache: SlotCache, topk_ids: torch.Tensor) -> None:
@@ -71,27 +94,58 @@ def lookup_reference(cache: SlotCache, topk_ids: torch.Tensor) -> torch.Tensor:
     hits = [e for e in distinct if soe[e] >= 0]
     misses = [e for e in distinct if soe[e] < 0]
     num_lru = min(len(misses), num_slots - len(hits))
+    lfu = cache.policy == "lfu"
+    score, slot_score = cache.score.tolist(), cache.slot_score.tolist()
+    if lfu:
+        routed = set(distinct)
+        score = [
+            x - (x >> LFU_SHIFT) + (LFU_STEP if e in routed else 0) for e, x in enumerate(score)
+        ]
+        hit_slots = {soe[e] for e in hits}
+        slot_score = [
+            x - (x >> LFU_SHIFT) + (LFU_STEP if s in hit_slots else 0)
+            for s, x in enumerate(slot_score)
+        ]
     for e in hits:
         last_use[soe[e]] = clock
         used[soe[e]] = True
     rows = {e: soe[e] for e in hits}
     miss_rows = []
+    beyond = len(misses) - num_lru  # misses with no free slot: overflow rows in any case
+    rejected = 0
+
+    def key(s: int) -> tuple[int, ...]:
+        if not lfu:
+            return (last_use[s], s)
+        return (-1, -1, s) if eos[s] < 0 else (slot_score[s], last_use[s], s)
+
     for e in misses[:num_lru]:
-        victim = min((last_use[s], s) for s in range(num_slots) if not used[s])[1]
+        victim = min((s for s in range(num_slots) if not used[s]), key=key)
         old = eos[victim]
+        if lfu and old >= 0 and slot_score[victim] > score[e]:
+            if rejected + beyond < cache.num_overflow:  # not admitted: a call-local row
+                used[victim] = True
+                rows[e] = cache.overflow_base + rejected
+                rejected += 1
+                miss_rows.append(rows[e])
+                continue
         if old >= 0:
             soe[old] = -1
         eos[victim], soe[e], last_use[victim], used[victim] = e, victim, clock, True
+        slot_score[victim] = score[e] if lfu else slot_score[victim]
         rows[e] = victim
         miss_rows.append(victim)
     for j, e in enumerate(misses[num_lru:]):
-        rows[e] = cache.overflow_base + j
+        rows[e] = cache.overflow_base + rejected + j
         miss_rows.append(rows[e])
 
     cache.slot_of_expert.copy_(torch.tensor(soe, dtype=torch.int32))
     cache.expert_of_slot.copy_(torch.tensor(eos, dtype=torch.int32))
     cache.last_use.copy_(torch.tensor(last_use, dtype=torch.int64))
     cache.clock.fill_(clock)
+    if lfu:
+        cache.score.copy_(torch.tensor(score, dtype=torch.int32))
+        cache.slot_score.copy_(torch.tensor(slot_score, dtype=torch.int32))
     num_misses = len(misses)
     if num_misses:
         cache.miss_ids[:num_misses].copy_(torch.tensor(misses, dtype=torch.int32))
@@ -100,7 +154,7 @@ def lookup_reference(cache: SlotCache, topk_ids: torch.Tensor) -> torch.Tensor:
     cache.counters[HITS] += len(hits)
     cache.counters[MISSES] += num_misses
     cache.counters[CALLS] += 1
-    cache.counters[OVERFLOW] += num_misses - num_lru
+    cache.counters[OVERFLOW] += beyond + rejected
     cache.counters[MAX_CALL_MISSES].clamp_(min=num_misses)
     slot_ids = torch.tensor([rows[e] for e in ids], dtype=torch.int32, device=cache.device)
     return slot_ids.view(topk_ids.shape)

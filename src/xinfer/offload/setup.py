@@ -168,6 +168,7 @@ def enable_offload(
         device,
         [stats.counters[i] for i in offloaded],  # each layer's row (a view) of the stats
         max_call_tokens * top_k,
+        offload.policy,
     )  # allocated now, so that the KV cache sized next leaves room for them
     executors = []
     bounce = _copy_engine_buffers(offload, device)  # checked even when nothing is offloaded
@@ -224,6 +225,7 @@ def _log_summary(
         logger.info("MoE offload: the model has no MoE layers; nothing to offload")
         return
     how = "auto" if offload.is_auto else f"fraction {offload.fraction:g}"
+    how += f", {offload.policy.upper()}"
     slots, experts = min(stats.slots), max(sh.num_experts for sh in shapes)
     logger.info(
         "MoE offload: %d of %d experts per layer on the %s (%s), %d MoE layers",

@@ -1,11 +1,13 @@
-"""Per-layer expert slot cache on the device: the LRU tables that map experts to slots, the
-miss list that `lookup` writes and `fill` reads, and the layer's view of the slot rows the MoE
-kernel reads. Everything lives in device memory so that decode needs no host sync.
+"""Per-layer expert slot cache on the device: the tables that map experts to slots (and the
+`lfu` policy's use counts), the miss list that `lookup` writes and `fill` reads, and the
+layer's view of the slot rows the MoE kernel reads. Everything lives in device memory so
+that decode needs no host sync.
 
 The view (`slots`, one tensor per expert tensor name) starts at the layer's first slot; its
-rows are ids the MoE kernel can address: `[0, S)` are this layer's LRU slots and
+rows are ids the MoE kernel can address: `[0, S)` are this layer's slots and
 `[overflow_base, overflow_base + num_overflow)` the call-local overflow rows that misses use
-when every slot is taken by the same call (see offload/slot_pool.py for the shared layout)."""
+when every slot is taken by the same call, or, under `lfu`, when a miss is not admitted (see
+offload/slot_pool.py for the shared layout)."""
 
 from __future__ import annotations
 
@@ -14,6 +16,12 @@ import torch
 # Columns of the per-layer counter row (int64, on the device; see offload/stats.py).
 HITS, MISSES, STAGING_COPIES, CALLS, OVERFLOW, MAX_CALL_MISSES, STREAMED = range(7)
 NUM_COUNTERS = 7
+# The `lfu` policy's decayed use count, in integers so that the kernel and its twin agree
+# bit for bit: every call, score -= score >> LFU_SHIFT (x 7/8), then + LFU_STEP for each
+# expert the call routes to (steady state of an expert routed every call: 8 x LFU_STEP).
+LFU_SHIFT = 3
+LFU_STEP = 1024
+POLICIES = ("lru", "lfu")
 
 
 class SlotCache:
@@ -38,6 +46,7 @@ class SlotCache:
         overflow_base: int | None = None,
         num_overflow: int | None = None,
         stream_bases: tuple[int, ...] = (),
+        policy: str = "lru",
     ) -> None:
         first = next(iter(host_tensors.values()))
         self.num_experts = first.shape[0]
@@ -47,6 +56,9 @@ class SlotCache:
             if t.shape[0] != self.num_experts:
                 raise ValueError(f"expert tensor {name!r} has {t.shape[0]} rows, not E")
         self.num_slots, self.device = num_slots, device
+        if policy not in POLICIES:
+            raise ValueError(f"policy must be one of {POLICIES}, got {policy!r}")
+        self.policy = policy
         self.num_overflow = self.num_experts - num_slots if num_overflow is None else num_overflow
         if not 0 <= self.num_overflow <= self.num_experts - num_slots:
             raise ValueError(f"num_overflow must be in [0, E - S], got {self.num_overflow}")
@@ -62,6 +74,10 @@ class SlotCache:
         self.expert_of_slot = torch.full((num_slots,), -1, **i32)  # (S,) -1 = empty
         self.last_use = torch.full((num_slots,), -1, dtype=torch.int64, device=device)  # (S,)
         self.clock = torch.zeros(1, dtype=torch.int64, device=device)  # +1 per lookup
+        # `lfu`: every expert's decayed use count, and each slot's copy of its expert's (0
+        # when empty); kept under `lru` too (unused) so that every cache has one layout
+        self.score = torch.zeros((self.num_experts,), **i32)
+        self.slot_score = torch.zeros((num_slots,), **i32)
         self.miss_ids = torch.full((self.capacity,), -1, **i32)  # expert of the m-th miss
         self.miss_slots = torch.full((self.capacity,), -1, **i32)  # its row in `slots`
         self.miss_count = torch.zeros(1, **i32)
@@ -91,6 +107,8 @@ class SlotCache:
             "expert_of_slot": self.expert_of_slot.clone(),
             "last_use": self.last_use.clone(),
             "clock": self.clock.clone(),
+            "score": self.score.clone(),
+            "slot_score": self.slot_score.clone(),
         }
 
     def check_invariants(self) -> None:
@@ -102,3 +120,8 @@ class SlotCache:
         for s, e in enumerate(eos):
             if e >= 0 and soe[e] != s:
                 raise AssertionError(f"slot {s} holds {e}, but expert {e} → slot {soe[e]}")
+        if self.policy == "lfu":
+            score, slot_score = self.score.tolist(), self.slot_score.tolist()
+            for s, e in enumerate(eos):
+                if e >= 0 and slot_score[s] != score[e]:
+                    raise AssertionError(f"slot {s} scores {slot_score[s]}, its expert {score[e]}")

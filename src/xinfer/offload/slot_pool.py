@@ -71,10 +71,12 @@ def build_slot_caches(
     device: torch.device,
     counters: torch.Tensor,
     max_call_ids: int,
+    policy: str = "lru",
 ) -> tuple[list[SlotCache], list[SlotPool]]:
     """One SlotCache per layer over pools shared by layers of one signature. `counters` is
     the (L, NUM_COUNTERS) stats tensor; `max_call_ids` bounds the routed ids of one lookup
-    call (tokens × top-k), which bounds the overflow a call can need."""
+    call (tokens × top-k), which bounds the overflow a call can need; `policy`: which expert
+    a miss evicts (offload/lookup.py)."""
     groups: dict[tuple, list[int]] = {}
     for i, (host, slots) in enumerate(zip(host_layers, num_slots)):
         groups.setdefault((_signature(host), slots), []).append(i)
@@ -97,5 +99,6 @@ def build_slot_caches(
                 stream_bases=tuple(pool.region_base(index, r) for r in range(NUM_REGIONS))
                 if has_regions
                 else (),
+                policy=policy,
             )
     return caches, pools

@@ -1,4 +1,4 @@
-"""Expert-offload kernels: `lookup` (one program: LRU slot assignment for a MoE call) and
+"""Expert-offload kernels: `lookup` (one program: slot assignment for a MoE call, LRU or LFU) and
 `fill` (copies missed experts from device-mapped pinned host memory into their slots).
 Semantics are those of the reference twins in `xinfer.offload.lookup`."""
 
@@ -40,6 +40,37 @@ def take_lru_slot(todo, first, used, last_use, eos, soe, clock, e_offs, s_offs,
 
 
 @triton.jit
+def take_lfu_slot(todo, first, used, last_use, slot_score, score, eos, soe, clock, room,
+                  e_offs, s_offs, NONE: tl.constexpr, BLOCK_S: tl.constexpr):  # fmt: skip
+    """One miss offered a slot under the `lfu` policy: the `todo` expert of smallest first
+    position meets the free slot of smallest key (empty slots first by index, then
+    (slot score, last use, index)); it takes it unless the slot's expert scores higher and
+    `room` (the overflow rows can take one more miss). Either way the slot is offered to no
+    later miss. Returns (expert, slot, sel_e, admit, todo, used, last_use, slot_score, eos,
+    soe), the tables updated."""
+    first_todo = tl.min(tl.where(todo, first, NONE))
+    sel_e = todo & (first == first_todo)
+    expert = tl.sum(tl.where(sel_e, e_offs, 0))
+    expert_score = tl.sum(tl.where(sel_e, score, 0))
+    free = ~used
+    rank_key = tl.where(eos < 0, -1, slot_score)  # empty slots first
+    low = tl.min(tl.where(free, rank_key, 0x7FFFFFFF))
+    tie = free & (rank_key == low)
+    key = tl.where(tie, (last_use + 1) * BLOCK_S + s_offs, 0x7FFFFFFFFFFFFFFF)
+    slot = (tl.min(key) % BLOCK_S).to(tl.int32)
+    sel_s = s_offs == slot
+    victim = tl.sum(tl.where(sel_s, eos, 0))
+    admit = (victim < 0) | (low <= expert_score) | (room == 0)
+    soe = tl.where(admit & (e_offs == victim) & (victim >= 0), -1, soe)
+    soe = tl.where(admit & sel_e, slot, soe)
+    eos = tl.where(admit & sel_s, expert, eos)
+    last_use = tl.where(admit & sel_s, clock, last_use)
+    slot_score = tl.where(admit & sel_s, expert_score, slot_score)
+    todo = todo & (e_offs != expert)
+    return expert, slot, sel_e, admit, todo, used | sel_s, last_use, slot_score, eos, soe
+
+
+@triton.jit
 def lookup_kernel(
     ids_ptr,  # (N,) int32 routed expert ids, row-major (T, k)
     slot_ids_ptr,  # (N,) int32 out: rows of the layer's slot view
@@ -55,9 +86,15 @@ def lookup_kernel(
     num_experts,
     num_slots,
     overflow_base,  # row of the first overflow row in the slot view
+    score_ptr,  # (E,) int32: `lfu`'s decayed use counts (unused under LRU)
+    slot_score_ptr,  # (S,) int32: the score of each slot's expert, 0 when empty
+    num_overflow,  # overflow rows a call may use
     BLOCK_E: tl.constexpr,
     BLOCK_S: tl.constexpr,
     BLOCK_N: tl.constexpr,
+    LFU: tl.constexpr = False,
+    LFU_SHIFT: tl.constexpr = 3,
+    LFU_STEP: tl.constexpr = 1024,
 ):
     # Every table is read once, up front, so that the loads overlap; everything after that
     # works in registers (no scratch memory, no barrier): on a decode step this kernel is
@@ -99,6 +136,11 @@ def lookup_kernel(
     num_lru = tl.minimum(num_todo, num_slots - num_hits)  # misses that get an LRU slot
     last_use = tl.where(hit_s, clock, last_use)
     used = hit_s | (s_offs >= num_slots)
+    score = tl.load(score_ptr + e_offs, mask=e_mask, other=0)
+    slot_score = tl.load(slot_score_ptr + s_offs, mask=s_mask, other=0)
+    if LFU:  # decay every count, then count this call's experts
+        score = score - (score >> LFU_SHIFT) + tl.where(first < NONE, LFU_STEP, 0)
+        slot_score = slot_score - (slot_score >> LFU_SHIFT) + tl.where(hit_s, LFU_STEP, 0)
 
     # 2. Rank of every miss in first-appearance order (only needed when some overflow):
     #    an exclusive running count over the positions that first route to a miss.
@@ -119,28 +161,60 @@ def lookup_kernel(
     lru_todo = todo & (rank < num_lru)
     over = todo & (rank >= num_lru)
 
-    # 3. LRU misses in order of first appearance take the (last_use, index)-smallest free slot.
+    # 3. Misses in order of first appearance take the free slot of smallest key: LRU
+    #    (last_use, index), or LFU (empty first, then score, last_use, index) with admission.
+    beyond = num_todo - num_lru  # misses with no free slot
+    rejected = num_todo * 0  # LFU misses not admitted (int32 scalar)
+    rej_row = tl.full((BLOCK_E,), -1, tl.int32)  # their overflow rows, by expert
     for m in range(0, num_lru):
-        expert, slot, sel_s, lru_todo, used, last_use, eos, soe = take_lru_slot(
-            lru_todo, first, used, last_use, eos, soe, clock, e_offs, s_offs, NONE, BLOCK_S
-        )
+        if LFU:
+            room = (rejected + beyond) < num_overflow
+            expert, slot, sel_e, admit, lru_todo, used, last_use, slot_score, eos, soe = (
+                take_lfu_slot(
+                    lru_todo,
+                    first,
+                    used,
+                    last_use,
+                    slot_score,
+                    score,
+                    eos,
+                    soe,
+                    clock,
+                    room,
+                    e_offs,
+                    s_offs,
+                    NONE,
+                    BLOCK_S,
+                )  # fmt: skip
+            )
+            row = tl.where(admit, slot, overflow_base + rejected)
+            rej_row = tl.where(sel_e & (admit == 0), row, rej_row)
+            rejected += tl.where(admit, 0, 1)
+        else:
+            expert, row, sel_s, lru_todo, used, last_use, eos, soe = take_lru_slot(
+                lru_todo, first, used, last_use, eos, soe, clock, e_offs, s_offs, NONE, BLOCK_S
+            )
         tl.store(miss_ids_ptr + m, expert)
-        tl.store(miss_slots_ptr + m, slot)
-    # The rest take overflow rows; a miss's place in the miss list is its rank.
-    over_row = overflow_base + rank - num_lru
+        tl.store(miss_slots_ptr + m, row)
+    # The rest take overflow rows after the ones not admitted; a miss's place in the miss
+    # list is its rank.
+    over_row = overflow_base + rejected + rank - num_lru
     tl.store(miss_ids_ptr + rank, e_offs, mask=over)
     tl.store(miss_slots_ptr + rank, over_row, mask=over)
-    row_of_e = tl.where(over, over_row, soe)
+    row_of_e = tl.where(over, over_row, tl.where(rej_row >= 0, rej_row, soe))
 
     tl.store(slot_of_expert_ptr + e_offs, soe, mask=e_mask)
     tl.store(expert_of_slot_ptr + s_offs, eos, mask=s_mask)
     tl.store(last_use_ptr + s_offs, last_use, mask=s_mask)
     tl.store(clock_ptr, clock)
+    if LFU:
+        tl.store(score_ptr + e_offs, score, mask=e_mask)
+        tl.store(slot_score_ptr + s_offs, slot_score, mask=s_mask)
     tl.store(miss_count_ptr, num_todo)
     tl.store(counters_ptr + 0, hits_total + num_hits)
     tl.store(counters_ptr + 1, misses_total + num_todo)
     tl.store(counters_ptr + 3, calls_total + 1)
-    tl.store(counters_ptr + 4, overflow_total + (num_todo - num_lru))
+    tl.store(counters_ptr + 4, overflow_total + (beyond + rejected))
     tl.store(counters_ptr + 5, tl.maximum(max_misses, num_todo.to(tl.int64)))
 
     # 4. Rewrite expert ids to rows, from the table in registers.
