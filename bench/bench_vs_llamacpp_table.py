@@ -31,7 +31,8 @@ def _key(row: dict) -> tuple[str, str]:
     place = row["placement"]
     if place.startswith("-ncmoe"):
         place = {"q4_k": "12 GB", "q8_0": "24 GB", "bf16": "12 GB"}[model.split()[-1]]
-    return model, "resident" if place == "resident" else place.replace(" auto", "")
+    # "12 GB auto" or "12 GB auto lfu" (a slot policy) → "12 GB"
+    return model, "resident" if place == "resident" else " ".join(place.split()[:2])
 
 
 def _pp(row: dict) -> float | None:
