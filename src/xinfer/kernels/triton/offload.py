@@ -185,7 +185,7 @@ def lookup_kernel(
                     s_offs,
                     NONE,
                     BLOCK_S,
-                )  # fmt: skip
+                )
             )
             row = tl.where(admit, slot, overflow_base + rejected)
             rej_row = tl.where(sel_e & (admit == 0), row, rej_row)
