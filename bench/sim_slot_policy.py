@@ -1,14 +1,18 @@
-"""The slot policies (`--moe-offload-policy lru|lfu`) on a routing model's stream, simulated
-on the CPU with the engine's own lookup twin (offload/lookup.py `lookup_reference`): hit
-rate per expert fraction, every layer its own cache, as a decode batch sees them.
+"""The slot policies (`--moe-offload-policy lru|lfu`) on a routing stream, simulated on the
+CPU with the engine's own lookup twin (offload/lookup.py `lookup_reference`): hit rate per
+expert fraction, every layer its own cache, call by call as the engine's lookup sees them.
 
     PYTHONPATH=src python3 bench/sim_slot_policy.py [--preset qwen3-30b-a3b] [--batch 1]
         [--fractions 0.1,0.2,0.35,0.5] [--warm 128] [--steps 384] [--seed 0]
+    PYTHONPATH=src python3 bench/sim_slot_policy.py --trace routing.xrt [--decode-only]
 
-The stream is `sim_layer_slots.draw_calls` (one call per layer and step over the batch's
-tokens; the same routing model the benchmarks with dummy weights use). Hits are counted
-after `--warm` steps. The layer shape follows the preset's model (Qwen3-30B-A3B: 48 × 128,
-Qwen3.5: 40 × 256, OLMoE: 16 × 64; top-8)."""
+The stream is either a routing model's (`sim_layer_slots.draw_calls`: one call per layer
+and step over the batch's tokens; the model the benchmarks with dummy weights use; layer
+shapes: Qwen3-30B-A3B 48 × 128, Qwen3.5 40 × 256, OLMoE 16 × 64; top-8) or a trace written
+by `--record-routing` (routing/trace.py): every recorded step is one call per layer over
+its tokens (`--decode-only`: only the steps in which every request decodes one token —
+long prompts run as prompt passes, which stream a layer instead of looking it up). Hits
+are counted after `--warm` calls of each layer."""
 
 from __future__ import annotations
 
@@ -17,6 +21,7 @@ import math
 import sys
 from pathlib import Path
 
+import numpy as np
 import torch
 
 HERE = Path(__file__).resolve().parent
@@ -27,54 +32,86 @@ from sim_layer_slots import draw_calls  # noqa: E402
 
 from xinfer.offload.lookup import lookup_reference  # noqa: E402
 from xinfer.offload.slot_cache import HITS, MISSES, POLICIES, SlotCache  # noqa: E402
+from xinfer.routing.trace import read_trace  # noqa: E402
 
 SHAPES = {"qwen3.5-35b-a3b": (40, 256), "qwen3.6-35b-a3b": (40, 256), "olmoe": (16, 64)}
 DEFAULT_SHAPE = (48, 128)  # Qwen3-30B-A3B (and the uniform preset)
 
 
-def hit_rates(preset: str, batch: int, fractions: list[float], warm: int, steps: int,
-              seed: int) -> dict[float, dict[str, float]]:  # fmt: skip
-    """fraction → policy → hit rate (distinct experts a call, after `warm` steps)."""
+def model_calls(preset: str, batch: int, steps: int, seed: int) -> tuple[list[np.ndarray], int]:
+    """A routing model's stream: per step an (L, batch·k) array of ids; and E."""
     layers, experts = SHAPES.get(preset, DEFAULT_SHAPE)
-    top_k = 8
-    calls = torch.from_numpy(draw_calls(preset, seed, layers, experts, top_k, batch,
-                                        warm + steps, 1000))  # fmt: skip
+    calls = draw_calls(preset, seed, layers, experts, 8, batch, steps, 1000)
+    return list(calls), experts
+
+
+def trace_calls(path: str, decode_only: bool) -> tuple[list[np.ndarray], int]:
+    """A recorded trace's stream: per step an (L, T·k) array of ids; and E."""
+    header, steps = read_trace(path)
+    calls = []
+    for st in steps:
+        if decode_only and any(count != 1 for _, _, count in st.requests):
+            continue
+        calls.append(st.ids.astype(np.int64).reshape(header.num_layers, -1))
+    return calls, header.num_experts
+
+
+def hit_rates(calls: list[np.ndarray], num_experts: int, top_k: int, fractions: list[float],
+              warm: int) -> dict[float, dict[str, float]]:  # fmt: skip
+    """fraction → policy → hit rate (distinct experts a call, after `warm` calls)."""
+    num_layers = calls[0].shape[0] if calls else 0
     out: dict[float, dict[str, float]] = {}
     for fraction in fractions:
-        slots = min(experts, max(top_k, math.ceil(fraction * experts - 1e-9)))
+        slots = min(num_experts, max(top_k, math.ceil(fraction * num_experts - 1e-9)))
         out[fraction] = {}
         for policy in POLICIES:
             hits = misses = 0
-            for layer in range(layers):
-                cache = SlotCache({"w": torch.zeros(experts, 1)}, slots, torch.device("cpu"),
-                                  policy=policy)  # fmt: skip
-                for t in range(warm + steps):
+            for layer in range(num_layers):
+                cache = SlotCache({"w": torch.zeros(num_experts, 1)}, slots,
+                                  torch.device("cpu"), policy=policy)  # fmt: skip
+                for t, call in enumerate(calls):
                     if t == warm:
                         cache.counters.zero_()
-                    lookup_reference(cache, calls[t, layer].view(1, -1))
+                    lookup_reference(cache, torch.from_numpy(call[layer]).view(1, -1))
                 hits += int(cache.counters[HITS])
                 misses += int(cache.counters[MISSES])
             out[fraction][policy] = hits / max(1, hits + misses)
     return out
 
 
+def table(title: str, rates: dict[float, dict[str, float]]) -> list[str]:
+    lines = [f"| {title} | " + " | ".join(POLICIES) + " | missed bytes |",
+             "|---|" + "---|" * (len(POLICIES) + 1)]  # fmt: skip
+    for fraction, by_policy in rates.items():
+        cells = " | ".join(f"{100 * by_policy[p]:.1f}%" for p in POLICIES)
+        change = (1 - by_policy["lfu"]) / max(1e-12, 1 - by_policy["lru"]) - 1
+        lines.append(f"| {fraction:g} | {cells} | {100 * change:+.0f}% |")
+    return lines
+
+
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--preset", default="qwen3-30b-a3b")
     ap.add_argument("--batch", type=int, default=1)
+    ap.add_argument("--trace", default=None, help="a --record-routing file instead of a preset")
+    ap.add_argument("--decode-only", action="store_true", help="with --trace: decode steps only")
+    ap.add_argument("--top-k", type=int, default=None, help="with --trace: its header's")
     ap.add_argument("--fractions", default="0.1,0.2,0.35,0.5")
     ap.add_argument("--warm", type=int, default=128)
     ap.add_argument("--steps", type=int, default=384)
     ap.add_argument("--seed", type=int, default=0)
     args = ap.parse_args()
     fractions = [float(f) for f in args.fractions.split(",")]
-    rates = hit_rates(args.preset, args.batch, fractions, args.warm, args.steps, args.seed)
-    print(f"| {args.preset}, batch {args.batch} | " + " | ".join(POLICIES) + " | missed bytes |")
-    print("|---|" + "---|" * (len(POLICIES) + 1))
-    for fraction, by_policy in rates.items():
-        cells = " | ".join(f"{100 * by_policy[p]:.1f}%" for p in POLICIES)
-        change = (1 - by_policy["lfu"]) / (1 - by_policy["lru"]) - 1
-        print(f"| {fraction:g} | {cells} | {100 * change:+.0f}% |")
+    if args.trace:
+        calls, experts = trace_calls(args.trace, args.decode_only)
+        top_k = args.top_k or read_trace(args.trace)[0].top_k
+        title = f"{Path(args.trace).name}{', decode steps' if args.decode_only else ''}"
+    else:
+        calls, experts = model_calls(args.preset, args.batch, args.warm + args.steps, args.seed)
+        top_k, title = 8, f"{args.preset}, batch {args.batch}"
+    if len(calls) <= args.warm:
+        raise SystemExit(f"the stream has {len(calls)} calls, not more than --warm {args.warm}")
+    print("\n".join(table(title, hit_rates(calls, experts, top_k, fractions, args.warm))))
 
 
 if __name__ == "__main__":
