@@ -184,11 +184,13 @@ class EngineArgs(OptionSet):
         "experimental, see docs/moe_offload.md)",
         choices=OFFLOAD_FILLS,
     )
-    moe_offload_policy: str = option(
-        "lru",
-        "which expert a miss evicts from a layer's GPU slots: lru (least recently used) or "
-        "lfu (least often used lately: a count decayed by 7/8 a call; a miss whose count is "
-        "below its victim's is used from a call-local row instead of evicting it)",
+    moe_offload_policy: str | None = option(
+        None,
+        "which expert a miss evicts from a layer's GPU slots: lru (least recently used, the "
+        "default) or lfu (least often used lately: a count decayed by 7/8 a call; a miss "
+        "whose count is below its victim's is used from a call-local row instead of evicting "
+        "it)",
+        env=envs.XINFER_MOE_OFFLOAD_POLICY,
         choices=OFFLOAD_POLICIES,
     )
     moe_prefetch_fill: str | None = option(
@@ -256,7 +258,7 @@ class EngineArgs(OptionSet):
             prefetch_fill=self.moe_prefetch_fill,
             prefetch_programs=self.moe_prefetch_programs,
             prefetch_issue=self.moe_prefetch_issue,
-            policy=self.moe_offload_policy,
+            policy=self.value("moe_offload_policy"),
         )
 
     def create_engine_config(self) -> EngineConfig:

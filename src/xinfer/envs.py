@@ -48,6 +48,11 @@ def XINFER_MOE_OFFLOAD_PROFILE() -> bool:
     return _bool("XINFER_MOE_OFFLOAD_PROFILE")
 
 
+def XINFER_MOE_OFFLOAD_POLICY() -> str:
+    """`lru` (default) or `lfu`: which expert a miss evicts; validated by OffloadConfig."""
+    return (_get("XINFER_MOE_OFFLOAD_POLICY") or "lru").strip().lower()
+
+
 def XINFER_API_KEY() -> str | None:
     return _get("XINFER_API_KEY")
 

@@ -312,3 +312,17 @@ def test_offload_policy_option():
         OffloadConfig(policy="lfu")
     with pytest.raises(UserError, match="does not combine with --moe-offload-policy lfu"):
         OffloadConfig(fraction=0.2, policy="lfu", prefetch_distance=1)
+
+
+def test_offload_policy_from_the_environment(monkeypatch):
+    """XINFER_MOE_OFFLOAD_POLICY sets it where the option is not given; the option wins."""
+    from xinfer.args import EngineArgs
+
+    monkeypatch.setenv("XINFER_MOE_OFFLOAD_POLICY", "LFU")
+    assert EngineArgs(moe_offload=0.2).offload_config().policy == "lfu"
+    assert EngineArgs(moe_offload=0.2, moe_offload_policy="lru").offload_config().policy == "lru"
+    monkeypatch.setenv("XINFER_MOE_OFFLOAD_POLICY", "fifo")
+    with pytest.raises(UserError, match="policy must be one of lru, lfu"):
+        EngineArgs(moe_offload=0.2).offload_config()
+    monkeypatch.delenv("XINFER_MOE_OFFLOAD_POLICY")
+    assert EngineArgs(moe_offload=0.2).offload_config().policy == "lru"
