@@ -259,3 +259,22 @@ def test_end_to_end_on_cpu(tmp_path):
     page = out.with_suffix(".md").read_text()
     assert "| 25% (4/16) | off | 1 |" in page and "| 25% (4/16) | 1 ahead | 3 |" in page
     assert "prefetch off and 1 ahead (margin 0)" in page and "40 tokens" in page
+
+
+def test_policy_reaches_the_offload_engines_and_the_gpu_phase_parses():
+    """`--policy lfu` goes to every offload engine's `--moe-offload-policy` (not the resident
+    one's), and scripts/gpu_run.sh's `policyab` phase names only options the script takes."""
+    from gpu_run_phases import gpu_run_args
+
+    args = bench.build_parser().parse_args(
+        ["--policy", "lfu", "--rates", "0.1", "--ttft-tokens", ""]
+    )
+    jobs = bench.plan_jobs(args)
+    assert [j["policy"] for j in jobs] == ["lfu", "lfu"]
+    kws = [engine_worker.engine_kwargs(j) for j in jobs]
+    assert "moe_offload_policy" not in kws[0] and kws[1]["moe_offload_policy"] == "lfu"
+    for policy in ("lru", "lfu"):
+        phase = [
+            a.replace("$p", policy) for a in gpu_run_args("policyab", "bench_offload_decode.py")
+        ]
+        assert bench.build_parser().parse_args(phase).policy == policy
