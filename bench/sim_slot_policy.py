@@ -30,8 +30,9 @@ sys.path.insert(0, str(HERE))
 
 from sim_layer_slots import draw_calls  # noqa: E402
 
+from xinfer.config import OFFLOAD_POLICIES as POLICIES  # noqa: E402
 from xinfer.offload.lookup import lookup_reference  # noqa: E402
-from xinfer.offload.slot_cache import HITS, MISSES, POLICIES, SlotCache  # noqa: E402
+from xinfer.offload.slot_cache import HITS, MISSES, SlotCache  # noqa: E402
 from xinfer.routing.trace import read_trace  # noqa: E402
 
 SHAPES = {"qwen3.5-35b-a3b": (40, 256), "qwen3.6-35b-a3b": (40, 256), "olmoe": (16, 64)}

@@ -8,6 +8,28 @@ from __future__ import annotations
 import random
 
 import torch
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+# The property tests' random cache shapes: `@random_streams` gives a test (num_experts,
+# num_slots, top_k, seed) with 1 <= top_k <= num_slots <= num_experts.
+_SHAPE = st.integers(2, 40).flatmap(
+    lambda e: st.tuples(st.just(e), st.integers(1, min(8, e))).flatmap(
+        lambda ek: st.tuples(st.just(ek[0]), st.integers(ek[1], e), st.just(ek[1]))
+    )
+)
+
+
+def random_streams(test):
+    """60 examples of (num_experts, num_slots, top_k, seed) for a stream test."""
+
+    @settings(max_examples=60, deadline=None)
+    @given(shape=_SHAPE, seed=st.integers(0, 2**31 - 1))
+    def run(shape, seed):
+        test(*shape, seed)
+
+    run.__name__, run.__doc__ = test.__name__, test.__doc__
+    return run
 
 
 class PyLRU:

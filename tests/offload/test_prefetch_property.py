@@ -9,9 +9,7 @@ from __future__ import annotations
 import random
 
 import torch
-from hypothesis import given, settings
-from hypothesis import strategies as st
-from lru_model import random_expert_set, routing_stream
+from lru_model import random_expert_set, random_streams, routing_stream
 from prefetch_model import PyPrefetchLRU, prediction_for
 
 from xinfer.offload.lookup import fill_reference, lookup_reference
@@ -74,16 +72,8 @@ def run_stream(num_experts: int, num_slots: int, top_k: int, seed: int, num_call
     assert (int(cache.counters[HITS]), int(cache.counters[MISSES])) == (model.hits, model.misses)
 
 
-@settings(max_examples=60, deadline=None)
-@given(
-    num_experts=st.integers(2, 40),
-    top_k=st.integers(1, 8),
-    extra_slots=st.integers(0, 40),
-    seed=st.integers(0, 2**31 - 1),
-)
-def test_reservations_match_python_model(num_experts, top_k, extra_slots, seed):
-    top_k = min(top_k, num_experts)
-    num_slots = min(num_experts, top_k + extra_slots)
+@random_streams
+def test_reservations_match_python_model(num_experts, num_slots, top_k, seed):
     run_stream(num_experts, num_slots, top_k, seed, num_calls=25)
 
 

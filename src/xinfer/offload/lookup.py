@@ -95,8 +95,8 @@ def lookup_reference(cache: SlotCache, topk_ids: torch.Tensor) -> torch.Tensor:
     misses = [e for e in distinct if soe[e] < 0]
     num_lru = min(len(misses), num_slots - len(hits))
     lfu = cache.policy == "lfu"
-    score, slot_score = cache.score.tolist(), cache.slot_score.tolist()
     if lfu:
+        score, slot_score = cache.score.tolist(), cache.slot_score.tolist()
         routed = set(distinct)
         score = [
             x - (x >> LFU_SHIFT) + (LFU_STEP if e in routed else 0) for e, x in enumerate(score)
@@ -132,7 +132,8 @@ def lookup_reference(cache: SlotCache, topk_ids: torch.Tensor) -> torch.Tensor:
         if old >= 0:
             soe[old] = -1
         eos[victim], soe[e], last_use[victim], used[victim] = e, victim, clock, True
-        slot_score[victim] = score[e] if lfu else slot_score[victim]
+        if lfu:
+            slot_score[victim] = score[e]
         rows[e] = victim
         miss_rows.append(victim)
     for j, e in enumerate(misses[num_lru:]):

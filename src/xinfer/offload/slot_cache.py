@@ -13,6 +13,8 @@ from __future__ import annotations
 
 import torch
 
+from xinfer.config import OFFLOAD_POLICIES
+
 # Columns of the per-layer counter row (int64, on the device; see offload/stats.py).
 HITS, MISSES, STAGING_COPIES, CALLS, OVERFLOW, MAX_CALL_MISSES, STREAMED = range(7)
 NUM_COUNTERS = 7
@@ -21,7 +23,6 @@ NUM_COUNTERS = 7
 # expert the call routes to (steady state of an expert routed every call: 8 x LFU_STEP).
 LFU_SHIFT = 3
 LFU_STEP = 1024
-POLICIES = ("lru", "lfu")
 
 
 class SlotCache:
@@ -56,8 +57,8 @@ class SlotCache:
             if t.shape[0] != self.num_experts:
                 raise ValueError(f"expert tensor {name!r} has {t.shape[0]} rows, not E")
         self.num_slots, self.device = num_slots, device
-        if policy not in POLICIES:
-            raise ValueError(f"policy must be one of {POLICIES}, got {policy!r}")
+        if policy not in OFFLOAD_POLICIES:
+            raise ValueError(f"policy must be one of {OFFLOAD_POLICIES}, got {policy!r}")
         self.policy = policy
         self.num_overflow = self.num_experts - num_slots if num_overflow is None else num_overflow
         if not 0 <= self.num_overflow <= self.num_experts - num_slots:

@@ -136,9 +136,9 @@ def lookup_kernel(
     num_lru = tl.minimum(num_todo, num_slots - num_hits)  # misses that get an LRU slot
     last_use = tl.where(hit_s, clock, last_use)
     used = hit_s | (s_offs >= num_slots)
-    score = tl.load(score_ptr + e_offs, mask=e_mask, other=0)
-    slot_score = tl.load(slot_score_ptr + s_offs, mask=s_mask, other=0)
     if LFU:  # decay every count, then count this call's experts
+        score = tl.load(score_ptr + e_offs, mask=e_mask, other=0)
+        slot_score = tl.load(slot_score_ptr + s_offs, mask=s_mask, other=0)
         score = score - (score >> LFU_SHIFT) + tl.where(first < NONE, LFU_STEP, 0)
         slot_score = slot_score - (slot_score >> LFU_SHIFT) + tl.where(hit_s, LFU_STEP, 0)
 
@@ -201,7 +201,9 @@ def lookup_kernel(
     over_row = overflow_base + rejected + rank - num_lru
     tl.store(miss_ids_ptr + rank, e_offs, mask=over)
     tl.store(miss_slots_ptr + rank, over_row, mask=over)
-    row_of_e = tl.where(over, over_row, tl.where(rej_row >= 0, rej_row, soe))
+    row_of_e = tl.where(over, over_row, soe)
+    if LFU:
+        row_of_e = tl.where(rej_row >= 0, rej_row, row_of_e)
 
     tl.store(slot_of_expert_ptr + e_offs, soe, mask=e_mask)
     tl.store(expert_of_slot_ptr + s_offs, eos, mask=s_mask)
