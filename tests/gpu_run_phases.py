@@ -10,11 +10,20 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parents[1]
 
 
-def gpu_run_args(phase: str, script: str) -> list[str]:
+def gpu_run_args(phase: str, script: str, env: dict[str, str] | None = None) -> list[str]:
     """The arguments that scripts/gpu_run.sh passes to `script` in `phase`, with each
-    ${VAR:-default} at its default and $OUT at a placeholder."""
+    ${VAR:-default} at `env`'s value or its default, each ${VAR:+words} at the words (with
+    $VAR expanded) where `env` sets VAR and at nothing elsewhere, and $OUT at a
+    placeholder."""
+    env = env or {}
     text = (ROOT / "scripts" / "gpu_run.sh").read_text()
     [line] = [ln for ln in text.splitlines() if ln.strip().startswith(f"{phase})")]
     command = line.split(script, 1)[1].split("2>&1")[0]
-    command = re.sub(r"\$\{\w+:-([^}]*)\}", r"\1", command).replace("$OUT", "/tmp/out")
-    return shlex.split(command)
+
+    def alternate(m: re.Match) -> str:
+        name, words = m.group(1), m.group(2)
+        return words.replace(f"${name}", env[name]) if name in env else ""
+
+    command = re.sub(r"\$\{(\w+):\+([^}]*)\}", alternate, command)
+    command = re.sub(r"\$\{(\w+):-([^}]*)\}", lambda m: env.get(m.group(1), m.group(2)), command)
+    return shlex.split(command.replace("$OUT", "/tmp/out"))

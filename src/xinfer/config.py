@@ -280,11 +280,6 @@ class OffloadConfig:
                 f"--moe-offload-policy {self.policy} chooses which experts stay on the GPU: "
                 "it needs MoE expert offload (--moe-offload or XINFER_MOE_OFFLOAD)"
             )
-        if self.policy != "lru" and self.prefetch_distance:
-            raise UserError(
-                "--moe-prefetch reserves slots by least recent use: it does not combine with "
-                f"--moe-offload-policy {self.policy} yet; use one or the other"
-            )
         for what, value in (("fill", self.fill), ("prefetch fill", self.prefetch_fill)):
             if value is not None and value not in OFFLOAD_FILLS:
                 raise UserError(

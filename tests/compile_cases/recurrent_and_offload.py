@@ -125,11 +125,13 @@ def _lookup_fill(kind: str, num_experts: int, num_slots: int, tokens: int, top_k
     offload_kernels.fill(cache, host, force_triton=True)
 
 
-def _reserve(num_experts: int, num_slots: int, tokens: int, top_k: int) -> None:
+def _reserve(
+    num_experts: int, num_slots: int, tokens: int, top_k: int, policy: str = "lru"
+) -> None:
     from xinfer.offload import kernels as offload_kernels
     from xinfer.offload.prefetch_table import PrefetchTable, reserve
 
-    cache, host = _slot_cache("bf16", num_experts, num_slots)
+    cache, host = _slot_cache("bf16", num_experts, num_slots, policy)
     table = PrefetchTable(cache)
     _, ids = _routing(num_experts, top_k, True)(tokens)
     reserve(table, ids, force_triton=True)
@@ -185,6 +187,8 @@ def _offload_cases() -> None:
     add("prefetch-reserve-e128-s32-decode", "reserve_kernel fill_kernel", _reserve, 128, 32,
         1, 8)  # fmt: skip
     add("prefetch-reserve-e60-s24-batch", "reserve_kernel fill_kernel", _reserve, 60, 24, 16, 4)
+    add("prefetch-reserve-lfu-e128-s13-decode", "reserve_kernel fill_kernel", _reserve, 128, 13,
+        1, 8, "lfu")  # fmt: skip
     add("predictor-select-fp32-e128-k8-keys", "select_kernel", _select, F32, 128, 8, True)
     add("predictor-select-bf16-e60-k4", "select_kernel", _select, BF16, 60, 4, False)
     add("predictor-select-fp32-e512-k8", "select_kernel", _select, F32, 512, 8, False)

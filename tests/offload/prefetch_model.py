@@ -1,5 +1,6 @@
-"""A plain-Python model of prefetch reservations beside the slot LRU (the contract in
-xinfer.offload.prefetch_table, written independently of the tensor code), and adversarial
+"""Plain-Python models of prefetch reservations beside the slot LRU and beside the `lfu`
+policy (the contract in xinfer.offload.prefetch_table, written independently of the tensor
+code), and adversarial
 prediction streams for the prefetch tests: predictions that are right, wrong, partly -1,
 full of duplicates, or wider than the slots."""
 
@@ -8,7 +9,7 @@ from __future__ import annotations
 import random
 
 import torch
-from lru_model import PyLRU
+from lru_model import PyLFU, PyLRU
 
 
 class PyPrefetchLRU(PyLRU):
@@ -53,6 +54,69 @@ class PyPrefetchLRU(PyLRU):
                 del self.slot_of[self.holder[s]]
             self.holder[s], self.slot_of[e], self.stamp[s] = e, s, self.clock
             keep.add(s)
+            self.pending[s] = e
+            copies.append((e, s))
+        self.counts["predicted"] += len(order)
+        self.counts["present"] += len(present)
+        self.counts["prefetched"] += len(copies)
+        return copies
+
+
+class PyPrefetchLFU(PyLFU):
+    """PyLFU plus `reserve(pred)`: settle as PyPrefetchLRU; counts do not change; an absent
+    predicted expert is offered the free slot the next call would rank first (empty first,
+    then the holder's count as that call decays it, stamp, slot) and takes it unless the
+    holder, decayed, counts more than the expert decayed plus one call's 1024; refused, it
+    is dropped and the slot offered to no later expert of the reservation."""
+
+    def __init__(self, num_experts: int, num_slots: int) -> None:
+        super().__init__(num_experts, num_slots)
+        self.num_experts = num_experts
+        self.pending: dict[int, int] = {}
+        self.reserve_clock = 0
+        self.refused_reservations = 0  # dropped by the admission test
+        self.counts = dict.fromkeys(
+            ("predicted", "present", "prefetched", "dropped", "used", "wasted"), 0
+        )
+
+    def reserve(self, flat_pred: list[int]) -> list[tuple[int, int]]:
+        for s, e in self.pending.items():
+            hit = self.holder[s] == e and self.stamp[s] > self.reserve_clock
+            self.counts["used" if hit else "wasted"] += 1
+        self.pending = {}
+        self.clock += 1
+        self.reserve_clock = self.clock
+        order = list(dict.fromkeys(e for e in flat_pred if 0 <= e < self.num_experts))
+        present = [e for e in order if e in self.slot_of]
+        taken = {self.slot_of[e] for e in present}
+        for s in taken:
+            self.stamp[s] = self.clock
+
+        def decayed(c: int) -> int:
+            return c - c // 8
+
+        def rank(s: int) -> tuple[int, int, int]:
+            held = self.holder[s]
+            return (-1, -1, s) if held is None else (decayed(self.count[held]), self.stamp[s], s)
+
+        copies = []
+        for e in order:
+            if e in self.slot_of:
+                continue
+            free = [s for s in range(self.num_slots) if s not in taken]
+            if not free:
+                self.counts["dropped"] += 1
+                continue
+            s = min(free, key=rank)
+            taken.add(s)
+            held = self.holder[s]
+            if held is not None and decayed(self.count[held]) > decayed(self.count[e]) + 1024:
+                self.counts["dropped"] += 1
+                self.refused_reservations += 1
+                continue
+            if held is not None:
+                del self.slot_of[held]
+            self.holder[s], self.slot_of[e], self.stamp[s] = e, s, self.clock
             self.pending[s] = e
             copies.append((e, s))
         self.counts["predicted"] += len(order)

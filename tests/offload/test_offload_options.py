@@ -300,8 +300,8 @@ def test_min_free_gpu_bytes_is_what_the_kv_sizing_needs(monkeypatch):
 
 
 def test_offload_policy_option():
-    """`--moe-offload-policy`: lru (default) or lfu; lfu needs offload and does not combine
-    with prefetch yet (its slot reservation is LRU); a bad name is refused."""
+    """`--moe-offload-policy`: lru (default) or lfu; lfu needs offload and combines with
+    prefetch (the reservation follows the policy); a bad name is refused."""
     from xinfer.args import EngineArgs
 
     assert OffloadConfig(fraction=0.2).policy == "lru"
@@ -310,8 +310,8 @@ def test_offload_policy_option():
         OffloadConfig(fraction=0.2, policy="fifo")
     with pytest.raises(UserError, match="needs MoE expert offload"):
         OffloadConfig(policy="lfu")
-    with pytest.raises(UserError, match="does not combine with --moe-offload-policy lfu"):
-        OffloadConfig(fraction=0.2, policy="lfu", prefetch_distance=1)
+    both = OffloadConfig(fraction=0.2, policy="lfu", prefetch_distance=1)
+    assert (both.policy, both.prefetch_distance) == ("lfu", 1)
 
 
 def test_offload_policy_from_the_environment(monkeypatch):

@@ -61,15 +61,24 @@ def assert_slots_hold_their_experts(cache: SlotCache, host: dict, where) -> None
 
 
 @pytest.mark.parametrize(
-    ("num_experts", "num_slots", "top_k"), [(16, 4, 2), (60, 9, 4), (128, 26, 8), (128, 45, 8)]
+    ("num_experts", "num_slots", "top_k", "policy"),
+    [
+        (16, 4, 2, "lru"),
+        (60, 9, 4, "lru"),
+        (128, 26, 8, "lru"),
+        (128, 45, 8, "lru"),
+        (60, 9, 4, "lfu"),
+        (128, 13, 8, "lfu"),
+    ],
 )
-def test_reserve_kernel_equals_twin(num_experts, num_slots, top_k):
+def test_reserve_kernel_equals_twin(num_experts, num_slots, top_k, policy):
     """Adversarial predictions (right, wrong, -1, duplicates, wider than the slots) between
-    lookups: tables, copy lists, counters, and the prefetch fill's bytes."""
+    lookups: tables, copy lists, counters, and the prefetch fill's bytes; LRU and `lfu`
+    slots (whose reservation ranks and admits by the use counts)."""
     store = HostExpertStore(DEV)
     host = store.add_layer(random_expert_set(num_experts, seed=num_experts))
-    ref = PrefetchTable(SlotCache(host, num_slots, CPU))
-    tri = PrefetchTable(SlotCache(host, num_slots, DEV))
+    ref = PrefetchTable(SlotCache(host, num_slots, CPU, policy=policy))
+    tri = PrefetchTable(SlotCache(host, num_slots, DEV, policy=policy))
     rng = random.Random(num_slots)
     for step, ids in enumerate(routing_stream(rng, num_experts, num_slots, top_k, 60, 12)):
         pred = prediction_for(rng, ids, num_experts)
@@ -399,6 +408,16 @@ def test_router_prefetch_keeps_output_in_graphs(checkpoint, router_base, fractio
         where = f"fraction {frac}, distance {distance}, eager {eager}"
         assert on["tokens"] == router_base, f"output changed: {where}"
         check_prefetch(on, distance, "router", eager)
+
+
+def test_lfu_prefetch_keeps_output_in_graphs(checkpoint, router_base):
+    """Prefetch beside `lfu` slots, replayed in decode graphs: the tokens of no offload."""
+    for frac, distance in [(0.25, 1), (0.5, 2)]:
+        on = run_engine(checkpoint, ENGINE, moe_offload=frac, moe_offload_policy="lfu",
+                        moe_prefetch=distance, moe_prefetch_margin=0.0)  # fmt: skip
+        assert on["tokens"] == router_base, f"output changed: lfu, {frac}, distance {distance}"
+        assert on["stats"]["policy"] == "lfu"
+        check_prefetch(on, distance, "router", False)
 
 
 def test_routing_model_prefetch_keeps_output_in_graphs(checkpoint):

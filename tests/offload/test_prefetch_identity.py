@@ -75,6 +75,31 @@ def test_routing_model_prefetch_keeps_output_and_is_used(tmp_path):
         assert pf["prefetched"] > 0 and pf["used"] > pf["wasted"], pf
 
 
+def test_lfu_prefetch_keeps_output_and_is_used(tmp_path):
+    """Prefetch beside `lfu` slots (the reservation ranks and admits by the counts): same
+    tokens as no offload, with the router's predictor and with the routing model's."""
+    model = make_hf_model("qwen3_moe", seed=3, num_hidden_layers=6, num_experts=NUM_EXPERTS)
+    path = write_checkpoint(model, tmp_path)
+    source = dict(routing_source="qwen3-30b-a3b", load_format="dummy")
+    for extra, predictor in (({}, "router"), (source, "routing-model")):
+        base, _ = _run(path, **extra)
+        for fraction, distance in [(0.125, 1), (0.25, 2)]:
+            on, stats = _run(
+                path,
+                moe_offload=fraction,
+                moe_offload_policy="lfu",
+                moe_prefetch=distance,
+                moe_prefetch_margin=0,
+                **extra,
+            )
+            assert on == base, f"{predictor}: output changed at {fraction}/{distance}"
+            assert stats["policy"] == "lfu"
+            pf = check_prefetch_stats(stats)
+            assert pf["predictor"] == predictor and pf["prefetched"] > 0, pf
+            if predictor == "routing-model":
+                assert pf["used"] > 0, pf
+
+
 def test_prefetch_without_offload_is_refused(checkpoint):
     """Nothing is accepted and ignored: prefetch with no expert offload is one clear error."""
     from xinfer.errors import UserError

@@ -46,11 +46,18 @@ def interpreted():
 
 @child_only
 @pytest.mark.parametrize(
-    ("num_experts", "num_slots", "top_k"), [(8, 2, 2), (20, 7, 3), (70, 24, 8)]
+    ("num_experts", "num_slots", "top_k", "policy"),
+    [
+        (8, 2, 2, "lru"),
+        (20, 7, 3, "lru"),
+        (70, 24, 8, "lru"),
+        (20, 7, 3, "lfu"),
+        (70, 24, 8, "lfu"),
+    ],
 )
-def test_reserve_kernel_equals_twin(interpreted, num_experts, num_slots, top_k):
+def test_reserve_kernel_equals_twin(interpreted, num_experts, num_slots, top_k, policy):
     host = random_expert_set(num_experts, seed=num_experts)
-    caches = [SlotCache(host, num_slots, CPU) for _ in range(2)]
+    caches = [SlotCache(host, num_slots, CPU, policy=policy) for _ in range(2)]
     ref, tri = (PrefetchTable(c) for c in caches)
     rng = random.Random(num_slots)
     for step, ids in enumerate(routing_stream(rng, num_experts, num_slots, top_k, 30, 12)):

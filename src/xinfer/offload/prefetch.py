@@ -8,8 +8,8 @@ lookup and demand fill, then `after_fill`; with `issue_after_fill` steps 1-3 run
 1. if layer t = l + d is offloaded: the predictor gives t's expected experts from l's expert
    input (decode calls of at most `max_tokens` tokens; other calls predict nothing, but the
    reservation still runs to settle the last prediction's statistics);
-2. `reserve` (main stream, model order, offload/prefetch_table.py) takes LRU slots of t for
-   the predicted experts that are absent and writes t's prefetch miss list;
+2. `reserve` (main stream, model order, offload/prefetch_table.py) takes slots of t, by its
+   slot policy, for the predicted experts that are absent and writes t's prefetch miss list;
 3. the prefetch fill (the unchanged zero-copy fill kernel on that list, or with
    `--moe-offload-fill copy-engine` the copy-engine fill of offload/copy_engine.py on its
    own bounce buffers) runs on a side stream that first waits for the main stream; an event

@@ -3,7 +3,7 @@
 kernels/triton/prefetch.py; its docstring is the contract of both) and the launcher `reserve`.
 
 A reservation runs on the main stream, in model order, before the layer's next lookup; it
-changes only the layer's LRU tables and its own miss list, which the prefetch fill (another
+changes only the layer's slot tables and its own miss list, which the prefetch fill (another
 stream on CUDA) then copies from host memory into the chosen slots."""
 
 from __future__ import annotations
@@ -13,7 +13,7 @@ from contextlib import nullcontext
 import torch
 
 from xinfer.kernels import use_triton
-from xinfer.offload.slot_cache import SlotCache
+from xinfer.offload.slot_cache import LFU_SHIFT, LFU_STEP, SlotCache
 
 # Columns of a layer's prefetch counter row (int64, on the device; see offload/stats.py).
 PREDICTED, PRESENT, PREFETCHED, DROPPED, USED, WASTED = range(6)
@@ -80,6 +80,15 @@ def reserve_reference(table: PrefetchTable, pred_ids: torch.Tensor) -> None:
       the calls);
     - counters: predicted (distinct), present, prefetched, dropped, used, wasted.
 
+    Under the `lfu` policy (`cache.policy`) a reservation changes no use count; it places as
+    the next lookup would, were the prediction right: each absent predicted expert, in
+    order, is offered the free slot of smallest key — empty slots first (by index), then
+    `(decay(slot_score), last_use, slot index)` with `decay(x) = x - (x >> LFU_SHIFT)` — and
+    takes it unless `decay(slot_score) > decay(score[e]) + LFU_STEP` (the lookup's admission
+    test for a routed expert against an unrouted one); not admitted, it is dropped and its
+    slot offered to no later expert of the reservation. An admitted expert's slot gets
+    `slot_score = score[e]` (so a slot's score stays its expert's).
+
     Why no slot a call needs can be evicted: a layer's slots are needed only by that layer's
     own lookup → fill → GEMM, which runs after this reservation on the main stream (and, on
     CUDA, after the prefetch fill: the executor waits for it before its lookup); the
@@ -103,13 +112,27 @@ def reserve_reference(table: PrefetchTable, pred_ids: torch.Tensor) -> None:
     used = [False] * cache.num_slots
     for e in present:
         last_use[soe[e]], used[soe[e]] = clock, True
-    num_lru = min(len(todo), cache.num_slots - len(present))
+    num_offered = min(len(todo), cache.num_slots - len(present))
+    lfu = cache.policy == "lfu"
+    if lfu:
+        score, slot_score = cache.score.tolist(), cache.slot_score.tolist()
+
+    def key(s: int) -> tuple[int, ...]:
+        if not lfu:
+            return (last_use[s], s)
+        return (-1, -1, s) if eos[s] < 0 else (_decay(slot_score[s]), last_use[s], s)
+
     misses = []
-    for e in todo[:num_lru]:
-        victim = min((last_use[s], s) for s in range(cache.num_slots) if not used[s])[1]
+    for e in todo[:num_offered]:
+        victim = min((s for s in range(cache.num_slots) if not used[s]), key=key)
+        used[victim] = True
+        if lfu and eos[victim] >= 0 and _decay(slot_score[victim]) > _decay(score[e]) + LFU_STEP:
+            continue  # not admitted: dropped
         if eos[victim] >= 0:
             soe[eos[victim]] = -1
-        eos[victim], soe[e], last_use[victim], used[victim] = e, victim, clock, True
+        eos[victim], soe[e], last_use[victim] = e, victim, clock
+        if lfu:
+            slot_score[victim] = score[e]
         pending[victim] = e
         misses.append((e, victim))
 
@@ -117,6 +140,8 @@ def reserve_reference(table: PrefetchTable, pred_ids: torch.Tensor) -> None:
     cache.expert_of_slot.copy_(torch.tensor(eos, dtype=torch.int32))
     cache.last_use.copy_(torch.tensor(last_use, dtype=torch.int64))
     cache.clock.fill_(clock)
+    if lfu:
+        cache.slot_score.copy_(torch.tensor(slot_score, dtype=torch.int32))
     table.pending.copy_(torch.tensor(pending, dtype=torch.int32))
     table.stamp.fill_(clock)
     if misses:
@@ -127,12 +152,17 @@ def reserve_reference(table: PrefetchTable, pred_ids: torch.Tensor) -> None:
     for col, n in (
         (PREDICTED, len(distinct)),
         (PRESENT, len(present)),
-        (PREFETCHED, num_lru),
-        (DROPPED, len(todo) - num_lru),
+        (PREFETCHED, len(misses)),
+        (DROPPED, len(todo) - len(misses)),
         (USED, num_used),
         (WASTED, num_wasted),
     ):
         table.counters[col] += n
+
+
+def _decay(x: int) -> int:
+    """One call's decay of an `lfu` use count (the lookup's arithmetic)."""
+    return x - (x >> LFU_SHIFT)
 
 
 def _next_pow2(n: int) -> int:
@@ -179,8 +209,13 @@ def reserve(
             table.counters,
             cache.num_experts,
             cache.num_slots,
+            cache.score,
+            cache.slot_score,
             BLOCK_E=block_e,
             BLOCK_S=_next_pow2(cache.num_slots),
             BLOCK_N=block_n,
+            LFU=cache.policy == "lfu",
+            LFU_SHIFT=LFU_SHIFT,
+            LFU_STEP=LFU_STEP,
             num_warps=num_warps,
         )

@@ -135,7 +135,7 @@ def enable_offload(
             )
 
     store = HostExpertStore(device)
-    stats = OffloadStats(len(layers), device)
+    stats = OffloadStats(len(layers), device, offload.policy)
     profile = CallProfile(device) if offload.is_profile else None
     stats.profile = profile
     slots = [min(num_slots, sh.num_experts) for sh in shapes]

@@ -16,9 +16,10 @@ Keys of `OffloadStats.snapshot()` (totals at the top level, the same per layer i
                         are used in place and not counted)
   bytes_moved           bytes_copied + staging_bytes
   calls                 lookup calls
-plus slots_per_layer (all E for a resident layer), num_experts, num_layers, resident_layers
-(layers whose every expert fits on the device: they run resident, with no slots, lookups or
-copies, so their counters stay 0), offloaded_layers, pinned_gb, slot_gb (offloaded layers'
+plus policy (the slot policy, `lru` or `lfu`), slots_per_layer (all E for a resident
+layer), num_experts, num_layers, resident_layers (layers whose every expert fits on the
+device: they run resident, with no slots, lookups or copies, so their counters stay 0),
+offloaded_layers, pinned_gb, slot_gb (offloaded layers'
 slots), resident_gb, staging_gb (the shared overflow / streaming regions), device and, with
 XINFER_MOE_OFFLOAD_PROFILE=1, "profile" (seconds summed over calls, and call count). Each
 entry of "layers" says `resident`.
@@ -105,8 +106,9 @@ def _prefetch_total(layers: list[dict]) -> dict:
 
 
 class OffloadStats:
-    def __init__(self, num_layers: int, device: torch.device) -> None:
+    def __init__(self, num_layers: int, device: torch.device, policy: str = "lru") -> None:
         self.device = device
+        self.policy = policy
         # (L, NUM_COUNTERS) int64, columns as in slot_cache.py — row i is layer i's.
         self.counters = torch.zeros(num_layers, NUM_COUNTERS, dtype=torch.int64, device=device)
         self.expert_bytes: list[int] = []  # per layer
@@ -154,6 +156,7 @@ class OffloadStats:
         per_layer = list(zip(self.slots, self.expert_bytes, self.is_resident))
         out = {
             **total,
+            "policy": self.policy,
             "num_layers": len(layers),
             "resident_layers": sum(self.is_resident),
             "offloaded_layers": len(layers) - sum(self.is_resident),

@@ -1,7 +1,8 @@
-"""Expert-prefetch kernels: `reserve_kernel` (one program: settles the last prefetch of a layer
-and takes LRU slots for the predicted experts of its next call), `select_kernel` (per token:
-the confident part of the top-k of a predictor's scores) and `predict_model_kernel` (per
-token: the routing model's next draw of a layer, blurred to the published recall). Semantics
+"""Expert-prefetch kernels: `reserve_kernel` (one program: settles the last prefetch of a
+layer and takes slots, LRU or LFU, for the predicted experts of its next call),
+`select_kernel` (per token: the confident part of the top-k of a predictor's scores) and
+`predict_model_kernel` (per token: the routing model's next draw of a layer, blurred to the
+published recall). Semantics
 are those of the twins in `xinfer.offload.prefetch_table`, `xinfer.offload.predictor` and
 `xinfer.routing.predict`."""
 
@@ -10,7 +11,7 @@ from __future__ import annotations
 import triton
 import triton.language as tl
 
-from xinfer.kernels.triton.offload import take_lru_slot
+from xinfer.kernels.triton.offload import take_lfu_slot, take_lru_slot
 from xinfer.kernels.triton.routing_model import _mix32, _normal, _u32, _uniform
 
 
@@ -30,9 +31,14 @@ def reserve_kernel(
     counters_ptr,  # (6,) int64: predicted, present, prefetched, dropped, used, wasted
     num_experts,
     num_slots,
+    score_ptr,  # (E,) int32: `lfu`'s use counts (read only; unused under LRU)
+    slot_score_ptr,  # (S,) int32: the score of each slot's expert (unused under LRU)
     BLOCK_E: tl.constexpr,
     BLOCK_S: tl.constexpr,
     BLOCK_N: tl.constexpr,
+    LFU: tl.constexpr = False,
+    LFU_SHIFT: tl.constexpr = 3,
+    LFU_STEP: tl.constexpr = 1024,
 ):
     NONE: tl.constexpr = 1 << 30
     e_offs = tl.arange(0, BLOCK_E)
@@ -76,27 +82,61 @@ def reserve_kernel(
     last_use = tl.where(hit_s, clock, last_use)
     used = hit_s | (s_offs >= num_slots)
 
-    # 3. Misses in order of first appearance take the (last_use, index)-smallest free slot.
-    for m in range(0, num_lru):
-        expert, slot, sel_s, todo, used, last_use, eos, soe = take_lru_slot(
-            todo, first, used, last_use, eos, soe, clock, e_offs, s_offs, NONE, BLOCK_S
-        )
+    # 3. Misses in order of first appearance take the (last_use, index)-smallest free slot;
+    #    under LFU they are offered the slot the next lookup would rank first, ranked and
+    #    admitted on the counts as that lookup will decay them (the counts do not change).
+    num_copies = num_lru * 0  # int32 scalar
+    if LFU:
+        score = tl.load(score_ptr + e_offs, mask=e_mask, other=0)
+        slot_score = tl.load(slot_score_ptr + s_offs, mask=s_mask, other=0)
+        next_score = score - (score >> LFU_SHIFT) + LFU_STEP
+        next_slot_score = slot_score - (slot_score >> LFU_SHIFT)
+    for _ in range(0, num_lru):
+        if LFU:
+            expert, slot, sel_e, admit, todo, used, last_use, next_slot_score, eos, soe = (
+                take_lfu_slot(
+                    todo,
+                    first,
+                    used,
+                    last_use,
+                    next_slot_score,
+                    next_score,
+                    eos,
+                    soe,
+                    clock,
+                    1,
+                    e_offs,
+                    s_offs,
+                    NONE,
+                    BLOCK_S,
+                )
+            )
+            sel_s = admit & (s_offs == slot)
+            slot_score = tl.where(sel_s, tl.sum(tl.where(sel_e, score, 0)), slot_score)
+        else:
+            expert, slot, sel_s, todo, used, last_use, eos, soe = take_lru_slot(
+                todo, first, used, last_use, eos, soe, clock, e_offs, s_offs, NONE, BLOCK_S
+            )
+            admit = num_copies >= 0  # always
         pending = tl.where(sel_s, expert, pending)
-        tl.store(miss_ids_ptr + m, expert)
-        tl.store(miss_slots_ptr + m, slot)
+        tl.store(miss_ids_ptr + num_copies, expert, mask=admit)
+        tl.store(miss_slots_ptr + num_copies, slot, mask=admit)
+        num_copies += admit.to(tl.int32)
 
     tl.store(slot_of_expert_ptr + e_offs, soe, mask=e_mask)
     tl.store(expert_of_slot_ptr + s_offs, eos, mask=s_mask)
     tl.store(last_use_ptr + s_offs, last_use, mask=s_mask)
     tl.store(pending_ptr + s_offs, pending, mask=s_mask)
+    if LFU:
+        tl.store(slot_score_ptr + s_offs, slot_score, mask=s_mask)
     tl.store(clock_ptr, clock)
     tl.store(stamp_ptr, clock)
-    tl.store(miss_count_ptr, num_lru)
+    tl.store(miss_count_ptr, num_copies)
     num_predicted = tl.sum(predicted.to(tl.int64))
     tl.store(counters_ptr + 0, tl.load(counters_ptr + 0) + num_predicted)
     tl.store(counters_ptr + 1, tl.load(counters_ptr + 1) + num_present.to(tl.int64))
-    tl.store(counters_ptr + 2, tl.load(counters_ptr + 2) + num_lru.to(tl.int64))
-    tl.store(counters_ptr + 3, tl.load(counters_ptr + 3) + (num_todo - num_lru).to(tl.int64))
+    tl.store(counters_ptr + 2, tl.load(counters_ptr + 2) + num_copies.to(tl.int64))
+    tl.store(counters_ptr + 3, tl.load(counters_ptr + 3) + (num_todo - num_copies).to(tl.int64))
     tl.store(counters_ptr + 4, tl.load(counters_ptr + 4) + num_used)
     tl.store(counters_ptr + 5, tl.load(counters_ptr + 5) + num_wasted)
 
