@@ -126,6 +126,154 @@ def test_bad_request(server, name, path, body, status, param, code):
         assert error["code"] == code
 
 
+TOOL_CALL = {"id": "c1", "type": "function", "function": {"name": "f", "arguments": "{}"}}
+
+
+def with_call_args(arguments: str) -> list[dict]:
+    call = {**TOOL_CALL, "function": {"name": "f", "arguments": arguments}}
+    return [MSG[0], {"role": "assistant", "content": None, "tool_calls": [call]}]
+
+
+# (name, path, body (dict, or raw bytes), the exact param, a piece of the message): each was
+# accepted, misnamed (a pydantic union member such as 'stop.str', 'max_tokens' for
+# max_completion_tokens) or worded as another error before.
+NAMED = [
+    (
+        "max_completion_tokens",
+        CHAT,
+        chat(max_completion_tokens=-3),
+        "max_completion_tokens",
+        ">= 1",
+    ),
+    ("top_logprobs range", CHAT, chat(logprobs=True, top_logprobs=99), "top_logprobs", "20"),
+    (
+        "content int",
+        CHAT,
+        chat(messages=[{"role": "user", "content": 5}]),
+        "messages[0].content",
+        "a string or a list of content parts",
+    ),
+    (
+        "part without type",
+        CHAT,
+        chat(messages=[{"role": "user", "content": [{"text": "a"}]}]),
+        "messages[0].content[0].type",
+        "Field required",
+    ),
+    (
+        "text part without text",
+        CHAT,
+        chat(messages=[{"role": "user", "content": [{"type": "text"}]}]),
+        "messages[0].content[0].text",
+        "needs its 'text'",
+    ),
+    ("stop null item", CHAT, chat(stop=[None]), "stop", "a string or a list of strings"),
+    ("tool_choice unknown", CHAT, chat(tool_choice="bogus"), "tool_choice", "'required'"),
+    (
+        "tool_choice no function",
+        CHAT,
+        chat(tool_choice={"type": "function"}),
+        "tool_choice.function",
+        "Field required",
+    ),
+    ("token-id list empty", TEXT, text(prompt=[[1], []]), "prompt[1]", "at least 1 item"),
+    ("prompt float ids", TEXT, text(prompt=[1.5]), "prompt", "a list of token ids"),
+    (
+        "tool call args not JSON",
+        CHAT,
+        chat(messages=with_call_args("nope")),
+        "messages[1].tool_calls",
+        "tool call arguments must be a JSON object.",
+    ),
+    (
+        "tool call args a list",
+        CHAT,
+        chat(messages=with_call_args("[1, 2]")),
+        "messages[1].tool_calls",
+        "must be a JSON object",
+    ),
+    (
+        "stream_options without stream",
+        CHAT,
+        chat(stream_options={"include_usage": True}),
+        "stream_options",
+        "stream: true",
+    ),
+    (
+        "stream_options without stream (text)",
+        TEXT,
+        text(stream_options={"include_usage": True}),
+        "stream_options",
+        "stream: true",
+    ),
+    ("echo with logprobs", TEXT, text(echo=True, logprobs=1), "logprobs", "echo"),
+    (
+        "json_schema with json_object",
+        CHAT,
+        chat(
+            response_format={"type": "json_object", "json_schema": {"schema": {"type": "integer"}}}
+        ),
+        "response_format.json_schema",
+        "needs type 'json_schema'",
+    ),
+    (
+        "temperature Infinity",
+        CHAT,
+        b'{"messages": [{"role": "user", "content": "hi"}], "temperature": Infinity}',
+        "temperature",
+        "finite",
+    ),
+    (
+        "repetition_penalty Infinity",
+        TEXT,
+        b'{"prompt": "hi", "repetition_penalty": Infinity}',
+        "repetition_penalty",
+        "finite",
+    ),
+    (
+        "more sequences than the queue holds",
+        TEXT,
+        text(prompt=["a"] * 40, n=8),
+        "prompt",
+        "split it",
+    ),
+]
+
+
+@pytest.mark.parametrize(
+    "name,path,body,param,message", NAMED, ids=[c[0].replace(" ", "_") for c in NAMED]
+)
+def test_bad_request_is_named_as_sent(server, name, path, body, param, message):
+    kw = {"content": body, "headers": {"content-type": "application/json"}}
+    if not isinstance(body, bytes):
+        kw = {"json": body}
+    r = httpx.post(f"{server.base}{path}", timeout=30, **kw)
+    assert r.status_code == 400, r.text
+    error = r.json()["error"]
+    assert error["param"] == param, error
+    assert message in error["message"], error
+    assert not error["message"].startswith("the chat template failed"), error
+
+
+@pytest.mark.parametrize(
+    "content,headers,message",
+    [
+        (b'{"prompt": "hi"}', {"content-type": "text/plain"}, "Content-Type: application/json"),
+        (b"", {"content-type": "application/json"}, "must be a JSON object"),
+        (b'{"prompt": "\xff"}', {}, "not valid UTF-8"),
+        (b'{"prompt": "hi",}', {"content-type": "application/json"}, "JSON: Expecting"),
+    ],
+    ids=["text_plain", "empty", "invalid_utf8", "trailing_comma"],
+)
+def test_unreadable_bodies_say_why(server, content, headers, message):
+    headers = headers or {"content-type": "application/json"}
+    r = httpx.post(f"{server.base}{TEXT}", content=content, headers=headers, timeout=30)
+    assert r.status_code == 400, r.text
+    error = r.json()["error"]
+    assert message in error["message"], error
+    assert error["code"] == "invalid_value", error
+
+
 def test_image_parts_refused_in_one_sentence(server):
     """Multimodal checkpoints load their text model only: image parts get a clear 400."""
     parts = [{"type": "text", "text": "what is this?"}]
@@ -209,3 +357,12 @@ def test_requests_cut_by_shutdown_are_503_not_500():
 
     assert as_api_error(EngineStopped("the server is shutting down")).status == 503
     assert as_api_error(EngineError("a step failed")).status == 500
+
+
+def test_ui_port_answers_errors_in_the_openai_shape(server):
+    """A client pointed at the page's port (port + 1) by mistake gets an error it can read."""
+    r = httpx.get(f"{server.ui}v1/models", timeout=30)
+    assert r.status_code == 404
+    assert set(r.json()["error"]) == {"message", "type", "param", "code"}
+    r = httpx.post(f"{server.ui}v1/chat/completions", json=chat(), timeout=30)
+    assert r.status_code == 404 and "error" in r.json()

@@ -43,6 +43,7 @@ def _fake_engine(tokenizer) -> SimpleNamespace:
     return SimpleNamespace(
         tokenizer=tokenizer,
         max_model_len=64,
+        max_waiting=256,
         is_alive=True,
         observer=None,
         engine=SimpleNamespace(model_config=SimpleNamespace(vocab_size=100)),

@@ -72,3 +72,19 @@ def test_full_waiting_queue_answers_503(limited_server):
         f"{s.v1}/completions", json={**body, "max_tokens": 2}, headers=headers, timeout=120
     )
     assert ok.status_code == 200
+
+
+def test_request_larger_than_the_queue_is_a_400_not_a_503(limited_server):
+    """n = 3 on a queue of two could never be admitted: "retry later" (503) would be a lie."""
+    s = limited_server
+    headers = {"Authorization": f"Bearer {s.api_key}"}
+    body = {"model": "tiny_chat", "messages": MSG, "max_tokens": 2, "n": 3}
+    r = httpx.post(f"{s.v1}/chat/completions", json=body, headers=headers, timeout=60)
+    assert r.status_code == 400, r.text
+    assert r.json()["error"]["param"] == "n"
+    text = {"model": "tiny_chat", "prompt": ["a", "b", "c"], "max_tokens": 2}
+    r = httpx.post(f"{s.v1}/completions", json=text, headers=headers, timeout=60)
+    assert r.status_code == 400, r.text
+    assert r.json()["error"]["param"] == "prompt"
+    ok = httpx.post(f"{s.v1}/chat/completions", json={**body, "n": 2}, headers=headers, timeout=60)
+    assert ok.status_code == 200, ok.text

@@ -13,6 +13,8 @@ from typing import Any
 from fastapi import APIRouter, FastAPI
 from fastapi.responses import HTMLResponse, Response
 
+from xinfer.server.errors import install_error_handlers
+
 _UI = resources.files("xinfer.server") / "ui"
 _TYPES = {".js": "text/javascript", ".css": "text/css", ".woff2": "font/woff2"}
 
@@ -68,5 +70,6 @@ def build_page_router(config: dict[str, Any] | None = None) -> APIRouter:
 def build_ui_app(api_port: int, api_base: str | None = None) -> FastAPI:
     """The page alone on its own port (--ui-server), calling the API on `api_port`."""
     app = FastAPI(title="xinfer chat", docs_url=None, redoc_url=None, openapi_url=None)
+    install_error_handlers(app)  # a client sent here by mistake reads an OpenAI-style 404
     app.include_router(build_page_router({"apiPort": api_port, "apiBase": api_base}))
     return app

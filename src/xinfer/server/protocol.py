@@ -29,7 +29,8 @@ IGNORED_FIELDS = frozenset({"user", "metadata", "store", "service_tier"})
 
 
 class _Body(BaseModel):
-    model_config = ConfigDict(extra="allow", populate_by_name=True)
+    # Infinity / NaN (Python's json reads them) are no sampling value: 400, not accepted.
+    model_config = ConfigDict(extra="allow", populate_by_name=True, allow_inf_nan=False)
 
 
 def _find_surrogate(value: Any, path: str) -> str | None:

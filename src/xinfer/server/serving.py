@@ -12,7 +12,7 @@ from typing import Any
 
 from xinfer.engine.async_engine import AsyncEngine
 from xinfer.errors import UserError
-from xinfer.sampling import SEED_RANGE, SamplingParams
+from xinfer.sampling import MAX_LOGPROBS, SEED_RANGE, SamplingParams
 from xinfer.server.errors import ApiError
 from xinfer.server.protocol import (
     MAX_N,
@@ -128,9 +128,14 @@ def _check_request_limits(req: SamplingFields) -> None:
 
 def grammar_for(rf: ResponseFormat | None) -> GrammarSpec | None:
     """The grammar `response_format` asks for (None for plain text)."""
+    if rf is not None and rf.type != "json_schema" and rf.json_schema is not None:
+        raise ApiError(
+            400,
+            f"response_format.json_schema needs type 'json_schema', not '{rf.type}'.",
+            "response_format.json_schema",
+            "invalid_value",
+        )
     if rf is None or rf.type == "text":
-        if rf is not None and rf.json_schema is not None:
-            raise ApiError(400, "json_schema needs type 'json_schema'.", "response_format")
         return None
     if rf.type == "json_object":
         return GrammarSpec("json_object")
@@ -172,7 +177,9 @@ def _max_tokens(
         )
     if asked is None:
         return max_model_len - prompt_len
-    if asked >= 1 and prompt_len + asked > max_model_len:
+    if asked < 1:
+        raise ApiError(400, f"{param} must be >= 1, got {asked}.", param, "invalid_value")
+    if prompt_len + asked > max_model_len:
         raise ApiError(
             400,
             f"This model's maximum context length is {max_model_len} tokens; the prompt has "
@@ -196,6 +203,26 @@ def _check_common(engine: AsyncEngine, req: SamplingFields, model: str) -> None:
         )
     if not 1 <= req.n <= MAX_N:
         raise ApiError(400, f"n must be between 1 and {MAX_N}, got {req.n}.", "n", "invalid_value")
+    if req.stream_options is not None and not req.stream:
+        raise ApiError(
+            400,
+            "stream_options is only allowed with stream: true.",
+            "stream_options",
+            "invalid_value",
+        )
+
+
+def _check_fits_queue(engine: AsyncEngine, num_choices: int, param: str) -> None:
+    """A request of more sequences than the waiting queue holds could never be admitted: a
+    400 saying so, not a 503 "retry later" forever."""
+    if num_choices > engine.max_waiting:
+        raise ApiError(
+            400,
+            f"this request asks for {num_choices} sequences (prompts times n), more than this "
+            f"server queues at once ({engine.max_waiting}); split it into smaller requests.",
+            param,
+            "invalid_value",
+        )
 
 
 def _tokenizer(engine: AsyncEngine, what: str):
@@ -213,6 +240,8 @@ def chat_prompt_ids(
     tok = _tokenizer(engine, "chat")
     try:
         return tok.encode_chat(message_dicts(messages), add_generation_prompt, **kwargs)
+    except ApiError:
+        raise
     except UserError as e:
         raise ApiError(400, str(e), "messages") from None
     except Exception as e:  # noqa: BLE001 - a template failing on these messages
@@ -221,6 +250,7 @@ def chat_prompt_ids(
 
 def chat_job(engine: AsyncEngine, req: ChatCompletionRequest, model: str) -> Job:
     _check_common(engine, req, model)
+    _check_fits_queue(engine, req.n, "n")
     plan = plan_tools(req, _tokenizer(engine, "chat"))
     grammar = grammar_for(req.response_format)
     if grammar is not None and plan.grammar is not None:
@@ -242,6 +272,13 @@ def chat_job(engine: AsyncEngine, req: ChatCompletionRequest, model: str) -> Job
         asked, param = req.max_tokens, "max_tokens"
     max_tokens = _max_tokens(asked, len(ids), engine.max_model_len, param, "messages")
     logprobs = None
+    if req.top_logprobs is not None and not 0 <= req.top_logprobs <= MAX_LOGPROBS:
+        raise ApiError(
+            400,
+            f"top_logprobs must be between 0 and {MAX_LOGPROBS}, got {req.top_logprobs}.",
+            "top_logprobs",
+            "invalid_value",
+        )
     if req.logprobs:
         logprobs = req.top_logprobs or 0
     elif req.top_logprobs is not None:
@@ -269,11 +306,19 @@ def completion_job(engine: AsyncEngine, req: CompletionRequest, model: str) -> J
     _check_common(engine, req, model)
     if req.suffix:
         raise ApiError(400, "suffix is not supported.", "suffix", "unsupported")
+    if req.echo and req.logprobs is not None:
+        raise ApiError(
+            400,
+            "logprobs with echo (the prompt's logprobs) is not supported; send one of them.",
+            "logprobs",
+            "unsupported_parameter",
+        )
     raw = req.prompt
     if isinstance(raw, str) or (raw and isinstance(raw[0], int)):
         raw = [raw]
     if not raw:
         raise ApiError(400, "prompt must not be empty.", "prompt", "invalid_value")
+    _check_fits_queue(engine, len(raw) * req.n, "prompt")
     grammar = grammar_for(req.response_format)
     _check_grammar(engine, grammar, "response_format")
     vocab = engine.engine.model_config.vocab_size

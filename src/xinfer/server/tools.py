@@ -32,7 +32,14 @@ def message_dicts(messages: list[ChatMessage]) -> list[dict[str, Any]]:
     for i, m in enumerate(messages):
         if isinstance(m.content, list):
             for j, part in enumerate(m.content):
-                if part.type != "text" or part.text is None:
+                if part.type == "text" and part.text is None:
+                    raise ApiError(
+                        400,
+                        "a content part of type 'text' needs its 'text'.",
+                        f"messages[{i}].content[{j}].text",
+                        "invalid_value",
+                    )
+                if part.type != "text":
                     raise ApiError(
                         400,
                         f"content parts of type '{part.type}' are not supported (text only).",
@@ -58,12 +65,14 @@ def _call_dict(call, i: int) -> dict[str, Any]:
         try:
             args = json.loads(args) if args.strip() else {}
         except ValueError:
-            raise ApiError(
-                400,
-                "tool call arguments must be a JSON object.",
-                f"messages[{i}].tool_calls",
-                "invalid_value",
-            ) from None
+            args = None
+    if not isinstance(args, dict):
+        raise ApiError(
+            400,
+            "tool call arguments must be a JSON object.",
+            f"messages[{i}].tool_calls",
+            "invalid_value",
+        )
     fn = {"name": call.function.name, "arguments": args}
     return {"id": call.id, "type": "function", "function": fn}
 
