@@ -147,6 +147,13 @@ NAMED = [
     ),
     ("top_logprobs range", CHAT, chat(logprobs=True, top_logprobs=99), "top_logprobs", "20"),
     (
+        "stop_token_ids outside the vocabulary",
+        TEXT,
+        {"prompt": "hi", "max_tokens": 2, "stop_token_ids": [1, 10**9]},
+        "stop_token_ids",
+        "got 1000000000",
+    ),
+    (
         "content int",
         CHAT,
         chat(messages=[{"role": "user", "content": 5}]),

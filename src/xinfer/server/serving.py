@@ -203,6 +203,15 @@ def _check_common(engine: AsyncEngine, req: SamplingFields, model: str) -> None:
         )
     if not 1 <= req.n <= MAX_N:
         raise ApiError(400, f"n must be between 1 and {MAX_N}, got {req.n}.", "n", "invalid_value")
+    vocab = engine.engine.model_config.vocab_size
+    bad = next((t for t in req.stop_token_ids or [] if not 0 <= t < vocab), None)
+    if bad is not None:  # an id no step can sample would never stop anything
+        raise ApiError(
+            400,
+            f"stop_token_ids must be token ids in [0, {vocab}), got {bad}.",
+            "stop_token_ids",
+            "invalid_value",
+        )
     if req.stream_options is not None and not req.stream:
         raise ApiError(
             400,
