@@ -79,8 +79,14 @@ def build_parser() -> argparse.ArgumentParser:
     a("--prefetch", default="0", help="prefetch distances per rate, 0 = off (0,1: an engine each)")
     a("--fill", default="kernel", choices=("kernel", "copy-engine"),
       help="--moe-offload-fill of the offload engines")  # fmt: skip
-    a("--policy", default="lru", choices=("lru", "lfu"),
-      help="--moe-offload-policy of the offload engines (which expert a miss evicts)")  # fmt: skip
+    a(
+        "--policy",
+        default="lru",
+        choices=("lru", "lfu"),
+        help="--moe-offload-policy of the offload engines (which expert a miss evicts)",
+    )
+    a("--compress", action="store_true",
+      help="--moe-offload-compress for the offload engines (bf16 experts packed, 12 bits)")  # fmt: skip
     a(
         "--prefetch-issue",
         default="after-fill",
@@ -136,7 +142,7 @@ def plan_jobs(args: argparse.Namespace) -> list[dict]:
                 gpu_memory_limit_gb=args.gpu_memory_limit_gb, trace_dir=args.trace_dir,
                 max_num_batched_tokens=args.max_num_batched_tokens, prefetch=0,
                 prefetch_margin=args.prefetch_margin, fill=args.fill, policy=args.policy,
-                prefetch_issue=args.prefetch_issue,
+                compress=args.compress, prefetch_issue=args.prefetch_issue,
                 prefetch_fill=args.prefetch_fill,
                 prefetch_programs=args.prefetch_programs)  # fmt: skip
     jobs = []
@@ -271,6 +277,7 @@ def write(out: Path, meta: dict, results: list[dict]) -> str:
         f"Decode, routing `{meta['routing']}`, prefetch {prefetch_setting(meta)} (issued "
         f"{meta.get('prefetch_issue', 'before-lookup')}), fill `{meta.get('fill', 'kernel')}`, "
         f"slot policy `{meta.get('policy', 'lru')}`"
+        f"{', experts packed (--moe-offload-compress)' if meta.get('compress') else ''}"
         f"{prefetch_fill_note(meta)}:",
         "",
         decode_report.decode_table(decode),
@@ -283,6 +290,10 @@ def write(out: Path, meta: dict, results: list[dict]) -> str:
         "(each moves a whole layer and counts no misses: step / limit ≫ 1).",
         "",
     ]
+    packed = decode_report.packed_table(decode)
+    if packed:
+        lines += ["Packed experts: the limits above count the packed bytes that crossed the "
+                  "link; against the bytes as the slots hold them (unpacked):", "", packed, ""]  # fmt: skip
     prefetch = decode_report.prefetch_table(decode)
     if prefetch:
         lines += ["Prefetch (per token over the timed steps; recall = used ÷ (used + misses): "
@@ -315,6 +326,7 @@ def main(argv: list[str] | None = None) -> int:
             "gpu_memory_limit_gb": args.gpu_memory_limit_gb,
             "prefetch": list(dict.fromkeys(int_list(args.prefetch))) or [0],
             "prefetch_margin": args.prefetch_margin, "fill": args.fill, "policy": args.policy,
+            "compress": args.compress,
             "prefetch_issue": args.prefetch_issue, "prefetch_fill": args.prefetch_fill,
             "prefetch_programs": args.prefetch_programs,
             "command": "python3 " + " ".join([sys.argv[0], *(argv or sys.argv[1:])])}  # fmt: skip

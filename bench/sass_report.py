@@ -21,6 +21,7 @@ from __future__ import annotations
 
 import argparse
 import collections
+import math
 import os
 import re
 import subprocess
@@ -404,6 +405,25 @@ def _gguf_q8x_linear(btype_name: str = "Q4_K", n: int = QKV_N, k: int = HIDDEN) 
     )  # fmt: skip
 
 
+def _unpack(misses: int = 2) -> Case:
+    """The packed-expert fill (`--moe-offload-compress`) of a Qwen3-30B-A3B expert's w13 and
+    w2: a loop iteration unpacks PACK_BLOCK elements; the call moves `misses` experts. Its
+    bytes are host bytes (a PCIe floor, not HBM's: read the issue floor only)."""
+    from xinfer.offload.packed import PACK_BLOCK, pack_experts, unpack_fill
+
+    shapes = [(2 * INTER, HIDDEN), (HIDDEN, INTER)]
+    packed = [pack_experts(torch.randn(misses, *s).mul(0.02).to(torch.bfloat16)) for s in shapes]
+    dst = [torch.zeros(misses, *s, dtype=torch.bfloat16) for s in shapes]
+    ids = torch.arange(misses, dtype=torch.int32)
+    count = torch.tensor([misses], dtype=torch.int32)
+    name = "unpack_fill_kernel"
+    elements = misses * sum(math.prod(s) for s in shapes)
+    return Case(
+        lambda: unpack_fill(packed, dst, ids, ids, count, 264, mapped=False),
+        {name: PACK_BLOCK}, {name: elements}, {name: sum(p.nbytes for p in packed)},
+    )  # fmt: skip
+
+
 CASES: dict[str, Callable[[], Case]] = {
     "linear-fp8": lambda: _quant_linear("fp8-block128"),
     "linear-gptq": lambda: _quant_linear("gptq-g128"),
@@ -431,6 +451,7 @@ CASES: dict[str, Callable[[], Case]] = {
     "fp8-prefill": lambda: _quant_moe_prefill("fp8-block128"),
     "gptq-prefill": lambda: _quant_moe_prefill("gptq-g128"),
     "nvfp4-prefill": lambda: _quant_moe_prefill("nvfp4"),
+    "unpack": _unpack,
 }
 
 

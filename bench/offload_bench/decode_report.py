@@ -69,6 +69,12 @@ def add_limits(rows: list[dict], bandwidth_gbps: float | None) -> None:
         r["overlap_limit_ms"] = max(t_res, copy_ms)
         r["overlap_limit_tok_s"] = r["batch"] * 1e3 / r["overlap_limit_ms"]
         r["overlap_ratio"] = r["step_ms"] / r["overlap_limit_ms"]
+        if r.get("compressed") and r.get("expert_bytes"):  # the limit of the unpacked bytes
+            experts = r["misses"] + r.get("prefetch_prefetched", 0)
+            unpacked = experts * r["expert_bytes"] / r["steps"]
+            r["unpacked_gb_per_token"] = unpacked / r["batch"] / 1e9
+            r["unpacked_limit_ms"] = t_res + unpacked / (bandwidth_gbps * 1e9) * 1e3
+            r["unpacked_ratio"] = r["step_ms"] / r["unpacked_limit_ms"]
     _compare_with_prefetch_off(rows)
 
 
@@ -160,6 +166,27 @@ def decode_table(rows: list[dict]) -> str:
             f"{_f(r.get('overlap_limit_tok_s'), '.1f')} | {_f(r.get('overlap_ratio'), '.2f')} | "
             f"{_f(r.get('vs_serial_off'), '.2f')} | "
             f"{same[r.get('identical')]} |"
+        )
+    return "\n".join(lines)
+
+
+def packed_table(rows: list[dict]) -> str:
+    """The `--moe-offload-compress` rows against the limit of the bytes unpacked ('' when
+    no row packed): the decode table's limits count the packed bytes that crossed the link."""
+    rows = [r for r in rows if "unpacked_ratio" in r]
+    if not rows:
+        return ""
+    lines = [
+        "| GPU experts | batch | link GB/token (packed) | unpacked GB/token | serial limit of "
+        "the unpacked bytes, tok/s | step / that limit |",
+        "|---|---|---|---|---|---|",
+    ]
+    for r in sorted(rows, key=_order):
+        label = rate_label(r["rate"], r.get("slots"), r.get("num_experts"))
+        lines.append(
+            f"| {label} | {r['batch']} | {_f(r.get('gb_per_token'), '.3f')} | "
+            f"{r['unpacked_gb_per_token']:.3f} | "
+            f"{r['batch'] * 1e3 / r['unpacked_limit_ms']:.1f} | {r['unpacked_ratio']:.2f} |"
         )
     return "\n".join(lines)
 

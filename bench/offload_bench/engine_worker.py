@@ -56,6 +56,8 @@ def engine_kwargs(cfg: dict) -> dict:
         kw["moe_offload"] = cfg["rate"]
         kw["moe_offload_fill"] = cfg.get("fill") or "kernel"
         kw["moe_offload_policy"] = cfg.get("policy") or "lru"
+        if cfg.get("compress"):
+            kw["moe_offload_compress"] = True
     if cfg["rate"] == "auto":  # fractions size themselves; auto from the (limited) GPU
         kw["gpu_memory_limit_gb"] = cfg["gpu_memory_limit_gb"]
     if cfg.get("reserve_gb") is not None:
@@ -215,7 +217,8 @@ def run(cfg: dict) -> dict:
     manager = llm.engine.offload_manager
     if stats is not None:
         out.update(slots=stats["slots_per_layer"] or None, num_experts=max(stats["num_experts"]),
-                   resident_layers=stats.get("resident_layers"))  # fmt: skip
+                   resident_layers=stats.get("resident_layers"),
+                   compressed=stats.get("compressed", False))  # fmt: skip
         if manager.executors:
             out["expert_bytes"] = manager.executors[0].cache.expert_bytes
         if "prefetch" in stats:  # {"distance", "predictor"} and the margin it ran with
@@ -226,7 +229,7 @@ def run(cfg: dict) -> dict:
     print(f"[{name}] loaded in {out['load_s']:.1f} s ({phases})", flush=True)
     for batch, warm, timed in zip(cfg.get("batches") or [], cfg["warmup"], cfg["steps"]):
         row = decode_row(llm, cfg, batch, warm, timed)
-        keys = ("prefetch", "slots", "num_experts", "expert_bytes", "predictor")
+        keys = ("prefetch", "slots", "num_experts", "expert_bytes", "predictor", "compressed")
         row.update({k: out[k] for k in keys if k in out})
         out["decode"].append(row)
         print(f"[{name}] batch {batch}: {row['step_ms']:.2f} ms/step, "

@@ -34,6 +34,7 @@ from xinfer.routing.config import PRESETS, ROUTER, RoutingConfig
 from xinfer.sampling import SamplingParams
 
 LOG_LEVELS = envs.LOG_LEVELS
+logger = logging.getLogger("xinfer")
 
 
 def parse_device(device: str | None) -> str:
@@ -193,6 +194,14 @@ class EngineArgs(OptionSet):
         env=envs.XINFER_MOE_OFFLOAD_POLICY,
         choices=OFFLOAD_POLICIES,
     )
+    moe_offload_compress: bool | None = option(
+        None,
+        "keep bf16 offloaded experts packed in host RAM, 12 bits an element (lossless: each "
+        "exponent as a 4-bit code): a miss moves 3/4 of the bytes and the pinned store is "
+        "3/4 the size; the fill kernel unpacks them bit for bit (not with the copy-engine "
+        "fill; other formats stay as they are)",
+        env=envs.XINFER_MOE_OFFLOAD_COMPRESS,
+    )
     moe_prefetch_fill: str | None = option(
         None,
         "how prefetch copies move to the GPU (default: as --moe-offload-fill): kernel or "
@@ -247,18 +256,37 @@ class EngineArgs(OptionSet):
     )
 
     def offload_config(self) -> OffloadConfig:
-        """Offload settings: each option given wins over its `XINFER_MOE_OFFLOAD*` variable."""
+        """Offload settings: each option given wins over its `XINFER_MOE_OFFLOAD*` variable.
+        Without offload, a setting of offload that comes only from the environment (a
+        variable exported for every run) is dropped with a warning; the same given as an
+        option is refused (OffloadConfig says why)."""
+        offload = self.value("moe_offload")
+        settings = {  # OffloadConfig field: (option, the value that means "not set")
+            "policy": ("moe_offload_policy", "lru"),
+            "compress": ("moe_offload_compress", False),
+            "is_profile": ("moe_offload_profile", False),
+        }
+        kw = {key: self.value(name) or unset for key, (name, unset) in settings.items()}
+        for key, (name, unset) in settings.items():
+            from_env = getattr(self, name) is None and kw[key] != unset
+            if offload in (None, "") and from_env:
+                env = next(f for f in fields(self) if f.name == name).metadata["env"]
+                logger.warning(
+                    "%s=%s has no effect without MoE expert offload (--moe-offload)",
+                    env.__name__,
+                    kw[key],
+                )
+                kw[key] = unset
         return OffloadConfig.parse(
-            self.value("moe_offload"),
+            offload,
             reserve_gb=self.value("moe_offload_reserve_gb"),
-            is_profile=self.value("moe_offload_profile"),
             prefetch_distance=self.moe_prefetch,
             prefetch_margin=self.moe_prefetch_margin,
             fill=self.moe_offload_fill,
             prefetch_fill=self.moe_prefetch_fill,
             prefetch_programs=self.moe_prefetch_programs,
             prefetch_issue=self.moe_prefetch_issue,
-            policy=self.value("moe_offload_policy"),
+            **kw,
         )
 
     def create_engine_config(self) -> EngineConfig:

@@ -268,6 +268,9 @@ class OffloadConfig:
     prefetch_programs: int | None = None
     prefetch_issue: str = "after-fill"  # one of PREFETCH_ISSUE_POINTS
     policy: str = "lru"  # one of OFFLOAD_POLICIES
+    # Keep bf16 experts packed in the host store (offload/packed.py): 12 bits an element
+    # cross the link on a miss, unpacked bit for bit by the fill kernel.
+    compress: bool = False
 
     def __post_init__(self) -> None:
         if self.policy not in OFFLOAD_POLICIES:
@@ -279,6 +282,21 @@ class OffloadConfig:
             raise UserError(
                 f"--moe-offload-policy {self.policy} chooses which experts stay on the GPU: "
                 "it needs MoE expert offload (--moe-offload or XINFER_MOE_OFFLOAD)"
+            )
+        if self.is_profile and not self.is_auto and self.fraction is None:
+            raise UserError(
+                "--moe-offload-profile times the offloaded MoE calls: it needs MoE expert "
+                "offload (--moe-offload or XINFER_MOE_OFFLOAD)"
+            )
+        if self.compress and not self.is_auto and self.fraction is None:
+            raise UserError(
+                "--moe-offload-compress packs the offloaded experts: it needs MoE expert "
+                "offload (--moe-offload or XINFER_MOE_OFFLOAD)"
+            )
+        if self.compress and "copy-engine" in (self.fill, self.prefetch_fill):
+            raise UserError(
+                "--moe-offload-compress needs the fill kernel to unpack the experts: the copy "
+                "engine only copies bytes; use --moe-offload-fill kernel"
             )
         for what, value in (("fill", self.fill), ("prefetch fill", self.prefetch_fill)):
             if value is not None and value not in OFFLOAD_FILLS:

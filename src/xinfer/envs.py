@@ -53,6 +53,11 @@ def XINFER_MOE_OFFLOAD_POLICY() -> str:
     return (_get("XINFER_MOE_OFFLOAD_POLICY") or "lru").strip().lower()
 
 
+def XINFER_MOE_OFFLOAD_COMPRESS() -> bool:
+    """1: keep bf16 offloaded experts packed in host RAM (see --moe-offload-compress)."""
+    return _bool("XINFER_MOE_OFFLOAD_COMPRESS")
+
+
 def XINFER_API_KEY() -> str | None:
     return _get("XINFER_API_KEY")
 

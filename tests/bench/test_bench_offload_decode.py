@@ -296,3 +296,59 @@ def test_prefetch_phase_parses_and_takes_a_policy():
     assert (lfu.policy, lfu.prefetch_programs, lfu.out) == ("lfu", 16, "/tmp/out/prefetch_lfu")
     jobs = bench.plan_jobs(lfu)
     assert any(j.get("prefetch") for j in jobs) and all(j["policy"] == "lfu" for j in jobs)
+
+
+def test_packed_rows_get_the_limit_of_the_unpacked_bytes():
+    """`--compress`: the decode table's limits count the packed bytes that crossed the
+    link; the packed table adds the limit of the bytes as the slots hold them."""
+    rows = [
+        _row("0", 1, 3.0),
+        # 20 misses of 110 MB experts in 10 steps: 0.22 GB a step unpacked, 4 ms at 55 GB/s;
+        # packed, 0.165 GB a step crossed the link (3 ms)
+        _row(
+            "0.1",
+            1,
+            6.5,
+            hits=60,
+            misses=20,
+            bytes_moved=1.65e9,
+            bytes_copied=1.65e9,
+            expert_bytes=110e6,
+            compressed=True,
+        ),  # fmt: skip
+        _row(
+            "0.1",
+            1,
+            7.0,
+            hits=60,
+            misses=20,
+            bytes_moved=2.2e9,
+            bytes_copied=2.2e9,
+            expert_bytes=110e6,
+        ),  # fmt: skip
+    ]
+    rep.add_limits(rows, 55.0)
+    packed, plain = rows[1], rows[2]
+    assert packed["limit_ms"] == pytest.approx(6.0)
+    assert packed["unpacked_limit_ms"] == pytest.approx(7.0)
+    assert packed["unpacked_ratio"] == pytest.approx(6.5 / 7.0)
+    assert packed["unpacked_gb_per_token"] == pytest.approx(0.22)
+    assert "unpacked_ratio" not in plain and plain["limit_ms"] == pytest.approx(7.0)
+    table = rep.packed_table(rows)
+    assert table.count("\n") == 2 and "| 0.93 |" in table
+    assert rep.packed_table(rows[2:]) == ""
+
+
+def test_compress_reaches_the_offload_engines_and_the_gpu_phase_parses():
+    """`--compress` goes to every offload engine's `--moe-offload-compress` (not the resident
+    one's); scripts/gpu_run.sh's `compressab` phase names only options the bench takes."""
+    from gpu_run_phases import gpu_run_args
+
+    args = bench.build_parser().parse_args(["--compress", "--rates", "0.1", "--ttft-tokens", ""])
+    kws = [engine_worker.engine_kwargs(j) for j in bench.plan_jobs(args)]
+    assert "moe_offload_compress" not in kws[0] and kws[1]["moe_offload_compress"] is True
+    phase = gpu_run_args("compressab", "bench_offload_decode.py")
+    for flag in ("", "--compress"):  # $f: the plain run's nothing, the packed run's flag
+        argv = [flag if a == "$f" else a for a in phase if a != "$f" or flag]
+        parsed = bench.build_parser().parse_args(argv)
+        assert parsed.compress == bool(flag) and parsed.rates == "0.1,0.2,0.35"

@@ -138,6 +138,17 @@ def _reserve(
     offload_kernels.fill(table.fill_target(), host, force_triton=True)  # the prefetch fill
 
 
+def _unpack(shapes: list[tuple[int, ...]], misses: int) -> None:
+    """The packed-expert fill (`--moe-offload-compress`), one or two tensors a launch."""
+    from xinfer.offload.packed import pack_experts, unpack_fill
+
+    packed = [pack_experts(_randn(8, *s, dtype=BF16) * 0.02) for s in shapes]
+    dst = [torch.zeros(12, *s, dtype=BF16) for s in shapes]
+    ids = torch.arange(misses, dtype=torch.int32)
+    unpack_fill(packed, dst, ids, ids + 2, torch.tensor([misses], dtype=torch.int32), 8,
+                mapped=False)  # fmt: skip
+
+
 def _select(dtype, num_experts: int, top_k: int, keys: bool) -> None:
     from xinfer.offload.predictor import select
 
@@ -189,6 +200,8 @@ def _offload_cases() -> None:
     add("prefetch-reserve-e60-s24-batch", "reserve_kernel fill_kernel", _reserve, 60, 24, 16, 4)
     add("prefetch-reserve-lfu-e128-s13-decode", "reserve_kernel fill_kernel", _reserve, 128, 13,
         1, 8, "lfu")  # fmt: skip
+    add("offload-unpack-w13-w2", "unpack_fill_kernel", _unpack, [(2 * 96, 256), (256, 96)], 3)
+    add("offload-unpack-one", "unpack_fill_kernel", _unpack, [(64, 80)], 1)
     add("predictor-select-fp32-e128-k8-keys", "select_kernel", _select, F32, 128, 8, True)
     add("predictor-select-bf16-e60-k4", "select_kernel", _select, BF16, 60, 4, False)
     add("predictor-select-fp32-e512-k8", "select_kernel", _select, F32, 512, 8, False)

@@ -248,3 +248,99 @@ def test_engine_offload_greedy_matches_bf16(tmp_path):
         assert run(enforce_eager=False, moe_offload=frac, moe_offload_policy="lfu")[0] == base
         graphs = llm.engine.runner.graph_runner.graphs
         assert max(graphs) * 2 > min(llm.offload_stats()["slots_per_layer"])
+
+
+def _packed_set(num_experts: int, seed: int) -> dict:
+    """A layer whose bf16 tensors pack (offload/packed.py; zeros and inf among them:
+    escapes) beside a tensor that stays plain: the fill takes the unpack launch and the
+    plain one."""
+    from xinfer.offload.packed import pack_layer
+
+    tensors = expert_set(num_experts, seed, hidden=128, inter=64)
+    for name in ("w13", "w2"):
+        tensors[name] = tensors[name] * 0.02
+        flat = tensors[name].view(num_experts, -1)
+        flat[:, ::997] = 0.0
+        flat[1::3, 5] = float("inf")
+    tensors = pack_layer({k: v for k, v in tensors.items() if k in ("w13", "w2", "u8")})
+    assert type(tensors["w13"]).__name__ == "PackedExperts" and tensors["u8"].dtype == torch.uint8
+    return tensors
+
+
+@pytest.mark.parametrize("num_experts,num_slots,top_k", [(64, 16, 8), (60, 9, 4)])
+def test_packed_fill_from_pinned_memory_equals_twin(num_experts, num_slots, top_k):
+    """`--moe-offload-compress`: the unpack kernel reading pinned, mapped planes writes the
+    twin's bits, calls wider than the slots included."""
+    store = HostExpertStore(DEV)
+    host = store.add_layer(_packed_set(num_experts, seed=num_experts))
+    assert all(p.is_pinned() for p in host["w13"].planes.values())
+    gpu = SlotCache(host, num_slots, DEV)
+    cpu = SlotCache(host, num_slots, CPU)
+    stream = routing_stream(random.Random(num_slots), num_experts, num_slots, top_k, 80)
+    for step, ids in enumerate(stream):
+        want = lookup_reference(cpu, ids)
+        fill_reference(cpu, host)
+        got = offload_kernels.lookup(gpu, ids.to(DEV))
+        offload_kernels.fill(gpu, host)
+        assert torch.equal(got.cpu(), want), step
+        for name in host:
+            for r in set(want.reshape(-1).tolist()):
+                a, b = gpu.slots[name][r].cpu(), cpu.slots[name][r]
+                assert torch.equal(a.view(torch.uint8), b.view(torch.uint8)), (step, name, r)
+    store.close()
+
+
+def test_packed_fill_replays_in_cuda_graph():
+    """The unpack launch captured with the lookup: replays equal the twins."""
+    store = HostExpertStore(DEV)
+    host = store.add_layer(_packed_set(64, seed=3))
+    gpu, cpu = SlotCache(host, 16, DEV), SlotCache(host, 16, CPU)
+    static_ids = torch.zeros(4, 8, dtype=torch.int32, device=DEV)
+    warm = SlotCache(host, 16, DEV)
+    offload_kernels.lookup(warm, static_ids)
+    offload_kernels.fill(warm, host)
+    torch.cuda.synchronize()
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(graph):
+        static_rows = offload_kernels.lookup(gpu, static_ids)
+        offload_kernels.fill(gpu, host)
+    rng = random.Random(7)
+    for step in range(40):
+        ids = torch.tensor([rng.sample(range(64), 8) for _ in range(4)], dtype=torch.int32)
+        static_ids.copy_(ids)
+        graph.replay()
+        want = lookup_reference(cpu, ids)
+        fill_reference(cpu, host)
+        torch.cuda.synchronize()
+        assert torch.equal(static_rows.cpu(), want), step
+        for name in host:
+            for r in set(want.reshape(-1).tolist()):
+                a, b = gpu.slots[name][r].cpu(), cpu.slots[name][r]
+                assert torch.equal(a.view(torch.uint8), b.view(torch.uint8)), (step, name, r)
+    store.close()
+
+
+def test_engine_compressed_offload_greedy_matches_bf16(tmp_path):
+    """Greedy bf16 output with packed experts, in CUDA graphs and with a prompt pass (the
+    staging path unpacks on the side stream): the tokens of no offload; fewer bytes moved."""
+    from tiny_models import make_hf_model, prompts, write_checkpoint
+
+    from xinfer import LLM, SamplingParams
+
+    path = write_checkpoint(make_hf_model("qwen3_moe"), tmp_path / "ckpt")
+    params = SamplingParams(max_tokens=32, temperature=0.0, ignore_eos=True)
+    kw = dict(device="cuda:0", dtype="bfloat16", num_kv_blocks=64, max_num_batched_tokens=16)
+    all_prompts = prompts(3) + [prompts(4, seed=5)[3]]  # the last: a prompt pass
+
+    def run(**extra):
+        llm = LLM(str(path), **kw, **extra)
+        return [r.token_ids for r in llm.generate(all_prompts, params)], llm.offload_stats()
+
+    base, _ = run(enforce_eager=True)
+    for frac in (0.25, 0.5):
+        plain, plain_stats = run(moe_offload=frac)
+        packed, stats = run(moe_offload=frac, moe_offload_compress=True)
+        assert packed == plain == base, frac
+        assert stats["compressed"] and stats["staging_copies"] > 0
+        assert stats["bytes_moved"] < 0.8 * plain_stats["bytes_moved"]
+        assert stats["pinned_gb"] < 0.8 * plain_stats["pinned_gb"]

@@ -326,3 +326,47 @@ def test_offload_policy_from_the_environment(monkeypatch):
         EngineArgs(moe_offload=0.2).offload_config()
     monkeypatch.delenv("XINFER_MOE_OFFLOAD_POLICY")
     assert EngineArgs(moe_offload=0.2).offload_config().policy == "lru"
+
+
+def test_offload_settings_from_the_environment_without_offload(monkeypatch, caplog):
+    """An offload setting exported for every run (XINFER_MOE_OFFLOAD_POLICY / _COMPRESS /
+    _PROFILE) does not break a run without offload: dropped, with a warning naming it. The
+    same given as an option is refused."""
+    from xinfer.args import EngineArgs
+
+    monkeypatch.setenv("XINFER_MOE_OFFLOAD_POLICY", "lfu")
+    monkeypatch.setenv("XINFER_MOE_OFFLOAD_COMPRESS", "1")
+    monkeypatch.setenv("XINFER_MOE_OFFLOAD_PROFILE", "1")
+    with caplog.at_level("WARNING", logger="xinfer"):
+        cfg = EngineArgs().offload_config()
+    assert (cfg.is_enabled, cfg.policy, cfg.compress, cfg.is_profile) == (
+        False,
+        "lru",
+        False,
+        False,
+    )
+    for name in ("POLICY=lfu", "COMPRESS=True", "PROFILE=True"):
+        assert f"XINFER_MOE_OFFLOAD_{name} has no effect" in caplog.text, caplog.text
+    with_offload = EngineArgs(moe_offload=0.2).offload_config()
+    assert (with_offload.policy, with_offload.compress, with_offload.is_profile) == (
+        "lfu",
+        True,
+        True,
+    )
+    for kw, needle in (
+        ({"moe_offload_policy": "lfu"}, "--moe-offload-policy lfu"),
+        ({"moe_offload_compress": True}, "--moe-offload-compress"),
+        ({"moe_offload_profile": True}, "--moe-offload-profile"),
+    ):
+        with pytest.raises(UserError, match=needle):
+            EngineArgs(**kw).offload_config()
+
+
+def test_compress_option():
+    """`--moe-offload-compress` needs offload and the fill kernel (the copy engine cannot
+    unpack)."""
+    assert OffloadConfig(fraction=0.2, compress=True).compress
+    with pytest.raises(UserError, match="copy engine only copies bytes"):
+        OffloadConfig(fraction=0.2, compress=True, fill="copy-engine")
+    with pytest.raises(UserError, match="copy engine only copies bytes"):
+        OffloadConfig(fraction=0.2, compress=True, prefetch_distance=1, prefetch_fill="copy-engine")

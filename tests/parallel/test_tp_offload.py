@@ -95,3 +95,19 @@ def test_routing_model_routes_alike_on_every_rank(path, tp_llm):
     r0, r1 = llm.offload_stats()["ranks"]
     assert (r0["hits"], r0["misses"]) == (r1["hits"], r1["misses"])
     assert r0["misses"] == one.offload_stats()["misses"]
+
+
+def test_tp2_packed_experts_keep_output(path, tp_llm):
+    """`--moe-offload-compress` per rank: each rank packs its bf16 shards; the tokens of the
+    same TP=2 engine with plain experts, and each rank moves 3/4 of its plain bytes a miss
+    (one tensor-parallel engine at a time in a process: each closed before the next)."""
+    plain = tp_llm(path, dtype="bfloat16", moe_offload=0.25)
+    want, plain_stats = _generate(plain), plain.offload_stats()
+    plain.close()
+    llm = tp_llm(path, dtype="bfloat16", moe_offload=0.25, moe_offload_compress=True)
+    assert _generate(llm) == want
+    stats = llm.offload_stats()
+    assert stats["compressed"] and not plain_stats["compressed"]
+    for rank, plain_rank in zip(stats["ranks"], plain_stats["ranks"]):
+        assert rank["misses"] == plain_rank["misses"] > 0
+        assert 0.7 < rank["bytes_copied"] / plain_rank["bytes_copied"] < 0.8

@@ -84,6 +84,8 @@ class LayerCopies:
         self.host = []  # (host base address, row bytes, offset in the bounce buffer)
         table, offset = [], 0
         for name, host in host_tensors.items():
+            if not isinstance(host, torch.Tensor):  # a packing: OffloadConfig refuses this
+                raise ValueError(f"the copy-engine fill copies tensors; {name!r} is packed")
             row = host[0].numel() * host.element_size()
             dst = cache.slots[name]
             offset = -(-offset // 16) * 16

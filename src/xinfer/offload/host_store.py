@@ -1,9 +1,9 @@
 """Host store: every routed-expert tensor of every MoE layer (any set of `[E, ...]` tensors,
-any dtype) in host RAM, pinned *after* it was filled with `cudaHostRegister` (mapped,
-portable) so that kernels read it zero-copy through UVA and the copy engine moves it async.
-On CPU "host" and "device" are one memory and nothing is pinned. A store closed (or
-collected) while a CUDA graph is being captured unregisters later: the capture forbids the
-call, and making it would break the capture."""
+any dtype, or bf16 ones packed by offload/packed.py) in host RAM, pinned *after* it was
+filled with `cudaHostRegister` (mapped, portable) so that kernels read it zero-copy through
+UVA and the copy engine moves it async. On CPU "host" and "device" are one memory and
+nothing is pinned. A store closed (or collected) while a CUDA graph is being captured
+unregisters later: the capture forbids the call, and making it would break the capture."""
 
 from __future__ import annotations
 
@@ -15,6 +15,7 @@ import torch
 
 from xinfer.config import ModelConfig
 from xinfer.errors import UserError
+from xinfer.offload.packed import PackedExperts
 
 logger = logging.getLogger("xinfer")
 
@@ -104,12 +105,19 @@ def _page_exclusive_copy(t: torch.Tensor) -> torch.Tensor:
     return out
 
 
+def _entry_bytes(entry: torch.Tensor | PackedExperts) -> int:
+    if isinstance(entry, PackedExperts):
+        return entry.nbytes
+    return entry.numel() * entry.element_size()
+
+
 class HostExpertStore:
-    """Per layer: name → `[E, ...]` host tensor (pinned and mapped on CUDA)."""
+    """Per layer: name → `[E, ...]` host tensor, or its packing (offload/packed.py), pinned
+    and mapped on CUDA."""
 
     def __init__(self, device: torch.device) -> None:
         self.device = device
-        self.layers: list[dict[str, torch.Tensor]] = []
+        self.layers: list[dict[str, torch.Tensor | PackedExperts]] = []
         self._registered: list[tuple[int, int]] = []  # (ptr, nbytes) to unregister
 
     @property
@@ -118,21 +126,30 @@ class HostExpertStore:
 
     @property
     def nbytes(self) -> int:
-        return sum(t.numel() * t.element_size() for layer in self.layers for t in layer.values())
+        return sum(_entry_bytes(t) for layer in self.layers for t in layer.values())
 
     def layer_bytes(self, index: int) -> int:
-        return sum(t.numel() * t.element_size() for t in self.layers[index].values())
+        return sum(_entry_bytes(t) for t in self.layers[index].values())
 
-    def add_layer(self, tensors: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]:
-        """Take a filled layer's expert tensors (on the host); returns the stored set."""
+    def add_layer(
+        self, tensors: dict[str, torch.Tensor | PackedExperts]
+    ) -> dict[str, torch.Tensor | PackedExperts]:
+        """Take a filled layer's expert tensors or packings (on the host); returns the
+        stored set."""
         stored = {}
         for name, t in tensors.items():
-            if t.device.type != "cpu":
-                raise ValueError(f"expert tensor {name!r} must be on the host, not {t.device}")
-            t = t.contiguous()
-            stored[name] = self.pin_after_fill(t) if self.is_pinned else t
+            if isinstance(t, PackedExperts):
+                stored[name] = t.with_planes({k: self._keep(name, p) for k, p in t.planes.items()})
+            else:
+                stored[name] = self._keep(name, t)
         self.layers.append(stored)
         return stored
+
+    def _keep(self, name: str, t: torch.Tensor) -> torch.Tensor:
+        if t.device.type != "cpu":
+            raise ValueError(f"expert tensor {name!r} must be on the host, not {t.device}")
+        t = t.contiguous()
+        return self.pin_after_fill(t) if self.is_pinned else t
 
     def pin_after_fill(self, t: torch.Tensor) -> torch.Tensor:
         """Register a filled host tensor as pinned, device-mapped memory (in place if its

@@ -4,7 +4,9 @@
 
 `fill` copies every expert tensor of a layer in one launch (four tensors a launch; more take
 further launches) over a grid of FILL_PROGRAMS_PER_SM programs per SM, whatever the number
-of misses: one missed expert gets the whole grid's loads in flight."""
+of misses: one missed expert gets the whole grid's loads in flight. Packed tensors
+(`--moe-offload-compress`, offload/packed.py) take a launch of the unpack kernel of their
+own, on the same grid."""
 
 from __future__ import annotations
 
@@ -15,6 +17,7 @@ import torch
 
 from xinfer.kernels import use_triton
 from xinfer.offload.lookup import check_call, check_id_range, fill_reference, lookup_reference
+from xinfer.offload.packed import PackedExperts, unpack_fill
 from xinfer.offload.slot_cache import LFU_SHIFT, LFU_STEP, SlotCache
 
 FILL_BLOCK = 2048  # words per block of the fill's work list
@@ -120,14 +123,15 @@ def fill_grid(device: torch.device, programs_per_sm: int = FILL_PROGRAMS_PER_SM)
 
 def fill(
     cache: SlotCache,
-    host_tensors: dict[str, torch.Tensor],
+    host_tensors: dict[str, torch.Tensor | PackedExperts],
     *,
     force_triton: bool = False,
     num_programs: int | None = None,
     block: int = FILL_BLOCK,
     num_warps: int = FILL_NUM_WARPS,
 ) -> None:
-    """Copy the experts of the last lookup's miss list into their slots.
+    """Copy the experts of the last lookup's miss list into their slots (packed tensors:
+    unpack them there, two a launch, offload/packed.py).
 
     The grid is fixed (`num_programs`, default `fill_grid`) and the miss count is read on
     the device, so the launch is graph-safe."""
@@ -138,7 +142,19 @@ def fill(
     from xinfer.kernels.triton.offload import fill_kernel
 
     grid = (num_programs or fill_grid(cache.device),)
-    names = list(host_tensors)
+    packed = [n for n, t in host_tensors.items() if isinstance(t, PackedExperts)]
+    for i in range(0, len(packed), 2):
+        group = packed[i : i + 2]
+        unpack_fill(
+            [host_tensors[n] for n in group],
+            [cache.slots[n] for n in group],
+            cache.miss_ids,
+            cache.miss_slots,
+            cache.miss_count,
+            grid[0],
+            mapped=device_is_cuda,
+        )
+    names = [n for n in host_tensors if n not in packed]
     for i in range(0, len(names), FILL_TENSORS_PER_LAUNCH):
         args = []
         group = names[i : i + FILL_TENSORS_PER_LAUNCH]

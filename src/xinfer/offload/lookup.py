@@ -46,6 +46,7 @@ from __future__ import annotations
 
 import torch
 
+from xinfer.offload.packed import PackedExperts, unpack_rows_reference
 from xinfer.offload.slot_cache import (
     CALLS,
     HITS,
@@ -161,8 +162,9 @@ def lookup_reference(cache: SlotCache, topk_ids: torch.Tensor) -> torch.Tensor:
     return slot_ids.view(topk_ids.shape)
 
 
-def fill_reference(cache: SlotCache, host_tensors: dict[str, torch.Tensor]) -> None:
-    """Copy every missed expert's tensors from the host store into its row (slot or overflow).
+def fill_reference(cache: SlotCache, host_tensors: dict[str, torch.Tensor | PackedExperts]) -> None:
+    """Copy every missed expert's tensors from the host store into its row (slot or overflow);
+    a packed tensor (offload/packed.py) is unpacked into it.
 
     Reads the miss count on the host, so on CUDA this path is eager-only (not graphable);
     the copies themselves are async copy-engine transfers from pinned memory."""
@@ -173,5 +175,8 @@ def fill_reference(cache: SlotCache, host_tensors: dict[str, torch.Tensor]) -> N
     rows = cache.miss_slots[:num_misses].tolist()
     for name, host in host_tensors.items():
         dst = cache.slots[name]
+        if isinstance(host, PackedExperts):
+            unpack_rows_reference(host, dst, list(zip(experts, rows)))
+            continue
         for e, r in zip(experts, rows):
             dst[r].copy_(host[e], non_blocking=True)

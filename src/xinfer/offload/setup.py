@@ -16,6 +16,7 @@ from xinfer.offload.copy_engine import BounceBuffers, LayerCopies
 from xinfer.offload.executor import OffloadExecutor, ResidentExecutor
 from xinfer.offload.graph_nodes import unavailable_reason
 from xinfer.offload.host_store import HostExpertStore
+from xinfer.offload.packed import PackedExperts, pack_layer, stored_row_bytes
 from xinfer.offload.sizing import (
     GIB,
     LayerShape,
@@ -142,6 +143,7 @@ def enable_offload(
     offloaded = []  # indices of the layers whose experts do not all fit
     for i, (layer, shape) in enumerate(zip(layers, shapes)):
         stats.expert_bytes.append(shape.expert_bytes)
+        stats.moved_expert_bytes.append(shape.expert_bytes)
         stats.slots.append(slots[i])
         stats.num_experts.append(shape.num_experts)
         stats.is_resident.append(slots[i] == shape.num_experts)
@@ -152,12 +154,27 @@ def enable_offload(
             offloaded.append(i)
     total = sum(shapes[i].num_experts * shapes[i].expert_bytes for i in offloaded)
     pin = "pinning experts" if store.is_pinned else "moving experts"
+    if offload.compress:
+        pin = "packing and " + pin
     hosts = [
-        store.add_layer(layers[i].expert_tensors)
+        store.add_layer(_host_set(layers[i], offload.compress))
         for i in tqdm(
             offloaded, desc=pin, unit="layer", disable=total < _PROGRESS_MIN_BYTES, leave=False
         )
     ]
+    for i, host in zip(offloaded, hosts):  # what a miss moves over the link
+        stats.moved_expert_bytes[i] = sum(stored_row_bytes(t) for t in host.values())
+    if offload.compress and total:
+        num_packed = sum(isinstance(t, PackedExperts) for h in hosts for t in h.values())
+        logger.info(
+            "MoE offload: %d of %d expert tensors packed: %.2f GB in host RAM for %.2f GB of "
+            "experts (%.1f%%)",
+            num_packed,
+            sum(len(h) for h in hosts),
+            store.nbytes / GB,
+            total / GB,
+            100 * store.nbytes / total,
+        )
     # The widest MoE call: a step's token budget, or a decode graph of max_num_seqs rows.
     sched = engine_config.scheduler
     max_call_tokens = max(sched.max_num_batched_tokens, sched.max_num_seqs)
@@ -186,6 +203,17 @@ def enable_offload(
     return OffloadManager(
         store, executors, pools, stats, offload, device, max_call_tokens, num_resident
     )
+
+
+def _host_set(layer: torch.nn.Module, compress: bool) -> dict:
+    """The expert set a layer hands the host store: its tensors, or with `compress` their
+    packings where a tensor packs (offload/packed.py); the unpacked copies are dropped at
+    once, so that packing peaks at one layer above the packed size."""
+    tensors = layer.expert_tensors
+    if not compress:
+        return tensors
+    layer.expert_tensors = {}
+    return pack_layer(tensors)
 
 
 def check_fill(offload: OffloadConfig, device: torch.device) -> None:

@@ -14,6 +14,7 @@ from __future__ import annotations
 import torch
 
 from xinfer.config import OFFLOAD_POLICIES
+from xinfer.offload.packed import unpacked_row_bytes
 
 # Columns of the per-layer counter row (int64, on the device; see offload/stats.py).
 HITS, MISSES, STAGING_COPIES, CALLS, OVERFLOW, MAX_CALL_MISSES, STREAMED = range(7)
@@ -95,7 +96,7 @@ class SlotCache:
                 raise ValueError(f"slot view {name!r} has too few rows for its overflow")
         self.slots = slots  # name → (rows, ...) in the host tensors' dtype: what the kernel reads
         self.stream_bases = stream_bases  # rows of the prompt pass's staging regions (slot_pool)
-        self.expert_bytes = sum(t[0].numel() * t.element_size() for t in host_tensors.values())
+        self.expert_bytes = sum(unpacked_row_bytes(t) for t in host_tensors.values())
 
     @property
     def slot_bytes(self) -> int:

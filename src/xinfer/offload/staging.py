@@ -3,10 +3,11 @@ layer by layer across all its chunks, so each layer's experts cross PCIe once pe
 
 For each offloaded MoE layer of the pass, in order, the experts that are not in the layer's
 slots are copied from pinned host memory into one of the pool's two staging regions
-(slot_pool.py) by the copy engine on a side stream, while the previous layer computes on the
-main stream (double buffering: layer i uses region i mod 2). Experts already in slots are
-used in place. The executor then runs the unchanged MoE kernel on its slot view with every
-expert id mapped to its row (slot or region row). The LRU tables are not touched."""
+(slot_pool.py) by the copy engine (packed tensors: unpacked there by the unpack kernel) on
+a side stream, while the previous layer computes on the main stream (double buffering:
+layer i uses region i mod 2). Experts already in slots are used in place. The executor then
+runs the unchanged MoE kernel on its slot view with every expert id mapped to its row (slot
+or region row). The LRU tables are not touched."""
 
 from __future__ import annotations
 
@@ -17,6 +18,8 @@ import torch
 from torch import nn
 
 from xinfer.offload.executor import OffloadExecutor
+from xinfer.offload.kernels import fill_grid
+from xinfer.offload.packed import PackedExperts, unpack_fill, unpack_rows_reference
 from xinfer.offload.slot_cache import STAGING_COPIES, STREAMED
 
 
@@ -116,6 +119,9 @@ class LayerStreamer:
                 self.side.wait_event(done)
             for name, host in x.host_tensors.items():
                 dst = x.cache.slots[name]
+                if isinstance(host, PackedExperts):
+                    self._unpack(host, dst, self.missing[index])
+                    continue
                 for e, r, n in _runs(self.missing[index]):
                     dst[r : r + n].copy_(host[e : e + n], non_blocking=True)
             event = torch.cuda.Event() if self.is_cuda else None
@@ -125,6 +131,18 @@ class LayerStreamer:
         x.cache.counters[STAGING_COPIES] += 1
         x.cache.counters[STREAMED] += len(self.missing[index])
         return True
+
+    def _unpack(self, host: PackedExperts, dst: torch.Tensor, pairs: list[tuple[int, int]]) -> None:
+        """A packed tensor's missing experts into their rows: the unpack kernel on the
+        current (side) stream, the twin on CPU."""
+        if not pairs:
+            return
+        if not self.is_cuda:
+            unpack_rows_reference(host, dst, pairs)
+            return
+        lists = torch.tensor([*zip(*pairs), (len(pairs),) * len(pairs)], dtype=torch.int32)
+        experts, rows, count = lists.to(self.device, non_blocking=False)
+        unpack_fill([host], [dst], experts, rows, count[:1], fill_grid(self.device), mapped=True)
 
     def enter(self, layer: int) -> None:
         """Before the slice's `layer` computes: make sure its copies are queued, queue the

@@ -10,14 +10,17 @@ Keys of `OffloadStats.snapshot()` (totals at the top level, the same per layer i
                         taken by the same call)
   max_call_misses       the most experts one lookup call copied (per layer: its maximum;
                         total: the maximum over layers)
-  bytes_copied          misses * expert bytes (zero-copy fills host → slots / overflow)
+  bytes_copied          misses * expert bytes (zero-copy fills host → slots / overflow);
+                        every byte count here is what crossed the link: with
+                        `--moe-offload-compress`, a packed expert's stored bytes
   staging_copies        whole-layer streams of prompt passes (once per long prompt and layer)
   staging_bytes         bytes those streams moved host → device (experts already in slots
                         are used in place and not counted)
   bytes_moved           bytes_copied + staging_bytes
   calls                 lookup calls
-plus policy (the slot policy, `lru` or `lfu`), slots_per_layer (all E for a resident
-layer), num_experts, num_layers, resident_layers (layers whose every expert fits on the
+plus policy (the slot policy, `lru` or `lfu`), compressed (some experts are packed in the
+host store, `--moe-offload-compress`), slots_per_layer (all E for a resident layer),
+num_experts, num_layers, resident_layers (layers whose every expert fits on the
 device: they run resident, with no slots, lookups or copies, so their counters stay 0),
 offloaded_layers, pinned_gb, slot_gb (offloaded layers'
 slots), resident_gb, staging_gb (the shared overflow / streaming regions), device and, with
@@ -111,7 +114,8 @@ class OffloadStats:
         self.policy = policy
         # (L, NUM_COUNTERS) int64, columns as in slot_cache.py — row i is layer i's.
         self.counters = torch.zeros(num_layers, NUM_COUNTERS, dtype=torch.int64, device=device)
-        self.expert_bytes: list[int] = []  # per layer
+        self.expert_bytes: list[int] = []  # per layer: an expert as the slots hold it
+        self.moved_expert_bytes: list[int] = []  # per layer: what a miss moves (packed: less)
         self.slots: list[int] = []
         self.num_experts: list[int] = []
         self.is_resident: list[bool] = []  # per layer: all experts on the device
@@ -141,10 +145,10 @@ class OffloadStats:
                 "layer": i,
                 "slots": self.slots[i],
                 "resident": self.is_resident[i],
-                **_rates(row[:NUM_COUNTERS], self.expert_bytes[i]),
+                **_rates(row[:NUM_COUNTERS], self.moved_expert_bytes[i]),
             }
             if self.prefetch is not None:
-                layer["prefetch"] = _prefetch(row[NUM_COUNTERS:], self.expert_bytes[i])
+                layer["prefetch"] = _prefetch(row[NUM_COUNTERS:], self.moved_expert_bytes[i])
                 layer["bytes_moved"] += layer["prefetch"]["prefetched_bytes"]
             layers.append(layer)
         summed = ("hits", "misses", "calls", "overflow_misses", "bytes_copied")
@@ -157,6 +161,7 @@ class OffloadStats:
         out = {
             **total,
             "policy": self.policy,
+            "compressed": self.moved_expert_bytes != self.expert_bytes,
             "num_layers": len(layers),
             "resident_layers": sum(self.is_resident),
             "offloaded_layers": len(layers) - sum(self.is_resident),

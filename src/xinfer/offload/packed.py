@@ -1,0 +1,240 @@
+"""Lossless packing of bf16 expert tensors in the host store (`--moe-offload-compress`): what
+crosses the host→GPU link on a miss is 12 bits an element instead of 16, and the fill kernel
+unpacks it into the slot, bit for bit, so output does not change.
+
+Why it works: a trained (or N(0, σ)) weight's bf16 exponent takes few values — a layer's
+elements lie within 15 octaves of each other but for rare tiny ones — while sign and
+mantissa are near-uniform. So each element keeps its sign and 7 mantissa bits as one byte
+(`low`) and its 8-bit exponent as a 4-bit code: `exponent - base` for the 15 exponents
+`[base, base + 14]` of the layer tensor's densest window, 15 ("escape") otherwise; escaped
+exponents are stored apart, in element order (`escapes`), with per-block offsets (`starts`)
+so that any block decodes on its own.
+
+Layout of one `[E, *row]` bf16 tensor of n = prod(row) elements an expert (n % 8 == 0):
+  low      (E, n / 8) int64   byte i of word w: element 8w + i's sign << 7 | mantissa
+  codes    (E, n / 8) int32   nibble i of word w: element 8w + i's exponent code
+  escapes  (E, C) uint8       the escaped exponents of each expert, in element order
+                              (C: the layer tensor's most escapes of one expert, >= 1)
+  starts   (E, B) int32       escapes before each PACK_BLOCK-element block (B blocks)
+so an expert crosses the link as 1.5 bytes an element plus 4 bytes a block and its escapes.
+
+`pack_experts` packs (or returns None where it would not save: not bf16, n % 8 != 0, or more
+than MAX_PACKED_RATIO of the bytes); `PackedExperts.unpack_row` is the reference twin of the
+Triton unpack (kernels/triton/offload_packed.py), `unpack_fill` its launcher. Helpers that
+take a store entry (a tensor or PackedExperts): `unpacked_row_bytes`, `stored_row_bytes`.
+"""
+
+from __future__ import annotations
+
+import math
+from contextlib import nullcontext
+from dataclasses import dataclass, replace
+
+import torch
+
+PACK_BLOCK = 4096  # elements a block: `starts` granularity, and the unpack kernel's tile
+ESCAPE = 15  # the code of an exponent outside [base, base + 14]
+WINDOW = 15  # exponents a code can name
+MAX_PACKED_RATIO = 0.8  # pack a tensor only if it shrinks to at most this share of its bytes
+UNPACK_NUM_WARPS = 4
+
+
+@dataclass(frozen=True)
+class PackedExperts:
+    """One layer's `[E, *row_shape]` bf16 expert tensor, packed (see the module docstring).
+    `shape` and `dtype` are the unpacked tensor's, so code that sizes slots from a store
+    entry takes either."""
+
+    row_shape: tuple[int, ...]
+    base: int
+    low: torch.Tensor
+    codes: torch.Tensor
+    escapes: torch.Tensor
+    starts: torch.Tensor
+
+    dtype = torch.bfloat16  # the unpacked dtype
+
+    @property
+    def num_experts(self) -> int:
+        return self.low.shape[0]
+
+    @property
+    def shape(self) -> tuple[int, ...]:
+        """The unpacked tensor's shape."""
+        return (self.num_experts, *self.row_shape)
+
+    @property
+    def row_numel(self) -> int:
+        return self.low.shape[1] * 8
+
+    @property
+    def planes(self) -> dict[str, torch.Tensor]:
+        return {
+            "low": self.low,
+            "codes": self.codes,
+            "escapes": self.escapes,
+            "starts": self.starts,
+        }
+
+    @property
+    def nbytes(self) -> int:
+        return sum(t.numel() * t.element_size() for t in self.planes.values())
+
+    def with_planes(self, planes: dict[str, torch.Tensor]) -> PackedExperts:
+        """The same packing over other copies of the planes (pinned ones)."""
+        return replace(self, **planes)
+
+    def unpack_row(self, expert: int) -> torch.Tensor:
+        """Expert `expert`'s bf16 row, unpacked on the host (the reference twin)."""
+        n = self.row_numel
+        low = self.low[expert].view(torch.uint8).to(torch.int32)  # (n,)
+        nibbles = self.codes[expert].view(torch.uint8).to(torch.int32)  # (n / 2,)
+        code = torch.stack([nibbles & 15, nibbles >> 4], dim=1).reshape(n)
+        exponent = code + self.base
+        escaped = (code == ESCAPE).nonzero().reshape(-1)
+        exponent[escaped] = self.escapes[expert, : escaped.numel()].to(torch.int32)
+        bits = ((low & 0x80) << 8) | (exponent << 7) | (low & 0x7F)
+        bits = bits - ((bits >> 15) << 16)  # into int16's range
+        return bits.to(torch.int16).view(torch.bfloat16).view(self.row_shape)
+
+
+def _exponents(t: torch.Tensor) -> torch.Tensor:
+    return (t.reshape(-1).view(torch.int16).to(torch.int32) >> 7) & 0xFF
+
+
+def densest_window(t: torch.Tensor) -> int:
+    """The `base` whose window [base, base + 14] holds the most of `t`'s exponents."""
+    counts = torch.zeros(256, dtype=torch.int64)
+    for e in range(t.shape[0]):
+        counts += torch.bincount(_exponents(t[e]), minlength=256)
+    in_window = counts.unfold(0, WINDOW, 1).sum(dim=1)  # (256 - 14,): window at each base
+    return int(in_window.argmax())
+
+
+def _pack_row(row: torch.Tensor, base: int) -> tuple[torch.Tensor, ...]:
+    """One expert's row → (low bytes, code nibbles, escaped exponents, block starts)."""
+    bits = row.reshape(-1).view(torch.int16).to(torch.int32) & 0xFFFF
+    exponent = (bits >> 7) & 0xFF
+    low = (((bits >> 8) & 0x80) | (bits & 0x7F)).to(torch.uint8)
+    code = exponent - base
+    escaped = (code < 0) | (code >= ESCAPE)
+    code = torch.where(escaped, ESCAPE, code)
+    nibbles = (code[0::2] | (code[1::2] << 4)).to(torch.uint8)
+    escapes = exponent[escaped].to(torch.uint8)
+    per_block = torch.zeros(-(-bits.numel() // PACK_BLOCK), dtype=torch.int32)
+    per_block.index_add_(
+        0,
+        escaped.nonzero().reshape(-1) // PACK_BLOCK,
+        torch.ones(escapes.numel(), dtype=torch.int32),
+    )
+    starts = torch.cumsum(per_block, 0, dtype=torch.int32) - per_block
+    return low, nibbles, escapes, starts
+
+
+def pack_experts(t: torch.Tensor) -> PackedExperts | None:
+    """Pack a host `[E, ...]` bf16 tensor, or None where packing does not apply or save.
+    Works an expert at a time: beyond the result, it holds one expert's temporaries."""
+    if t.dtype != torch.bfloat16 or t.dim() < 2 or t.device.type != "cpu":
+        return None
+    num_experts, n = t.shape[0], t[0].numel()
+    if n == 0 or n % 8:
+        return None
+    base = densest_window(t)
+    low = torch.empty((num_experts, n), dtype=torch.uint8)
+    codes = torch.empty((num_experts, n // 2), dtype=torch.uint8)
+    starts = torch.empty((num_experts, -(-n // PACK_BLOCK)), dtype=torch.int32)
+    escaped = []
+    for e in range(num_experts):
+        low[e], codes[e], escapes_e, starts[e] = _pack_row(t[e], base)
+        escaped.append(escapes_e)
+    escapes = torch.zeros((num_experts, max(1, max(x.numel() for x in escaped))), dtype=torch.uint8)
+    for e, x in enumerate(escaped):
+        escapes[e, : x.numel()] = x
+    packed = PackedExperts(
+        row_shape=tuple(t.shape[1:]),
+        base=base,
+        low=low.view(torch.int64),
+        codes=codes.view(torch.int32),
+        escapes=escapes,
+        starts=starts,
+    )
+    if packed.nbytes > MAX_PACKED_RATIO * t.numel() * t.element_size():
+        return None
+    return packed
+
+
+def pack_layer(tensors: dict[str, torch.Tensor]) -> dict[str, torch.Tensor | PackedExperts]:
+    """A layer's expert set with every tensor that packs replaced by its packing."""
+    out: dict[str, torch.Tensor | PackedExperts] = {}
+    for name, t in tensors.items():
+        packed = pack_experts(t)
+        out[name] = t if packed is None else packed
+    return out
+
+
+# --- what shared code asks of a store entry (a tensor or a PackedExperts) ------------------
+
+
+def unpacked_row_bytes(entry: torch.Tensor | PackedExperts) -> int:
+    """Bytes of one expert as the slots hold it."""
+    return math.prod(entry.shape[1:]) * entry.dtype.itemsize
+
+
+def stored_row_bytes(entry: torch.Tensor | PackedExperts) -> int:
+    """Bytes one expert takes in the host store: what a miss moves over the link (for a
+    packing, at most: only the escapes an expert has are read)."""
+    if isinstance(entry, PackedExperts):
+        return entry.nbytes // entry.num_experts
+    return entry[0].numel() * entry.element_size()
+
+
+def unpack_rows_reference(
+    packed: PackedExperts, dst: torch.Tensor, pairs: list[tuple[int, int]]
+) -> None:
+    """Unpack experts into rows of `dst`: (expert, row) pairs."""
+    for e, r in pairs:
+        dst[r].copy_(packed.unpack_row(e), non_blocking=True)
+
+
+def unpack_fill(
+    packed: list[PackedExperts],
+    dst: list[torch.Tensor],
+    miss_ids: torch.Tensor,
+    miss_slots: torch.Tensor,
+    miss_count: torch.Tensor,
+    num_programs: int,
+    *,
+    mapped: bool,
+) -> None:
+    """The Triton unpack of up to two packed tensors of a layer (one launch): the first
+    `miss_count` (device) experts of `miss_ids` into rows `miss_slots` of their `dst`
+    tensors. A fixed grid and no host read: graph-safe. `mapped`: the planes are pinned,
+    device-mapped host memory (CUDA) rather than tensors the kernel can take as they are."""
+    from xinfer.kernels.triton.offload_packed import unpack_fill_kernel
+    from xinfer.offload.kernels import MappedWords
+
+    if not 1 <= len(packed) <= 2 or len(packed) != len(dst):
+        raise ValueError("unpack_fill takes one or two packed tensors with their slot tensors")
+    args = []
+    for p, d in zip(packed, dst):
+        if tuple(d.shape[1:]) != p.row_shape or d.dtype != torch.bfloat16:
+            raise ValueError(f"slot tensor {tuple(d.shape)} {d.dtype} is not {p.row_shape} bf16")
+        low_bytes = p.low.view(torch.uint8)  # the kernel reads it a byte an element
+        planes = [
+            MappedWords(t, t.dtype) if mapped else t
+            for t in (low_bytes, p.codes, p.escapes, p.starts)
+        ]
+        words, capacity, blocks = p.low.shape[1], p.escapes.shape[1], p.starts.shape[1]
+        args += [*planes, d.view(torch.int16), words, capacity, blocks, p.base]
+    args += args[:9] * (2 - len(packed))  # the unused second tensor
+    on_cuda = dst[0].is_cuda
+    with torch.cuda.device(dst[0].device) if on_cuda else nullcontext():
+        unpack_fill_kernel[(num_programs,)](
+            *args,
+            miss_ids,
+            miss_slots,
+            miss_count,
+            NUM_TENSORS=len(packed),
+            BLOCK=PACK_BLOCK,
+            num_warps=UNPACK_NUM_WARPS,
+        )
