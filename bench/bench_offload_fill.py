@@ -9,7 +9,8 @@ one fill launch). Checks the bytes first, then times:
 - the machinery alone: lookup + fill for 48 layers (one slot cache each) in one CUDA graph,
   every id a hit, and one miss a layer: microseconds per layer, by lookup warps;
 - the copy engine (`copy_(non_blocking=True)` per expert tensor).
-`--variants` times instead the candidate fill schemes of `offload_fill_variants.py` (wider
+`--packed` times the fill of packed experts (`--moe-offload-compress`) against the plain fill
+of the same experts. `--variants` times instead the candidate fill schemes of `offload_fill_variants.py` (wider
 loads, cache hints, pipelined loads, TMA) against the production kernel and the copy engine
 (eager, and captured in a graph with fixed addresses: the ceiling), 1 and 8 misses, all in
 CUDA graphs, bytes checked first. Prints tables last; `--json PATH` also writes the numbers.
@@ -207,6 +208,48 @@ def variant_rows(dev, reps: int, row_mb: float = 9.44) -> list[tuple[str, float]
     return rows
 
 
+def packed_rows(dev, reps: int, experts: int = 32) -> list[tuple[str, float, float]]:
+    """`--moe-offload-compress`: the fill of packed experts (N(0, 0.02) bf16, the Qwen3-30B-A3B
+    expert shape) against the plain fill of the same experts, in CUDA graphs, 1 / 2 / 8
+    misses a call, by programs per SM; bits checked first. Rows: (label, GB/s of bytes that
+    crossed the link, GB/s of bf16 bytes delivered to the slots)."""
+    from xinfer.offload.packed import pack_layer, stored_row_bytes
+
+    plain_set = {
+        "w13": (torch.randn(experts, 2 * 768, 2048) * 0.02).to(torch.bfloat16),
+        "w2": (torch.randn(experts, 2048, 768) * 0.02).to(torch.bfloat16),
+    }
+    packed_set = pack_layer(plain_set)
+    store = HostExpertStore(dev)
+    sets = {"plain": store.add_layer(plain_set), "packed": store.add_layer(packed_set)}
+    rows = []
+    for kind, host in sets.items():
+        cache = SlotCache(host, 8, dev)
+        link = sum(stored_row_bytes(t) for t in host.values())
+        for misses in (1, 2, 8):
+            cache.miss_ids[:8].copy_(torch.arange(8, 16, dtype=torch.int32))
+            cache.miss_slots[:8].copy_(torch.arange(8, dtype=torch.int32))
+            cache.miss_count.fill_(misses)
+            offload_kernels.fill(cache, host)
+            torch.cuda.synchronize()
+            for name, t in plain_set.items():  # bit for bit, packed or not
+                got = cache.slots[name][:misses].cpu().view(torch.int16)
+                assert torch.equal(got, t[8 : 8 + misses].view(torch.int16)), (kind, name)
+            for per_sm in (2, 4, 8):
+                programs = offload_kernels.fill_grid(dev, per_sm)
+
+                def fn(c=cache, h=host, p=programs) -> None:
+                    offload_kernels.fill(c, h, num_programs=p)
+
+                sec = cuda_time(graphed(fn), reps)
+                label = f"{kind}, {misses} miss, {per_sm}/SM, in a CUDA graph"
+                rows.append(
+                    (label, misses * link / sec / 1e9, misses * cache.expert_bytes / sec / 1e9)
+                )
+    store.close()
+    return rows
+
+
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--experts", type=int, default=64)
@@ -215,8 +258,18 @@ def main() -> None:
     ap.add_argument("--reps", type=int, default=30)
     ap.add_argument("--json", type=str, default=None)
     ap.add_argument("--variants", action="store_true", help="compare candidate fill schemes")
+    ap.add_argument("--packed", action="store_true", help="the packed fill against the plain")
     args = ap.parse_args()
     dev = torch.device("cuda", torch.cuda.current_device())
+    if args.packed:
+        rows = packed_rows(dev, args.reps)
+        print(f"\npacked vs plain fill ({torch.cuda.get_device_name(dev)})")
+        print("| method | link GB/s | bf16 GB/s delivered |\n|---|---|---|")
+        for label, link, delivered in rows:
+            print(f"| {label} | {link:.1f} | {delivered:.1f} |")
+        if args.json:
+            Path(args.json).write_text(json.dumps(rows, indent=1))
+        return
     if args.variants:
         rows = variant_rows(dev, args.reps)
         print(f"\nfill variants, host → GPU in CUDA graphs ({torch.cuda.get_device_name(dev)})")
