@@ -111,11 +111,13 @@ def replay_lookup_and_fill(
         misses_seen.add(int(cpu.miss_count))
         assert torch.equal(static_rows.cpu(), want), step
         assert_same(gpu, cpu, host, want, ids, f"replay {step}")
-    assert (int(gpu.counters[OVERFLOW]) > 0) == (rows * top_k > num_slots)
-    if rows * top_k <= num_slots:  # every call fits: each repeated call hits everything
-        assert 0 in misses_seen
-    else:  # 8 rows of 8 of 64 experts: far more distinct experts than slots, every call misses
-        assert min(misses_seen) > 0
+    overflow = int(gpu.counters[OVERFLOW])
+    if rows * top_k > num_slots:  # 8 rows of 8 of 64: more experts than slots, every call misses
+        assert overflow > 0 and min(misses_seen) > 0
+    elif policy == "lru":  # every call fits: nothing overflows, each repeated call hits all
+        assert overflow == 0 and 0 in misses_seen
+    # (`lfu` serves a refused miss from an overflow row even when the call fits the slots,
+    # and a repeated call may miss it again: the twin comparison above is the check)
     store.close()
     return misses_seen
 

@@ -36,6 +36,7 @@ PACK_BLOCK = 4096  # elements a block: `starts` granularity, and the unpack kern
 ESCAPE = 15  # the code of an exponent outside [base, base + 14]
 WINDOW = 15  # exponents a code can name
 MAX_PACKED_RATIO = 0.8  # pack a tensor only if it shrinks to at most this share of its bytes
+PACK_CHUNK_ELEMENTS = 1 << 25  # elements packed at once (~0.7 GB of temporaries)
 UNPACK_NUM_WARPS = 4
 
 
@@ -102,51 +103,65 @@ def _exponents(t: torch.Tensor) -> torch.Tensor:
     return (t.reshape(-1).view(torch.int16).to(torch.int32) >> 7) & 0xFF
 
 
-def densest_window(t: torch.Tensor) -> int:
-    """The `base` whose window [base, base + 14] holds the most of `t`'s exponents."""
-    counts = torch.zeros(256, dtype=torch.int64)
-    for e in range(t.shape[0]):
-        counts += torch.bincount(_exponents(t[e]), minlength=256)
+def _chunks(t: torch.Tensor):
+    """(first expert, experts) slices of `t` of about PACK_CHUNK_ELEMENTS elements."""
+    per = max(1, PACK_CHUNK_ELEMENTS // max(1, t[0].numel()))
+    for first in range(0, t.shape[0], per):
+        yield first, t[first : first + per]
+
+
+def densest_window(t: torch.Tensor, device: torch.device | None = None) -> int:
+    """The `base` whose window [base, base + 14] holds the most of `t`'s exponents (counted
+    on `device`, default `t`'s)."""
+    device = device or t.device
+    counts = torch.zeros(256, dtype=torch.int64, device=device)
+    for _, chunk in _chunks(t):
+        counts += torch.bincount(_exponents(chunk.to(device)), minlength=256)
     in_window = counts.unfold(0, WINDOW, 1).sum(dim=1)  # (256 - 14,): window at each base
     return int(in_window.argmax())
 
 
-def _pack_row(row: torch.Tensor, base: int) -> tuple[torch.Tensor, ...]:
-    """One expert's row → (low bytes, code nibbles, escaped exponents, block starts)."""
-    bits = row.reshape(-1).view(torch.int16).to(torch.int32) & 0xFFFF
+def _pack_rows(rows: torch.Tensor, base: int) -> tuple:
+    """Experts' rows (c, ...) → (low bytes (c, n), code nibbles (c, n / 2), each expert's
+    escaped exponents, block starts (c, B)), on the rows' device."""
+    c = rows.shape[0]
+    bits = rows.reshape(c, -1).view(torch.int16).to(torch.int32) & 0xFFFF
+    n = bits.shape[1]
     exponent = (bits >> 7) & 0xFF
     low = (((bits >> 8) & 0x80) | (bits & 0x7F)).to(torch.uint8)
     code = exponent - base
     escaped = (code < 0) | (code >= ESCAPE)
     code = torch.where(escaped, ESCAPE, code)
-    nibbles = (code[0::2] | (code[1::2] << 4)).to(torch.uint8)
-    escapes = exponent[escaped].to(torch.uint8)
-    per_block = torch.zeros(-(-bits.numel() // PACK_BLOCK), dtype=torch.int32)
-    per_block.index_add_(
-        0,
-        escaped.nonzero().reshape(-1) // PACK_BLOCK,
-        torch.ones(escapes.numel(), dtype=torch.int32),
-    )
-    starts = torch.cumsum(per_block, 0, dtype=torch.int32) - per_block
+    nibbles = (code[:, 0::2] | (code[:, 1::2] << 4)).to(torch.uint8)
+    flat = exponent[escaped].to(torch.uint8)  # row-major: expert by expert, in element order
+    escapes = flat.split(escaped.sum(dim=1).tolist())
+    blocks = -(-n // PACK_BLOCK)
+    padded = torch.nn.functional.pad(escaped.to(torch.int32), (0, blocks * PACK_BLOCK - n))
+    per_block = padded.view(c, blocks, PACK_BLOCK).sum(dim=2, dtype=torch.int32)
+    starts = torch.cumsum(per_block, dim=1, dtype=torch.int32) - per_block
     return low, nibbles, escapes, starts
 
 
-def pack_experts(t: torch.Tensor) -> PackedExperts | None:
+def pack_experts(t: torch.Tensor, device: torch.device | None = None) -> PackedExperts | None:
     """Pack a host `[E, ...]` bf16 tensor, or None where packing does not apply or save.
-    Works an expert at a time: beyond the result, it holds one expert's temporaries."""
+    The arithmetic runs on `device` (default the host) a chunk of experts at a time: beyond
+    the result, the host holds one chunk's planes."""
     if t.dtype != torch.bfloat16 or t.dim() < 2 or t.device.type != "cpu":
         return None
     num_experts, n = t.shape[0], t[0].numel()
     if n == 0 or n % 8:
         return None
-    base = densest_window(t)
+    device = torch.device(device or "cpu")
+    base = densest_window(t, device)
     low = torch.empty((num_experts, n), dtype=torch.uint8)
     codes = torch.empty((num_experts, n // 2), dtype=torch.uint8)
     starts = torch.empty((num_experts, -(-n // PACK_BLOCK)), dtype=torch.int32)
-    escaped = []
-    for e in range(num_experts):
-        low[e], codes[e], escapes_e, starts[e] = _pack_row(t[e], base)
-        escaped.append(escapes_e)
+    escaped: list[torch.Tensor] = []
+    for first, chunk in _chunks(t):
+        low_c, codes_c, escapes_c, starts_c = _pack_rows(chunk.to(device), base)
+        stop = first + chunk.shape[0]
+        low[first:stop], codes[first:stop], starts[first:stop] = low_c, codes_c, starts_c
+        escaped += [x.cpu() for x in escapes_c]
     escapes = torch.zeros((num_experts, max(1, max(x.numel() for x in escaped))), dtype=torch.uint8)
     for e, x in enumerate(escaped):
         escapes[e, : x.numel()] = x
@@ -163,11 +178,14 @@ def pack_experts(t: torch.Tensor) -> PackedExperts | None:
     return packed
 
 
-def pack_layer(tensors: dict[str, torch.Tensor]) -> dict[str, torch.Tensor | PackedExperts]:
-    """A layer's expert set with every tensor that packs replaced by its packing."""
+def pack_layer(
+    tensors: dict[str, torch.Tensor], device: torch.device | None = None
+) -> dict[str, torch.Tensor | PackedExperts]:
+    """A layer's expert set with every tensor that packs replaced by its packing (computed
+    on `device`: the GPU, when there is one, packs a layer in a fraction of a second)."""
     out: dict[str, torch.Tensor | PackedExperts] = {}
     for name, t in tensors.items():
-        packed = pack_experts(t)
+        packed = pack_experts(t, device)
         out[name] = t if packed is None else packed
     return out
 

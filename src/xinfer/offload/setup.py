@@ -157,11 +157,13 @@ def enable_offload(
     if offload.compress:
         pin = "packing and " + pin
     hosts = [
-        store.add_layer(_host_set(layers[i], offload.compress))
+        store.add_layer(_host_set(layers[i], offload.compress, device))
         for i in tqdm(
             offloaded, desc=pin, unit="layer", disable=total < _PROGRESS_MIN_BYTES, leave=False
         )
     ]
+    if offload.compress and device.type == "cuda":
+        torch.cuda.empty_cache()  # the packing's temporaries: free for the slots and KV cache
     for i, host in zip(offloaded, hosts):  # what a miss moves over the link
         stats.moved_expert_bytes[i] = sum(stored_row_bytes(t) for t in host.values())
     if offload.compress and total:
@@ -205,15 +207,15 @@ def enable_offload(
     )
 
 
-def _host_set(layer: torch.nn.Module, compress: bool) -> dict:
+def _host_set(layer: torch.nn.Module, compress: bool, device: torch.device) -> dict:
     """The expert set a layer hands the host store: its tensors, or with `compress` their
-    packings where a tensor packs (offload/packed.py); the unpacked copies are dropped at
-    once, so that packing peaks at one layer above the packed size."""
+    packings where a tensor packs (offload/packed.py, computed on `device`); the unpacked
+    copies are dropped at once, so that packing peaks at one layer above the packed size."""
     tensors = layer.expert_tensors
     if not compress:
         return tensors
     layer.expert_tensors = {}
-    return pack_layer(tensors)
+    return pack_layer(tensors, device)
 
 
 def check_fill(offload: OffloadConfig, device: torch.device) -> None:
