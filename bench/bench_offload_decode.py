@@ -276,7 +276,7 @@ def write(out: Path, meta: dict, results: list[dict]) -> str:
         "",
         f"Decode, routing `{meta['routing']}`, prefetch {prefetch_setting(meta)} (issued "
         f"{meta.get('prefetch_issue', 'before-lookup')}), fill `{meta.get('fill', 'kernel')}`, "
-        f"slot policy `{meta.get('policy', 'lru')}`"
+        f"slot policy `{meta.get('policy', 'lfu')}`"
         f"{', experts packed (--moe-offload-compress)' if meta.get('compress') else ''}"
         f"{prefetch_fill_note(meta)}:",
         "",

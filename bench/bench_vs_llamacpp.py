@@ -99,8 +99,8 @@ def main() -> None:
                          "prompt pass (each layer's experts streamed once, overlapped)")  # fmt: skip
     ap.add_argument("--q8x", action="store_true",
                     help="Q4_K decode GEMVs on int8 activations (gguf_launch.Q8X_MOE, Q8X_LINEAR)")  # fmt: skip
-    ap.add_argument("--policy", default="lru", choices=("lru", "lfu"),
-                    help="--moe-offload-policy of the budget run")  # fmt: skip
+    ap.add_argument("--policy", default="lfu", choices=("lru", "lfu"),
+                    help="--moe-offload-policy of the budget run (lfu: the engine's default)")  # fmt: skip
     args = ap.parse_args()
     if args.q8x:
         from xinfer.kernels import gguf_launch
@@ -119,8 +119,8 @@ def main() -> None:
         if args.routing_source != "router":
             budget["routing_source"] = args.routing_source
         where = f"{args.budget_gb:g} GB auto"
-        if args.policy != "lru":
-            budget["moe_offload_policy"] = args.policy
+        budget["moe_offload_policy"] = args.policy
+        if args.policy != "lfu":  # rows name the policy where it is not the default
             where += f" {args.policy}"
         runs.append((where, budget))
     label = args.label + (f" isq {args.isq}" if args.isq else "") + (" q8x" if args.q8x else "")

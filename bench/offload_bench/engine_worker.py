@@ -55,7 +55,7 @@ def engine_kwargs(cfg: dict) -> dict:
     if cfg["rate"] != "0":
         kw["moe_offload"] = cfg["rate"]
         kw["moe_offload_fill"] = cfg.get("fill") or "kernel"
-        kw["moe_offload_policy"] = cfg.get("policy") or "lru"
+        kw["moe_offload_policy"] = cfg.get("policy") or "lfu"
         if cfg.get("compress"):
             kw["moe_offload_compress"] = True
     if cfg["rate"] == "auto":  # fractions size themselves; auto from the (limited) GPU

@@ -187,10 +187,10 @@ class EngineArgs(OptionSet):
     )
     moe_offload_policy: str | None = option(
         None,
-        "which expert a miss evicts from a layer's GPU slots: lru (least recently used, the "
-        "default) or lfu (least often used lately: a count decayed by 7/8 a call; a miss "
-        "whose count is below its victim's is used from a call-local row instead of evicting "
-        "it)",
+        "which expert a miss evicts from a layer's GPU slots: lfu (the default: least often "
+        "used lately, a count decayed by 7/8 a call; a miss whose count is below its "
+        "victim's is used from a call-local row instead of evicting it) or lru (least "
+        "recently used)",
         env=envs.XINFER_MOE_OFFLOAD_POLICY,
         choices=OFFLOAD_POLICIES,
     )
@@ -257,26 +257,35 @@ class EngineArgs(OptionSet):
 
     def offload_config(self) -> OffloadConfig:
         """Offload settings: each option given wins over its `XINFER_MOE_OFFLOAD*` variable.
-        Without offload, a setting of offload that comes only from the environment (a
-        variable exported for every run) is dropped with a warning; the same given as an
-        option is refused (OffloadConfig says why)."""
+        Without offload, a setting of offload given as an option is refused; the same set
+        only in the environment (a variable exported for every run) is dropped with a
+        warning."""
         offload = self.value("moe_offload")
-        settings = {  # OffloadConfig field: (option, the value that means "not set")
-            "policy": ("moe_offload_policy", "lru"),
+        settings = {  # OffloadConfig field: (option, the value that changes nothing)
+            "policy": ("moe_offload_policy", None),
             "compress": ("moe_offload_compress", False),
             "is_profile": ("moe_offload_profile", False),
         }
-        kw = {key: self.value(name) or unset for key, (name, unset) in settings.items()}
-        for key, (name, unset) in settings.items():
-            from_env = getattr(self, name) is None and kw[key] != unset
-            if offload in (None, "") and from_env:
+        kw = {}
+        for key, (name, inert) in settings.items():
+            value = self.value(name)
+            if value is None or value == inert:
+                continue
+            if offload in (None, ""):
+                flag = self.flag(name) + ("" if isinstance(value, bool) else f" {value}")
+                if getattr(self, name) is not None:
+                    raise UserError(
+                        f"{flag} applies to MoE expert offload: it needs --moe-offload (or "
+                        "XINFER_MOE_OFFLOAD)"
+                    )
                 env = next(f for f in fields(self) if f.name == name).metadata["env"]
                 logger.warning(
                     "%s=%s has no effect without MoE expert offload (--moe-offload)",
                     env.__name__,
-                    kw[key],
+                    value,
                 )
-                kw[key] = unset
+                continue
+            kw[key] = value
         return OffloadConfig.parse(
             offload,
             reserve_gb=self.value("moe_offload_reserve_gb"),

@@ -48,9 +48,11 @@ def XINFER_MOE_OFFLOAD_PROFILE() -> bool:
     return _bool("XINFER_MOE_OFFLOAD_PROFILE")
 
 
-def XINFER_MOE_OFFLOAD_POLICY() -> str:
-    """`lru` (default) or `lfu`: which expert a miss evicts; validated by OffloadConfig."""
-    return (_get("XINFER_MOE_OFFLOAD_POLICY") or "lru").strip().lower()
+def XINFER_MOE_OFFLOAD_POLICY() -> str | None:
+    """`lfu` (the default when unset) or `lru`: which expert a miss evicts; validated by
+    OffloadConfig."""
+    raw = _get("XINFER_MOE_OFFLOAD_POLICY")
+    return raw.strip().lower() if raw else None
 
 
 def XINFER_MOE_OFFLOAD_COMPRESS() -> bool:

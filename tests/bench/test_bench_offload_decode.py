@@ -288,7 +288,7 @@ def test_prefetch_phase_parses_and_takes_a_policy():
     plain = bench.build_parser().parse_args(
         gpu_run_args("prefetchbench", "bench_offload_decode.py")
     )
-    assert plain.policy == "lru" and plain.out == "/tmp/out/prefetch"
+    assert plain.policy == "lfu" and plain.out == "/tmp/out/prefetch"
     env = {"PREFETCH_POLICY": "lfu", "PREFETCH_PROGRAMS": "16"}
     lfu = bench.build_parser().parse_args(
         gpu_run_args("prefetchbench", "bench_offload_decode.py", env)

@@ -300,16 +300,18 @@ def test_min_free_gpu_bytes_is_what_the_kv_sizing_needs(monkeypatch):
 
 
 def test_offload_policy_option():
-    """`--moe-offload-policy`: lru (default) or lfu; lfu needs offload and combines with
-    prefetch (the reservation follows the policy); a bad name is refused."""
+    """`--moe-offload-policy`: lfu (default) or lru; given without offload it is refused; it
+    combines with prefetch (the reservation follows the policy); a bad name is refused."""
     from xinfer.args import EngineArgs
 
-    assert OffloadConfig(fraction=0.2).policy == "lru"
-    assert EngineArgs(moe_offload=0.2, moe_offload_policy="lfu").offload_config().policy == "lfu"
+    assert OffloadConfig(fraction=0.2).policy == "lfu"
+    assert EngineArgs(moe_offload=0.2).offload_config().policy == "lfu"
+    assert EngineArgs(moe_offload=0.2, moe_offload_policy="lru").offload_config().policy == "lru"
     with pytest.raises(UserError, match="policy must be one of lru, lfu"):
         OffloadConfig(fraction=0.2, policy="fifo")
-    with pytest.raises(UserError, match="needs MoE expert offload"):
-        OffloadConfig(policy="lfu")
+    for policy in ("lfu", "lru"):
+        with pytest.raises(UserError, match=f"--moe-offload-policy {policy} applies to MoE"):
+            EngineArgs(moe_offload_policy=policy).offload_config()
     both = OffloadConfig(fraction=0.2, policy="lfu", prefetch_distance=1)
     assert (both.policy, both.prefetch_distance) == ("lfu", 1)
 
@@ -318,14 +320,14 @@ def test_offload_policy_from_the_environment(monkeypatch):
     """XINFER_MOE_OFFLOAD_POLICY sets it where the option is not given; the option wins."""
     from xinfer.args import EngineArgs
 
-    monkeypatch.setenv("XINFER_MOE_OFFLOAD_POLICY", "LFU")
-    assert EngineArgs(moe_offload=0.2).offload_config().policy == "lfu"
-    assert EngineArgs(moe_offload=0.2, moe_offload_policy="lru").offload_config().policy == "lru"
+    monkeypatch.setenv("XINFER_MOE_OFFLOAD_POLICY", "LRU")
+    assert EngineArgs(moe_offload=0.2).offload_config().policy == "lru"
+    assert EngineArgs(moe_offload=0.2, moe_offload_policy="lfu").offload_config().policy == "lfu"
     monkeypatch.setenv("XINFER_MOE_OFFLOAD_POLICY", "fifo")
     with pytest.raises(UserError, match="policy must be one of lru, lfu"):
         EngineArgs(moe_offload=0.2).offload_config()
     monkeypatch.delenv("XINFER_MOE_OFFLOAD_POLICY")
-    assert EngineArgs(moe_offload=0.2).offload_config().policy == "lru"
+    assert EngineArgs(moe_offload=0.2).offload_config().policy == "lfu"
 
 
 def test_offload_settings_from_the_environment_without_offload(monkeypatch, caplog):
@@ -334,29 +336,24 @@ def test_offload_settings_from_the_environment_without_offload(monkeypatch, capl
     same given as an option is refused."""
     from xinfer.args import EngineArgs
 
-    monkeypatch.setenv("XINFER_MOE_OFFLOAD_POLICY", "lfu")
+    monkeypatch.setenv("XINFER_MOE_OFFLOAD_POLICY", "lru")
     monkeypatch.setenv("XINFER_MOE_OFFLOAD_COMPRESS", "1")
     monkeypatch.setenv("XINFER_MOE_OFFLOAD_PROFILE", "1")
     with caplog.at_level("WARNING", logger="xinfer"):
         cfg = EngineArgs().offload_config()
-    assert (cfg.is_enabled, cfg.policy, cfg.compress, cfg.is_profile) == (
-        False,
-        "lru",
-        False,
-        False,
-    )
-    for name in ("POLICY=lfu", "COMPRESS=True", "PROFILE=True"):
+    assert not cfg.is_enabled and not cfg.compress and not cfg.is_profile
+    for name in ("POLICY=lru", "COMPRESS=True", "PROFILE=True"):
         assert f"XINFER_MOE_OFFLOAD_{name} has no effect" in caplog.text, caplog.text
     with_offload = EngineArgs(moe_offload=0.2).offload_config()
     assert (with_offload.policy, with_offload.compress, with_offload.is_profile) == (
-        "lfu",
+        "lru",
         True,
         True,
     )
     for kw, needle in (
-        ({"moe_offload_policy": "lfu"}, "--moe-offload-policy lfu"),
-        ({"moe_offload_compress": True}, "--moe-offload-compress"),
-        ({"moe_offload_profile": True}, "--moe-offload-profile"),
+        ({"moe_offload_policy": "lfu"}, "--moe-offload-policy lfu applies"),
+        ({"moe_offload_compress": True}, "--moe-offload-compress applies"),
+        ({"moe_offload_profile": True}, "--moe-offload-profile applies"),
     ):
         with pytest.raises(UserError, match=needle):
             EngineArgs(**kw).offload_config()
