@@ -37,6 +37,8 @@ ESCAPE = 15  # the code of an exponent outside [base, base + 14]
 WINDOW = 15  # exponents a code can name
 MAX_PACKED_RATIO = 0.8  # pack a tensor only if it shrinks to at most this share of its bytes
 PACK_CHUNK_ELEMENTS = 1 << 25  # elements packed at once (~0.7 GB of temporaries)
+WINDOW_SAMPLE_STRIDE = 61  # the window's histogram counts every 61st element (prime: no
+# alignment with rows)
 UNPACK_NUM_WARPS = 4
 
 
@@ -110,20 +112,21 @@ def _chunks(t: torch.Tensor):
         yield first, t[first : first + per]
 
 
-def densest_window(t: torch.Tensor, device: torch.device | None = None) -> int:
-    """The `base` whose window [base, base + 14] holds the most of `t`'s exponents (counted
-    on `device`, default `t`'s)."""
-    device = device or t.device
-    counts = torch.zeros(256, dtype=torch.int64, device=device)
-    for _, chunk in _chunks(t):
-        counts += torch.bincount(_exponents(chunk.to(device)), minlength=256)
+def densest_window(t: torch.Tensor) -> int:
+    """The `base` whose window [base, base + 14] holds the most of `t`'s exponents, counted
+    on every WINDOW_SAMPLE_STRIDE-th element (the window follows the bulk of the values;
+    any base is lossless, a worse one only escapes more)."""
+    flat = t.reshape(-1)
+    sample = flat[::WINDOW_SAMPLE_STRIDE] if flat.numel() > WINDOW_SAMPLE_STRIDE**2 else flat
+    counts = torch.bincount(_exponents(sample.contiguous()), minlength=256)
     in_window = counts.unfold(0, WINDOW, 1).sum(dim=1)  # (256 - 14,): window at each base
     return int(in_window.argmax())
 
 
 def _pack_rows(rows: torch.Tensor, base: int) -> tuple:
-    """Experts' rows (c, ...) → (low bytes (c, n), code nibbles (c, n / 2), each expert's
-    escaped exponents, block starts (c, B)), on the rows' device."""
+    """Experts' rows (c, ...) → (low bytes (c, n), code nibbles (c, n / 2), the escaped
+    exponents of all c experts in order, escapes per expert (c,), block starts (c, B)), on
+    the rows' device."""
     c = rows.shape[0]
     bits = rows.reshape(c, -1).view(torch.int16).to(torch.int32) & 0xFFFF
     n = bits.shape[1]
@@ -134,34 +137,33 @@ def _pack_rows(rows: torch.Tensor, base: int) -> tuple:
     code = torch.where(escaped, ESCAPE, code)
     nibbles = (code[:, 0::2] | (code[:, 1::2] << 4)).to(torch.uint8)
     flat = exponent[escaped].to(torch.uint8)  # row-major: expert by expert, in element order
-    escapes = flat.split(escaped.sum(dim=1).tolist())
     blocks = -(-n // PACK_BLOCK)
     padded = torch.nn.functional.pad(escaped.to(torch.int32), (0, blocks * PACK_BLOCK - n))
     per_block = padded.view(c, blocks, PACK_BLOCK).sum(dim=2, dtype=torch.int32)
     starts = torch.cumsum(per_block, dim=1, dtype=torch.int32) - per_block
-    return low, nibbles, escapes, starts
+    return low, nibbles, flat, escaped.sum(dim=1), starts
 
 
 def pack_experts(t: torch.Tensor, device: torch.device | None = None) -> PackedExperts | None:
     """Pack a host `[E, ...]` bf16 tensor, or None where packing does not apply or save.
-    The arithmetic runs on `device` (default the host) a chunk of experts at a time: beyond
-    the result, the host holds one chunk's planes."""
+    The arithmetic runs on `device` (default the host) a chunk of experts at a time, each
+    chunk crossing to it once: beyond the result, the host holds one chunk's planes."""
     if t.dtype != torch.bfloat16 or t.dim() < 2 or t.device.type != "cpu":
         return None
     num_experts, n = t.shape[0], t[0].numel()
     if n == 0 or n % 8:
         return None
     device = torch.device(device or "cpu")
-    base = densest_window(t, device)
+    base = densest_window(t)
     low = torch.empty((num_experts, n), dtype=torch.uint8)
     codes = torch.empty((num_experts, n // 2), dtype=torch.uint8)
     starts = torch.empty((num_experts, -(-n // PACK_BLOCK)), dtype=torch.int32)
     escaped: list[torch.Tensor] = []
     for first, chunk in _chunks(t):
-        low_c, codes_c, escapes_c, starts_c = _pack_rows(chunk.to(device), base)
+        low_c, codes_c, flat_c, counts_c, starts_c = _pack_rows(chunk.to(device), base)
         stop = first + chunk.shape[0]
         low[first:stop], codes[first:stop], starts[first:stop] = low_c, codes_c, starts_c
-        escaped += [x.cpu() for x in escapes_c]
+        escaped += flat_c.cpu().split(counts_c.cpu().tolist())
     escapes = torch.zeros((num_experts, max(1, max(x.numel() for x in escaped))), dtype=torch.uint8)
     for e, x in enumerate(escaped):
         escapes[e, : x.numel()] = x
