@@ -100,7 +100,9 @@ def main() -> None:
     ap.add_argument("--q8x", action="store_true",
                     help="Q4_K decode GEMVs on int8 activations (gguf_launch.Q8X_MOE, Q8X_LINEAR)")  # fmt: skip
     ap.add_argument("--policy", default="lfu", choices=("lru", "lfu"),
-                    help="--moe-offload-policy of the budget run (lfu: the engine's default)")  # fmt: skip
+                    help="--moe-offload-policy of the budget run (lfu: the engine's default)")
+    ap.add_argument("--compress", action="store_true",
+                    help="--moe-offload-compress for the budget run (bf16 experts packed)")  # fmt: skip
     args = ap.parse_args()
     if args.q8x:
         from xinfer.kernels import gguf_launch
@@ -122,6 +124,9 @@ def main() -> None:
         budget["moe_offload_policy"] = args.policy
         if args.policy != "lfu":  # rows name the policy where it is not the default
             where += f" {args.policy}"
+        if args.compress:
+            budget["moe_offload_compress"] = True
+            where += " packed"
         runs.append((where, budget))
     label = args.label + (f" isq {args.isq}" if args.isq else "") + (" q8x" if args.q8x else "")
     for placement, options in runs:

@@ -17,6 +17,7 @@ def test_budget_rows_pair_with_llamacpp_whatever_the_policy():
     q4 = "qwen3-30b-a3b q4_k"
     assert table._key({"model": q4, "placement": "12 GB auto"}) == (q4, "12 GB")
     assert table._key({"model": q4, "placement": "12 GB auto lfu"}) == (q4, "12 GB")
+    assert table._key({"model": q4, "placement": "12 GB auto lru packed"}) == (q4, "12 GB")
     assert table._key({"model": q4, "placement": "-ncmoe 17"}) == (q4, "12 GB")
     assert table._key({"model": "x q8_0", "placement": "-ncmoe 13"}) == ("x q8_0", "24 GB")
     assert table._key({"model": q4 + " isq q4k", "placement": "resident"}) == (q4, "resident")
