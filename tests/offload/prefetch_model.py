@@ -1,8 +1,7 @@
 """Plain-Python models of prefetch reservations beside the slot LRU and beside the `lfu`
 policy (the contract in xinfer.offload.prefetch_table, written independently of the tensor
-code), and adversarial
-prediction streams for the prefetch tests: predictions that are right, wrong, partly -1,
-full of duplicates, or wider than the slots."""
+code), and adversarial prediction streams for the prefetch tests: predictions that are
+right, wrong, partly -1, full of duplicates, or wider than the slots."""
 
 from __future__ import annotations
 
@@ -12,12 +11,11 @@ import torch
 from lru_model import PyLFU, PyLRU
 
 
-class PyPrefetchLRU(PyLRU):
-    """PyLRU plus `reserve(pred)`: settle the last reservation, stamp predicted experts in
-    slots, give absent ones the (stamp, slot)-smallest slots holding no predicted expert."""
+class _Reservations:
+    """What both models share: the counters, the pending prefetches and their settling, and
+    the start of a reservation (the clock, the distinct valid predictions in order)."""
 
-    def __init__(self, num_experts: int, num_slots: int) -> None:
-        super().__init__(num_experts, num_slots)
+    def _init_reservations(self, num_experts: int) -> None:
         self.num_experts = num_experts
         self.pending: dict[int, int] = {}  # slot → expert prefetched into it
         self.reserve_clock = 0
@@ -25,18 +23,34 @@ class PyPrefetchLRU(PyLRU):
             ("predicted", "present", "prefetched", "dropped", "used", "wasted"), 0
         )
 
-    def reserve(self, flat_pred: list[int]) -> list[tuple[int, int]]:
-        """Returns [(expert, slot)] to copy, in order."""
+    def _begin(self, flat_pred: list[int]) -> list[int]:
+        """Settle the last reservation; advance the clock; the predicted experts in order."""
         for s, e in self.pending.items():
             hit = self.holder[s] == e and self.stamp[s] > self.reserve_clock
             self.counts["used" if hit else "wasted"] += 1
         self.pending = {}
         self.clock += 1
         self.reserve_clock = self.clock
-        order: list[int] = []
-        for e in flat_pred:
-            if 0 <= e < self.num_experts and e not in order:
-                order.append(e)
+        return list(dict.fromkeys(e for e in flat_pred if 0 <= e < self.num_experts))
+
+    def _end(self, order: list[int], present: list[int], copies: list) -> list:
+        self.counts["predicted"] += len(order)
+        self.counts["present"] += len(present)
+        self.counts["prefetched"] += len(copies)
+        return copies
+
+
+class PyPrefetchLRU(_Reservations, PyLRU):
+    """PyLRU plus `reserve(pred)`: settle the last reservation, stamp predicted experts in
+    slots, give absent ones the (stamp, slot)-smallest slots holding no predicted expert."""
+
+    def __init__(self, num_experts: int, num_slots: int) -> None:
+        super().__init__(num_experts, num_slots)
+        self._init_reservations(num_experts)
+
+    def reserve(self, flat_pred: list[int]) -> list[tuple[int, int]]:
+        """Returns [(expert, slot)] to copy, in order."""
+        order = self._begin(flat_pred)
         present = [e for e in order if e in self.slot_of]
         keep = {self.slot_of[e] for e in present}
         for s in keep:
@@ -56,13 +70,10 @@ class PyPrefetchLRU(PyLRU):
             keep.add(s)
             self.pending[s] = e
             copies.append((e, s))
-        self.counts["predicted"] += len(order)
-        self.counts["present"] += len(present)
-        self.counts["prefetched"] += len(copies)
-        return copies
+        return self._end(order, present, copies)
 
 
-class PyPrefetchLFU(PyLFU):
+class PyPrefetchLFU(_Reservations, PyLFU):
     """PyLFU plus `reserve(pred)`: settle as PyPrefetchLRU; counts do not change; an absent
     predicted expert is offered the free slot the next call would rank first (empty first,
     then the holder's count as that call decays it, stamp, slot) and takes it unless the
@@ -71,22 +82,11 @@ class PyPrefetchLFU(PyLFU):
 
     def __init__(self, num_experts: int, num_slots: int) -> None:
         super().__init__(num_experts, num_slots)
-        self.num_experts = num_experts
-        self.pending: dict[int, int] = {}
-        self.reserve_clock = 0
+        self._init_reservations(num_experts)
         self.refused_reservations = 0  # dropped by the admission test
-        self.counts = dict.fromkeys(
-            ("predicted", "present", "prefetched", "dropped", "used", "wasted"), 0
-        )
 
     def reserve(self, flat_pred: list[int]) -> list[tuple[int, int]]:
-        for s, e in self.pending.items():
-            hit = self.holder[s] == e and self.stamp[s] > self.reserve_clock
-            self.counts["used" if hit else "wasted"] += 1
-        self.pending = {}
-        self.clock += 1
-        self.reserve_clock = self.clock
-        order = list(dict.fromkeys(e for e in flat_pred if 0 <= e < self.num_experts))
+        order = self._begin(flat_pred)
         present = [e for e in order if e in self.slot_of]
         taken = {self.slot_of[e] for e in present}
         for s in taken:
@@ -119,10 +119,7 @@ class PyPrefetchLFU(PyLFU):
             self.holder[s], self.slot_of[e], self.stamp[s] = e, s, self.clock
             self.pending[s] = e
             copies.append((e, s))
-        self.counts["predicted"] += len(order)
-        self.counts["present"] += len(present)
-        self.counts["prefetched"] += len(copies)
-        return copies
+        return self._end(order, present, copies)
 
 
 def prediction_for(rng: random.Random, actual: torch.Tensor, num_experts: int) -> torch.Tensor:

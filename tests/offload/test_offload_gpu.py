@@ -269,6 +269,14 @@ def _packed_set(num_experts: int, seed: int) -> dict:
     return tensors
 
 
+def assert_rows_equal(gpu: SlotCache, cpu: SlotCache, rows: torch.Tensor, where) -> None:
+    """Every row a call reads holds the same bytes on the GPU as in the twin's cache."""
+    for name in gpu.slots:
+        for r in set(rows.reshape(-1).tolist()):
+            a, b = gpu.slots[name][r].cpu(), cpu.slots[name][r]
+            assert torch.equal(a.view(torch.uint8), b.view(torch.uint8)), (where, name, r)
+
+
 @pytest.mark.parametrize("num_experts,num_slots,top_k", [(64, 16, 8), (60, 9, 4)])
 def test_packed_fill_from_pinned_memory_equals_twin(num_experts, num_slots, top_k):
     """`--moe-offload-compress`: the unpack kernel reading pinned, mapped planes writes the
@@ -285,10 +293,7 @@ def test_packed_fill_from_pinned_memory_equals_twin(num_experts, num_slots, top_
         got = offload_kernels.lookup(gpu, ids.to(DEV))
         offload_kernels.fill(gpu, host)
         assert torch.equal(got.cpu(), want), step
-        for name in host:
-            for r in set(want.reshape(-1).tolist()):
-                a, b = gpu.slots[name][r].cpu(), cpu.slots[name][r]
-                assert torch.equal(a.view(torch.uint8), b.view(torch.uint8)), (step, name, r)
+        assert_rows_equal(gpu, cpu, want, step)
     store.close()
 
 
@@ -315,10 +320,7 @@ def test_packed_fill_replays_in_cuda_graph():
         fill_reference(cpu, host)
         torch.cuda.synchronize()
         assert torch.equal(static_rows.cpu(), want), step
-        for name in host:
-            for r in set(want.reshape(-1).tolist()):
-                a, b = gpu.slots[name][r].cpu(), cpu.slots[name][r]
-                assert torch.equal(a.view(torch.uint8), b.view(torch.uint8)), (step, name, r)
+        assert_rows_equal(gpu, cpu, want, step)
     store.close()
 
 
