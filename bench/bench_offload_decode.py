@@ -81,9 +81,10 @@ def build_parser() -> argparse.ArgumentParser:
       help="--moe-offload-fill of the offload engines")  # fmt: skip
     a(
         "--policy",
-        default="lru",
+        default="lfu",
         choices=("lru", "lfu"),
-        help="--moe-offload-policy of the offload engines (which expert a miss evicts)",
+        help="--moe-offload-policy of the offload engines (which expert a miss evicts; lfu: "
+        "the engine's default)",
     )
     a("--compress", action="store_true",
       help="--moe-offload-compress for the offload engines (bf16 experts packed, 12 bits)")  # fmt: skip

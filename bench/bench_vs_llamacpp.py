@@ -99,8 +99,12 @@ def main() -> None:
                          "prompt pass (each layer's experts streamed once, overlapped)")  # fmt: skip
     ap.add_argument("--q8x", action="store_true",
                     help="Q4_K decode GEMVs on int8 activations (gguf_launch.Q8X_MOE, Q8X_LINEAR)")  # fmt: skip
-    ap.add_argument("--policy", default="lfu", choices=("lru", "lfu"),
-                    help="--moe-offload-policy of the budget run (lfu: the engine's default)")
+    ap.add_argument(
+        "--policy",
+        default="lfu",
+        choices=("lru", "lfu"),
+        help="--moe-offload-policy of the budget run (lfu: the engine's default)",
+    )
     ap.add_argument("--compress", action="store_true",
                     help="--moe-offload-compress for the budget run (bf16 experts packed)")  # fmt: skip
     args = ap.parse_args()

@@ -282,20 +282,20 @@ def test_policy_reaches_the_offload_engines_and_the_gpu_phase_parses():
 
 def test_prefetch_phase_parses_and_takes_a_policy():
     """scripts/gpu_run.sh's `prefetchbench` names only options the bench takes, and
-    PREFETCH_POLICY reaches its `--policy` (prefetch beside `lfu` slots)."""
+    PREFETCH_POLICY reaches its `--policy` (prefetch beside LRU slots; `lfu` by default)."""
     from gpu_run_phases import gpu_run_args
 
     plain = bench.build_parser().parse_args(
         gpu_run_args("prefetchbench", "bench_offload_decode.py")
     )
     assert plain.policy == "lfu" and plain.out == "/tmp/out/prefetch"
-    env = {"PREFETCH_POLICY": "lfu", "PREFETCH_PROGRAMS": "16"}
-    lfu = bench.build_parser().parse_args(
+    env = {"PREFETCH_POLICY": "lru", "PREFETCH_PROGRAMS": "16"}
+    lru = bench.build_parser().parse_args(
         gpu_run_args("prefetchbench", "bench_offload_decode.py", env)
     )
-    assert (lfu.policy, lfu.prefetch_programs, lfu.out) == ("lfu", 16, "/tmp/out/prefetch_lfu")
-    jobs = bench.plan_jobs(lfu)
-    assert any(j.get("prefetch") for j in jobs) and all(j["policy"] == "lfu" for j in jobs)
+    assert (lru.policy, lru.prefetch_programs, lru.out) == ("lru", 16, "/tmp/out/prefetch_lru")
+    jobs = bench.plan_jobs(lru)
+    assert any(j.get("prefetch") for j in jobs) and all(j["policy"] == "lru" for j in jobs)
 
 
 def test_packed_rows_get_the_limit_of_the_unpacked_bytes():
