@@ -141,7 +141,9 @@ class LayerStreamer:
             unpack_rows_reference(host, dst, pairs)
             return
         lists = torch.tensor([*zip(*pairs), (len(pairs),) * len(pairs)], dtype=torch.int32)
-        experts, rows, count = lists.to(self.device, non_blocking=False)
+        # pinned: an async copy, which does not hold the host until the side stream's earlier
+        # copies are done (torch's host allocator keeps the buffer until the copy ran)
+        experts, rows, count = lists.pin_memory().to(self.device, non_blocking=True)
         unpack_fill([host], [dst], experts, rows, count[:1], fill_grid(self.device), mapped=True)
 
     def enter(self, layer: int) -> None:
