@@ -4,10 +4,11 @@ The packing is lossless bit for bit (random N(0, σ) rows with zeros, -0.0, subn
 NaN payloads and huge values among them: escapes, in one block and across blocks), checked
 against an unpacker written here from the layout alone; it declines what it cannot pack or
 would not shrink; on N(0, 0.02) weights it takes 3/4 of the bytes. Through the engine (bf16
-on CPU, two architectures): greedy output equals no offload at 0.1 / 0.25 / 0.5, batched
+on CPU, four architectures): greedy output equals no offload at 0.1 / 0.25 / 0.5, batched
 (overflow rows) and with a prompt pass (the staging path unpacks too), with the lfu policy
 and with prefetch; the stats count what crossed the link (packed bytes) and the store is
-smaller."""
+smaller. Architectures: plain MoE, Mixtral, the hybrid Qwen3.5 (linear attention, a shared
+expert) and Qwen1.5-MoE (a gated shared expert)."""
 
 from __future__ import annotations
 
@@ -127,7 +128,7 @@ BUDGET = 16  # a step's tokens: the 40-token prompt runs as a prompt pass (stagi
 PROMPTS = prompts(3, seed=1) + [prompts(4, seed=2)[3] + prompts(4, seed=3)[1][:10]]
 
 
-@pytest.fixture(scope="module", params=["qwen3_moe", "mixtral"])
+@pytest.fixture(scope="module", params=["qwen3_moe", "mixtral", "qwen3_5_moe", "qwen2_moe"])
 def checkpoint(request, tmp_path_factory):
     arch = request.param
     key = "num_local_experts" if arch == "mixtral" else "num_experts"
