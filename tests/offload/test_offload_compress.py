@@ -5,8 +5,8 @@ NaN payloads and huge values among them: escapes, in one block and across blocks
 against an unpacker written here from the layout alone; it declines what it cannot pack or
 would not shrink; on N(0, 0.02) weights it takes 3/4 of the bytes. Through the engine (bf16
 on CPU, four architectures): greedy output equals no offload at 0.1 / 0.25 / 0.5, batched
-(overflow rows) and with a prompt pass (the staging path unpacks too), with the lfu policy
-and with prefetch; the stats count what crossed the link (packed bytes) and the store is
+(overflow rows) and with a prompt pass (the staging path unpacks too), with either slot
+policy and with prefetch; the stats count what crossed the link (packed bytes) and the store is
 smaller. Architectures: plain MoE, Mixtral, the hybrid Qwen3.5 (linear attention, a shared
 expert) and Qwen1.5-MoE (a gated shared expert)."""
 
@@ -161,9 +161,9 @@ def test_compressed_offload_keeps_output(checkpoint):
         assert 0.7 < store_ratio < 0.8, store_ratio
 
 
-def test_compressed_offload_with_lfu_and_prefetch(checkpoint):
+def test_compressed_offload_with_lru_and_prefetch(checkpoint):
     base, _ = _run(checkpoint)
-    for kw in ({"moe_offload_policy": "lfu"}, {"moe_prefetch": 1, "moe_prefetch_margin": 0.0}):
+    for kw in ({"moe_offload_policy": "lru"}, {"moe_prefetch": 1, "moe_prefetch_margin": 0.0}):
         out, stats = _run(checkpoint, moe_offload=0.25, moe_offload_compress=True, **kw)
         assert out == base, kw
         if "moe_prefetch" in kw:
