@@ -84,7 +84,7 @@ def test_packing_is_lossless_with_special_values():
 @settings(max_examples=25, deadline=None)
 @given(
     num_experts=st.integers(1, 5),
-    words=st.integers(1, 700),
+    words=st.integers(64, 700),  # rows of >= 512: 30 escapes always fit the 80% bound
     seed=st.integers(0, 2**16),
     specials=st.integers(0, 30),
     scale=st.sampled_from([1e-3, 0.02, 1.0, 300.0]),
@@ -92,8 +92,7 @@ def test_packing_is_lossless_with_special_values():
 def test_packing_round_trips(num_experts, words, seed, specials, scale):
     t = _weights(num_experts, 8 * words, seed, specials) * scale
     p = pack_experts(t.view(num_experts, 8, words))
-    if p is None:  # did not shrink enough: only where escapes are many
-        return
+    assert p is not None  # (where packing declines: test_packing_declines_...)
     assert p.shape == (num_experts, 8, words) and p.dtype == torch.bfloat16
     for e in range(num_experts):
         assert _same_bits(p.unpack_row(e), t[e])

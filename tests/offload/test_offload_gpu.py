@@ -17,6 +17,7 @@ from xinfer.offload import kernels as offload_kernels
 from xinfer.offload.executor import OffloadExecutor, ResidentExecutor
 from xinfer.offload.host_store import HostExpertStore
 from xinfer.offload.lookup import fill_reference, lookup_reference
+from xinfer.offload.packed import PackedExperts, pack_layer
 from xinfer.offload.slot_cache import MISSES, NUM_COUNTERS, OVERFLOW, STAGING_COPIES, SlotCache
 from xinfer.offload.slot_pool import build_slot_caches
 from xinfer.offload.staging import LayerStreamer
@@ -49,8 +50,9 @@ def assert_same(gpu: SlotCache, cpu: SlotCache, host: dict, rows: torch.Tensor, 
     assert torch.equal(gpu.counters.cpu(), cpu.counters), where
     for e, r in zip(ids.reshape(-1).tolist(), rows.reshape(-1).tolist()):
         for name, t in host.items():  # every row the MoE kernel reads holds its expert
+            want = t.unpack_row(e) if isinstance(t, PackedExperts) else t[e]
             got = gpu.slots[name][r].cpu().view(torch.uint8)
-            assert torch.equal(got, t[e].view(torch.uint8)), (where, name, e, r)
+            assert torch.equal(got, want.view(torch.uint8)), (where, name, e, r)
 
 
 @pytest.mark.parametrize(
@@ -256,8 +258,6 @@ def _packed_set(num_experts: int, seed: int) -> dict:
     """A layer whose bf16 tensors pack (offload/packed.py; zeros and inf among them:
     escapes) beside a tensor that stays plain: the fill takes the unpack launch and the
     plain one."""
-    from xinfer.offload.packed import pack_layer
-
     tensors = expert_set(num_experts, seed, hidden=128, inter=64)
     for name in ("w13", "w2"):
         tensors[name] = tensors[name] * 0.02
@@ -265,16 +265,8 @@ def _packed_set(num_experts: int, seed: int) -> dict:
         flat[:, ::997] = 0.0
         flat[1::3, 5] = float("inf")
     tensors = pack_layer({k: v for k, v in tensors.items() if k in ("w13", "w2", "u8")})
-    assert type(tensors["w13"]).__name__ == "PackedExperts" and tensors["u8"].dtype == torch.uint8
+    assert isinstance(tensors["w13"], PackedExperts) and tensors["u8"].dtype == torch.uint8
     return tensors
-
-
-def assert_rows_equal(gpu: SlotCache, cpu: SlotCache, rows: torch.Tensor, where) -> None:
-    """Every row a call reads holds the same bytes on the GPU as in the twin's cache."""
-    for name in gpu.slots:
-        for r in set(rows.reshape(-1).tolist()):
-            a, b = gpu.slots[name][r].cpu(), cpu.slots[name][r]
-            assert torch.equal(a.view(torch.uint8), b.view(torch.uint8)), (where, name, r)
 
 
 @pytest.mark.parametrize("num_experts,num_slots,top_k", [(64, 16, 8), (60, 9, 4)])
@@ -293,7 +285,7 @@ def test_packed_fill_from_pinned_memory_equals_twin(num_experts, num_slots, top_
         got = offload_kernels.lookup(gpu, ids.to(DEV))
         offload_kernels.fill(gpu, host)
         assert torch.equal(got.cpu(), want), step
-        assert_rows_equal(gpu, cpu, want, step)
+        assert_same(gpu, cpu, host, want, ids, f"call {step}")
     store.close()
 
 
@@ -320,7 +312,7 @@ def test_packed_fill_replays_in_cuda_graph():
         fill_reference(cpu, host)
         torch.cuda.synchronize()
         assert torch.equal(static_rows.cpu(), want), step
-        assert_rows_equal(gpu, cpu, want, step)
+        assert_same(gpu, cpu, host, want, ids, f"replay {step}")
     store.close()
 
 

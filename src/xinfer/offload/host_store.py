@@ -105,12 +105,6 @@ def _page_exclusive_copy(t: torch.Tensor) -> torch.Tensor:
     return out
 
 
-def _entry_bytes(entry: torch.Tensor | PackedExperts) -> int:
-    if isinstance(entry, PackedExperts):
-        return entry.nbytes
-    return entry.numel() * entry.element_size()
-
-
 class HostExpertStore:
     """Per layer: name → `[E, ...]` host tensor, or its packing (offload/packed.py), pinned
     and mapped on CUDA."""
@@ -126,10 +120,10 @@ class HostExpertStore:
 
     @property
     def nbytes(self) -> int:
-        return sum(_entry_bytes(t) for layer in self.layers for t in layer.values())
+        return sum(t.nbytes for layer in self.layers for t in layer.values())
 
     def layer_bytes(self, index: int) -> int:
-        return sum(_entry_bytes(t) for t in self.layers[index].values())
+        return sum(t.nbytes for t in self.layers[index].values())
 
     def add_layer(
         self, tensors: dict[str, torch.Tensor | PackedExperts]

@@ -50,12 +50,12 @@ from xinfer.offload.packed import PackedExperts, unpack_rows_reference
 from xinfer.offload.slot_cache import (
     CALLS,
     HITS,
-    LFU_SHIFT,
     LFU_STEP,
     MAX_CALL_MISSES,
     MISSES,
     OVERFLOW,
     SlotCache,
+    lfu_decay,
 )
 
 
@@ -99,13 +99,10 @@ def lookup_reference(cache: SlotCache, topk_ids: torch.Tensor) -> torch.Tensor:
     if lfu:
         score, slot_score = cache.score.tolist(), cache.slot_score.tolist()
         routed = set(distinct)
-        score = [
-            x - (x >> LFU_SHIFT) + (LFU_STEP if e in routed else 0) for e, x in enumerate(score)
-        ]
+        score = [lfu_decay(x) + (LFU_STEP if e in routed else 0) for e, x in enumerate(score)]
         hit_slots = {soe[e] for e in hits}
         slot_score = [
-            x - (x >> LFU_SHIFT) + (LFU_STEP if s in hit_slots else 0)
-            for s, x in enumerate(slot_score)
+            lfu_decay(x) + (LFU_STEP if s in hit_slots else 0) for s, x in enumerate(slot_score)
         ]
     for e in hits:
         last_use[soe[e]] = clock

@@ -11,7 +11,7 @@ exponents are stored apart, in element order (`escapes`), with per-block offsets
 so that any block decodes on its own.
 
 Layout of one `[E, *row]` bf16 tensor of n = prod(row) elements an expert (n % 8 == 0):
-  low      (E, n / 8) int64   byte i of word w: element 8w + i's sign << 7 | mantissa
+  low      (E, n) uint8       element i's sign << 7 | mantissa
   codes    (E, n / 8) int32   nibble i of word w: element 8w + i's exponent code
   escapes  (E, C) uint8       the escaped exponents of each expert, in element order
                               (C: the layer tensor's most escapes of one expert, >= 1)
@@ -68,7 +68,7 @@ class PackedExperts:
 
     @property
     def row_numel(self) -> int:
-        return self.low.shape[1] * 8
+        return self.low.shape[1]
 
     @property
     def planes(self) -> dict[str, torch.Tensor]:
@@ -90,7 +90,7 @@ class PackedExperts:
     def unpack_row(self, expert: int) -> torch.Tensor:
         """Expert `expert`'s bf16 row, unpacked on the host (the reference twin)."""
         n = self.row_numel
-        low = self.low[expert].view(torch.uint8).to(torch.int32)  # (n,)
+        low = self.low[expert].to(torch.int32)  # (n,)
         nibbles = self.codes[expert].view(torch.uint8).to(torch.int32)  # (n / 2,)
         code = torch.stack([nibbles & 15, nibbles >> 4], dim=1).reshape(n)
         exponent = code + self.base
@@ -170,7 +170,7 @@ def pack_experts(t: torch.Tensor, device: torch.device | None = None) -> PackedE
     packed = PackedExperts(
         row_shape=tuple(t.shape[1:]),
         base=base,
-        low=low.view(torch.int64),
+        low=low,
         codes=codes.view(torch.int32),
         escapes=escapes,
         starts=starts,
@@ -203,9 +203,7 @@ def unpacked_row_bytes(entry: torch.Tensor | PackedExperts) -> int:
 def stored_row_bytes(entry: torch.Tensor | PackedExperts) -> int:
     """Bytes one expert takes in the host store: what a miss moves over the link (for a
     packing, at most: only the escapes an expert has are read)."""
-    if isinstance(entry, PackedExperts):
-        return entry.nbytes // entry.num_experts
-    return entry[0].numel() * entry.element_size()
+    return entry.nbytes // entry.shape[0]
 
 
 def unpack_rows_reference(
@@ -239,12 +237,8 @@ def unpack_fill(
     for p, d in zip(packed, dst):
         if tuple(d.shape[1:]) != p.row_shape or d.dtype != torch.bfloat16:
             raise ValueError(f"slot tensor {tuple(d.shape)} {d.dtype} is not {p.row_shape} bf16")
-        low_bytes = p.low.view(torch.uint8)  # the kernel reads it a byte an element
-        planes = [
-            MappedWords(t, t.dtype) if mapped else t
-            for t in (low_bytes, p.codes, p.escapes, p.starts)
-        ]
-        words, capacity, blocks = p.low.shape[1], p.escapes.shape[1], p.starts.shape[1]
+        planes = [MappedWords(t, t.dtype) if mapped else t for t in p.planes.values()]
+        words, capacity, blocks = p.codes.shape[1], p.escapes.shape[1], p.starts.shape[1]
         args += [*planes, d.view(torch.int16), words, capacity, blocks, p.base]
     args += args[:9] * (2 - len(packed))  # the unused second tensor
     on_cuda = dst[0].is_cuda

@@ -13,7 +13,7 @@ from contextlib import nullcontext
 import torch
 
 from xinfer.kernels import use_triton
-from xinfer.offload.slot_cache import LFU_SHIFT, LFU_STEP, SlotCache
+from xinfer.offload.slot_cache import LFU_SHIFT, LFU_STEP, SlotCache, lfu_decay
 
 # Columns of a layer's prefetch counter row (int64, on the device; see offload/stats.py).
 PREDICTED, PRESENT, PREFETCHED, DROPPED, USED, WASTED = range(6)
@@ -120,13 +120,14 @@ def reserve_reference(table: PrefetchTable, pred_ids: torch.Tensor) -> None:
     def key(s: int) -> tuple[int, ...]:
         if not lfu:
             return (last_use[s], s)
-        return (-1, -1, s) if eos[s] < 0 else (_decay(slot_score[s]), last_use[s], s)
+        return (-1, -1, s) if eos[s] < 0 else (lfu_decay(slot_score[s]), last_use[s], s)
 
     misses = []
     for e in todo[:num_offered]:
         victim = min((s for s in range(cache.num_slots) if not used[s]), key=key)
         used[victim] = True
-        if lfu and eos[victim] >= 0 and _decay(slot_score[victim]) > _decay(score[e]) + LFU_STEP:
+        held = lfu and eos[victim] >= 0
+        if held and lfu_decay(slot_score[victim]) > lfu_decay(score[e]) + LFU_STEP:
             continue  # not admitted: dropped
         if eos[victim] >= 0:
             soe[eos[victim]] = -1
@@ -158,11 +159,6 @@ def reserve_reference(table: PrefetchTable, pred_ids: torch.Tensor) -> None:
         (WASTED, num_wasted),
     ):
         table.counters[col] += n
-
-
-def _decay(x: int) -> int:
-    """One call's decay of an `lfu` use count (the lookup's arithmetic)."""
-    return x - (x >> LFU_SHIFT)
 
 
 def _next_pow2(n: int) -> int:

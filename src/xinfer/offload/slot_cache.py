@@ -26,6 +26,11 @@ LFU_SHIFT = 3
 LFU_STEP = 1024
 
 
+def lfu_decay(score: int) -> int:
+    """One call's decay of an `lfu` use count (the kernels do the same in integers)."""
+    return score - (score >> LFU_SHIFT)
+
+
 class SlotCache:
     """Slots of one MoE layer.
 

@@ -7,7 +7,7 @@ slots are copied from pinned host memory into one of the pool's two staging regi
 a side stream, while the previous layer computes on the main stream (double buffering:
 layer i uses region i mod 2). Experts already in slots are used in place. The executor then
 runs the unchanged MoE kernel on its slot view with every expert id mapped to its row (slot
-or region row). The LRU tables are not touched."""
+or region row). The slot tables are not touched."""
 
 from __future__ import annotations
 

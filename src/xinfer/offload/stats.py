@@ -20,12 +20,11 @@ Keys of `OffloadStats.snapshot()` (totals at the top level, the same per layer i
   calls                 lookup calls
 plus policy (the slot policy, `lru` or `lfu`), compressed (some experts are packed in the
 host store, `--moe-offload-compress`), slots_per_layer (all E for a resident layer),
-num_experts, num_layers, resident_layers (layers whose every expert fits on the
-device: they run resident, with no slots, lookups or copies, so their counters stay 0),
-offloaded_layers, pinned_gb, slot_gb (offloaded layers'
-slots), resident_gb, staging_gb (the shared overflow / streaming regions), device and, with
-XINFER_MOE_OFFLOAD_PROFILE=1, "profile" (seconds summed over calls, and call count). Each
-entry of "layers" says `resident`.
+num_experts, num_layers, resident_layers (layers whose every expert fits on the device: they
+run resident, with no slots, lookups or copies, so their counters stay 0), offloaded_layers,
+pinned_gb, slot_gb (offloaded layers' slots), resident_gb, staging_gb (the shared overflow /
+streaming regions), device and, with XINFER_MOE_OFFLOAD_PROFILE=1, "profile" (seconds summed
+over calls, and call count). Each entry of "layers" says `resident`.
 
 With prefetch on (offload/prefetch.py), "prefetch" (totals; per layer the same keys under
 each layer's "prefetch") counts, for the layers prefetched into:
@@ -109,7 +108,7 @@ def _prefetch_total(layers: list[dict]) -> dict:
 
 
 class OffloadStats:
-    def __init__(self, num_layers: int, device: torch.device, policy: str = "lru") -> None:
+    def __init__(self, num_layers: int, device: torch.device, policy: str) -> None:
         self.device = device
         self.policy = policy
         # (L, NUM_COUNTERS) int64, columns as in slot_cache.py — row i is layer i's.

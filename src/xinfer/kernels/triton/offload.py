@@ -230,6 +230,17 @@ def lookup_kernel(
 
 
 @triton.jit
+def miss_block(b, per_expert, miss_ids_ptr, miss_slots_ptr):
+    """Block `b` of a fill's work list (every missed expert's blocks in turn, `per_expert`
+    blocks an expert): (its expert, the row it goes to, its block within the expert). The
+    deal of the plain fill and of the packed one (offload_packed.py)."""
+    m = b // per_expert
+    expert = tl.load(miss_ids_ptr + m).to(tl.int64)
+    slot = tl.load(miss_slots_ptr + m).to(tl.int64)
+    return expert, slot, b - m * per_expert
+
+
+@triton.jit
 def _copy_row_block(src_ptr, dst_ptr, row_words, expert, slot, block, BLOCK: tl.constexpr):
     offs = block * BLOCK + tl.arange(0, BLOCK)
     mask = offs < row_words
@@ -274,10 +285,7 @@ def fill_kernel(
     per_expert = end2 + blocks3
     total = tl.load(miss_count_ptr) * per_expert
     for b in range(pid, total, num_programs):
-        m = b // per_expert
-        r = b - m * per_expert
-        expert = tl.load(miss_ids_ptr + m).to(tl.int64)
-        slot = tl.load(miss_slots_ptr + m).to(tl.int64)
+        expert, slot, r = miss_block(b, per_expert, miss_ids_ptr, miss_slots_ptr)
         if r < blocks0:
             _copy_row_block(src0, dst0, words0, expert, slot, r, BLOCK)
         if NUM_TENSORS > 1:

@@ -8,6 +8,8 @@ from __future__ import annotations
 import triton
 import triton.language as tl
 
+from xinfer.kernels.triton.offload import miss_block
+
 
 @triton.jit
 def _unpack_block(
@@ -62,10 +64,7 @@ def unpack_fill_kernel(
         per_expert += blocks1
     total = tl.load(miss_count_ptr) * per_expert
     for b in range(pid, total, num_programs):
-        m = b // per_expert
-        r = b - m * per_expert
-        expert = tl.load(miss_ids_ptr + m).to(tl.int64)
-        slot = tl.load(miss_slots_ptr + m).to(tl.int64)
+        expert, slot, r = miss_block(b, per_expert, miss_ids_ptr, miss_slots_ptr)
         if r < blocks0:
             _unpack_block(low0, codes0, escapes0, starts0, dst0, words0, capacity0, blocks0,
                           base0, expert, slot, r, BLOCK)  # fmt: skip

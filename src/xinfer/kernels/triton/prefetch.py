@@ -2,9 +2,8 @@
 layer and takes slots, LRU or LFU, for the predicted experts of its next call),
 `select_kernel` (per token: the confident part of the top-k of a predictor's scores) and
 `predict_model_kernel` (per token: the routing model's next draw of a layer, blurred to the
-published recall). Semantics
-are those of the twins in `xinfer.offload.prefetch_table`, `xinfer.offload.predictor` and
-`xinfer.routing.predict`."""
+published recall). Semantics are those of the twins in `xinfer.offload.prefetch_table`,
+`xinfer.offload.predictor` and `xinfer.routing.predict`."""
 
 from __future__ import annotations
 
@@ -104,7 +103,7 @@ def reserve_kernel(
                     eos,
                     soe,
                     clock,
-                    1,
+                    1,  # room: a refused prediction is dropped, it needs no overflow row
                     e_offs,
                     s_offs,
                     NONE,
