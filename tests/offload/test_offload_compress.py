@@ -171,3 +171,22 @@ def test_compressed_offload_with_lru_and_prefetch(checkpoint):
             assert stats["bytes_moved"] == (
                 stats["bytes_copied"] + stats["staging_bytes"] + pf["prefetched_bytes"]
             )
+
+
+def test_compress_without_bf16_experts_says_so(checkpoint, caplog):
+    """Nothing is accepted and ignored in silence: with fp32 experts nothing packs, and the
+    log says so; the output is that of no offload."""
+    llm = LLM(str(checkpoint), device="cpu", dtype="float32", max_num_batched_tokens=BUDGET)
+    base = [r.token_ids for r in llm.generate(PROMPTS[:1], GREEDY)]
+    with caplog.at_level("WARNING", logger="xinfer"):
+        llm = LLM(
+            str(checkpoint),
+            device="cpu",
+            dtype="float32",
+            max_num_batched_tokens=BUDGET,
+            moe_offload=0.25,
+            moe_offload_compress=True,
+        )
+    assert "--moe-offload-compress has no effect here" in caplog.text and "float32" in caplog.text
+    assert [r.token_ids for r in llm.generate(PROMPTS[:1], GREEDY)] == base
+    assert not llm.offload_stats()["compressed"]

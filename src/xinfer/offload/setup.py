@@ -166,8 +166,16 @@ def enable_offload(
         torch.cuda.empty_cache()  # the packing's temporaries: free for the slots and KV cache
     for i, host in zip(offloaded, hosts):  # what a miss moves over the link
         stats.moved_expert_bytes[i] = sum(stored_row_bytes(t) for t in host.values())
-    if offload.compress and total:
-        num_packed = sum(isinstance(t, PackedExperts) for h in hosts for t in h.values())
+    num_packed = sum(isinstance(t, PackedExperts) for h in hosts for t in h.values())
+    if offload.compress and total and not num_packed:
+        logger.warning(
+            "--moe-offload-compress has no effect here: it packs bf16 expert tensors (rows of "
+            "a multiple of 8 elements), and none of this model's offloaded experts (%s) packs",
+            ", ".join(
+                sorted({str(t.dtype).removeprefix("torch.") for h in hosts for t in h.values()})
+            ),
+        )
+    elif offload.compress and total:
         logger.info(
             "MoE offload: %d of %d expert tensors packed: %.2f GB in host RAM for %.2f GB of "
             "experts (%.1f%%)",
