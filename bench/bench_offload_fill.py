@@ -9,7 +9,9 @@ one fill launch). Checks the bytes first, then times:
 - the machinery alone: lookup + fill for 48 layers (one slot cache each) in one CUDA graph,
   every id a hit, and one miss a layer: microseconds per layer, by lookup warps;
 - the copy engine (`copy_(non_blocking=True)` per expert tensor).
-`--packed` times the fill of packed experts (`--moe-offload-compress`) against the plain fill
+`--host-memory` times the fill kernel and the copy engine from three kinds of pinned host memory
+(registered 4 KiB pages, registered transparent huge pages — the host store's default —, and
+torch's `pin_memory` allocation, cudaHostAlloc). `--packed` times the fill of packed experts (`--moe-offload-compress`) against the plain fill
 of the same experts. `--variants` times instead the candidate fill schemes of `offload_fill_variants.py` (wider
 loads, cache hints, pipelined loads, TMA) against the production kernel and the copy engine
 (eager, and captured in a graph with fixed addresses: the ceiling), 1 and 8 misses, all in
@@ -250,6 +252,52 @@ def packed_rows(dev, reps: int, experts: int = 32) -> list[tuple[str, float, flo
     return rows
 
 
+def host_memory_rows(dev, reps: int, row_mb: float = 9.44) -> list[tuple[str, float]]:
+    """GB/s of the fill kernel (in a CUDA graph) and of the copy engine (eager, an expert a
+    copy) reading 1 and 8 experts of `row_mb` MB from each kind of pinned host memory; bits
+    checked first."""
+    import os
+
+    row_words = int(row_mb * 1e6) // 4
+    data = torch.randint(-(2**31), 2**31 - 1, (16, row_words), dtype=torch.int32)
+    rows = []
+    for kind in ("4 KiB pages, registered", "huge pages, registered", "cudaHostAlloc"):
+        store = HostExpertStore(dev)
+        if kind == "cudaHostAlloc":
+            src = torch.empty_like(data, pin_memory=True)
+            src.copy_(data)
+        else:
+            os.environ["XINFER_HOST_HUGE_PAGES"] = "1" if kind.startswith("huge") else "0"
+            src = store.add_layer({"w": data.clone()})["w"]
+        cache = SlotCache({"w": src}, 8, dev, num_overflow=0)
+        cache.miss_ids[:8].copy_(torch.arange(8, 16, dtype=torch.int32))
+        cache.miss_slots[:8].copy_(torch.arange(8, dtype=torch.int32))
+        for misses in (1, 8):
+            cache.miss_count.fill_(misses)
+            moved = misses * row_words * 4
+            label = f"{kind}: fill kernel, {misses} miss, in a CUDA graph"
+            try:
+                cache.slots["w"].zero_()
+                offload_kernels.fill(cache, {"w": src})
+                torch.cuda.synchronize()
+                assert torch.equal(cache.slots["w"][:misses].cpu(), data[8 : 8 + misses])
+                fn = lambda c=cache, h=src: offload_kernels.fill(c, {"w": h})  # noqa: E731
+                rows.append((label, moved / cuda_time(graphed(fn), reps) / 1e9))
+            except Exception as exc:  # say what refused, keep the other rows
+                print(f"{label}: {type(exc).__name__}: {str(exc)[:200]}", flush=True)
+                rows.append((label, float("nan")))
+
+            def engine(n=misses, c=cache, h=src) -> None:
+                for m in range(n):
+                    c.slots["w"][m].copy_(h[8 + m], non_blocking=True)
+
+            gbs = moved / cuda_time(engine, reps) / 1e9
+            rows.append((f"{kind}: copy engine, {misses} experts, eager", gbs))
+        store.close()
+    os.environ.pop("XINFER_HOST_HUGE_PAGES", None)
+    return rows
+
+
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--experts", type=int, default=64)
@@ -259,8 +307,18 @@ def main() -> None:
     ap.add_argument("--json", type=str, default=None)
     ap.add_argument("--variants", action="store_true", help="compare candidate fill schemes")
     ap.add_argument("--packed", action="store_true", help="the packed fill against the plain")
+    ap.add_argument("--host-memory", action="store_true", help="4 KiB, huge, cudaHostAlloc pages")
     args = ap.parse_args()
     dev = torch.device("cuda", torch.cuda.current_device())
+    if args.host_memory:
+        rows = host_memory_rows(dev, args.reps)
+        print(f"\nhost → GPU by kind of pinned memory ({torch.cuda.get_device_name(dev)})")
+        print("| method | GB/s |\n|---|---|")
+        for label, gbs in rows:
+            print(f"| {label} | {gbs:.1f} |")
+        if args.json:
+            Path(args.json).write_text(json.dumps(dict(rows), indent=1))
+        return
     if args.packed:
         rows = packed_rows(dev, args.reps)
         print(f"\npacked vs plain fill ({torch.cuda.get_device_name(dev)})")

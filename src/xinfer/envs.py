@@ -55,6 +55,12 @@ def XINFER_MOE_OFFLOAD_POLICY() -> str | None:
     return raw.strip().lower() if raw else None
 
 
+def XINFER_HOST_HUGE_PAGES() -> bool:
+    """0: large host tensors (offloaded experts) on 4 KiB pages instead of transparent huge
+    pages (see xinfer/host_memory.py); default on."""
+    return _get("XINFER_HOST_HUGE_PAGES") is None or _bool("XINFER_HOST_HUGE_PAGES")
+
+
 def XINFER_MOE_OFFLOAD_COMPRESS() -> bool:
     """1: keep bf16 offloaded experts packed in host RAM (see --moe-offload-compress)."""
     return _bool("XINFER_MOE_OFFLOAD_COMPRESS")

@@ -9,6 +9,7 @@ import torch
 from torch import nn
 
 from xinfer import kernels
+from xinfer.host_memory import host_empty
 from xinfer.offload.executor import ExpertExecutor, ResidentExecutor
 from xinfer.quant.assign import is_deferred
 from xinfer.quant.base import WeightFormat
@@ -57,7 +58,7 @@ class FusedMoE(nn.Module):
         h, i = self.hidden_size, self.intermediate_size
         self.expert_weights = ExpertWeights(fmt, h, i, w2_fmt if w2_fmt != fmt else None)
         self.expert_tensors = {
-            key: torch.empty(spec.shape, dtype=spec.dtype, device=self.expert_device)
+            key: _empty(spec.shape, spec.dtype, self.expert_device)
             for key, spec in self.expert_weights.specs(self.num_experts).items()
         }
 
@@ -105,3 +106,11 @@ class FusedMoE(nn.Module):
         if self.executor is not None and not self.executor.takes_any_width:
             return None
         return kernels.moe_merge_key(self.expert_weights, num_tokens * self.top_k, x)
+
+
+def _empty(shape: tuple[int, ...], dtype: torch.dtype, device: torch.device) -> torch.Tensor:
+    """An expert tensor: on the host (offloaded experts, read over the link) in a mapping of
+    its own on huge pages; elsewhere torch's."""
+    if device.type == "cpu":
+        return host_empty(shape, dtype)
+    return torch.empty(shape, dtype=dtype, device=device)

@@ -8,13 +8,13 @@ unregisters later: the capture forbids the call, and making it would break the c
 from __future__ import annotations
 
 import logging
-import mmap
 from pathlib import Path
 
 import torch
 
 from xinfer.config import ModelConfig
 from xinfer.errors import UserError
+from xinfer.host_memory import MIN_BYTES, copy_to_mapping, owns_mapping
 from xinfer.offload.packed import PackedExperts
 
 logger = logging.getLogger("xinfer")
@@ -94,17 +94,6 @@ def _overlaps_registered(start: int, end: int) -> bool:
     return any(s < end and start < e for s, e in _REGISTERED)
 
 
-def _page_exclusive_copy(t: torch.Tensor) -> torch.Tensor:
-    """A copy of `t` in an anonymous mapping of its own: page-aligned storage that owns every
-    page it touches (so torch's `is_pinned` sees the registration too)."""
-    nbytes = t.numel() * t.element_size()
-    buf = mmap.mmap(-1, max(PAGE, -(-nbytes // PAGE) * PAGE))
-    raw = torch.frombuffer(buf, dtype=torch.uint8)  # keeps `buf` alive
-    out = raw[:nbytes].view(t.dtype).view(t.shape)
-    out.copy_(t)
-    return out
-
-
 class HostExpertStore:
     """Per layer: name → `[E, ...]` host tensor, or its packing (offload/packed.py), pinned
     and mapped on CUDA."""
@@ -143,14 +132,18 @@ class HostExpertStore:
         if t.device.type != "cpu":
             raise ValueError(f"expert tensor {name!r} must be on the host, not {t.device}")
         t = t.contiguous()
-        return self.pin_after_fill(t) if self.is_pinned else t
+        if not self.is_pinned:
+            return t
+        if t.numel() * t.element_size() >= MIN_BYTES and not owns_mapping(t):
+            t = copy_to_mapping(t)  # huge pages for what the link reads (xinfer/host_memory.py)
+        return self.pin_after_fill(t)
 
     def pin_after_fill(self, t: torch.Tensor) -> torch.Tensor:
         """Register a filled host tensor as pinned, device-mapped memory (in place if its
-        pages are its own, else a page-exclusive copy); returns the pinned tensor."""
+        pages are its own, else a copy in a mapping of its own); returns the pinned tensor."""
         unregister_deferred()
         if _overlaps_registered(*_page_range(t)):
-            t = _page_exclusive_copy(t)
+            t = copy_to_mapping(t)
         nbytes = t.numel() * t.element_size()
         if nbytes == 0:
             return t

@@ -32,6 +32,8 @@ from dataclasses import dataclass, replace
 
 import torch
 
+from xinfer.host_memory import host_empty
+
 PACK_BLOCK = 4096  # elements a block: `starts` granularity, and the unpack kernel's tile
 ESCAPE = 15  # the code of an exponent outside [base, base + 14]
 WINDOW = 15  # exponents a code can name
@@ -155,9 +157,9 @@ def pack_experts(t: torch.Tensor, device: torch.device | None = None) -> PackedE
         return None
     device = torch.device(device or "cpu")
     base = densest_window(t)
-    low = torch.empty((num_experts, n), dtype=torch.uint8)
-    codes = torch.empty((num_experts, n // 2), dtype=torch.uint8)
-    starts = torch.empty((num_experts, -(-n // PACK_BLOCK)), dtype=torch.int32)
+    low = host_empty((num_experts, n), torch.uint8)  # huge pages: the fill reads these
+    codes = host_empty((num_experts, n // 2), torch.uint8)
+    starts = host_empty((num_experts, -(-n // PACK_BLOCK)), torch.int32)
     escaped: list[torch.Tensor] = []
     for first, chunk in _chunks(t):
         low_c, codes_c, flat_c, counts_c, starts_c = _pack_rows(chunk.to(device), base)

@@ -1,0 +1,86 @@
+"""Host memory for large tensors that the GPU reads through the PCIe link (routed experts
+under offload): an anonymous mapping of its own, aligned to 2 MiB and advised as transparent
+huge pages (`MADV_HUGEPAGE`), so that the pinned, device-mapped pages the fill kernels read
+are 2 MiB rather than 4 KiB. Measured on an H100 host whose IOMMU translates DMA (2026-12-05):
+the SM fill read 27.0 GB/s from 4 KiB pages and 31.0 GB/s from huge pages (packed experts
+27.9 → 33.2). Where the kernel offers no huge pages (THP `never`, not Linux) the mapping is
+still page-aligned and owns its pages, which is all the host store needs to pin it in place;
+`XINFER_HOST_HUGE_PAGES=0` asks for 4 KiB pages.
+
+`host_empty` allocates (zero-filled: untouched pages cost nothing); `owns_mapping` says
+whether a tensor lies inside one such live mapping."""
+
+from __future__ import annotations
+
+import math
+import mmap
+import weakref
+
+import torch
+
+from xinfer import envs
+
+HUGE_PAGE = 2 << 20
+# Below this a tensor keeps torch's allocator: rounding up to a huge page would waste up to
+# 2 MiB of RAM per tensor, and small tensors are not what the link reads.
+MIN_BYTES = 32 << 20
+# Live mappings: start address → (end address, a weak reference to the mmap that owns them).
+_LIVE: dict[int, tuple[int, weakref.ref]] = {}
+
+
+def host_empty(shape: tuple[int, ...] | torch.Size, dtype: torch.dtype) -> torch.Tensor:
+    """A zero-filled host tensor; from a huge-page mapping of its own when it is at least
+    MIN_BYTES, else from torch's allocator."""
+    nbytes = math.prod(shape) * dtype.itemsize
+    if nbytes < MIN_BYTES:
+        return torch.zeros(shape, dtype=dtype)
+    return _mapped(shape, dtype, nbytes)
+
+
+def _mapped(shape, dtype: torch.dtype, nbytes: int) -> torch.Tensor:
+    size = -(-nbytes // HUGE_PAGE) * HUGE_PAGE + HUGE_PAGE  # + the slack to align the start
+    buf = mmap.mmap(-1, size)
+    if envs.XINFER_HOST_HUGE_PAGES():
+        _advise(buf)
+    start = torch.frombuffer(buf, dtype=torch.uint8, count=1).data_ptr()
+    offset = (-start) % HUGE_PAGE
+    # The storage itself starts at the aligned address (torch's is_pinned asks about the
+    # storage's first byte); it keeps `buf` alive.
+    out = torch.frombuffer(buf, dtype=torch.uint8, count=nbytes, offset=offset)
+    _forget_dead()
+    _LIVE[start] = (start + size, weakref.ref(buf))
+    return out.view(dtype).view(shape)
+
+
+def _advise(buf: mmap.mmap) -> None:
+    """Ask for transparent huge pages (before any page of `buf` is touched)."""
+    if hasattr(mmap, "MADV_HUGEPAGE"):
+        try:
+            buf.madvise(mmap.MADV_HUGEPAGE)
+        except OSError:  # THP compiled out: 4 KiB pages, still a mapping of its own
+            pass
+
+
+def _forget_dead() -> None:
+    for start in [s for s, (_, ref) in _LIVE.items() if ref() is None]:
+        del _LIVE[start]
+
+
+def owns_mapping(t: torch.Tensor) -> bool:
+    """`t` lies inside a live mapping made by `host_empty` (its pages are no one else's)."""
+    if t.device.type != "cpu":
+        return False
+    _forget_dead()
+    start = t.data_ptr()
+    end = start + t.numel() * t.element_size()
+    return any(s <= start and end <= e for s, (e, _) in _LIVE.items())
+
+
+def copy_to_mapping(t: torch.Tensor) -> torch.Tensor:
+    """A copy of host tensor `t` in a mapping of its own (huge pages where offered), whatever
+    its size (the host store pins it in place)."""
+    if t.numel() == 0:
+        return t.clone()
+    out = _mapped(tuple(t.shape), t.dtype, t.numel() * t.element_size())
+    out.copy_(t)
+    return out

@@ -1,0 +1,80 @@
+"""Host memory for large tensors (xinfer/host_memory.py): mappings of their own, aligned to
+2 MiB, advised as huge pages unless XINFER_HOST_HUGE_PAGES=0; small tensors keep torch's
+allocator; the registry of live mappings forgets freed ones."""
+
+from __future__ import annotations
+
+import gc
+import mmap
+
+import pytest
+import torch
+
+from xinfer import host_memory
+from xinfer.errors import UserError
+from xinfer.host_memory import HUGE_PAGE, MIN_BYTES, copy_to_mapping, host_empty, owns_mapping
+
+
+def test_large_tensor_gets_an_aligned_mapping_of_its_own():
+    shape = (3, MIN_BYTES // 2 // 3 + 5)  # bf16: just over MIN_BYTES, not a whole huge page
+    t = host_empty(shape, torch.bfloat16)
+    assert t.shape == shape and t.dtype == torch.bfloat16
+    assert t.data_ptr() % HUGE_PAGE == 0
+    assert t.untyped_storage().data_ptr() == t.data_ptr()  # is_pinned asks about this byte
+    assert owns_mapping(t) and owns_mapping(t[1]) and owns_mapping(t[:, 7:9])
+    assert not torch.any(t)  # zero-filled
+    t[2, -1] = 1.5
+    assert float(t.float().sum()) == 1.5
+
+
+def test_small_tensor_keeps_torchs_allocator():
+    t = host_empty((4, 8), torch.float32)
+    assert not owns_mapping(t) and not torch.any(t)
+    assert not owns_mapping(torch.empty(MIN_BYTES, dtype=torch.uint8))
+
+
+def test_copy_to_mapping_is_equal_and_owned():
+    src = torch.randn(1000, 37)
+    out = copy_to_mapping(src)
+    assert torch.equal(out, src) and owns_mapping(out) and not owns_mapping(src)
+    assert out.data_ptr() % HUGE_PAGE == 0
+    empty = torch.empty(0, 5)
+    assert copy_to_mapping(empty).shape == (0, 5)
+
+
+def test_freed_mappings_are_forgotten():
+    t = host_empty((MIN_BYTES,), torch.uint8)
+    start = t.data_ptr()
+    assert owns_mapping(t)
+    del t
+    gc.collect()
+    host_memory._forget_dead()
+    assert all(not (s <= start < e) for s, (e, _) in host_memory._LIVE.items())
+
+
+@pytest.mark.parametrize("env, advised", [(None, True), ("1", True), ("0", False)])
+def test_huge_page_advice_follows_the_environment(monkeypatch, env, advised):
+    calls = []
+    real = mmap.mmap
+
+    def recording_mmap(*args):
+        buf = real(*args)
+        calls.append(buf)
+        return buf
+
+    advice = []
+    monkeypatch.setattr(host_memory.mmap, "mmap", recording_mmap)
+    monkeypatch.setattr(host_memory, "_advise", advice.append)
+    if env is None:
+        monkeypatch.delenv("XINFER_HOST_HUGE_PAGES", raising=False)
+    else:
+        monkeypatch.setenv("XINFER_HOST_HUGE_PAGES", env)
+    t = host_empty((MIN_BYTES,), torch.uint8)
+    assert len(calls) == 1 and owns_mapping(t)
+    assert advice == (calls if advised else [])
+
+
+def test_bad_environment_value_is_refused(monkeypatch):
+    monkeypatch.setenv("XINFER_HOST_HUGE_PAGES", "maybe")
+    with pytest.raises(UserError, match="XINFER_HOST_HUGE_PAGES must be 1 or 0"):
+        host_empty((MIN_BYTES,), torch.uint8)
