@@ -38,12 +38,16 @@ def host_empty(shape: tuple[int, ...] | torch.Size, dtype: torch.dtype) -> torch
 
 
 def _mapped(shape, dtype: torch.dtype, nbytes: int) -> torch.Tensor:
-    size = -(-nbytes // HUGE_PAGE) * HUGE_PAGE + HUGE_PAGE  # + the slack to align the start
+    """Huge pages from MIN_BYTES on; a smaller tensor gets 4 KiB pages (a huge page would
+    hold up to 2 MiB of RAM for it)."""
+    huge = nbytes >= MIN_BYTES
+    align = HUGE_PAGE if huge else mmap.PAGESIZE
+    size = -(-nbytes // align) * align + (align if huge else 0)  # + the slack to align
     buf = mmap.mmap(-1, size)
-    if envs.XINFER_HOST_HUGE_PAGES():
+    if huge and envs.XINFER_HOST_HUGE_PAGES():
         _advise(buf)
     start = torch.frombuffer(buf, dtype=torch.uint8, count=1).data_ptr()
-    offset = (-start) % HUGE_PAGE
+    offset = (-start) % align
     # The storage itself starts at the aligned address (torch's is_pinned asks about the
     # storage's first byte); it keeps `buf` alive.
     out = torch.frombuffer(buf, dtype=torch.uint8, count=nbytes, offset=offset)
@@ -77,8 +81,8 @@ def owns_mapping(t: torch.Tensor) -> bool:
 
 
 def copy_to_mapping(t: torch.Tensor) -> torch.Tensor:
-    """A copy of host tensor `t` in a mapping of its own (huge pages where offered), whatever
-    its size (the host store pins it in place)."""
+    """A copy of host tensor `t` in a mapping of its own, whatever its size (the host store
+    pins it in place): on huge pages from MIN_BYTES on."""
     if t.numel() == 0:
         return t.clone()
     out = _mapped(tuple(t.shape), t.dtype, t.numel() * t.element_size())

@@ -34,10 +34,13 @@ def test_small_tensor_keeps_torchs_allocator():
 
 
 def test_copy_to_mapping_is_equal_and_owned():
-    src = torch.randn(1000, 37)
+    src = torch.randn(1000, 37)  # small: 4 KiB pages of its own
     out = copy_to_mapping(src)
     assert torch.equal(out, src) and owns_mapping(out) and not owns_mapping(src)
-    assert out.data_ptr() % HUGE_PAGE == 0
+    assert out.data_ptr() % mmap.PAGESIZE == 0
+    big = torch.randint(0, 255, (MIN_BYTES + 3,), dtype=torch.uint8)
+    out = copy_to_mapping(big)
+    assert torch.equal(out, big) and owns_mapping(out) and out.data_ptr() % HUGE_PAGE == 0
     empty = torch.empty(0, 5)
     assert copy_to_mapping(empty).shape == (0, 5)
 
@@ -72,6 +75,8 @@ def test_huge_page_advice_follows_the_environment(monkeypatch, env, advised):
     t = host_empty((MIN_BYTES,), torch.uint8)
     assert len(calls) == 1 and owns_mapping(t)
     assert advice == (calls if advised else [])
+    copy_to_mapping(torch.zeros(1000))  # small: never advised
+    assert advice == (calls[:1] if advised else []) and len(calls) == 2
 
 
 def test_bad_environment_value_is_refused(monkeypatch):
