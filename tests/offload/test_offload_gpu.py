@@ -316,6 +316,35 @@ def test_packed_fill_replays_in_cuda_graph():
     store.close()
 
 
+def test_packed_staging_through_the_device_buffer_equals_the_experts():
+    """The prompt pass's staging of packed experts: planes copied from pinned memory into the
+    device buffer a chunk at a time on a side stream, unpacked from VRAM into scattered rows,
+    bit for bit the unpacked experts (two tensors of different escape capacities, one
+    buffer)."""
+    from xinfer.offload.packed_staging import PackedStager
+
+    store = HostExpertStore(DEV)
+    host = store.add_layer(_packed_set(40, seed=5))
+    packed = {n: t for n, t in host.items() if isinstance(t, PackedExperts)}
+    stager = PackedStager(list(packed.values()), DEV, chunk=6)
+    side = torch.cuda.Stream(DEV)
+    rng = random.Random(11)
+    for name, p in packed.items():
+        experts = rng.sample(range(40), 23)
+        experts[3:9] = sorted(experts[3:9])
+        rows = rng.sample(range(30), 23)
+        dst = torch.zeros((30, *p.row_shape), dtype=torch.bfloat16, device=DEV)
+        side.wait_stream(torch.cuda.current_stream(DEV))
+        with torch.cuda.stream(side):
+            stager.stage(p, dst, list(zip(experts, rows)))
+        torch.cuda.current_stream(DEV).wait_stream(side)
+        got = dst.cpu()
+        for e, r in zip(experts, rows):
+            want = p.unpack_row(e)
+            assert torch.equal(got[r].view(torch.int16), want.view(torch.int16)), (name, e)
+    store.close()
+
+
 def test_engine_compressed_offload_greedy_matches_bf16(tmp_path):
     """Greedy bf16 output with packed experts, in CUDA graphs and with a prompt pass (the
     staging path unpacks on the side stream): the tokens of no offload; fewer bytes moved."""

@@ -17,6 +17,7 @@ from xinfer.offload.executor import OffloadExecutor, ResidentExecutor
 from xinfer.offload.graph_nodes import unavailable_reason
 from xinfer.offload.host_store import HostExpertStore
 from xinfer.offload.packed import PackedExperts, pack_layer, stored_row_bytes
+from xinfer.offload.packed_staging import PackedStager
 from xinfer.offload.sizing import (
     GIB,
     LayerShape,
@@ -54,13 +55,14 @@ class OffloadManager:
         device: torch.device,
         max_call_tokens: int,
         num_resident_layers: int = 0,
+        packed_stager: PackedStager | None = None,
     ) -> None:
         self.store, self.executors, self.pools = store, executors, pools
         self._stats, self.config, self.device = stats, config, device
         self.num_resident_layers = num_resident_layers
         self.top_k = max((e.top_k for e in executors), default=0)
         self.max_call_tokens = max_call_tokens  # tokens of the widest MoE call the caches fit
-        self.layer_streamer = LayerStreamer(device)
+        self.layer_streamer = LayerStreamer(device, packed_stager)
         self.prefetcher = None  # set by offload/prefetch_setup.py when prefetch is on
 
     @property
@@ -206,13 +208,27 @@ def enable_offload(
             executor.copies = LayerCopies(cache, host, bounce)
         layer.attach_executor(executor)
         executors.append(executor)
+    stager = _packed_stager(hosts, caches, device)  # before the KV cache is sized, too
     stats.pinned_bytes = store.nbytes if store.is_pinned else 0
-    stats.staging_bytes = sum(p.region_nbytes for p in pools)
+    stats.staging_bytes = sum(p.region_nbytes for p in pools) + (stager.nbytes if stager else 0)
     _log_summary(offload, shapes, stats, store)
     num_resident = len(layers) - len(executors)
     return OffloadManager(
-        store, executors, pools, stats, offload, device, max_call_tokens, num_resident
+        store, executors, pools, stats, offload, device, max_call_tokens, num_resident, stager
     )
+
+
+def _packed_stager(hosts: list[dict], caches: list, device: torch.device) -> PackedStager | None:
+    """The prompt pass's buffer for packed experts (offload/packed_staging.py), sized for the
+    packed tensors of the layers it may stream; None when there are none."""
+    packed = [
+        t
+        for host, cache in zip(hosts, caches)
+        if cache.stream_bases
+        for t in host.values()
+        if isinstance(t, PackedExperts)
+    ]
+    return PackedStager(packed, device) if packed else None
 
 
 def _host_set(layer: torch.nn.Module, compress: bool, device: torch.device) -> dict:

@@ -3,30 +3,28 @@ layer by layer across all its chunks, so each layer's experts cross PCIe once pe
 
 For each offloaded MoE layer of the pass, in order, the experts that are not in the layer's
 slots are copied from pinned host memory into one of the pool's two staging regions
-(slot_pool.py) by the copy engine (packed tensors: unpacked there by the unpack kernel) on
-a side stream, while the previous layer computes on the main stream (double buffering:
-layer i uses region i mod 2). Experts already in slots are used in place. The executor then
-runs the unchanged MoE kernel on its slot view with every expert id mapped to its row (slot
-or region row). The slot tables are not touched."""
+(slot_pool.py) by the copy engine (packed tensors: their planes through a small device
+buffer, then unpacked from it: offload/packed_staging.py) on a side stream, while the
+previous layer computes on the main stream (double buffering: layer i uses region i mod 2).
+Experts already in slots are used in place. The executor then runs the unchanged MoE kernel
+on its slot view with every expert id mapped to its row (slot or region row). The slot
+tables are not touched."""
 
 from __future__ import annotations
 
 from collections.abc import Sequence
 from contextlib import nullcontext
+from typing import TYPE_CHECKING
 
 import torch
 from torch import nn
 
 from xinfer.offload.executor import OffloadExecutor
-from xinfer.offload.kernels import fill_grid
-from xinfer.offload.packed import PackedExperts, unpack_fill, unpack_rows_reference
+from xinfer.offload.packed import PackedExperts
 from xinfer.offload.slot_cache import STAGING_COPIES, STREAMED
 
-# The unpack of a streamed layer runs on the SMs beside the prefill's GEMMs: half the decode
-# fill's grid. The H100 measured 2 programs per SM within 1% of 4 and 8 at 8 misses a call
-# (48.4 / 48.6 / 48.9 GB/s of packed bytes; a layer streams ~115 experts); 4 per SM made the
-# 8k prompt at 10% 6% slower packed than plain (1.02 against 0.96 s).
-STAGING_UNPACK_PROGRAMS_PER_SM = 2
+if TYPE_CHECKING:
+    from xinfer.offload.packed_staging import PackedStager
 
 
 def executors_of(module: nn.Module) -> list[OffloadExecutor]:
@@ -39,7 +37,7 @@ def executors_of(module: nn.Module) -> list[OffloadExecutor]:
     return found
 
 
-def _runs(pairs: list[tuple[int, int]]) -> list[tuple[int, int, int]]:
+def copy_runs(pairs: list[tuple[int, int]]) -> list[tuple[int, int, int]]:
     """(expert, row) pairs → (first expert, first row, count) of runs where both step by 1:
     one copy each."""
     runs: list[tuple[int, int, int]] = []
@@ -55,8 +53,9 @@ class LayerStreamer:
     """The offload side of a prompt pass: `begin(layers)` for a slice of decoder layers,
     then `enter(i)` / `exit(i)` around the computation of the slice's i-th layer, `end()`."""
 
-    def __init__(self, device: torch.device) -> None:
+    def __init__(self, device: torch.device, packed: PackedStager | None = None) -> None:
         self.device = device
+        self.packed = packed  # stages packed tensors (None: the model has none)
         self.is_cuda = device.type == "cuda"
         self.side = torch.cuda.Stream(device) if self.is_cuda else None
         self._reset()
@@ -126,9 +125,9 @@ class LayerStreamer:
             for name, host in x.host_tensors.items():
                 dst = x.cache.slots[name]
                 if isinstance(host, PackedExperts):
-                    self._unpack(host, dst, self.missing[index])
+                    self.packed.stage(host, dst, self.missing[index])
                     continue
-                for e, r, n in _runs(self.missing[index]):
+                for e, r, n in copy_runs(self.missing[index]):
                     dst[r : r + n].copy_(host[e : e + n], non_blocking=True)
             event = torch.cuda.Event() if self.is_cuda else None
             if event is not None:
@@ -137,21 +136,6 @@ class LayerStreamer:
         x.cache.counters[STAGING_COPIES] += 1
         x.cache.counters[STREAMED] += len(self.missing[index])
         return True
-
-    def _unpack(self, host: PackedExperts, dst: torch.Tensor, pairs: list[tuple[int, int]]) -> None:
-        """A packed tensor's missing experts into their rows: the unpack kernel on the
-        current (side) stream, the twin on CPU."""
-        if not pairs:
-            return
-        if not self.is_cuda:
-            unpack_rows_reference(host, dst, pairs)
-            return
-        lists = torch.tensor([*zip(*pairs), (len(pairs),) * len(pairs)], dtype=torch.int32)
-        # pinned: an async copy, which does not hold the host until the side stream's earlier
-        # copies are done (torch's host allocator keeps the buffer until the copy ran)
-        experts, rows, count = lists.pin_memory().to(self.device, non_blocking=True)
-        programs = fill_grid(self.device, STAGING_UNPACK_PROGRAMS_PER_SM)
-        unpack_fill([host], [dst], experts, rows, count[:1], programs, mapped=True)
 
     def enter(self, layer: int) -> None:
         """Before the slice's `layer` computes: make sure its copies are queued, queue the
