@@ -345,6 +345,29 @@ def test_packed_staging_through_the_device_buffer_equals_the_experts():
     store.close()
 
 
+def test_packing_on_the_gpu_with_pinned_copies_keeps_the_bits():
+    """Start-up packing as the engine runs it on CUDA: the unpacked tensors pinned while they
+    are read (unpinned after), the planes pinned by the store when allocated and kept as
+    they are by `add_layer`; the packing equals the host's bit for bit."""
+    from xinfer.host_memory import host_empty
+
+    store = HostExpertStore(DEV)
+    src = host_empty((24, 768, 2048), torch.bfloat16)  # 75 MB: a mapping of its own
+    src.copy_((torch.randn(src.shape) * 0.02).to(torch.bfloat16))
+    src.view(24, -1)[:, ::997] = 0.0
+    want = pack_layer({"w13": src})["w13"]
+    with store.pinned_for_copies([src]):
+        assert src.is_pinned()
+        packed = pack_layer({"w13": src}, DEV, store)["w13"]
+    assert not src.is_pinned()
+    kept = store.add_layer({"w13": packed})["w13"]
+    for name, plane in kept.planes.items():
+        assert plane.is_pinned(), name
+        assert torch.equal(plane, want.planes[name]), name
+    assert kept.low.data_ptr() == packed.low.data_ptr()  # pinned once, not copied
+    store.close()
+
+
 def test_engine_compressed_offload_greedy_matches_bf16(tmp_path):
     """Greedy bf16 output with packed experts, in CUDA graphs and with a prompt pass (the
     staging path unpacks on the side stream): the tokens of no offload; fewer bytes moved."""

@@ -1,7 +1,9 @@
 """The prompt pass's staging of packed experts (offload/packed_staging.py): planes copied a
 chunk at a time into a device buffer sized for the widest packed tensor, then unpacked from
 it into arbitrary rows — bit for bit the experts, whatever the chunking, the runs of the
-expert ids, and tensors of different escape capacities through one buffer."""
+expert ids, and tensors of different escape capacities through one buffer. And the packing's
+side of pinning (the planes the host store pins when they are allocated): the packing writes
+into the tensors the store hands back, and a declined packing unpins them."""
 
 from __future__ import annotations
 
@@ -58,3 +60,45 @@ def test_nothing_to_stage_touches_nothing():
     dst = torch.zeros((4, 8, 64), dtype=torch.bfloat16)
     stager.stage(p, dst, [])
     assert not torch.any(dst)
+
+
+class _FakePinner:
+    """The host store's side of packing, recorded: 'pins' by handing back a copy (as the
+    store does for a tensor sharing a page with a registered one)."""
+
+    def __init__(self) -> None:
+        self.pinned: list[torch.Tensor] = []
+        self.unpinned: list[int] = []
+
+    def pin_after_fill(self, t: torch.Tensor) -> torch.Tensor:
+        copy = t.clone()
+        self.pinned.append(copy)
+        return copy
+
+    def unpin(self, t: torch.Tensor) -> None:
+        self.unpinned.append(t.data_ptr())
+
+
+def test_packing_writes_into_the_planes_the_pinner_hands_back():
+    t, reference = _packed(6, (16, 64), 3, specials=4)
+    pinner = _FakePinner()
+    p = pack_experts(t, pinner=pinner)
+    assert len(pinner.pinned) == 3 and not pinner.unpinned
+    assert {x.data_ptr() for x in pinner.pinned} == {
+        p.low.data_ptr(),
+        p.codes.data_ptr(),
+        p.starts.data_ptr(),
+    }
+    for e in range(6):
+        assert torch.equal(p.unpack_row(e).view(torch.int16), t[e].view(torch.int16))
+    for name in ("low", "codes", "starts", "escapes"):
+        assert torch.equal(p.planes[name], reference.planes[name]), name
+
+
+def test_a_declined_packing_unpins_its_planes():
+    t = torch.full((2, 64), 1.0, dtype=torch.bfloat16)
+    t[:, ::2] = 1e-30  # half the exponents far outside any window: escapes everywhere
+    pinner = _FakePinner()
+    assert pack_experts(t, pinner=pinner) is None
+    assert sorted(pinner.unpinned) == sorted(x.data_ptr() for x in pinner.pinned)
+    assert len(pinner.unpinned) == 3

@@ -8,6 +8,8 @@ unregisters later: the capture forbids the call, and making it would break the c
 from __future__ import annotations
 
 import logging
+from collections.abc import Iterable, Iterator
+from contextlib import contextmanager
 from pathlib import Path
 
 import torch
@@ -132,7 +134,7 @@ class HostExpertStore:
         if t.device.type != "cpu":
             raise ValueError(f"expert tensor {name!r} must be on the host, not {t.device}")
         t = t.contiguous()
-        if not self.is_pinned:
+        if not self.is_pinned or self._holds(t):
             return t
         if t.numel() * t.element_size() >= MIN_BYTES and not owns_mapping(t):
             t = copy_to_mapping(t)  # huge pages for what the link reads (xinfer/host_memory.py)
@@ -157,6 +159,44 @@ class HostExpertStore:
         self._registered.append((t.data_ptr(), nbytes))
         _REGISTERED.append(_page_range(t))
         return t
+
+    def unpin(self, t: torch.Tensor) -> None:
+        """Undo `pin_after_fill` for a tensor the store will not keep (a packing declined
+        after its planes were pinned)."""
+        ptr, nbytes = t.data_ptr(), t.numel() * t.element_size()
+        if (ptr, nbytes) in self._registered:
+            self._registered.remove((ptr, nbytes))
+            _unregister(ptr, nbytes)
+
+    def _holds(self, t: torch.Tensor) -> bool:
+        """`t` is exactly a tensor this store pinned already (packed planes are pinned when
+        allocated, so that the packing's copies into them run at DMA speed)."""
+        ptr, nbytes = t.data_ptr(), t.numel() * t.element_size()
+        return any(p == ptr and n == nbytes for p, n in self._registered)
+
+    @contextmanager
+    def pinned_for_copies(self, tensors: Iterable[torch.Tensor]) -> Iterator[None]:
+        """Pin host tensors that own their pages for the duration of a block of copies to
+        the device (the packing's uploads: direct DMA instead of torch's pageable staging),
+        unpinned after the device is done with them. Tensors that do not own their pages, or
+        a registration the driver refuses, stay pageable: the copies are then slower, never
+        wrong."""
+        done = []
+        if self.is_pinned:
+            for t in tensors:
+                nbytes = t.numel() * t.element_size()
+                if nbytes == 0 or not owns_mapping(t) or _overlaps_registered(*_page_range(t)):
+                    continue
+                err = torch.cuda.cudart().cudaHostRegister(t.data_ptr(), nbytes, 0)
+                if int(err) == 0:
+                    done.append(t.data_ptr())
+        try:
+            yield
+        finally:
+            if done:
+                torch.cuda.synchronize(self.device)
+                for ptr in done:
+                    torch.cuda.cudart().cudaHostUnregister(ptr)
 
     def close(self) -> None:
         """Unregister the pinned memory (before the tensors are freed)."""

@@ -29,6 +29,7 @@ from __future__ import annotations
 import math
 from contextlib import nullcontext
 from dataclasses import dataclass, replace
+from typing import Protocol
 
 import torch
 
@@ -42,6 +43,14 @@ PACK_CHUNK_ELEMENTS = 1 << 25  # elements packed at once (~0.7 GB of temporaries
 WINDOW_SAMPLE_STRIDE = 61  # the window's histogram counts every 61st element (prime: no
 # alignment with rows)
 UNPACK_NUM_WARPS = 4
+
+
+class Pinner(Protocol):
+    """What packing asks of the host store (offload/host_store.py) on CUDA."""
+
+    def pin_after_fill(self, t: torch.Tensor) -> torch.Tensor: ...
+
+    def unpin(self, t: torch.Tensor) -> None: ...
 
 
 @dataclass(frozen=True)
@@ -146,10 +155,16 @@ def _pack_rows(rows: torch.Tensor, base: int) -> tuple:
     return low, nibbles, flat, escaped.sum(dim=1), starts
 
 
-def pack_experts(t: torch.Tensor, device: torch.device | None = None) -> PackedExperts | None:
+def pack_experts(
+    t: torch.Tensor,
+    device: torch.device | None = None,
+    pinner: Pinner | None = None,
+) -> PackedExperts | None:
     """Pack a host `[E, ...]` bf16 tensor, or None where packing does not apply or save.
     The arithmetic runs on `device` (default the host) a chunk of experts at a time, each
-    chunk crossing to it once: beyond the result, the host holds one chunk's planes."""
+    chunk crossing to it once: beyond the result, the host holds one chunk's planes.
+    `pinner` (the host store, on CUDA) pins the big planes as soon as they are allocated, so
+    that the chunks' results come back as asynchronous DMA (and unpins them on a decline)."""
     if t.dtype != torch.bfloat16 or t.dim() < 2 or t.device.type != "cpu":
         return None
     num_experts, n = t.shape[0], t[0].numel()
@@ -160,12 +175,21 @@ def pack_experts(t: torch.Tensor, device: torch.device | None = None) -> PackedE
     low = host_empty((num_experts, n), torch.uint8)  # huge pages: the fill reads these
     codes = host_empty((num_experts, n // 2), torch.uint8)
     starts = host_empty((num_experts, -(-n // PACK_BLOCK)), torch.int32)
+    on_device = device.type == "cuda"
+    pinned = pinner is not None
+    if pinned:
+        low, codes, starts = (pinner.pin_after_fill(x) for x in (low, codes, starts))
     escaped: list[torch.Tensor] = []
     for first, chunk in _chunks(t):
-        low_c, codes_c, flat_c, counts_c, starts_c = _pack_rows(chunk.to(device), base)
+        low_c, codes_c, flat_c, counts_c, starts_c = _pack_rows(
+            chunk.to(device, non_blocking=on_device), base
+        )
         stop = first + chunk.shape[0]
-        low[first:stop], codes[first:stop], starts[first:stop] = low_c, codes_c, starts_c
-        escaped += flat_c.cpu().split(counts_c.cpu().tolist())
+        for plane, part in ((low, low_c), (codes, codes_c), (starts, starts_c)):
+            plane[first:stop].copy_(part, non_blocking=on_device)
+        escaped += flat_c.cpu().split(counts_c.cpu().tolist())  # (waits for the chunk)
+    if on_device:
+        torch.cuda.synchronize(device)  # the last planes' copies have landed
     escapes = torch.zeros((num_experts, max(1, max(x.numel() for x in escaped))), dtype=torch.uint8)
     for e, x in enumerate(escaped):
         escapes[e, : x.numel()] = x
@@ -178,18 +202,24 @@ def pack_experts(t: torch.Tensor, device: torch.device | None = None) -> PackedE
         starts=starts,
     )
     if packed.nbytes > MAX_PACKED_RATIO * t.numel() * t.element_size():
+        if pinned:
+            for x in (low, codes, starts):
+                pinner.unpin(x)
         return None
     return packed
 
 
 def pack_layer(
-    tensors: dict[str, torch.Tensor], device: torch.device | None = None
+    tensors: dict[str, torch.Tensor],
+    device: torch.device | None = None,
+    pinner: Pinner | None = None,
 ) -> dict[str, torch.Tensor | PackedExperts]:
     """A layer's expert set with every tensor that packs replaced by its packing (computed
-    on `device`: the GPU, when there is one, packs a layer in a fraction of a second)."""
+    on `device`: the GPU, when there is one, packs a layer in a fraction of a second;
+    `pinner`: see pack_experts)."""
     out: dict[str, torch.Tensor | PackedExperts] = {}
     for name, t in tensors.items():
-        packed = pack_experts(t, device)
+        packed = pack_experts(t, device, pinner)
         out[name] = t if packed is None else packed
     return out
 

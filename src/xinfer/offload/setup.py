@@ -159,7 +159,7 @@ def enable_offload(
     if offload.compress:
         pin = "packing and " + pin
     hosts = [
-        store.add_layer(_host_set(layers[i], offload.compress, device))
+        store.add_layer(_host_set(layers[i], offload.compress, device, store))
         for i in tqdm(
             offloaded, desc=pin, unit="layer", disable=total < _PROGRESS_MIN_BYTES, leave=False
         )
@@ -231,15 +231,20 @@ def _packed_stager(hosts: list[dict], caches: list, device: torch.device) -> Pac
     return PackedStager(packed, device) if packed else None
 
 
-def _host_set(layer: torch.nn.Module, compress: bool, device: torch.device) -> dict:
+def _host_set(
+    layer: torch.nn.Module, compress: bool, device: torch.device, store: HostExpertStore
+) -> dict:
     """The expert set a layer hands the host store: its tensors, or with `compress` their
     packings where a tensor packs (offload/packed.py, computed on `device`); the unpacked
-    copies are dropped at once, so that packing peaks at one layer above the packed size."""
+    copies are dropped at once, so that packing peaks at one layer above the packed size.
+    On CUDA the unpacked tensors are pinned while they are read and the planes are pinned
+    by the store when allocated: the packing's copies both ways run at DMA speed."""
     tensors = layer.expert_tensors
     if not compress:
         return tensors
     layer.expert_tensors = {}
-    return pack_layer(tensors, device)
+    with store.pinned_for_copies(tensors.values()):
+        return pack_layer(tensors, device, store if store.is_pinned else None)
 
 
 def check_fill(offload: OffloadConfig, device: torch.device) -> None:
