@@ -96,6 +96,18 @@ def _overlaps_registered(start: int, end: int) -> bool:
     return any(s < end and start < e for s, e in _REGISTERED)
 
 
+def _register(t: torch.Tensor, flags: int) -> None:
+    """cudaHostRegister `t`'s bytes; a refusal (locked-memory limit, RAM) is the user's to
+    fix: one sentence, and the start stops."""
+    nbytes = t.numel() * t.element_size()
+    err = torch.cuda.cudart().cudaHostRegister(t.data_ptr(), nbytes, flags)
+    if int(err) != 0:
+        raise UserError(
+            f"pinning {nbytes / GIB:.2f} GB of expert memory failed (CUDA error "
+            f"{int(err)}); free host RAM or raise the locked-memory limit (ulimit -l)"
+        )
+
+
 class HostExpertStore:
     """Per layer: name → `[E, ...]` host tensor, or its packing (offload/packed.py), pinned
     and mapped on CUDA."""
@@ -149,13 +161,7 @@ class HostExpertStore:
         nbytes = t.numel() * t.element_size()
         if nbytes == 0:
             return t
-        flags = _HOST_REGISTER_PORTABLE | _HOST_REGISTER_MAPPED
-        err = torch.cuda.cudart().cudaHostRegister(t.data_ptr(), nbytes, flags)
-        if int(err) != 0:
-            raise UserError(
-                f"pinning {nbytes / GIB:.2f} GB of expert memory failed (CUDA error "
-                f"{int(err)}); free host RAM or raise the locked-memory limit (ulimit -l)"
-            )
+        _register(t, _HOST_REGISTER_PORTABLE | _HOST_REGISTER_MAPPED)
         self._registered.append((t.data_ptr(), nbytes))
         _REGISTERED.append(_page_range(t))
         return t
@@ -178,19 +184,16 @@ class HostExpertStore:
     def pinned_for_copies(self, tensors: Iterable[torch.Tensor]) -> Iterator[None]:
         """Pin host tensors that own their pages for the duration of a block of copies to
         the device (the packing's uploads: direct DMA instead of torch's pageable staging),
-        unpinned after the device is done with them. Tensors that do not own their pages, or
-        a registration the driver refuses, stay pageable: the copies are then slower, never
-        wrong."""
+        unpinned after the device is done with them. Tensors that do not own their pages stay
+        pageable: their copies are slower, never wrong."""
         done = []
-        if self.is_pinned:
-            for t in tensors:
+        try:
+            for t in tensors if self.is_pinned else ():
                 nbytes = t.numel() * t.element_size()
                 if nbytes == 0 or not owns_mapping(t) or _overlaps_registered(*_page_range(t)):
                     continue
-                err = torch.cuda.cudart().cudaHostRegister(t.data_ptr(), nbytes, 0)
-                if int(err) == 0:
-                    done.append(t.data_ptr())
-        try:
+                _register(t, 0)
+                done.append(t.data_ptr())
             yield
         finally:
             if done:
