@@ -261,6 +261,7 @@ def host_memory_rows(dev, reps: int, row_mb: float = 9.44) -> list[tuple[str, fl
     row_words = int(row_mb * 1e6) // 4
     data = torch.randint(-(2**31), 2**31 - 1, (16, row_words), dtype=torch.int32)
     rows = []
+    before = os.environ.get("XINFER_HOST_HUGE_PAGES")
     for kind in ("4 KiB pages, registered", "huge pages, registered", "cudaHostAlloc"):
         store = HostExpertStore(dev)
         if kind == "cudaHostAlloc":
@@ -294,7 +295,10 @@ def host_memory_rows(dev, reps: int, row_mb: float = 9.44) -> list[tuple[str, fl
             gbs = moved / cuda_time(engine, reps) / 1e9
             rows.append((f"{kind}: copy engine, {misses} experts, eager", gbs))
         store.close()
-    os.environ.pop("XINFER_HOST_HUGE_PAGES", None)
+    if before is None:
+        os.environ.pop("XINFER_HOST_HUGE_PAGES", None)
+    else:
+        os.environ["XINFER_HOST_HUGE_PAGES"] = before
     return rows
 
 

@@ -55,6 +55,18 @@ def assert_same(gpu: SlotCache, cpu: SlotCache, host: dict, rows: torch.Tensor, 
             assert torch.equal(got, want.view(torch.uint8)), (where, name, e, r)
 
 
+def run_against_twins(gpu: SlotCache, cpu: SlotCache, host: dict, stream) -> None:
+    """Each call of `stream` through the kernels (gpu) and the twins (cpu): same rows, same
+    tables and slot bytes."""
+    for step, ids in enumerate(stream):
+        want = lookup_reference(cpu, ids)
+        fill_reference(cpu, host)
+        got = offload_kernels.lookup(gpu, ids.to(DEV))
+        offload_kernels.fill(gpu, host)
+        assert torch.equal(got.cpu(), want), step
+        assert_same(gpu, cpu, host, want, ids, f"call {step}")
+
+
 @pytest.mark.parametrize(
     "num_experts,num_slots,top_k",
     [(8, 2, 2), (64, 16, 8), (128, 32, 8), (128, 128, 8), (512, 40, 10), (60, 9, 4)],
@@ -67,13 +79,7 @@ def test_triton_lookup_and_fill_equal_twins(num_experts, num_slots, top_k, polic
     gpu = SlotCache(host, num_slots, DEV, policy=policy)
     cpu = SlotCache(host, num_slots, CPU, policy=policy)
     stream = routing_stream(random.Random(num_slots), num_experts, num_slots, top_k, 150)
-    for step, ids in enumerate(stream):
-        want = lookup_reference(cpu, ids)
-        fill_reference(cpu, host)
-        got = offload_kernels.lookup(gpu, ids.to(DEV))
-        offload_kernels.fill(gpu, host)
-        assert torch.equal(got.cpu(), want), step
-        assert_same(gpu, cpu, host, want, ids, f"call {step}")
+    run_against_twins(gpu, cpu, host, stream)
     if num_slots < num_experts:
         assert int(gpu.counters[OVERFLOW]) > 0  # the stream had calls wider than the slots
     store.close()
@@ -279,13 +285,7 @@ def test_packed_fill_from_pinned_memory_equals_twin(num_experts, num_slots, top_
     gpu = SlotCache(host, num_slots, DEV)
     cpu = SlotCache(host, num_slots, CPU)
     stream = routing_stream(random.Random(num_slots), num_experts, num_slots, top_k, 80)
-    for step, ids in enumerate(stream):
-        want = lookup_reference(cpu, ids)
-        fill_reference(cpu, host)
-        got = offload_kernels.lookup(gpu, ids.to(DEV))
-        offload_kernels.fill(gpu, host)
-        assert torch.equal(got.cpu(), want), step
-        assert_same(gpu, cpu, host, want, ids, f"call {step}")
+    run_against_twins(gpu, cpu, host, stream)
     store.close()
 
 

@@ -91,6 +91,12 @@ def test_plan_slots_auto_and_budget():
     assert plan_slots(layers, auto, None) == 128  # unbounded (CPU, no limit)
     assert plan_slots(layers, auto, 10**13) == 128  # everything fits
     assert device_bytes_for(layers, 128) == 128 * 480_000_000  # no regions at E slots
+    # packed experts: the prompt pass's buffer of 16 experts comes out of the same budget
+    packed = OffloadConfig(is_auto=True, reserve_gb=2.5, compress=True)
+    assert device_bytes_for(layers, 40, compress=True) == 40 * 480_000_000 + regions + 16e7
+    assert plan_slots(layers, packed, budget + 160_000_000) == 40
+    assert plan_slots(layers, packed, budget) == 39
+    assert device_bytes_for(layers, 128, compress=True) == 128 * 480_000_000  # nothing streams
     with pytest.raises(UserError, match="cannot fit 8 experts per layer"):
         plan_slots(layers, auto, int(3 * GIB))
     with pytest.raises(UserError, match="lower XINFER_MOE_OFFLOAD"):

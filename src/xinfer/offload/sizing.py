@@ -12,6 +12,7 @@ import torch
 from xinfer.config import OffloadConfig
 from xinfer.engine.memory import usable_gpu_bytes
 from xinfer.errors import UserError
+from xinfer.offload.packed_staging import STAGING_CHUNK
 
 GIB = 1 << 30
 
@@ -42,12 +43,16 @@ def device_budget_bytes(
     return max(0, int(limit_gb * GIB) - resident_bytes)
 
 
-def device_bytes_for(layers: list[LayerShape], slots: int) -> int:
+def device_bytes_for(layers: list[LayerShape], slots: int, compress: bool = False) -> int:
     """GPU bytes of `slots` slots in every layer plus, below E, the two shared regions of
-    E - S rows (call overflow and the prompt pass's second streaming buffer; slot_pool.py)."""
+    E - S rows (call overflow and the prompt pass's second streaming buffer; slot_pool.py)
+    and, with `compress`, the prompt pass's buffer of packed experts (packed_staging.py:
+    STAGING_CHUNK rows of the widest packed tensor, bounded here by a whole expert)."""
     per_slot = sum(s.expert_bytes for s in layers)
-    regions = [max(0, s.num_experts - slots) * s.expert_bytes for s in layers]
-    return slots * per_slot + 2 * max(regions, default=0)
+    streamed = [s for s in layers if s.num_experts > slots]
+    regions = [(s.num_experts - slots) * s.expert_bytes for s in streamed]
+    packed = STAGING_CHUNK * max((s.expert_bytes for s in streamed), default=0)
+    return slots * per_slot + 2 * max(regions, default=0) + (packed if compress else 0)
 
 
 def plan_slots(
@@ -64,7 +69,7 @@ def plan_slots(
     top_k = max(s.top_k for s in layers)
     if offload.fraction is not None:
         slots = slots_for_fraction(offload.fraction, num_experts, top_k)
-        need = device_bytes_for(layers, slots)
+        need = device_bytes_for(layers, slots, offload.compress)
         if budget_bytes is not None and need > budget_bytes:
             raise UserError(
                 f"MoE offload {offload.fraction} needs {need / GIB:.2f} GB of GPU memory "
@@ -78,11 +83,11 @@ def plan_slots(
         return num_experts
     reserve = auto_reserve_bytes(offload, min_free_bytes)
     free = budget_bytes - reserve
-    if device_bytes_for(layers, num_experts) <= free:
+    if device_bytes_for(layers, num_experts, offload.compress) <= free:
         return num_experts  # everything fits: no overflow regions needed either
     # The most slots that fit with their regions (few candidates: E is at most a few hundred).
     for slots in range(num_experts - 1, top_k - 1, -1):
-        if device_bytes_for(layers, slots) <= free:
+        if device_bytes_for(layers, slots, offload.compress) <= free:
             return slots
     raise UserError(
         f"MoE offload 'auto' cannot fit {top_k} experts per layer in "
