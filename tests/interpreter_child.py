@@ -117,3 +117,14 @@ def interpreter_child_test(test_file: str):
         assert rc == 0 and " passed" in summary and "skipped" not in summary, tail
 
     return test_interpreter_child
+
+
+def require_interpreted(kernel) -> None:
+    """Fail unless `kernel` runs under the interpreter: a kernel compiled before
+    TRITON_INTERPRET=1 was set would run nothing these cases mean to check (a failure, not a
+    skip, since in the child the interpreter is always meant to be on)."""
+    from triton.runtime.interpreter import InterpretedFunction
+
+    if not isinstance(kernel, InterpretedFunction):
+        name = getattr(kernel, "__name__", kernel)
+        pytest.fail(f"{name} was compiled before TRITON_INTERPRET=1 was set in this process")

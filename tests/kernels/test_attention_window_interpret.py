@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import pytest
 import torch
-from interpreter_child import child_only, interpreter_child_test
+from interpreter_child import child_only, interpreter_child_test, require_interpreted
 
 pytest.importorskip("triton")
 
@@ -19,12 +19,9 @@ TOL = {torch.float32: dict(atol=1e-5, rtol=1e-5), torch.float16: dict(atol=3e-3,
 
 @pytest.fixture(scope="module")
 def al():
-    from triton.runtime.interpreter import InterpretedFunction
-
     from xinfer.kernels import attn_launch
 
-    if not isinstance(attn_launch.attn_kernels.decode_kernel, InterpretedFunction):
-        pytest.skip("kernels were compiled before TRITON_INTERPRET=1 was set in this process")
+    require_interpreted(attn_launch.attn_kernels.decode_kernel)
     return attn_launch
 
 

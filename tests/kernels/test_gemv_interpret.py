@@ -13,7 +13,7 @@ from __future__ import annotations
 
 import pytest
 import torch
-from interpreter_child import child_only, interpreter_child_test
+from interpreter_child import child_only, interpreter_child_test, require_interpreted
 
 pytest.importorskip("triton")
 
@@ -44,13 +44,10 @@ def _widen_bf16_dot(monkeypatch) -> None:
 
 @pytest.fixture
 def gl(monkeypatch):
-    from triton.runtime.interpreter import InterpretedFunction
-
     from xinfer.kernels import gemv_launch
     from xinfer.kernels.triton import gemv as gemv_jit
 
-    if not isinstance(gemv_jit.gemv_kernel, InterpretedFunction):
-        pytest.skip("kernels were compiled before TRITON_INTERPRET=1 was set in this process")
+    require_interpreted(gemv_jit.gemv_kernel)
     _widen_bf16_dot(monkeypatch)
     return gemv_launch
 

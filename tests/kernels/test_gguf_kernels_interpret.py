@@ -10,7 +10,7 @@ from __future__ import annotations
 import gguf_files as gf
 import pytest
 import torch
-from interpreter_child import child_only, interpreter_child_test
+from interpreter_child import child_only, interpreter_child_test, require_interpreted
 
 pytest.importorskip("triton")
 
@@ -20,13 +20,10 @@ TYPES = ["Q8_0", "Q4_0", "Q5_0", "Q4_K", "Q5_K", "Q6_K"]
 
 @pytest.fixture(scope="module")
 def gl():
-    from triton.runtime.interpreter import InterpretedFunction
-
     from xinfer.kernels import gguf_launch
     from xinfer.kernels.triton import gguf_gemm
 
-    if not isinstance(gguf_gemm.gguf_linear_kernel, InterpretedFunction):
-        pytest.skip("kernels were compiled before TRITON_INTERPRET=1 was set in this process")
+    require_interpreted(gguf_gemm.gguf_linear_kernel)
     return gguf_launch
 
 

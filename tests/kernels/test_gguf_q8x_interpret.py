@@ -14,7 +14,7 @@ from __future__ import annotations
 import gguf_files as gf
 import pytest
 import torch
-from interpreter_child import child_only, interpreter_child_test
+from interpreter_child import child_only, interpreter_child_test, require_interpreted
 
 triton = pytest.importorskip("triton")
 tl = triton.language
@@ -25,13 +25,10 @@ test_interpreter_child = interpreter_child_test(__file__)
 
 @pytest.fixture(scope="module")
 def ql():
-    from triton.runtime.interpreter import InterpretedFunction
-
     from xinfer.kernels import gguf_q8x_launch
     from xinfer.kernels.triton import gguf_q8x
 
-    if not isinstance(gguf_q8x.q8x_linear_kernel, InterpretedFunction):
-        pytest.skip("kernels were compiled before TRITON_INTERPRET=1 was set in this process")
+    require_interpreted(gguf_q8x.q8x_linear_kernel)
     return gguf_q8x_launch
 
 

@@ -14,7 +14,7 @@ from __future__ import annotations
 
 import pytest
 import torch
-from interpreter_child import child_only, interpreter_child_test
+from interpreter_child import child_only, interpreter_child_test, require_interpreted
 
 pytest.importorskip("triton")
 
@@ -23,13 +23,10 @@ test_interpreter_child = interpreter_child_test(__file__)
 
 @pytest.fixture(scope="module")
 def launch():
-    from triton.runtime.interpreter import InterpretedFunction
-
     from xinfer.kernels import linear_attn_launch
     from xinfer.kernels.triton import gated_delta_rule as jit
 
-    if not isinstance(jit.chunk_forward_kernel, InterpretedFunction):
-        pytest.skip("kernels were compiled before TRITON_INTERPRET=1 was set in this process")
+    require_interpreted(jit.chunk_forward_kernel)
     return linear_attn_launch
 
 

@@ -11,7 +11,7 @@ from __future__ import annotations
 
 import pytest
 import torch
-from interpreter_child import child_only, interpreter_child_test
+from interpreter_child import child_only, interpreter_child_test, require_interpreted
 
 triton = pytest.importorskip("triton")
 
@@ -21,15 +21,12 @@ test_interpreter_child = interpreter_child_test(__file__)
 
 @pytest.fixture(scope="module")
 def ma():
-    from triton.runtime.interpreter import InterpretedFunction
-
     from xinfer.kernels import moe_align
     from xinfer.kernels.triton import fused_moe as moe_jit
     from xinfer.kernels.triton import moe_sort
 
     for fn in (moe_jit.moe_align_kernel, moe_sort.moe_count_kernel):
-        if not isinstance(fn, InterpretedFunction):
-            pytest.skip("kernels were compiled before TRITON_INTERPRET=1 was set in this process")
+        require_interpreted(fn)
     return moe_align
 
 

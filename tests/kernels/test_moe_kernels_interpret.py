@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import pytest
 import torch
-from interpreter_child import child_only, interpreter_child_test
+from interpreter_child import child_only, interpreter_child_test, require_interpreted
 
 triton = pytest.importorskip("triton")
 
@@ -20,13 +20,10 @@ test_interpreter_child = interpreter_child_test(__file__)
 
 @pytest.fixture(scope="module")
 def ml():
-    from triton.runtime.interpreter import InterpretedFunction
-
     from xinfer.kernels import moe_launch
     from xinfer.kernels.triton import fused_moe as moe_jit
 
-    if not isinstance(moe_jit.moe_gate_up_gemv_kernel, InterpretedFunction):
-        pytest.skip("kernels were compiled before TRITON_INTERPRET=1 was set in this process")
+    require_interpreted(moe_jit.moe_gate_up_gemv_kernel)
     return moe_launch
 
 

@@ -14,7 +14,7 @@ from __future__ import annotations
 
 import pytest
 import torch
-from interpreter_child import child_only, interpreter_child_test
+from interpreter_child import child_only, interpreter_child_test, require_interpreted
 
 pytest.importorskip("triton")
 
@@ -24,13 +24,10 @@ test_interpreter_child = interpreter_child_test(__file__)
 
 @pytest.fixture(scope="module")
 def launch():
-    from triton.runtime.interpreter import InterpretedFunction
-
     from xinfer.kernels import qkv_prep_launch
     from xinfer.kernels.triton import qkv_prep as jit
 
-    if not isinstance(jit.qkv_prep_kernel, InterpretedFunction):
-        pytest.skip("kernels were compiled before TRITON_INTERPRET=1 was set in this process")
+    require_interpreted(jit.qkv_prep_kernel)
     return qkv_prep_launch
 
 

@@ -12,7 +12,7 @@ import dataclasses
 
 import pytest
 import torch
-from interpreter_child import child_only, interpreter_child_test
+from interpreter_child import child_only, interpreter_child_test, require_interpreted
 from quant_weights import random_weights
 
 from xinfer.kernels import gemv_launch
@@ -58,13 +58,10 @@ SHAPES["awq-g64-asym"] = (40, 128)
 
 @pytest.fixture(scope="module")
 def ql():
-    from triton.runtime.interpreter import InterpretedFunction
-
     from xinfer.kernels import quant_launch
     from xinfer.kernels.triton import quant_gemm
 
-    if not isinstance(quant_gemm.quant_linear_kernel, InterpretedFunction):
-        pytest.skip("kernels were compiled before TRITON_INTERPRET=1 was set in this process")
+    require_interpreted(quant_gemm.quant_linear_kernel)
     return quant_launch
 
 

@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import pytest
 import torch
-from interpreter_child import child_only, interpreter_child_test
+from interpreter_child import child_only, interpreter_child_test, require_interpreted
 from quant_weights import random_weights
 
 pytest.importorskip("triton")
@@ -42,13 +42,10 @@ def _format(name):
 
 @pytest.fixture(scope="module")
 def qp():
-    from triton.runtime.interpreter import InterpretedFunction
-
     from xinfer.kernels import quant_prefill
     from xinfer.kernels.triton import quant_dequant_kernel
 
-    if not isinstance(quant_dequant_kernel.dequant_kernel, InterpretedFunction):
-        pytest.skip("kernels were compiled before TRITON_INTERPRET=1 was set in this process")
+    require_interpreted(quant_dequant_kernel.dequant_kernel)
     return quant_prefill
 
 

@@ -13,7 +13,7 @@ from __future__ import annotations
 import pytest
 import torch
 from fused_tails import assert_counters_zero
-from interpreter_child import child_only, interpreter_child_test
+from interpreter_child import child_only, interpreter_child_test, require_interpreted
 from linear_families import LINEARS, run_reduced
 
 pytest.importorskip("triton")
@@ -23,13 +23,10 @@ test_interpreter_child = interpreter_child_test(__file__)
 
 @pytest.fixture(scope="module")
 def gl():
-    from triton.runtime.interpreter import InterpretedFunction
-
     from xinfer.kernels import gemv_launch
     from xinfer.kernels.triton import gemv
 
-    if not isinstance(gemv.gemv_kernel, InterpretedFunction):
-        pytest.skip("kernels were compiled before TRITON_INTERPRET=1 was set in this process")
+    require_interpreted(gemv.gemv_kernel)
     return gemv_launch
 
 

@@ -13,7 +13,7 @@ import random
 
 import pytest
 import torch
-from interpreter_child import child_only, interpreter_child_test
+from interpreter_child import child_only, interpreter_child_test, require_interpreted
 from lru_model import routing_stream
 
 from xinfer.offload import kernels as offload_kernels
@@ -29,12 +29,9 @@ CPU = torch.device("cpu")
 
 @pytest.fixture(scope="module")
 def interpreted():
-    from triton.runtime.interpreter import InterpretedFunction
-
     from xinfer.kernels.triton import offload_packed as jit
 
-    if not isinstance(jit.unpack_fill_kernel, InterpretedFunction):
-        pytest.skip("kernels were compiled before TRITON_INTERPRET=1 was set in this process")
+    require_interpreted(jit.unpack_fill_kernel)
 
 
 def _weights(num_experts: int, shape: tuple[int, ...], seed: int) -> torch.Tensor:

@@ -14,7 +14,7 @@ import random
 
 import pytest
 import torch
-from interpreter_child import child_only, interpreter_child_test
+from interpreter_child import child_only, interpreter_child_test, require_interpreted
 from lru_model import random_expert_set, routing_stream
 from prefetch_model import prediction_for
 
@@ -36,12 +36,9 @@ CPU = torch.device("cpu")
 
 @pytest.fixture(scope="module")
 def interpreted():
-    from triton.runtime.interpreter import InterpretedFunction
-
     from xinfer.kernels.triton import prefetch as jit
 
-    if not isinstance(jit.reserve_kernel, InterpretedFunction):
-        pytest.skip("kernels were compiled before TRITON_INTERPRET=1 was set in this process")
+    require_interpreted(jit.reserve_kernel)
 
 
 @child_only

@@ -11,7 +11,7 @@ from __future__ import annotations
 
 import pytest
 import torch
-from interpreter_child import child_only, interpreter_child_test
+from interpreter_child import child_only, interpreter_child_test, require_interpreted
 
 from xinfer.routing.config import PRESETS
 from xinfer.routing.parametric import popularity_draw
@@ -30,13 +30,10 @@ test_interpreter_child = interpreter_child_test(__file__)
 
 @pytest.fixture(scope="module")
 def launch():
-    from triton.runtime.interpreter import InterpretedFunction
-
     from xinfer.kernels.triton import routing_model as jit
     from xinfer.routing import parametric_launch
 
-    if not isinstance(jit.routing_state_kernel, InterpretedFunction):
-        pytest.skip("kernels were compiled before TRITON_INTERPRET=1 was set in this process")
+    require_interpreted(jit.routing_state_kernel)
     return parametric_launch
 
 
