@@ -210,7 +210,7 @@ def enable_offload(
         executors.append(executor)
     stager = _packed_stager(hosts, caches, device)  # before the KV cache is sized, too
     stats.pinned_bytes = store.nbytes if store.is_pinned else 0
-    stats.staging_bytes = sum(p.region_nbytes for p in pools) + (stager.nbytes if stager else 0)
+    stats.staging_buffer_bytes = sum(p.region_nbytes for p in pools) + (stager.nbytes if stager else 0)
     _log_summary(offload, shapes, stats, store)
     num_resident = len(layers) - len(executors)
     return OffloadManager(
@@ -316,5 +316,5 @@ def _log_summary(
     logger.info(
         "MoE offload: %.2f GB of expert slots, %.2f GB of overflow / streaming rows",
         slot_bytes / GB,
-        stats.staging_bytes / GB,
+        stats.staging_buffer_bytes / GB,
     )

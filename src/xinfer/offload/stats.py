@@ -119,7 +119,7 @@ class OffloadStats:
         self.num_experts: list[int] = []
         self.is_resident: list[bool] = []  # per layer: all experts on the device
         self.pinned_bytes = 0
-        self.staging_bytes = 0
+        self.staging_buffer_bytes = 0  # device memory of the staging rows and buffers
         self.profile: CallProfile | None = None
         # (L, NUM_PREFETCH_COUNTERS) int64, columns as in prefetch_table.py (prefetch on)
         self.prefetch_counters = torch.zeros(
@@ -169,7 +169,7 @@ class OffloadStats:
             "pinned_gb": self.pinned_bytes / GB,
             "slot_gb": sum(s * b for s, b, resident in per_layer if not resident) / GB,
             "resident_gb": sum(s * b for s, b, resident in per_layer if resident) / GB,
-            "staging_gb": self.staging_bytes / GB,
+            "staging_gb": self.staging_buffer_bytes / GB,
             "device": str(self.device),
             "layers": layers,
         }
