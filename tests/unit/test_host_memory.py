@@ -33,6 +33,16 @@ def test_small_tensor_keeps_torchs_allocator():
     assert not owns_mapping(torch.empty(MIN_BYTES, dtype=torch.uint8))
 
 
+@pytest.mark.parametrize("nbytes", [64, MIN_BYTES], ids=["small", "large"])
+def test_host_tensors_stay_on_the_host_under_another_default_device(nbytes):
+    """The model is built inside `with torch.device(gpu)`: offloaded experts must still be
+    made on the host (a small one made without `device` landed on the GPU, and offload then
+    ran every layer resident; meta stands in for the GPU here)."""
+    with torch.device("meta"):
+        t = host_empty((nbytes // 4,), torch.float32)
+    assert t.device.type == "cpu" and not torch.any(t)
+
+
 def test_copy_to_mapping_is_equal_and_owned():
     src = torch.randn(1000, 37)  # small: 4 KiB pages of its own
     out = copy_to_mapping(src)

@@ -90,3 +90,18 @@ def test_weights_load_into_a_model_that_has_run(tmp_path):
     ours = llm.generate([prompt], GREEDY)[0].token_ids
     ref = hf.generate(torch.tensor([prompt]), max_new_tokens=8, do_sample=False)
     assert ours == ref[0, len(prompt) :].tolist()
+
+
+def test_offloaded_experts_are_built_on_the_host_beside_a_device_model(hf_model, tmp_path):
+    """The model is built inside `with torch.device(device)`; the experts it offloads must
+    still be made on the host (meta stands in for the GPU: every other tensor is meta)."""
+    from xinfer.config import ModelConfig
+    from xinfer.runner.model_loader import _construct
+
+    hf_model.save_pretrained(tmp_path)
+    cfg = ModelConfig.from_dir(str(tmp_path))
+    meta, cpu = torch.device("meta"), torch.device("cpu")
+    model = _construct(cfg, meta, torch.float32, 64, cpu, None)
+    experts = [t for layer in model.moe_layers() for t in layer.expert_tensors.values()]
+    assert experts and all(t.device == cpu for t in experts)
+    assert all(p.device == meta for p in model.parameters())

@@ -190,7 +190,8 @@ def pack_experts(
         escaped += flat_c.cpu().split(counts_c.cpu().tolist())  # (waits for the chunk)
     if on_device:
         torch.cuda.synchronize(device)  # the last planes' copies have landed
-    escapes = torch.zeros((num_experts, max(1, max(x.numel() for x in escaped))), dtype=torch.uint8)
+    width = max(1, max(x.numel() for x in escaped))
+    escapes = torch.zeros((num_experts, width), dtype=torch.uint8, device="cpu")
     for e, x in enumerate(escaped):
         escapes[e, : x.numel()] = x
     packed = PackedExperts(

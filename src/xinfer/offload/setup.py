@@ -210,7 +210,8 @@ def enable_offload(
         executors.append(executor)
     stager = _packed_stager(hosts, caches, device)  # before the KV cache is sized, too
     stats.pinned_bytes = store.nbytes if store.is_pinned else 0
-    stats.staging_buffer_bytes = sum(p.region_nbytes for p in pools) + (stager.nbytes if stager else 0)
+    regions = sum(p.region_nbytes for p in pools)
+    stats.staging_buffer_bytes = regions + (stager.nbytes if stager else 0)
     _log_summary(offload, shapes, stats, store)
     num_resident = len(layers) - len(executors)
     return OffloadManager(
