@@ -6,8 +6,11 @@ registered copies and the GPU arithmetic predict ~0.2 s. This probe packs `--lay
 layers of one expert shape exactly as the engine does (`offload/setup.py _host_set`, then
 `HostExpertStore.add_layer`), each layer's tensors in mappings of their own
 (`xinfer/host_memory.py`, as the MoE layer allocates them) filled with N(0, 0.02) bf16, and
-prints the seconds of each layer, then the functions that took the time (cProfile,
-cumulative), so one run names the cost. On CPU it runs the same path unpinned.
+prints the seconds of each layer's fill (the dummy weights' pattern: an expert at a time
+from the GPU) and packing, then the functions that took the time (cProfile, cumulative), so
+one run names the cost. `--no-prefault` leaves the mappings' pages to their first writer (as
+before 2026-12-06: `xinfer/host_memory.py`), for the A/B. On CPU it runs the same path
+unpinned.
 
     python3 bench/probe_packing.py --experts 256 --hidden 2048 --intermediate 512 --layers 3
 """
@@ -26,6 +29,7 @@ import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "src"))
 
+from xinfer import host_memory  # noqa: E402
 from xinfer.host_memory import host_empty  # noqa: E402
 from xinfer.offload.host_store import HostExpertStore  # noqa: E402
 from xinfer.offload.packed import PackedExperts  # noqa: E402
@@ -61,15 +65,31 @@ def main(argv: list[str] | None = None) -> dict:
     ap.add_argument("--layers", type=int, default=3)
     ap.add_argument("--device", default="cuda" if torch.cuda.is_available() else "cpu")
     ap.add_argument("--top", type=int, default=25, help="cProfile rows to print")
+    ap.add_argument("--no-prefault", action="store_true", help="pages faulted by first writers")
     args = ap.parse_args(argv)
     device = torch.device(args.device)
+    mapped = host_memory._mapped
+    if args.no_prefault:
+        host_memory._mapped = lambda shape, dtype, nbytes, prefault: mapped(
+            shape, dtype, nbytes, False
+        )
+    try:
+        return _run(args, device)
+    finally:
+        host_memory._mapped = mapped
+
+
+def _run(args, device: torch.device) -> dict:
     store = HostExpertStore(device)
-    layers = [
-        make_layer(args.experts, args.hidden, args.intermediate, device, seed=i)
-        for i in range(args.layers)
-    ]
-    gb = sum(t.nbytes for t in layers[0].expert_tensors.values()) / 1e9
-    print(f"{args.layers} layers of {gb:.2f} GB ({args.experts} experts) on {device}")
+    layers = []
+    for i in range(args.layers):
+        start = time.perf_counter()
+        layers.append(make_layer(args.experts, args.hidden, args.intermediate, device, seed=i))
+        fill = time.perf_counter() - start
+        gb = sum(t.nbytes for t in layers[-1].expert_tensors.values()) / 1e9
+        print(f"fill: {fill:.3f} s ({gb / fill:.1f} GB/s)")
+    print(f"{args.layers} layers of {gb:.2f} GB ({args.experts} experts) on {device}, "
+          f"prefault {'off' if args.no_prefault else 'on'}")  # fmt: skip
     seconds, profile = [], cProfile.Profile()
     for layer in layers:
         start = time.perf_counter()

@@ -48,7 +48,8 @@ for phase in "$@"; do
     attnbench) timeout 90 python3 bench/bench_attention_kernel.py 2>&1 | tail -30 | tee "$OUT/attn_kernel.txt" ;;
     fillbench) timeout 150 python3 bench/bench_offload_fill.py 2>&1 | tee "$OUT/fill.txt" | tail -80 ;;
     # where the start-up packing (--moe-offload-compress) spends its time: seconds a layer + cProfile
-    packprobe) timeout ${PACK_TIMEOUT:-150} python3 bench/probe_packing.py --experts ${PACK_EXPERTS:-256} --hidden ${PACK_HIDDEN:-2048} --intermediate ${PACK_INTER:-512} --layers ${PACK_LAYERS:-3} 2>&1 | tee "$OUT/pack_probe.txt" | tail -45 ;;
+    # (prefault on, then off: xinfer/host_memory.py)
+    packprobe) for pf in "" --no-prefault; do timeout ${PACK_TIMEOUT:-150} python3 bench/probe_packing.py $pf --experts ${PACK_EXPERTS:-256} --hidden ${PACK_HIDDEN:-2048} --intermediate ${PACK_INTER:-512} --layers ${PACK_LAYERS:-3} 2>&1 | tee -a "$OUT/pack_probe.txt" | tail -30; done ;;
     packedfill) timeout 150 python3 bench/bench_offload_fill.py --packed --json "$OUT/packed_fill.json" 2>&1 | tee "$OUT/packed_fill.txt" | tail -30 ;;
     decode) timeout 300 python3 bench/bench_decode.py ${DECODE_EXTRA:-} --out "$OUT/decode${DECODE_TAG:-}" 2>&1 | grep -v "it/s]" | tail -60 ;;
     offloadbench) timeout ${OFFLOAD_TIMEOUT:-570} python3 bench/bench_offload_decode.py --rates ${OFFLOAD_RATES:-0.1,0.2,0.35,0.5,auto} --batches ${OFFLOAD_BATCHES:-1,8,32} --steps ${OFFLOAD_STEPS:-128,16,6} --warmup-steps ${OFFLOAD_WARMUP:-64,4,2} --ttft-tokens ${OFFLOAD_TTFT:-2048,8192} --routing ${OFFLOAD_ROUTING:-qwen3-30b-a3b} ${OFFLOAD_EXTRA:-} --out "$OUT/offload" 2>&1 | grep -v "it/s]" | tail -60 ;;

@@ -7,8 +7,17 @@ the SM fill read 27.0 GB/s from 4 KiB pages and 31.0 GB/s from huge pages (packe
 still page-aligned and owns its pages, which is all the host store needs to pin it in place;
 `XINFER_HOST_HUGE_PAGES=0` asks for 4 KiB pages.
 
-`host_empty` allocates (zero-filled: untouched pages cost nothing); `owns_mapping` says
-whether a tensor lies inside one such live mapping."""
+The pages are faulted in when the mapping is made, by a zero fill on torch's intra-op
+threads: a first touch costs far more than a write (measured on the CPU machine: 0.4-2.5
+GB/s on one thread, 1.6-3.8 on two, against 8-16 GB/s to rewrite touched pages), and the
+tensors' first writers — the dummy weights' copies from the GPU an expert at a time, the
+packing's planes filled by DMA, `cudaHostRegister` — run on one thread. On a healthy H100
+host (2026-12-06), before this, the 64.4 GB of Qwen3.5-35B-A3B experts took 62.6 s to fill
+(the resident engine's weights: 5.1 s) and packing, whose 1.2 GB of planes a layer were fresh
+pages, 35.7 s: both about one thread's first-touch rate (not yet measured there with this).
+
+`host_empty` allocates (zero-filled); `owns_mapping` says whether a tensor lies inside one
+such live mapping."""
 
 from __future__ import annotations
 
@@ -37,12 +46,14 @@ def host_empty(shape: tuple[int, ...] | torch.Size, dtype: torch.dtype) -> torch
         # (the model is built inside one; on 2026-12-06 the tiny GPU tests' experts landed
         # on the GPU without `device`, and offload ran every layer resident)
         return torch.zeros(shape, dtype=dtype, device="cpu")
-    return _mapped(shape, dtype, nbytes)
+    return _mapped(shape, dtype, nbytes, prefault=True)
 
 
-def _mapped(shape, dtype: torch.dtype, nbytes: int) -> torch.Tensor:
+def _mapped(shape, dtype: torch.dtype, nbytes: int, prefault: bool) -> torch.Tensor:
     """Huge pages from MIN_BYTES on; a smaller tensor gets 4 KiB pages (a huge page would
-    hold up to 2 MiB of RAM for it)."""
+    hold up to 2 MiB of RAM for it). `prefault`: fault every page in now, on all of torch's
+    threads (for a mapping whose first writer would be one thread: see the module
+    docstring)."""
     huge = nbytes >= MIN_BYTES
     align = HUGE_PAGE if huge else mmap.PAGESIZE
     size = -(-nbytes // align) * align + (align if huge else 0)  # + the slack to align
@@ -54,6 +65,8 @@ def _mapped(shape, dtype: torch.dtype, nbytes: int) -> torch.Tensor:
     # The storage itself starts at the aligned address (torch's is_pinned asks about the
     # storage's first byte); it keeps `buf` alive.
     out = torch.frombuffer(buf, dtype=torch.uint8, count=nbytes, offset=offset)
+    if prefault:
+        out.zero_()  # the pages are zero already: this only makes the kernel provide them
     _forget_dead()
     _LIVE[start] = (start + size, weakref.ref(buf))
     return out.view(dtype).view(shape)
@@ -88,6 +101,6 @@ def copy_to_mapping(t: torch.Tensor) -> torch.Tensor:
     pins it in place): on huge pages from MIN_BYTES on."""
     if t.numel() == 0:
         return t.clone()
-    out = _mapped(tuple(t.shape), t.dtype, t.numel() * t.element_size())
-    out.copy_(t)
+    out = _mapped(tuple(t.shape), t.dtype, t.numel() * t.element_size(), prefault=False)
+    out.copy_(t)  # faults the pages in on torch's threads itself
     return out

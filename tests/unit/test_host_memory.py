@@ -1,11 +1,13 @@
 """Host memory for large tensors (xinfer/host_memory.py): mappings of their own, aligned to
 2 MiB, advised as huge pages unless XINFER_HOST_HUGE_PAGES=0; small tensors keep torch's
-allocator; the registry of live mappings forgets freed ones."""
+allocator; the registry of live mappings forgets freed ones; a large tensor's pages are
+resident when it is made."""
 
 from __future__ import annotations
 
 import gc
 import mmap
+import os
 
 import pytest
 import torch
@@ -93,3 +95,16 @@ def test_bad_environment_value_is_refused(monkeypatch):
     monkeypatch.setenv("XINFER_HOST_HUGE_PAGES", "maybe")
     with pytest.raises(UserError, match="XINFER_HOST_HUGE_PAGES must be 1 or 0"):
         host_empty((MIN_BYTES,), torch.uint8)
+
+
+def _resident_bytes() -> int:
+    return int(open("/proc/self/statm").read().split()[1]) * mmap.PAGESIZE
+
+
+@pytest.mark.skipif(not os.path.exists("/proc/self/statm"), reason="Linux's /proc only")
+def test_a_large_tensor_is_resident_when_made():
+    """Its pages are faulted in at once (on torch's threads), not by its first writer."""
+    before = _resident_bytes()
+    t = host_empty((MIN_BYTES * 2,), torch.uint8)
+    assert _resident_bytes() - before >= MIN_BYTES * 2 * 0.9
+    assert not torch.any(t)
