@@ -262,43 +262,45 @@ def host_memory_rows(dev, reps: int, row_mb: float = 9.44) -> list[tuple[str, fl
     data = torch.randint(-(2**31), 2**31 - 1, (16, row_words), dtype=torch.int32)
     rows = []
     before = os.environ.get("XINFER_HOST_HUGE_PAGES")
-    for kind in ("4 KiB pages, registered", "huge pages, registered", "cudaHostAlloc"):
-        store = HostExpertStore(dev)
-        if kind == "cudaHostAlloc":
-            src = torch.empty_like(data, pin_memory=True)
-            src.copy_(data)
+    try:
+        for kind in ("4 KiB pages, registered", "huge pages, registered", "cudaHostAlloc"):
+            store = HostExpertStore(dev)
+            if kind == "cudaHostAlloc":
+                src = torch.empty_like(data, pin_memory=True)
+                src.copy_(data)
+            else:
+                os.environ["XINFER_HOST_HUGE_PAGES"] = "1" if kind.startswith("huge") else "0"
+                src = store.add_layer({"w": data.clone()})["w"]
+            cache = SlotCache({"w": src}, 8, dev, num_overflow=0)
+            cache.miss_ids[:8].copy_(torch.arange(8, 16, dtype=torch.int32))
+            cache.miss_slots[:8].copy_(torch.arange(8, dtype=torch.int32))
+            for misses in (1, 8):
+                cache.miss_count.fill_(misses)
+                moved = misses * row_words * 4
+                label = f"{kind}: fill kernel, {misses} miss, in a CUDA graph"
+                try:
+                    cache.slots["w"].zero_()
+                    offload_kernels.fill(cache, {"w": src})
+                    torch.cuda.synchronize()
+                    assert torch.equal(cache.slots["w"][:misses].cpu(), data[8 : 8 + misses])
+                    fn = lambda c=cache, h=src: offload_kernels.fill(c, {"w": h})  # noqa: E731
+                    rows.append((label, moved / cuda_time(graphed(fn), reps) / 1e9))
+                except Exception as exc:  # say what refused, keep the other rows
+                    print(f"{label}: {type(exc).__name__}: {str(exc)[:200]}", flush=True)
+                    rows.append((label, float("nan")))
+
+                def engine(n=misses, c=cache, h=src) -> None:
+                    for m in range(n):
+                        c.slots["w"][m].copy_(h[8 + m], non_blocking=True)
+
+                gbs = moved / cuda_time(engine, reps) / 1e9
+                rows.append((f"{kind}: copy engine, {misses} experts, eager", gbs))
+            store.close()
+    finally:  # the environment as it was, whatever failed
+        if before is None:
+            os.environ.pop("XINFER_HOST_HUGE_PAGES", None)
         else:
-            os.environ["XINFER_HOST_HUGE_PAGES"] = "1" if kind.startswith("huge") else "0"
-            src = store.add_layer({"w": data.clone()})["w"]
-        cache = SlotCache({"w": src}, 8, dev, num_overflow=0)
-        cache.miss_ids[:8].copy_(torch.arange(8, 16, dtype=torch.int32))
-        cache.miss_slots[:8].copy_(torch.arange(8, dtype=torch.int32))
-        for misses in (1, 8):
-            cache.miss_count.fill_(misses)
-            moved = misses * row_words * 4
-            label = f"{kind}: fill kernel, {misses} miss, in a CUDA graph"
-            try:
-                cache.slots["w"].zero_()
-                offload_kernels.fill(cache, {"w": src})
-                torch.cuda.synchronize()
-                assert torch.equal(cache.slots["w"][:misses].cpu(), data[8 : 8 + misses])
-                fn = lambda c=cache, h=src: offload_kernels.fill(c, {"w": h})  # noqa: E731
-                rows.append((label, moved / cuda_time(graphed(fn), reps) / 1e9))
-            except Exception as exc:  # say what refused, keep the other rows
-                print(f"{label}: {type(exc).__name__}: {str(exc)[:200]}", flush=True)
-                rows.append((label, float("nan")))
-
-            def engine(n=misses, c=cache, h=src) -> None:
-                for m in range(n):
-                    c.slots["w"][m].copy_(h[8 + m], non_blocking=True)
-
-            gbs = moved / cuda_time(engine, reps) / 1e9
-            rows.append((f"{kind}: copy engine, {misses} experts, eager", gbs))
-        store.close()
-    if before is None:
-        os.environ.pop("XINFER_HOST_HUGE_PAGES", None)
-    else:
-        os.environ["XINFER_HOST_HUGE_PAGES"] = before
+            os.environ["XINFER_HOST_HUGE_PAGES"] = before
     return rows
 
 

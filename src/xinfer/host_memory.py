@@ -42,9 +42,8 @@ def host_empty(shape: tuple[int, ...] | torch.Size, dtype: torch.dtype) -> torch
     MIN_BYTES, else from torch's allocator."""
     nbytes = math.prod(shape) * dtype.itemsize
     if nbytes < MIN_BYTES:
-        # the host, whatever device a surrounding `with torch.device(...)` makes the default
-        # (the model is built inside one; on 2026-12-06 the tiny GPU tests' experts landed
-        # on the GPU without `device`, and offload ran every layer resident)
+        # the host, whatever a surrounding `with torch.device(...)` makes the default (the
+        # model is built inside one: without `device` small experts landed on the GPU)
         return torch.zeros(shape, dtype=dtype, device="cpu")
     return _mapped(shape, dtype, nbytes, prefault=True)
 

@@ -98,7 +98,8 @@ def test_bad_environment_value_is_refused(monkeypatch):
 
 
 def _resident_bytes() -> int:
-    return int(open("/proc/self/statm").read().split()[1]) * mmap.PAGESIZE
+    with open("/proc/self/statm") as f:
+        return int(f.read().split()[1]) * mmap.PAGESIZE
 
 
 @pytest.mark.skipif(not os.path.exists("/proc/self/statm"), reason="Linux's /proc only")
