@@ -3,8 +3,9 @@
 # logging everything under $OUT (which comes back). Usage: scripts/gpu_run.sh tests bench ...
 set -uo pipefail
 cd "$(dirname "$0")/.."
-# Logs go to a scratch folder packed into one $OUT/results.tgz at the end (the device tool
-# brings back at most 8 files).
+# Logs go to a scratch folder packed into one $OUT/results.tgz after each phase (the device
+# tool brings back at most 8 files). Set GPU_RUN_LIMIT to the call's timeout_s when it is not
+# 600: the phases' timeouts are cut to fit it (below).
 FINAL_OUT=${OUT:-/tmp/out}
 OUT=/tmp/gpu_run_results
 mkdir -p "$OUT" "$FINAL_OUT"
@@ -16,6 +17,21 @@ else
   export PYTHONPATH=$PWD/src:$PWD/tests${PYTHONPATH:+:$PYTHONPATH}
 fi
 export PYTHONUNBUFFERED=1
+# The call's own limit (run's timeout_s, 600 by default): every phase's `timeout N` below is
+# cut to what is left of it, less 25 s to pack the logs, so a phase that would outlive the
+# call stops in time and what it printed comes back (a phase past the deadline is skipped).
+START_S=$(date +%s)
+CALL_LIMIT_S=${GPU_RUN_LIMIT:-600}
+timeout() {
+  local opts=()
+  while [[ $1 == -* ]]; do
+    opts+=("$1"); if [[ $1 == -s || $1 == -k ]]; then shift; opts+=("$1"); fi; shift
+  done
+  local want=$1 left=$((CALL_LIMIT_S - ($(date +%s) - START_S) - 25)); shift
+  if ((left < 10)); then echo "skipped: the call's limit is near ($*)"; return 124; fi
+  ((want > left)) && want=$left
+  command timeout "${opts[@]}" "$want" "$@"
+}
 nvidia-smi --query-gpu=name,memory.total,memory.used --format=csv | tee "$OUT/gpu.txt"
 python3 -c 'import torch, triton, transformers; print(torch.__version__, triton.__version__, transformers.__version__)' | tee -a "$OUT/gpu.txt"
 for phase in "$@"; do
@@ -98,6 +114,7 @@ for phase in "$@"; do
     vsllama) bash bench/bench_vs_llamacpp.sh --start-build; ONLY="${VS_ROWS:-q4_k}" timeout ${VS_TIMEOUT:-590} bash bench/bench_vs_llamacpp.sh 2>&1 | grep -v "it/s]" | tee "$OUT/vs_llamacpp_${VS_ROWS:-q4_k}.txt" | tail -30; cp bench/results/vs_llamacpp.jsonl "$OUT/" 2>/dev/null ;;
     *) echo "unknown phase $phase" ;;
   esac
+  tar czf "$FINAL_OUT/results.tgz" -C "$OUT" .
 done
 echo "=== done $(date +%T)"
 tar czf "$FINAL_OUT/results.tgz" -C "$OUT" .
