@@ -190,3 +190,16 @@ def test_compress_without_bf16_experts_says_so(checkpoint, caplog):
     assert "--moe-offload-compress has no effect here" in caplog.text and "float32" in caplog.text
     assert [r.token_ids for r in llm.generate(PROMPTS[:1], GREEDY)] == base
     assert not llm.offload_stats()["compressed"]
+
+
+def test_plain_bf16_offload_names_the_packing(checkpoint, caplog):
+    """bf16 experts offloaded plain: the start-up log points at --moe-offload-compress; with
+    it on, or with experts that would not pack (fp32), it does not."""
+    kw = dict(device="cpu", max_num_batched_tokens=BUDGET, moe_offload=0.25)
+    hint = "--moe-offload-compress keeps them packed"
+    for dtype, compress, shown in (("bfloat16", False, True), ("bfloat16", True, False),
+                                   ("float32", False, False)):  # fmt: skip
+        caplog.clear()
+        with caplog.at_level("INFO", logger="xinfer"):
+            LLM(str(checkpoint), dtype=dtype, moe_offload_compress=compress, **kw)
+        assert (hint in caplog.text) == shown, (dtype, compress)

@@ -155,6 +155,15 @@ def _pack_rows(rows: torch.Tensor, base: int) -> tuple:
     return low, nibbles, flat, escaped.sum(dim=1), starts
 
 
+def packable(t: torch.Tensor) -> bool:
+    """Whether an `[E, ...]` tensor has the layout packing takes: bf16 rows of a nonzero
+    multiple of 8 elements (whether it saves bytes is known only once packed)."""
+    if t.dtype != torch.bfloat16 or t.dim() < 2:
+        return False
+    n = math.prod(t.shape[1:])
+    return n > 0 and n % 8 == 0
+
+
 def pack_experts(
     t: torch.Tensor,
     device: torch.device | None = None,
@@ -165,11 +174,9 @@ def pack_experts(
     chunk crossing to it once: beyond the result, the host holds one chunk's planes.
     `pinner` (the host store, on CUDA) pins the big planes as soon as they are allocated, so
     that the chunks' results come back as asynchronous DMA (and unpins them on a decline)."""
-    if t.dtype != torch.bfloat16 or t.dim() < 2 or t.device.type != "cpu":
+    if not packable(t) or t.device.type != "cpu":
         return None
     num_experts, n = t.shape[0], t[0].numel()
-    if n == 0 or n % 8:
-        return None
     device = torch.device(device or "cpu")
     base = densest_window(t)
     low = host_empty((num_experts, n), torch.uint8)  # huge pages: the fill reads these

@@ -16,7 +16,7 @@ from xinfer.offload.copy_engine import BounceBuffers, LayerCopies
 from xinfer.offload.executor import OffloadExecutor, ResidentExecutor
 from xinfer.offload.graph_nodes import unavailable_reason
 from xinfer.offload.host_store import HostExpertStore
-from xinfer.offload.packed import PackedExperts, pack_layer, stored_row_bytes
+from xinfer.offload.packed import PackedExperts, pack_layer, packable, stored_row_bytes
 from xinfer.offload.packed_staging import PackedStager
 from xinfer.offload.sizing import (
     GIB,
@@ -177,6 +177,16 @@ def enable_offload(
                 sorted({str(t.dtype).removeprefix("torch.") for h in hosts for t in h.values()})
             ),
         )
+    elif (
+        not offload.compress
+        and "copy-engine" not in (offload.fill, offload.prefetch_fill)
+        and _packs_any(hosts)
+    ):
+        logger.info(
+            "MoE offload: the offloaded bf16 experts cross the link as stored; "
+            "--moe-offload-compress keeps them packed, losslessly (3/4 of the bytes a miss, "
+            "+15-31%% decode tok/s measured on an H100, ~0.5 s of start-up a GB)"
+        )
     elif offload.compress and total:
         logger.info(
             "MoE offload: %d of %d expert tensors packed: %.2f GB in host RAM for %.2f GB of "
@@ -230,6 +240,11 @@ def _packed_stager(hosts: list[dict], caches: list, device: torch.device) -> Pac
         if isinstance(t, PackedExperts)
     ]
     return PackedStager(packed, device) if packed else None
+
+
+def _packs_any(hosts: list[dict]) -> bool:
+    """Whether any offloaded expert tensor has the layout `--moe-offload-compress` packs."""
+    return any(isinstance(t, torch.Tensor) and packable(t) for h in hosts for t in h.values())
 
 
 def _host_set(
