@@ -2,15 +2,17 @@
 
 The engine's "offload" load phase packed the Qwen3.5-35B-A3B shape's 40 layers (64.4 GB of
 bf16 experts) in 35.7 s on a healthy H100 host (2026-12-06), ~0.9 s a layer, where
-registered copies and the GPU arithmetic predict ~0.2 s. This probe packs `--layers`
-layers of one expert shape exactly as the engine does (`offload/setup.py _host_set`, then
-`HostExpertStore.add_layer`), each layer's tensors in mappings of their own
-(`xinfer/host_memory.py`, as the MoE layer allocates them) filled with N(0, 0.02) bf16, and
-prints the seconds of each layer's fill (the dummy weights' pattern: an expert at a time
-from the GPU) and packing, then the functions that took the time (cProfile, cumulative), so
-one run names the cost. `--no-prefault` leaves the mappings' pages to their first writer (as
-before 2026-12-06: `xinfer/host_memory.py`), for the A/B. On CPU it runs the same path
-unpinned.
+registered copies and the GPU arithmetic predict ~0.2 s; 29.5-32.5 s once host pages were
+faulted in when made. This probe packs `--layers` layers of one expert shape exactly as the
+engine does (`offload/setup.py host_sets`: the next layer's plane buffers are made on a
+helper thread while one packs), each layer's tensors in mappings of their own
+(`xinfer/host_memory.py`, as the MoE layer allocates them) filled with N(0, 0.02) bf16. It
+prints the seconds of each layer's fill (an expert at a time from the GPU, as the dummy
+weights did before 2026-12-06) and packing, then the functions that took the time
+(cProfile, cumulative, of the main thread: the helper's first touches run beside it and
+show only as waits), so one run names the cost. `--no-prefault` leaves the mappings' pages
+to their first writer (as before 2026-12-06: `xinfer/host_memory.py`), for the A/B. On CPU
+it runs the same path unpinned.
 
     python3 bench/probe_packing.py --experts 256 --hidden 2048 --intermediate 512 --layers 3
 """
@@ -33,11 +35,11 @@ from xinfer import host_memory  # noqa: E402
 from xinfer.host_memory import host_empty  # noqa: E402
 from xinfer.offload.host_store import HostExpertStore  # noqa: E402
 from xinfer.offload.packed import PackedExperts  # noqa: E402
-from xinfer.offload.setup import _host_set  # noqa: E402
+from xinfer.offload.setup import host_sets  # noqa: E402
 
 
 class _Layer:
-    """What `_host_set` reads of a MoE layer: its expert tensors."""
+    """What `host_sets` reads of a MoE layer: its expert tensors."""
 
     def __init__(self, tensors: dict[str, torch.Tensor]) -> None:
         self.expert_tensors = tensors
@@ -91,10 +93,11 @@ def _run(args, device: torch.device) -> dict:
     print(f"{args.layers} layers of {gb:.2f} GB ({args.experts} experts) on {device}, "
           f"prefault {'off' if args.no_prefault else 'on'}")  # fmt: skip
     seconds, profile = [], cProfile.Profile()
-    for layer in layers:
+    sets = host_sets(layers, True, device, store)
+    for _ in layers:
         start = time.perf_counter()
         profile.enable()
-        stored = store.add_layer(_host_set(layer, True, device, store))
+        stored = next(sets)
         if device.type == "cuda":
             torch.cuda.synchronize(device)
         profile.disable()

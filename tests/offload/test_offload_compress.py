@@ -203,3 +203,59 @@ def test_plain_bf16_offload_names_the_packing(checkpoint, caplog):
         with caplog.at_level("INFO", logger="xinfer"):
             LLM(str(checkpoint), dtype=dtype, moe_offload_compress=compress, **kw)
         assert (hint in caplog.text) == shown, (dtype, compress)
+
+
+class _Layer:
+    def __init__(self, tensors):
+        self.expert_tensors = tensors
+
+
+def test_host_sets_make_the_next_layers_planes_while_one_packs(monkeypatch):
+    """offload/setup.py host_sets: each layer's packing equals pack_layer's alone, and the
+    plane buffers of layer k + 1 are made on the helper thread before layer k is stored (a
+    layer that does not pack, fp32, passes through)."""
+    import threading
+
+    from xinfer.offload import setup
+    from xinfer.offload.host_store import HostExpertStore
+
+    sources = [
+        {"w13": _weights(4, 2 * 64, seed=k), "w2": _weights(4, 64, seed=10 + k)} for k in range(3)
+    ]
+    sources.append({"w13": torch.randn(4, 16), "w2": torch.randn(4, 8)})  # fp32: no planes
+    expected = [pack_layer({n: t.clone() for n, t in s.items()}) for s in sources]
+    started = [threading.Event() for _ in sources]
+    threads = []
+    made = setup.layer_plane_buffers
+
+    def recording_buffers(tensors):
+        k = next(i for i, s in enumerate(sources) if s["w2"] is tensors["w2"])
+        threads.append(threading.current_thread().name)
+        started[k].set()
+        return made(tensors)
+
+    store = HostExpertStore(torch.device("cpu"))
+    stored_layer = store.add_layer
+
+    def recording_add(tensors):
+        k = len(store.layers)
+        # layer k + 1's buffers are under way before layer k is stored (no look-ahead: the
+        # wait runs out)
+        assert k + 1 == len(sources) or started[k + 1].wait(10), k
+        return stored_layer(tensors)
+
+    monkeypatch.setattr(setup, "layer_plane_buffers", recording_buffers)
+    monkeypatch.setattr(store, "add_layer", recording_add)
+    layers = [_Layer(dict(s)) for s in sources]
+    got = list(setup.host_sets(layers, True, torch.device("cpu"), store))
+    for k, (g, e) in enumerate(zip(got, expected)):
+        assert set(g) == set(e)
+        for name in e:
+            if isinstance(e[name], PackedExperts):
+                assert isinstance(g[name], PackedExperts), (k, name)
+                for plane in ("low", "codes", "escapes", "starts"):
+                    assert torch.equal(getattr(g[name], plane), getattr(e[name], plane))
+            else:
+                assert k == 3 and torch.equal(g[name], e[name])
+    assert len(threads) == 4 and all(name.startswith("xinfer-planes") for name in threads)
+    assert all(layer.expert_tensors == {} for layer in layers)

@@ -164,24 +164,41 @@ def packable(t: torch.Tensor) -> bool:
     return n > 0 and n % 8 == 0
 
 
+def plane_buffers(t: torch.Tensor) -> dict[str, torch.Tensor] | None:
+    """The host buffers `pack_experts` fills for `t` (`low`, `codes` as bytes, `starts`;
+    their pages faulted in by `host_empty`), or None where `t` does not pack. Made apart from
+    the packing so that a layer's can be made while the one before it packs
+    (offload/setup.py)."""
+    if not packable(t) or t.device.type != "cpu":
+        return None
+    num_experts, n = t.shape[0], t[0].numel()
+    return {
+        "low": host_empty((num_experts, n), torch.uint8),  # huge pages: the fill reads these
+        "codes": host_empty((num_experts, n // 2), torch.uint8),
+        "starts": host_empty((num_experts, -(-n // PACK_BLOCK)), torch.int32),
+    }
+
+
 def pack_experts(
     t: torch.Tensor,
     device: torch.device | None = None,
     pinner: Pinner | None = None,
+    buffers: dict[str, torch.Tensor] | None = None,
 ) -> PackedExperts | None:
     """Pack a host `[E, ...]` bf16 tensor, or None where packing does not apply or save.
     The arithmetic runs on `device` (default the host) a chunk of experts at a time, each
     chunk crossing to it once: beyond the result, the host holds one chunk's planes.
-    `pinner` (the host store, on CUDA) pins the big planes as soon as they are allocated, so
-    that the chunks' results come back as asynchronous DMA (and unpins them on a decline)."""
+    `pinner` (the host store, on CUDA) pins the big planes before they are filled, so that
+    the chunks' results come back as asynchronous DMA (and unpins them on a decline).
+    `buffers`: `plane_buffers(t)`, made beforehand (else made here)."""
     if not packable(t) or t.device.type != "cpu":
         return None
-    num_experts, n = t.shape[0], t[0].numel()
+    buffers = buffers or plane_buffers(t)
+    num_experts = t.shape[0]
     device = torch.device(device or "cpu")
     base = densest_window(t)
-    low = host_empty((num_experts, n), torch.uint8)  # huge pages: the fill reads these
-    codes = host_empty((num_experts, n // 2), torch.uint8)
-    starts = host_empty((num_experts, -(-n // PACK_BLOCK)), torch.int32)
+    low, codes, starts = buffers["low"], buffers["codes"], buffers["starts"]
+    assert low.shape == (num_experts, t[0].numel()), "plane buffers of another tensor"
     on_device = device.type == "cuda"
     pinned = pinner is not None
     if pinned:
@@ -217,17 +234,29 @@ def pack_experts(
     return packed
 
 
+def layer_plane_buffers(tensors: dict[str, torch.Tensor]) -> dict[str, dict[str, torch.Tensor]]:
+    """`plane_buffers` of each of a layer's tensors that packs."""
+    out = {}
+    for name, t in tensors.items():
+        buffers = plane_buffers(t)
+        if buffers is not None:
+            out[name] = buffers
+    return out
+
+
 def pack_layer(
     tensors: dict[str, torch.Tensor],
     device: torch.device | None = None,
     pinner: Pinner | None = None,
+    buffers: dict[str, dict[str, torch.Tensor]] | None = None,
 ) -> dict[str, torch.Tensor | PackedExperts]:
     """A layer's expert set with every tensor that packs replaced by its packing (computed
     on `device`: the GPU, when there is one, packs a layer in a fraction of a second;
-    `pinner`: see pack_experts)."""
+    `pinner`: see pack_experts; `buffers`: `layer_plane_buffers(tensors)`, made
+    beforehand)."""
     out: dict[str, torch.Tensor | PackedExperts] = {}
     for name, t in tensors.items():
-        packed = pack_experts(t, device, pinner)
+        packed = pack_experts(t, device, pinner, (buffers or {}).get(name))
         out[name] = t if packed is None else packed
     return out
 
