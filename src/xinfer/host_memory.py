@@ -23,6 +23,7 @@ from __future__ import annotations
 
 import math
 import mmap
+import threading
 import weakref
 
 import torch
@@ -35,6 +36,9 @@ HUGE_PAGE = 2 << 20
 MIN_BYTES = 32 << 20
 # Live mappings: start address → (end address, a weak reference to the mmap that owns them).
 _LIVE: dict[int, tuple[int, weakref.ref]] = {}
+# Mappings are made on a helper thread too (offload/setup.py host_sets): _LIVE is read and
+# changed under this lock.
+_LIVE_LOCK = threading.Lock()
 
 
 def host_empty(shape: tuple[int, ...] | torch.Size, dtype: torch.dtype) -> torch.Tensor:
@@ -66,8 +70,9 @@ def _mapped(shape, dtype: torch.dtype, nbytes: int, prefault: bool) -> torch.Ten
     out = torch.frombuffer(buf, dtype=torch.uint8, count=nbytes, offset=offset)
     if prefault:
         out.zero_()  # the pages are zero already: this only makes the kernel provide them
-    _forget_dead()
-    _LIVE[start] = (start + size, weakref.ref(buf))
+    with _LIVE_LOCK:
+        _forget_dead()
+        _LIVE[start] = (start + size, weakref.ref(buf))
     return out.view(dtype).view(shape)
 
 
@@ -81,6 +86,7 @@ def _advise(buf: mmap.mmap) -> None:
 
 
 def _forget_dead() -> None:
+    """Drop the entries of mappings that are gone (under _LIVE_LOCK)."""
     for start in [s for s, (_, ref) in _LIVE.items() if ref() is None]:
         del _LIVE[start]
 
@@ -89,10 +95,11 @@ def owns_mapping(t: torch.Tensor) -> bool:
     """`t` lies inside a live mapping made by `host_empty` (its pages are no one else's)."""
     if t.device.type != "cpu":
         return False
-    _forget_dead()
     start = t.data_ptr()
     end = start + t.numel() * t.element_size()
-    return any(s <= start and end <= e for s, (e, _) in _LIVE.items())
+    with _LIVE_LOCK:
+        _forget_dead()
+        return any(s <= start and end <= e for s, (e, _) in _LIVE.items())
 
 
 def copy_to_mapping(t: torch.Tensor) -> torch.Tensor:

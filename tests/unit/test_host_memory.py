@@ -109,3 +109,36 @@ def test_a_large_tensor_is_resident_when_made():
     t = host_empty((MIN_BYTES * 2,), torch.uint8)
     assert _resident_bytes() - before >= MIN_BYTES * 2 * 0.9
     assert not torch.any(t)
+
+
+def test_mappings_made_on_another_thread_beside_owns_mapping():
+    """offload/setup.py host_sets makes mappings on a helper thread while the main thread
+    asks owns_mapping: the registry of live mappings is read and changed under a lock
+    (without it: "dictionary changed size during iteration")."""
+    import sys
+    import threading
+
+    keep = [host_memory._mapped((4096,), torch.uint8, 4096, False) for _ in range(64)]
+    errors, done = [], threading.Event()
+
+    def make():
+        try:
+            for _ in range(3000):
+                host_memory._mapped((4096,), torch.uint8, 4096, False)  # dropped at once
+        except Exception as e:  # noqa: BLE001 - reported below
+            errors.append(e)
+        finally:
+            done.set()
+
+    interval = sys.getswitchinterval()
+    sys.setswitchinterval(1e-6)
+    try:
+        maker = threading.Thread(target=make)
+        maker.start()
+        while not done.is_set():
+            for t in keep[:8]:
+                assert owns_mapping(t)
+        maker.join()
+    finally:
+        sys.setswitchinterval(interval)
+    assert not errors, errors
