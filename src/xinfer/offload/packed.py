@@ -171,7 +171,7 @@ def plane_buffers(t: torch.Tensor) -> dict[str, torch.Tensor] | None:
     (offload/setup.py)."""
     if not packable(t) or t.device.type != "cpu":
         return None
-    num_experts, n = t.shape[0], t[0].numel()
+    num_experts, n = t.shape[0], math.prod(t.shape[1:])
     return {
         "low": host_empty((num_experts, n), torch.uint8),  # huge pages: the fill reads these
         "codes": host_empty((num_experts, n // 2), torch.uint8),
@@ -198,7 +198,7 @@ def pack_experts(
     device = torch.device(device or "cpu")
     base = densest_window(t)
     low, codes, starts = buffers["low"], buffers["codes"], buffers["starts"]
-    assert low.shape == (num_experts, t[0].numel()), "plane buffers of another tensor"
+    assert low.shape == (num_experts, math.prod(t.shape[1:])), "plane buffers of another tensor"
     on_device = device.type == "cuda"
     pinned = pinner is not None
     if pinned:
