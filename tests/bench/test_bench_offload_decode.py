@@ -352,3 +352,18 @@ def test_compress_reaches_the_offload_engines_and_the_gpu_phase_parses():
         argv = [flag if a == "$f" else a for a in phase if a != "$f" or flag]
         parsed = bench.build_parser().parse_args(argv)
         assert parsed.compress == bool(flag) and parsed.rates == "0.1,0.2,0.35"
+
+
+@pytest.mark.parametrize("phase", ["offloadbench", "hybridoffload"])
+def test_an_empty_ttft_list_in_the_gpu_phase_means_no_ttft_engines(phase):
+    """OFFLOAD_TTFT="" runs no TTFT rows (it once fell back to the default and spent a call's
+    engines on them); unset, the phase keeps its default lengths."""
+    from gpu_run_phases import gpu_run_args
+
+    none = bench.build_parser().parse_args(
+        gpu_run_args(phase, "bench_offload_decode.py", {"OFFLOAD_TTFT": ""})
+    )
+    default = bench.build_parser().parse_args(gpu_run_args(phase, "bench_offload_decode.py"))
+    assert none.ttft_tokens == "" and default.ttft_tokens == "2048,8192"
+    assert not any(j["ttft_tokens"] for j in bench.plan_jobs(none))
+    assert any(j["ttft_tokens"] for j in bench.plan_jobs(default))
