@@ -8,7 +8,9 @@ on CPU, four architectures): greedy output equals no offload at 0.1 / 0.25 / 0.5
 (overflow rows) and with a prompt pass (the staging path unpacks too), with either slot
 policy and with prefetch; the stats count what crossed the link (packed bytes) and the store is
 smaller. Architectures: plain MoE, Mixtral, the hybrid Qwen3.5 (linear attention, a shared
-expert) and Qwen1.5-MoE (a gated shared expert)."""
+expert) and Qwen1.5-MoE (a gated shared expert). Start-up: the next layer's plane buffers
+are made on a helper thread while a layer packs, with the same packings; a plain bf16
+offload names the option in its log."""
 
 from __future__ import annotations
 
@@ -212,7 +214,7 @@ class _Layer:
 
 def test_host_sets_make_the_next_layers_planes_while_one_packs(monkeypatch):
     """offload/setup.py host_sets: each layer's packing equals pack_layer's alone, and the
-    plane buffers of layer k + 1 are made on the helper thread before layer k is stored (a
+    plane buffers of layer k + 1 are under way on the helper thread before layer k is stored (a
     layer that does not pack, fp32, passes through)."""
     import threading
 
