@@ -24,6 +24,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 
 from cuda_timing import cuda_seconds  # noqa: E402
 
+from xinfer.host_memory import resident_bytes  # noqa: E402
 from xinfer.offload import graph_nodes  # noqa: E402
 from xinfer.offload import kernels as offload_kernels  # noqa: E402
 from xinfer.offload.copy_engine import BounceBuffers, LayerCopies  # noqa: E402
@@ -83,8 +84,7 @@ def check(caches, hosts, m: int, layers: int = 4) -> str:
 
 def _rss_gb() -> float:
     """Resident host memory of this process now (the graph's nodes live there)."""
-    with open("/proc/self/statm") as f:
-        return int(f.read().split()[1]) * 4096 / 1e9
+    return (resident_bytes() or 0) / 1e9
 
 
 def capture(fn) -> torch.cuda.CUDAGraph:

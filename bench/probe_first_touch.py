@@ -4,8 +4,8 @@ Both slow phases of an offloaded engine's start-up write fresh host pages: the d
 experts (64.4 GB for the Qwen3.5-35B-A3B shape: 25.6 s on a healthy H100 host, 2026-12-06,
 with the pages faulted in beforehand by `zero_` on torch's threads) and the packing's planes
 (~0.27 s of `zero_` a layer for 1.2 GB, ~4.4 GB/s). On the CPU machine a first touch ran
-0.4-4 GB/s and a rewrite 13-15 GB/s. This probe times, on mappings made as
-`xinfer/host_memory.py` makes them (2 MiB-aligned, `MADV_HUGEPAGE` unless `4k`):
+0.4-4 GB/s and a rewrite 13-15 GB/s. This probe times, on mappings made by
+`xinfer/host_memory.py` without its prefault (2 MiB-aligned, `MADV_HUGEPAGE` unless `4k`):
 
 - the first touch by `zero_` on torch's intra-op threads (today's prefault);
 - the first touch by `madvise(MADV_POPULATE_WRITE)` (Linux 5.14+) on 1..N Python threads
@@ -26,12 +26,19 @@ import argparse
 import ctypes
 import json
 import mmap
+import os
+import sys
 import threading
 import time
+from pathlib import Path
 
 import torch
 
-HUGE_PAGE = 2 << 20
+sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "src"))
+
+from xinfer import host_memory  # noqa: E402
+
+HUGE_PAGE = host_memory.HUGE_PAGE
 MADV_POPULATE_WRITE = 23  # linux/mman.h (5.14)
 
 
@@ -52,34 +59,31 @@ def anon_huge_kb() -> int:
     return -1
 
 
-class Mapping:
-    """An anonymous mapping of `nbytes` at a 2 MiB-aligned address (as host_memory makes)."""
-
-    def __init__(self, nbytes: int, huge: bool) -> None:
-        self.buf = mmap.mmap(-1, nbytes + HUGE_PAGE)
-        if huge and hasattr(mmap, "MADV_HUGEPAGE"):
-            self.buf.madvise(mmap.MADV_HUGEPAGE)
-        start = torch.frombuffer(self.buf, dtype=torch.uint8, count=1).data_ptr()
-        self.offset = (-start) % HUGE_PAGE
-        self.addr, self.nbytes = start + self.offset, nbytes
-        self.tensor = torch.frombuffer(
-            self.buf, dtype=torch.uint8, count=nbytes, offset=self.offset
-        )
-
-    def close(self) -> None:
-        del self.tensor
-        self.buf.close()
+def fresh_mapping(nbytes: int, huge: bool) -> torch.Tensor:
+    """An untouched mapping of `nbytes`, made as `host_empty` makes one (xinfer/host_memory.py)
+    but without its prefault; `huge`: advised as huge pages or not. Freed when dropped."""
+    before = os.environ.get("XINFER_HOST_HUGE_PAGES")
+    os.environ["XINFER_HOST_HUGE_PAGES"] = "1" if huge else "0"
+    try:
+        return host_memory._mapped((nbytes,), torch.uint8, nbytes, prefault=False)
+    finally:
+        if before is None:
+            os.environ.pop("XINFER_HOST_HUGE_PAGES", None)
+        else:
+            os.environ["XINFER_HOST_HUGE_PAGES"] = before
 
 
-def populate(m: Mapping, threads: int) -> None:
-    """Fault every page of `m` in with MADV_POPULATE_WRITE, split over `threads` threads."""
+def populate(t: torch.Tensor, threads: int) -> None:
+    """Fault every page of `t` (a mapping's tensor) in with MADV_POPULATE_WRITE, split over
+    `threads` threads."""
     libc, errors = _libc(), []
-    part = -(-m.nbytes // threads // HUGE_PAGE) * HUGE_PAGE
+    nbytes, addr = t.numel() * t.element_size(), t.data_ptr()
+    part = -(-nbytes // threads // mmap.PAGESIZE) * mmap.PAGESIZE
 
     def one(i: int) -> None:
         start = i * part
-        size = min(part, m.nbytes - start)
-        if size > 0 and libc.madvise(m.addr + start, size, MADV_POPULATE_WRITE) != 0:
+        size = min(part, nbytes - start)
+        if size > 0 and libc.madvise(addr + start, size, MADV_POPULATE_WRITE) != 0:
             errors.append(ctypes.get_errno())
 
     pool = [threading.Thread(target=one, args=(i,)) for i in range(threads)]
@@ -92,25 +96,23 @@ def populate(m: Mapping, threads: int) -> None:
 
 
 def timed_touch(nbytes: int, huge: bool, how, rows: list, name: str) -> None:
-    m = Mapping(nbytes, huge)
+    t = fresh_mapping(nbytes, huge)
     before = anon_huge_kb()
     start = time.perf_counter()
     try:
-        how(m)
+        how(t)
     except OSError as e:
         rows.append({"what": name, "error": str(e)})
-        m.close()
         return
     seconds = time.perf_counter() - start
     grew = anon_huge_kb() - before
     start = time.perf_counter()
-    m.tensor.zero_()
+    t.zero_()
     rewrite = time.perf_counter() - start
     rows.append({
         "what": name, "seconds": seconds, "gb_s": nbytes / seconds / 1e9,
         "rewrite_gb_s": nbytes / rewrite / 1e9, "huge_pages_gb": grew * 1024 / 1e9,
     })  # fmt: skip
-    m.close()
 
 
 def gpu_to_host(nbytes: int, device: torch.device, rows: list) -> None:
@@ -118,9 +120,9 @@ def gpu_to_host(nbytes: int, device: torch.device, rows: list) -> None:
     memory, from one GPU buffer of `nbytes`."""
     src = torch.empty(nbytes // 2, dtype=torch.bfloat16, device=device).normal_(0, 0.02)
     expert = 6 << 20 >> 1  # elements of a 6 MiB expert
-    m = Mapping(nbytes, huge=True)
-    m.tensor.zero_()
-    dst = m.tensor.view(torch.bfloat16)
+    host = fresh_mapping(nbytes, huge=True)
+    host.zero_()
+    dst = host.view(torch.bfloat16)
     torch.cuda.synchronize(device)
     start = time.perf_counter()
     for i in range(0, dst.numel(), expert):
@@ -141,12 +143,11 @@ def gpu_to_host(nbytes: int, device: torch.device, rows: list) -> None:
     rows.append({"what": "GPU -> host, 256 MiB chunks through pinned memory", "seconds": chunked,
                  "gb_s": nbytes / chunked / 1e9})  # fmt: skip
     start = time.perf_counter()
-    torch.cuda.cudart().cudaHostRegister(m.addr, nbytes, 0)
+    torch.cuda.cudart().cudaHostRegister(host.data_ptr(), nbytes, 0)
     reg = time.perf_counter() - start
-    torch.cuda.cudart().cudaHostUnregister(m.addr)
+    torch.cuda.cudart().cudaHostUnregister(host.data_ptr())
     rows.append({"what": "cudaHostRegister of touched pages", "seconds": reg,
                  "gb_s": nbytes / reg / 1e9})  # fmt: skip
-    m.close()
 
 
 def main(argv: list[str] | None = None) -> list[dict]:
@@ -160,9 +161,9 @@ def main(argv: list[str] | None = None) -> list[dict]:
     for huge in (True, False):
         pages = "huge" if huge else "4k"
         name = f"zero_ on {torch.get_num_threads()} torch threads, {pages}"
-        timed_touch(nbytes, huge, lambda m: m.tensor.zero_(), rows, name)
+        timed_touch(nbytes, huge, lambda t: t.zero_(), rows, name)
         for n in [int(x) for x in args.threads.split(",") if x]:
-            timed_touch(nbytes, huge, lambda m, n=n: populate(m, n), rows,
+            timed_touch(nbytes, huge, lambda t, n=n: populate(t, n), rows,
                         f"MADV_POPULATE_WRITE x{n} threads, {pages}")  # fmt: skip
     if torch.cuda.is_available():
         gpu_to_host(nbytes, torch.device("cuda"), rows)

@@ -9,15 +9,15 @@ still page-aligned and owns its pages, which is all the host store needs to pin 
 
 The pages are faulted in when the mapping is made, by a zero fill on torch's intra-op
 threads: a first touch costs far more than a write (measured on the CPU machine: 0.4-2.5
-GB/s on one thread, 1.6-3.8 on two, against 8-16 GB/s to rewrite touched pages), and the
-tensors' first writers — the dummy weights' copies from the GPU an expert at a time, the
-packing's planes filled by DMA, `cudaHostRegister` — run on one thread. On a healthy H100
-host (2026-12-06), before this, the 64.4 GB of Qwen3.5-35B-A3B experts took 62.6 s to fill
-(the resident engine's weights: 5.1 s) and packing, whose 1.2 GB of planes a layer were fresh
-pages, 35.7 s: both about one thread's first-touch rate (not yet measured there with this).
+GB/s on one thread, 1.6-3.8 on two, against 8-16 GB/s to rewrite touched pages), and some
+first writers run on one thread (the packing's planes filled by DMA, `cudaHostRegister`).
+On a healthy H100 host (2026-12-06) this took the Qwen3.5-35B-A3B shape's start-up from
+62.6 to 25.6 s for its 64.4 GB of dummy experts and packing from 35.7 to 29.5-32.5 s; the
+first touch stayed the largest part of packing (~4.4 GB/s on 16 threads).
 
 `host_empty` allocates (zero-filled); `owns_mapping` says whether a tensor lies inside one
-such live mapping."""
+such live mapping; `resident_bytes` is this process's resident memory (for probes and
+tests)."""
 
 from __future__ import annotations
 
@@ -110,3 +110,12 @@ def copy_to_mapping(t: torch.Tensor) -> torch.Tensor:
     out = _mapped(tuple(t.shape), t.dtype, t.numel() * t.element_size(), prefault=False)
     out.copy_(t)  # faults the pages in on torch's threads itself
     return out
+
+
+def resident_bytes() -> int | None:
+    """This process's resident memory in bytes (Linux's /proc/self/statm), None elsewhere."""
+    try:
+        with open("/proc/self/statm") as f:
+            return int(f.read().split()[1]) * mmap.PAGESIZE
+    except OSError:
+        return None

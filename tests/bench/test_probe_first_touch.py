@@ -10,6 +10,8 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[2] / "bench"))
 
 import probe_first_touch  # noqa: E402
 
+from xinfer.host_memory import resident_bytes  # noqa: E402
+
 
 def test_probe_times_every_way_of_touching_pages(capsys, tmp_path):
     out = tmp_path / "touch.json"
@@ -23,21 +25,12 @@ def test_probe_times_every_way_of_touching_pages(capsys, tmp_path):
     assert capsys.readouterr().out.count("\n| ") == 7  # header + six rows
 
 
-def _resident_bytes() -> int:
-    import mmap
-
-    with open("/proc/self/statm") as f:
-        return int(f.read().split()[1]) * mmap.PAGESIZE
-
-
 def test_populate_faults_every_page_in():
-    m = probe_first_touch.Mapping(64 << 20, huge=False)
+    t = probe_first_touch.fresh_mapping(64 << 20, huge=False)
+    before = resident_bytes()
     try:
-        before = _resident_bytes()
-        try:
-            probe_first_touch.populate(m, 3)
-        except OSError:  # no MADV_POPULATE_WRITE on this kernel (< 5.14)
-            return
-        assert _resident_bytes() - before >= 0.9 * m.nbytes
-    finally:
-        m.close()
+        probe_first_touch.populate(t, 3)
+    except OSError:  # no MADV_POPULATE_WRITE on this kernel (< 5.14)
+        return
+    if before is not None:
+        assert resident_bytes() - before >= 0.9 * t.numel()

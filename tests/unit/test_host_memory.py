@@ -7,14 +7,20 @@ from __future__ import annotations
 
 import gc
 import mmap
-import os
 
 import pytest
 import torch
 
 from xinfer import host_memory
 from xinfer.errors import UserError
-from xinfer.host_memory import HUGE_PAGE, MIN_BYTES, copy_to_mapping, host_empty, owns_mapping
+from xinfer.host_memory import (
+    HUGE_PAGE,
+    MIN_BYTES,
+    copy_to_mapping,
+    host_empty,
+    owns_mapping,
+    resident_bytes,
+)
 
 
 def test_large_tensor_gets_an_aligned_mapping_of_its_own():
@@ -97,17 +103,12 @@ def test_bad_environment_value_is_refused(monkeypatch):
         host_empty((MIN_BYTES,), torch.uint8)
 
 
-def _resident_bytes() -> int:
-    with open("/proc/self/statm") as f:
-        return int(f.read().split()[1]) * mmap.PAGESIZE
-
-
-@pytest.mark.skipif(not os.path.exists("/proc/self/statm"), reason="Linux's /proc only")
+@pytest.mark.skipif(resident_bytes() is None, reason="Linux's /proc only")
 def test_a_large_tensor_is_resident_when_made():
     """Its pages are faulted in at once (on torch's threads), not by its first writer."""
-    before = _resident_bytes()
+    before = resident_bytes()
     t = host_empty((MIN_BYTES * 2,), torch.uint8)
-    assert _resident_bytes() - before >= MIN_BYTES * 2 * 0.9
+    assert resident_bytes() - before >= MIN_BYTES * 2 * 0.9
     assert not torch.any(t)
 
 
