@@ -314,7 +314,9 @@ def write(out: Path, meta: dict, results: list[dict]) -> str:
     return page
 
 
-def main(argv: list[str] | None = None) -> int:
+def main(argv: list[str] | None = None, script: str | None = None) -> int:
+    """Run the engines and write the page; `script` names the command's script on the page
+    when another bench calls this one in-process (default: this process's own)."""
     args = build_parser().parse_args(argv)
     signal.signal(signal.SIGTERM, _stop_worker)
     jobs = plan_jobs(args)
@@ -330,7 +332,7 @@ def main(argv: list[str] | None = None) -> int:
             "compress": args.compress,
             "prefetch_issue": args.prefetch_issue, "prefetch_fill": args.prefetch_fill,
             "prefetch_programs": args.prefetch_programs,
-            "command": "python3 " + " ".join([sys.argv[0], *(argv or sys.argv[1:])])}  # fmt: skip
+            "command": "python3 " + " ".join([script or sys.argv[0], *(argv or sys.argv[1:])])}  # fmt: skip
     out, results, page = Path(args.out), [], ""
     for job in jobs:
         t0 = time.perf_counter()

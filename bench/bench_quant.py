@@ -17,6 +17,7 @@ from __future__ import annotations
 import argparse
 import gc
 import json
+import shlex
 import shutil
 import sys
 import tempfile
@@ -111,18 +112,24 @@ def resident(args, fmt: str, path: Path, hbm: float) -> dict:
 
 def offload(args, fmt: str, path: Path) -> str:
     """bench_offload_decode.py on this format's model dir (each engine in its own process):
-    batch 1 and 8 at 0.2 and `auto`, 2k-token TTFT, with the routing model; its page."""
+    batch 1 and 8 at 0.2 and `auto`, 2k-token TTFT, with the routing model, then
+    `--offload-args` (which may override any of these: the last occurrence wins); its page."""
     import bench_offload_decode
 
     out = Path(f"{args.out}_offload_{fmt}")
-    bench_offload_decode.main([
+    bench_offload_decode.main(offload_argv(args, path, out), script="bench/bench_offload_decode.py")
+    return f"## {fmt}\n\n" + out.with_suffix(".md").read_text()
+
+
+def offload_argv(args, path: Path, out: Path) -> list[str]:
+    """The arguments of the offload rows' bench_offload_decode.py run for one format."""
+    return [
         "--model", str(path), "--rates", "0.2,auto", "--batches", "1,8",
         "--warmup-steps", "32,4", "--steps", "64,16",
         "--ttft-tokens", "2048", "--ttft-rates", "0.2,auto",
         "--gpu-memory-limit-gb", str(args.gpu_memory_limit_gb), "--routing", args.routing,
-        "--out", str(out),
-    ])  # fmt: skip
-    return f"## {fmt}\n\n" + out.with_suffix(".md").read_text()
+        "--out", str(out), *shlex.split(args.offload_args),
+    ]  # fmt: skip
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -134,6 +141,11 @@ def build_parser() -> argparse.ArgumentParser:
     ap.add_argument("--steps", type=int, default=32)
     ap.add_argument("--routing", default="qwen3-30b-a3b", help="offload rows: see --routing "
                     "of bench_offload_decode.py")  # fmt: skip
+    ap.add_argument(
+        "--offload-args", default="",
+        help="offload rows: more options of bench_offload_decode.py, one string (e.g. "
+        "'--rates 0.2 --prefetch 0,1 --prefetch-programs 16'); later ones override ours",
+    )  # fmt: skip
     ap.add_argument("--out", default="bench/results/quant")
     ap.add_argument(
         "--trace-dir", default=None,

@@ -59,7 +59,7 @@ for phase in "$@"; do
     quantres) timeout ${QUANT_TIMEOUT:-580} python3 bench/bench_quant.py --parts resident --formats ${QUANT_FORMATS:-bf16,fp8,nvfp4,gptq} ${QUANT_EXTRA:-} --out "$OUT/quant_resident" 2>&1 | tail -30 | tee "$OUT/quant_resident.txt" ;;
     # the same with a trace of four batch-1 steps per format (gzipped), for trace_summary.py
     quanttrace) timeout ${QUANT_TIMEOUT:-580} python3 bench/bench_quant.py --parts resident --formats ${QUANT_FORMATS:-bf16,fp8,gptq} --trace-dir "$OUT" --out "$OUT/quant_resident_traced" 2>&1 | grep -v Capturing | tail -30 | tee "$OUT/quant_resident_traced.txt"; gzip -f "$OUT"/quant_trace_*.json ;;
-    quantoff) timeout 580 python3 bench/bench_quant.py --parts offload --formats ${QUANT_FORMATS:-fp8} --out "$OUT/quant_offload" 2>&1 | tail -30 | tee "$OUT/quant_offload.txt" ;;
+    quantoff) timeout 580 python3 bench/bench_quant.py --parts offload --formats ${QUANT_FORMATS:-fp8} --offload-args="${QUANT_OFFLOAD_ARGS:-}" --out "$OUT/quant_offload" 2>&1 | tail -30 | tee "$OUT/quant_offload.txt" ;;
     moebench) timeout 90 python3 bench/bench_moe_kernel.py 2>&1 | tail -30 | tee "$OUT/moe_kernel.txt" ;;
     attnbench) timeout 90 python3 bench/bench_attention_kernel.py 2>&1 | tail -30 | tee "$OUT/attn_kernel.txt" ;;
     fillbench) timeout 150 python3 bench/bench_offload_fill.py 2>&1 | tee "$OUT/fill.txt" | tail -80 ;;
@@ -68,6 +68,8 @@ for phase in "$@"; do
     packprobe) for pf in "" --no-prefault; do timeout ${PACK_TIMEOUT:-150} python3 bench/probe_packing.py $pf --experts ${PACK_EXPERTS:-256} --hidden ${PACK_HIDDEN:-2048} --intermediate ${PACK_INTER:-512} --layers ${PACK_LAYERS:-3} 2>&1 | tee -a "$OUT/pack_probe.txt" | tail -30; done ;;
     # how fast the host gives fresh pages (zero_ vs MADV_POPULATE_WRITE on N threads, huge and
     # 4 KiB), cudaHostRegister, GPU -> host an expert at a time vs chunks through pinned memory
+    # can a prefetch fill hide behind one decode layer's compute, by fill programs (issue 19)
+    overlapprobe) timeout ${OVERLAP_TIMEOUT:-150} python3 bench/probe_prefetch_overlap.py ${OVERLAP_ARGS:-} --json "$OUT/prefetch_overlap.json" 2>&1 | tee "$OUT/prefetch_overlap.txt" | tail -30 ;;
     touchprobe) timeout ${TOUCH_TIMEOUT:-120} python3 bench/probe_first_touch.py --gb ${TOUCH_GB:-4} --threads ${TOUCH_THREADS:-1,4,8,16} --json "$OUT/first_touch.json" 2>&1 | tee "$OUT/first_touch.txt" | tail -20 ;;
     packedfill) timeout 150 python3 bench/bench_offload_fill.py --packed --json "$OUT/packed_fill.json" 2>&1 | tee "$OUT/packed_fill.txt" | tail -30 ;;
     decode) timeout 300 python3 bench/bench_decode.py ${DECODE_EXTRA:-} --out "$OUT/decode${DECODE_TAG:-}" 2>&1 | grep -v "it/s]" | tail -60 ;;

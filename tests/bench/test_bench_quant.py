@@ -23,3 +23,21 @@ def test_quant_phases_match_the_script():
         )
     traced = bench_quant.build_parser().parse_args(gpu_run_args("quanttrace", "bench_quant.py"))
     assert traced.trace_dir == "/tmp/out"
+
+
+def test_quantoff_passes_offload_args_last(tmp_path):
+    """`quantoff` hands QUANT_OFFLOAD_ARGS to the offload rows' bench_offload_decode.py after
+    its own options, so they override them (argparse keeps the last), a lone flag included."""
+    import bench_offload_decode
+    import bench_quant
+
+    extra = "--rates 0.2 --prefetch 0,1 --prefetch-programs 16 --compress"
+    env = {"QUANT_FORMATS": "gptq", "QUANT_OFFLOAD_ARGS": extra}
+    args = bench_quant.build_parser().parse_args(gpu_run_args("quantoff", "bench_quant.py", env))
+    assert args.parts == "offload" and args.formats == "gptq" and args.offload_args == extra
+    argv = bench_quant.offload_argv(args, tmp_path / "gptq", tmp_path / "out")
+    inner = bench_offload_decode.build_parser().parse_args(argv)
+    assert inner.rates == "0.2" and inner.prefetch == "0,1" and inner.prefetch_programs == 16
+    assert inner.compress and inner.batches == "1,8" and inner.model == str(tmp_path / "gptq")
+    plain = bench_quant.build_parser().parse_args(gpu_run_args("quantoff", "bench_quant.py"))
+    assert bench_quant.offload_argv(plain, tmp_path, tmp_path)[-2:] == ["--out", str(tmp_path)]
