@@ -84,6 +84,29 @@ def test_offload_fractions_are_byte_identical(kind, tmp_path):
             assert stats["hits"] + stats["misses"] > 0
 
 
+@pytest.mark.parametrize("kind", ["gptq", "nvfp4"])
+def test_prefetch_on_quantized_experts_keeps_output(kind, tmp_path):
+    """Cross-layer prefetch moves a format's whole tensor set (codes, scales) like a miss:
+    the same tokens as no offload, one and two layers ahead, and the prefetches were made
+    and used (the offload rows of 4-bit experts are where prefetch has the most to hide)."""
+    _, path = qk.write_quantized(
+        "qwen3_moe", kind, tmp_path / kind, seed=2, num_experts=16, num_hidden_layers=4
+    )
+    prompts = tm.prompts(3, seed=4)
+    greedy = SamplingParams(temperature=0, max_tokens=24, ignore_eos=True)
+    base = [r.token_ids for r in LLM(str(path), device="cpu").generate(prompts, greedy)]
+    for fraction, distance in ((0.25, 1), (0.5, 2)):
+        llm = LLM(str(path), device="cpu", moe_offload=fraction, moe_prefetch=distance)
+        got = [r.token_ids for r in llm.generate(prompts, greedy)]
+        assert got == base, f"{kind}: prefetch {distance} at {fraction} changed the output"
+        stats = llm.offload_stats()
+        pf = stats["prefetch"]
+        assert pf["predicted"] == pf["present"] + pf["prefetched"] + pf["dropped"]
+        assert pf["prefetched"] > 0 and pf["used"] > 0, pf
+        expert_bytes = stats["bytes_copied"] // max(1, stats["misses"])
+        assert pf["prefetched_bytes"] == pf["prefetched"] * expert_bytes
+
+
 def test_ignore_list_keeps_modules_unquantized(tmp_path):
     """compressed-tensors `ignore` with a regex: layer 2's attention stays in float."""
     import json
