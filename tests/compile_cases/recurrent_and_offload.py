@@ -99,12 +99,16 @@ def _expert_set(kind: str, num_experts: int) -> dict[str, torch.Tensor]:
                 "w13_scale": _randn(num_experts, 1, 1),
                 "w2": _randn(num_experts, 32, 32, dtype=FP8),
                 "w2_scale": _randn(num_experts, 1, 1)}  # fmt: skip
-    return {  # five tensors: two fill launches (four tensors a launch)
+    return {  # nine tensors: two fill launches (eight tensors a launch)
         "w13": _randn(num_experts, 6, 5),
         "w2": _randn(num_experts, 5, 3, dtype=BF16),
         "scale": torch.zeros(num_experts, 7, dtype=torch.uint8),
         "w13_scale": _randn(num_experts, 3, dtype=F16),
         "w2_scale": torch.zeros(num_experts, 2, 9, dtype=torch.int32),
+        "w13_zeros": torch.zeros(num_experts, 4, 3, dtype=torch.uint8),
+        "w2_zeros": torch.zeros(num_experts, 11, dtype=torch.uint8),
+        "w13_scale_2": _randn(num_experts, 1),
+        "w2_scale_2": _randn(num_experts, 2),
     }
 
 

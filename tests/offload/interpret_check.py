@@ -58,7 +58,7 @@ def check(num_experts: int, num_slots: int, top_k: int, num_calls: int, max_rows
             tri, tri_ids, force_triton=True, num_warps=1 + 3 * (step % 2), check_range=False
         )
         # Tiny blocks over a few programs: rows that are not multiples of the block, blocks
-        # of one row dealt to several programs, more than four tensors (two launches).
+        # of one row dealt to several programs, more than eight tensors (two launches).
         offload_kernels.fill(tri, host, force_triton=True, num_programs=3, block=4)
         where = f"E={num_experts} S={num_slots} k={top_k} {kw} call {step}"
         assert torch.equal(got, want), (where, got, want)

@@ -183,8 +183,8 @@ def routing_stream(
 
 
 def random_expert_set(num_experts: int, seed: int) -> dict[str, torch.Tensor]:
-    """A set of [E, ...] tensors of mixed dtypes and odd sizes (weights and scales); five of
-    them, so that the fill needs two launches (four tensors a launch)."""
+    """A set of [E, ...] tensors of mixed dtypes and odd sizes (weights, scales, zero points);
+    nine of them, so that the fill needs two launches (eight tensors a launch)."""
     g = torch.Generator().manual_seed(seed)
     return {
         "w13": torch.randn(num_experts, 6, 5, generator=g),
@@ -192,4 +192,8 @@ def random_expert_set(num_experts: int, seed: int) -> dict[str, torch.Tensor]:
         "scale": torch.randint(0, 255, (num_experts, 7), generator=g, dtype=torch.uint8),
         "w13_scale": torch.randn(num_experts, 3, generator=g).to(torch.float16),
         "w2_scale": torch.randint(0, 9, (num_experts, 2, 9), generator=g, dtype=torch.int32),
+        "w13_zeros": torch.randint(0, 15, (num_experts, 4, 3), generator=g, dtype=torch.uint8),
+        "w2_zeros": torch.randint(0, 15, (num_experts, 11), generator=g, dtype=torch.uint8),
+        "w13_scale_2": torch.randn(num_experts, 1, generator=g),
+        "w2_scale_2": torch.randn(num_experts, 2, generator=g),
     }

@@ -29,14 +29,18 @@ CPU = torch.device("cpu")
 
 def expert_set(num_experts: int, seed: int, hidden: int = 64, inter: int = 32) -> dict:
     """Host tensors of mixed dtypes: bf16 weights, fp8, uint8 and fp16 'scales', odd sizes;
-    five tensors, so the fill takes two launches."""
+    nine tensors, so the fill takes two launches (eight tensors, then one)."""
     g = torch.Generator().manual_seed(seed)
     return {
         "w13": torch.randn(num_experts, 2 * inter, hidden, generator=g).to(torch.bfloat16),
         "w2": torch.randn(num_experts, hidden, inter, generator=g).to(torch.bfloat16),
         "s8": torch.randn(num_experts, 5, 7, generator=g).to(torch.float8_e4m3fn),
         "u8": torch.randint(0, 255, (num_experts, 13), generator=g, dtype=torch.uint8),
-        "f16": torch.randn(num_experts, 3, 3, generator=g).to(torch.float16),  # a 2nd launch
+        "f16": torch.randn(num_experts, 3, 3, generator=g).to(torch.float16),
+        "z13": torch.randint(0, 15, (num_experts, 2 * inter, 3), generator=g, dtype=torch.uint8),
+        "z2": torch.randint(0, 15, (num_experts, 11), generator=g, dtype=torch.uint8),
+        "f32": torch.randn(num_experts, 2 * inter, generator=g),
+        "i32": torch.randint(0, 9, (num_experts, 2, 9), generator=g, dtype=torch.int32),  # 2nd
     }
 
 

@@ -2,9 +2,10 @@
 (graph-capturable: fixed grids, no host reads) and the reference twins elsewhere (CPU, or
 `XINFER_DISABLE_TRITON=1`, where `fill` reads the miss count and is eager-only).
 
-`fill` copies every expert tensor of a layer in one launch (four tensors a launch; more take
-further launches) over a grid of FILL_PROGRAMS_PER_SM programs per SM, whatever the number
-of misses: one missed expert gets the whole grid's loads in flight. Packed tensors
+`fill` copies every expert tensor of a layer in one launch (up to eight tensors a launch, which
+every format's set fits; more would take further launches) over a grid of
+FILL_PROGRAMS_PER_SM programs per SM, whatever the number of misses: one missed expert gets
+the whole grid's loads in flight. Packed tensors
 (`--moe-offload-compress`, offload/packed.py) take a launch of the unpack kernel of their
 own, on the same grid."""
 
@@ -23,7 +24,7 @@ from xinfer.offload.slot_cache import LFU_SHIFT, LFU_STEP, SlotCache
 FILL_BLOCK = 2048  # words per block of the fill's work list
 FILL_NUM_WARPS = 4
 FILL_PROGRAMS_PER_SM = 4
-FILL_TENSORS_PER_LAUNCH = 4  # the fill kernel's pointer arguments
+FILL_TENSORS_PER_LAUNCH = 8  # the fill kernel's tensor arguments: every format's set
 LOOKUP_NUM_WARPS = 4
 _WORDS = ((4, torch.int32), (2, torch.int16), (1, torch.uint8))
 

@@ -249,51 +249,65 @@ def _copy_row_block(src_ptr, dst_ptr, row_words, expert, slot, block, BLOCK: tl.
 
 
 @triton.jit
+def _copy_if_mine(src_ptr, dst_ptr, row_words, first, blocks, expert, slot, r,
+                  BLOCK: tl.constexpr):  # fmt: skip
+    """Block `r` of an expert's work list, when it falls in this tensor's `blocks` blocks
+    starting at `first`."""
+    if (r >= first) & (r < first + blocks):
+        _copy_row_block(src_ptr, dst_ptr, row_words, expert, slot, r - first, BLOCK)
+
+
+@triton.jit
 def fill_kernel(
-    # Up to four expert tensors, each viewed as words: src (E, row_words) device-mapped host
-    # memory, dst (S, row_words) slots. Unused ones are ignored (NUM_TENSORS).
-    src0,
-    dst0,
-    words0,
-    src1,
-    dst1,
-    words1,
-    src2,
-    dst2,
-    words2,
-    src3,
-    dst3,
-    words3,
+    # Up to eight expert tensors, each viewed as words: src (E, row_words) device-mapped host
+    # memory, dst (S, row_words) slots. Unused ones are ignored (NUM_TENSORS). Eight covers
+    # every format's set in one launch (NVFP4, asymmetric int4: six tensors).
+    src0, dst0, words0, src1, dst1, words1, src2, dst2, words2, src3, dst3, words3,
+    src4, dst4, words4, src5, dst5, words5, src6, dst6, words6, src7, dst7, words7,
     miss_ids_ptr,  # (capacity,) int32
     miss_slots_ptr,  # (capacity,) int32: rows of the slot view (slots or overflow)
     miss_count_ptr,  # (1,) int32, read on the device: the grid is fixed
     NUM_TENSORS: tl.constexpr,
     BLOCK: tl.constexpr,
-):
+):  # fmt: skip
     # The work is every BLOCK-word block of every missed expert's rows, all tensors in one
     # list; the programs deal it out round-robin. So one miss is spread over the whole grid
     # (as many loads in flight as eight misses would have), and a call without misses costs
     # one load per program.
     pid = tl.program_id(0)
     num_programs = tl.num_programs(0)
-    blocks0 = tl.cdiv(words0, BLOCK)
-    blocks1 = tl.cdiv(words1, BLOCK) if NUM_TENSORS > 1 else 0
-    blocks2 = tl.cdiv(words2, BLOCK) if NUM_TENSORS > 2 else 0
-    blocks3 = tl.cdiv(words3, BLOCK) if NUM_TENSORS > 3 else 0
-    end1 = blocks0 + blocks1
-    end2 = end1 + blocks2
-    per_expert = end2 + blocks3
+    n0 = tl.cdiv(words0, BLOCK)
+    n1 = tl.cdiv(words1, BLOCK) if NUM_TENSORS > 1 else 0
+    n2 = tl.cdiv(words2, BLOCK) if NUM_TENSORS > 2 else 0
+    n3 = tl.cdiv(words3, BLOCK) if NUM_TENSORS > 3 else 0
+    n4 = tl.cdiv(words4, BLOCK) if NUM_TENSORS > 4 else 0
+    n5 = tl.cdiv(words5, BLOCK) if NUM_TENSORS > 5 else 0
+    n6 = tl.cdiv(words6, BLOCK) if NUM_TENSORS > 6 else 0
+    n7 = tl.cdiv(words7, BLOCK) if NUM_TENSORS > 7 else 0
+    f1 = n0
+    f2 = f1 + n1
+    f3 = f2 + n2
+    f4 = f3 + n3
+    f5 = f4 + n4
+    f6 = f5 + n5
+    f7 = f6 + n6
+    per_expert = f7 + n7
     total = tl.load(miss_count_ptr) * per_expert
     for b in range(pid, total, num_programs):
         expert, slot, r = miss_block(b, per_expert, miss_ids_ptr, miss_slots_ptr)
-        if r < blocks0:
+        if r < n0:
             _copy_row_block(src0, dst0, words0, expert, slot, r, BLOCK)
         if NUM_TENSORS > 1:
-            if (r >= blocks0) & (r < end1):
-                _copy_row_block(src1, dst1, words1, expert, slot, r - blocks0, BLOCK)
+            _copy_if_mine(src1, dst1, words1, f1, n1, expert, slot, r, BLOCK)
         if NUM_TENSORS > 2:
-            if (r >= end1) & (r < end2):
-                _copy_row_block(src2, dst2, words2, expert, slot, r - end1, BLOCK)
+            _copy_if_mine(src2, dst2, words2, f2, n2, expert, slot, r, BLOCK)
         if NUM_TENSORS > 3:
-            if r >= end2:
-                _copy_row_block(src3, dst3, words3, expert, slot, r - end2, BLOCK)
+            _copy_if_mine(src3, dst3, words3, f3, n3, expert, slot, r, BLOCK)
+        if NUM_TENSORS > 4:
+            _copy_if_mine(src4, dst4, words4, f4, n4, expert, slot, r, BLOCK)
+        if NUM_TENSORS > 5:
+            _copy_if_mine(src5, dst5, words5, f5, n5, expert, slot, r, BLOCK)
+        if NUM_TENSORS > 6:
+            _copy_if_mine(src6, dst6, words6, f6, n6, expert, slot, r, BLOCK)
+        if NUM_TENSORS > 7:
+            _copy_if_mine(src7, dst7, words7, f7, n7, expert, slot, r, BLOCK)
