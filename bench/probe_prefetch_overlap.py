@@ -35,30 +35,17 @@ import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "src"))
 
+from bench_offload_fill import graphed  # noqa: E402
+
 from xinfer.kernels.moe_launch import fused_moe  # noqa: E402
 from xinfer.offload import kernels as offload_kernels  # noqa: E402
 from xinfer.offload.host_store import HostExpertStore  # noqa: E402
 from xinfer.offload.slot_cache import SlotCache  # noqa: E402
 
 
-def graph_of(fn) -> torch.cuda.CUDAGraph:
-    """`fn` captured in a CUDA graph after two eager calls on a side stream (compiles)."""
-    side = torch.cuda.Stream()
-    side.wait_stream(torch.cuda.current_stream())
-    with torch.cuda.stream(side):
-        fn()
-        fn()
-    torch.cuda.current_stream().wait_stream(side)
-    torch.cuda.synchronize()
-    graph = torch.cuda.CUDAGraph()
-    with torch.cuda.graph(graph):
-        fn()
-    return graph
-
-
-def side_by_side(compute: torch.cuda.CUDAGraph, fill: torch.cuda.CUDAGraph | None, reps: int):
-    """Median µs of (compute, fill, wall) with both released at one event (either may be
-    None: then it is timed alone); 0 for an absent one."""
+def side_by_side(compute, fill, reps: int):
+    """Median µs of (compute, fill, wall), two graph replays (`graphed`) released at one
+    event on two streams (either may be None: the other is then timed alone; 0 for it)."""
     s_c, s_f = torch.cuda.Stream(), torch.cuda.Stream()
     rows = []
     for _ in range(reps):
@@ -68,12 +55,12 @@ def side_by_side(compute: torch.cuda.CUDAGraph, fill: torch.cuda.CUDAGraph | Non
             torch.cuda._sleep(1_000_000)  # ~0.5 ms: both streams are queued before `start`
             start.record(s_c)
             if compute is not None:
-                compute.replay()
+                compute()
             c_end.record(s_c)
         s_f.wait_event(start)
         with torch.cuda.stream(s_f):
             if fill is not None:
-                fill.replay()
+                fill()
             f_end.record(s_f)
         torch.cuda.synchronize()
         c_us, f_us = start.elapsed_time(c_end) * 1e3, start.elapsed_time(f_end) * 1e3
@@ -83,7 +70,7 @@ def side_by_side(compute: torch.cuda.CUDAGraph, fill: torch.cuda.CUDAGraph | Non
 
 
 def build_compute(dev, hidden: int, inter: int, experts: int, moe_calls: int, linear_out: int):
-    """One decode layer's batch-1 HBM-bound work as a graph, and its bytes read."""
+    """One decode layer's batch-1 HBM-bound work as a graph replay, and its bytes read."""
     gen = torch.Generator(device=dev).manual_seed(0)
     w13 = torch.randn(experts, 2 * inter, hidden, device=dev, dtype=torch.bfloat16, generator=gen)
     w2 = torch.randn(experts, hidden, inter, device=dev, dtype=torch.bfloat16, generator=gen)
@@ -100,11 +87,11 @@ def build_compute(dev, hidden: int, inter: int, experts: int, moe_calls: int, li
         torch.nn.functional.linear(h, lin)
 
     expert_bytes = (w13[0].numel() + w2[0].numel()) * 2
-    return graph_of(fn), moe_calls * 8 * expert_bytes + lin.numel() * 2
+    return graphed(fn), moe_calls * 8 * expert_bytes + lin.numel() * 2
 
 
 def build_fills(dev, expert_mb: float, misses: int, programs: list[int]):
-    """Graphs filling `misses` experts of `expert_mb` MB (fill kernel with each program
+    """Graph replays filling `misses` experts of `expert_mb` MB (fill kernel with each program
     count, then the copy engine), bytes checked; (label, graph) pairs and the bytes moved."""
     words = int(expert_mb * 1e6) // 4 // 1024 * 1024
     num = misses + 8
@@ -125,14 +112,14 @@ def build_fills(dev, expert_mb: float, misses: int, programs: list[int]):
         kernel()
         torch.cuda.synchronize()
         assert torch.equal(cache.slots["w"][:misses].cpu(), host_t[8 : 8 + misses]), p
-        fills.append((f"fill kernel, {p} programs", graph_of(kernel)))
+        fills.append((f"fill kernel, {p} programs", graphed(kernel)))
     dst = cache.slots["w"]
 
     def engine() -> None:
         for m in range(misses):
             dst[m].copy_(src[8 + m], non_blocking=True)
 
-    fills.append(("copy engine", graph_of(engine)))
+    fills.append(("copy engine", graphed(engine)))
     return fills, misses * words * 4, store
 
 
