@@ -37,8 +37,8 @@ def with_bad_ids(ids: torch.Tensor, num_experts: int) -> torch.Tensor:
 
 
 def check(num_experts: int, num_slots: int, top_k: int, num_calls: int, max_rows: int,
-          **kw) -> None:  # fmt: skip
-    host = random_expert_set(num_experts, seed=num_experts + num_slots)
+          wide: bool = False, **kw) -> None:  # fmt: skip
+    host = random_expert_set(num_experts, seed=num_experts + num_slots, wide=wide)
     ref, tri = _cache(host, num_slots, **kw), _cache(host, num_slots, **kw)
     rng = random.Random(num_slots)
     stream = routing_stream(rng, num_experts, num_slots, top_k, num_calls, max_rows)
@@ -58,7 +58,7 @@ def check(num_experts: int, num_slots: int, top_k: int, num_calls: int, max_rows
             tri, tri_ids, force_triton=True, num_warps=1 + 3 * (step % 2), check_range=False
         )
         # Tiny blocks over a few programs: rows that are not multiples of the block, blocks
-        # of one row dealt to several programs, more than eight tensors (two launches).
+        # of one row dealt to several programs; with `wide`, nine tensors (two launches).
         offload_kernels.fill(tri, host, force_triton=True, num_programs=3, block=4)
         where = f"E={num_experts} S={num_slots} k={top_k} {kw} call {step}"
         assert torch.equal(got, want), (where, got, want)
@@ -130,6 +130,7 @@ if __name__ == "__main__":
     for case in CASES:
         check(*case)
         check(*case, policy="lfu")
+    check(20, 7, 3, 10, 9, wide=True)  # nine tensors: a launch of eight, then one
     # LFU with few overflow rows: admission stops where the rows run out (calls of at most
     # S + 3 ids, so every call fits)
     check(20, 4, 2, 40, 3, policy="lfu", num_overflow=3)

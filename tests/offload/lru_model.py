@@ -182,18 +182,23 @@ def routing_stream(
     return calls
 
 
-def random_expert_set(num_experts: int, seed: int) -> dict[str, torch.Tensor]:
-    """A set of [E, ...] tensors of mixed dtypes and odd sizes (weights, scales, zero points);
-    nine of them, so that the fill needs two launches (eight tensors a launch)."""
+def random_expert_set(num_experts: int, seed: int, wide: bool = False) -> dict[str, torch.Tensor]:
+    """A set of [E, ...] tensors of mixed dtypes and odd sizes (weights, scales, zero points):
+    five (one fill launch), or with `wide` nine, so that the fill needs two launches (eight
+    tensors a launch)."""
     g = torch.Generator().manual_seed(seed)
-    return {
+    tensors = {
         "w13": torch.randn(num_experts, 6, 5, generator=g),
         "w2": torch.randn(num_experts, 5, 3, generator=g).to(torch.bfloat16),
         "scale": torch.randint(0, 255, (num_experts, 7), generator=g, dtype=torch.uint8),
         "w13_scale": torch.randn(num_experts, 3, generator=g).to(torch.float16),
         "w2_scale": torch.randint(0, 9, (num_experts, 2, 9), generator=g, dtype=torch.int32),
-        "w13_zeros": torch.randint(0, 15, (num_experts, 4, 3), generator=g, dtype=torch.uint8),
-        "w2_zeros": torch.randint(0, 15, (num_experts, 11), generator=g, dtype=torch.uint8),
-        "w13_scale_2": torch.randn(num_experts, 1, generator=g),
-        "w2_scale_2": torch.randn(num_experts, 2, generator=g),
     }
+    if wide:
+        tensors |= {
+            "w13_zeros": torch.randint(0, 15, (num_experts, 4, 3), generator=g, dtype=torch.uint8),
+            "w2_zeros": torch.randint(0, 15, (num_experts, 11), generator=g, dtype=torch.uint8),
+            "w13_scale_2": torch.randn(num_experts, 1, generator=g),
+            "w2_scale_2": torch.randn(num_experts, 2, generator=g),
+        }
+    return tensors
