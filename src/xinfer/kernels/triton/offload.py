@@ -249,15 +249,6 @@ def _copy_row_block(src_ptr, dst_ptr, row_words, expert, slot, block, BLOCK: tl.
 
 
 @triton.jit
-def _copy_if_mine(src_ptr, dst_ptr, row_words, first, blocks, expert, slot, r,
-                  BLOCK: tl.constexpr):  # fmt: skip
-    """Block `r` of an expert's work list, when it falls in this tensor's `blocks` blocks
-    starting at `first`."""
-    if (r >= first) & (r < first + blocks):
-        _copy_row_block(src_ptr, dst_ptr, row_words, expert, slot, r - first, BLOCK)
-
-
-@triton.jit
 def fill_kernel(
     # Up to eight expert tensors, each viewed as words: src (E, row_words) device-mapped host
     # memory, dst (S, row_words) slots. Unused ones are ignored (NUM_TENSORS). Eight covers
@@ -273,7 +264,8 @@ def fill_kernel(
     # The work is every BLOCK-word block of every missed expert's rows, all tensors in one
     # list; the programs deal it out round-robin. So one miss is spread over the whole grid
     # (as many loads in flight as eight misses would have), and a call without misses costs
-    # one load per program.
+    # one load per program. (The tensors' tests are written out, not a helper: in Triton's
+    # CPU interpreter, which CI runs, a nested jit call per block cost 40% more time.)
     pid = tl.program_id(0)
     num_programs = tl.num_programs(0)
     n0 = tl.cdiv(words0, BLOCK)
@@ -298,16 +290,23 @@ def fill_kernel(
         if r < n0:
             _copy_row_block(src0, dst0, words0, expert, slot, r, BLOCK)
         if NUM_TENSORS > 1:
-            _copy_if_mine(src1, dst1, words1, f1, n1, expert, slot, r, BLOCK)
+            if (r >= f1) & (r < f1 + n1):
+                _copy_row_block(src1, dst1, words1, expert, slot, r - f1, BLOCK)
         if NUM_TENSORS > 2:
-            _copy_if_mine(src2, dst2, words2, f2, n2, expert, slot, r, BLOCK)
+            if (r >= f2) & (r < f2 + n2):
+                _copy_row_block(src2, dst2, words2, expert, slot, r - f2, BLOCK)
         if NUM_TENSORS > 3:
-            _copy_if_mine(src3, dst3, words3, f3, n3, expert, slot, r, BLOCK)
+            if (r >= f3) & (r < f3 + n3):
+                _copy_row_block(src3, dst3, words3, expert, slot, r - f3, BLOCK)
         if NUM_TENSORS > 4:
-            _copy_if_mine(src4, dst4, words4, f4, n4, expert, slot, r, BLOCK)
+            if (r >= f4) & (r < f4 + n4):
+                _copy_row_block(src4, dst4, words4, expert, slot, r - f4, BLOCK)
         if NUM_TENSORS > 5:
-            _copy_if_mine(src5, dst5, words5, f5, n5, expert, slot, r, BLOCK)
+            if (r >= f5) & (r < f5 + n5):
+                _copy_row_block(src5, dst5, words5, expert, slot, r - f5, BLOCK)
         if NUM_TENSORS > 6:
-            _copy_if_mine(src6, dst6, words6, f6, n6, expert, slot, r, BLOCK)
+            if (r >= f6) & (r < f6 + n6):
+                _copy_row_block(src6, dst6, words6, expert, slot, r - f6, BLOCK)
         if NUM_TENSORS > 7:
-            _copy_if_mine(src7, dst7, words7, f7, n7, expert, slot, r, BLOCK)
+            if (r >= f7) & (r < f7 + n7):
+                _copy_row_block(src7, dst7, words7, expert, slot, r - f7, BLOCK)
