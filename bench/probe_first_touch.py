@@ -26,7 +26,6 @@ import argparse
 import ctypes
 import json
 import mmap
-import os
 import sys
 import threading
 import time
@@ -62,15 +61,7 @@ def anon_huge_kb() -> int:
 def fresh_mapping(nbytes: int, huge: bool) -> torch.Tensor:
     """An untouched mapping of `nbytes`, made as `host_empty` makes one (xinfer/host_memory.py)
     but without its prefault; `huge`: advised as huge pages or not. Freed when dropped."""
-    before = os.environ.get("XINFER_HOST_HUGE_PAGES")
-    os.environ["XINFER_HOST_HUGE_PAGES"] = "1" if huge else "0"
-    try:
-        return host_memory._mapped((nbytes,), torch.uint8, nbytes, prefault=False)
-    finally:
-        if before is None:
-            os.environ.pop("XINFER_HOST_HUGE_PAGES", None)
-        else:
-            os.environ["XINFER_HOST_HUGE_PAGES"] = before
+    return host_memory._mapped((nbytes,), torch.uint8, nbytes, prefault=False, advise_huge=huge)
 
 
 def populate(t: torch.Tensor, threads: int) -> None:

@@ -66,10 +66,10 @@ for phase in "$@"; do
     # where the start-up packing (--moe-offload-compress) spends its time: seconds a layer + cProfile
     # (prefault on, then off: xinfer/host_memory.py)
     packprobe) for pf in "" --no-prefault; do timeout ${PACK_TIMEOUT:-150} python3 bench/probe_packing.py $pf --experts ${PACK_EXPERTS:-256} --hidden ${PACK_HIDDEN:-2048} --intermediate ${PACK_INTER:-512} --layers ${PACK_LAYERS:-3} 2>&1 | tee -a "$OUT/pack_probe.txt" | tail -30; done ;;
-    # how fast the host gives fresh pages (zero_ vs MADV_POPULATE_WRITE on N threads, huge and
-    # 4 KiB), cudaHostRegister, GPU -> host an expert at a time vs chunks through pinned memory
     # can a prefetch fill hide behind one decode layer's compute, by fill programs (issue 19)
     overlapprobe) timeout ${OVERLAP_TIMEOUT:-150} python3 bench/probe_prefetch_overlap.py ${OVERLAP_ARGS:-} --json "$OUT/prefetch_overlap.json" 2>&1 | tee "$OUT/prefetch_overlap.txt" | tail -30 ;;
+    # how fast the host gives fresh pages (zero_ vs MADV_POPULATE_WRITE on N threads, huge and
+    # 4 KiB), cudaHostRegister, GPU -> host an expert at a time vs chunks through pinned memory
     touchprobe) timeout ${TOUCH_TIMEOUT:-120} python3 bench/probe_first_touch.py --gb ${TOUCH_GB:-4} --threads ${TOUCH_THREADS:-1,4,8,16} --json "$OUT/first_touch.json" 2>&1 | tee "$OUT/first_touch.txt" | tail -20 ;;
     packedfill) timeout 150 python3 bench/bench_offload_fill.py --packed --json "$OUT/packed_fill.json" 2>&1 | tee "$OUT/packed_fill.txt" | tail -30 ;;
     decode) timeout 300 python3 bench/bench_decode.py ${DECODE_EXTRA:-} --out "$OUT/decode${DECODE_TAG:-}" 2>&1 | grep -v "it/s]" | tail -60 ;;

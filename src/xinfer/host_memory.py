@@ -52,16 +52,21 @@ def host_empty(shape: tuple[int, ...] | torch.Size, dtype: torch.dtype) -> torch
     return _mapped(shape, dtype, nbytes, prefault=True)
 
 
-def _mapped(shape, dtype: torch.dtype, nbytes: int, prefault: bool) -> torch.Tensor:
+def _mapped(
+    shape, dtype: torch.dtype, nbytes: int, prefault: bool, advise_huge: bool | None = None
+) -> torch.Tensor:
     """Huge pages from MIN_BYTES on; a smaller tensor gets 4 KiB pages (a huge page would
     hold up to 2 MiB of RAM for it). `prefault`: fault every page in now, on all of torch's
     threads (for a mapping whose first writer would be one thread: see the module
-    docstring)."""
+    docstring). `advise_huge`: ask for transparent huge pages (default:
+    XINFER_HOST_HUGE_PAGES; bench/probe_first_touch.py times both)."""
     huge = nbytes >= MIN_BYTES
     align = HUGE_PAGE if huge else mmap.PAGESIZE
     size = -(-nbytes // align) * align + (align if huge else 0)  # + the slack to align
     buf = mmap.mmap(-1, size)
-    if huge and envs.XINFER_HOST_HUGE_PAGES():
+    if advise_huge is None:
+        advise_huge = envs.XINFER_HOST_HUGE_PAGES()
+    if huge and advise_huge:
         _advise(buf)
     start = torch.frombuffer(buf, dtype=torch.uint8, count=1).data_ptr()
     offset = (-start) % align
