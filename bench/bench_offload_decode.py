@@ -97,7 +97,7 @@ def build_parser() -> argparse.ArgumentParser:
     a("--prefetch-fill", default=None, choices=("kernel", "copy-engine"),
       help="--moe-prefetch-fill of the prefetch engines (default: as --fill)")  # fmt: skip
     a("--prefetch-programs", type=int, default=None,
-      help="the prefetch fill kernel's programs in all (default: 2 per SM)")  # fmt: skip
+      help="the prefetch fill kernel's programs in all (default: 16)")  # fmt: skip
     a("--prefetch-margin", type=float, default=None,
       help="--moe-prefetch-margin of the prefetch engines (default: the engine's)")  # fmt: skip
     a("--out", default="bench/results/offload")
