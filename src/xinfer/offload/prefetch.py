@@ -8,15 +8,18 @@ lookup and demand fill, then `after_fill`; with `issue_after_fill` steps 1-3 run
 1. if layer t = l + d is offloaded: the predictor gives t's expected experts from l's expert
    input (decode calls of at most `max_tokens` tokens; other calls predict nothing, but the
    reservation still runs to settle the last prediction's statistics);
-2. `reserve` (main stream, model order, offload/prefetch_table.py) takes slots of t, by its
-   slot policy, for the predicted experts that are absent and writes t's prefetch miss list;
+2. `reserve` (offload/prefetch_table.py) takes slots of t, by its slot policy, for the
+   predicted experts that are absent and writes t's prefetch miss list;
 3. the prefetch fill (the unchanged zero-copy fill kernel on that list, or with
    `--moe-offload-fill copy-engine` the copy-engine fill of offload/copy_engine.py on its
-   own bounce buffers) runs on a side stream that first waits for the main stream; an event
-   is recorded after it;
+   own bounce buffers); an event is recorded after it.
 4. then layer l's own lookup waits for the event of l's prefetch (issued d layers ago), so
    that neither its fill (which may pick a slot a wrong prediction is still being written
    into) nor its GEMM (which reads the prefetched rows) can overtake the copy.
+On CUDA, steps 2-3 run on a side stream that first waits for the main stream, so the main
+stream goes on with l's GEMM once the prediction is made (the reservation was ~4.5 µs a
+layer of the main stream's path, 0.2 ms of a decode step: H100 trace, 2026-12-06). A
+reservation touches only t's cache and table, which the main stream next reads at step 4.
 All of it has fixed shapes and reads nothing on the host, so it is captured in the decode
 CUDA graphs (the side stream forks from and joins the capture). On CPU there is one stream:
 the fill runs at once, with the same decisions. Placement never changes the experts a token
@@ -33,11 +36,15 @@ from xinfer.offload.prefetch_table import PrefetchTable, reserve
 from xinfer.runner.forward_context import ForwardContext, get_forward_context
 
 logger = logging.getLogger("xinfer")
-PREFETCH_PROGRAMS_PER_SM = 2  # the prefetch fill's default grid: it shares the SMs with the
-# compute. `fill_programs` (--moe-prefetch-programs) sets a total instead: an H200 trace
-# showed the MoE GEMV 11x slower beside a running fill kernel (likely: its loads of host
-# memory hold the memory system's request queues); fewer programs may leave more to the
-# compute at the cost of the fill's rate (not yet measured).
+# The prefetch fill kernel's programs in all (`fill_programs`, --moe-prefetch-programs, sets
+# another count). It shares the SMs with the layer it should hide behind, and its programs
+# keep their SMs until the copy is done: at 2 per SM (264, the default until 2026-12-06) a
+# trace on the H100 showed the MoE gate/up GEMV at 175 µs beside a prefetch fill against
+# 20.5 µs alone, and prefetch made decode slower. bench/probe_prefetch_overlap.py on the H100
+# (one layer's batch-1 compute beside a fill of GPTQ-sized experts, 2.43 MB): 16 programs
+# moved 1-2 experts at 40-45 GB/s with the compute 1.01-1.11x slower (98% hidden); 132
+# programs at 42-46 GB/s but the compute 1.44-1.93x slower.
+PREFETCH_FILL_PROGRAMS = 16
 # `issue_after_fill` (--moe-prefetch-issue): where layer l issues the prefetch of l + d.
 # Before l's lookup (False), its copies compete with l's own demand fill for the link (and,
 # on the copy engine, queue ahead of it), and l's GEMM waits for that demand fill: on the
@@ -72,10 +79,7 @@ class Prefetcher:
         ]
         self.is_issued = [False] * len(tables)  # host: an event to wait for before the lookup
         self.issue_after_fill = issue_after_fill
-        self.fill_programs = None
-        if self.is_cuda:
-            sms = torch.cuda.get_device_properties(device).multi_processor_count
-            self.fill_programs = fill_programs or PREFETCH_PROGRAMS_PER_SM * sms
+        self.fill_programs = (fill_programs or PREFETCH_FILL_PROGRAMS) if self.is_cuda else None
         # a (1, 1) "no prediction" for calls that only settle (no empty tensor to a kernel)
         self._nothing = torch.full((1, 1), -1, dtype=torch.int32, device=device)
         self.copies: list | None = None  # per layer: its copy-engine prefetch fill, if used
@@ -119,18 +123,24 @@ class Prefetcher:
     def _issue(self, target: int, hidden: torch.Tensor) -> None:
         table = self.tables[target]
         ctx = _context()
-        if self.predicts(ctx, hidden.shape[0]):
-            reserve(table, self.predictor(target, hidden, ctx))
-        else:
+        if not self.predicts(ctx, hidden.shape[0]):
             reserve(table, self._nothing)  # settle only: nothing to copy
             return
         host = self.executors[target].host_tensors
+        # The predictor runs on the main stream: the routing model's reads t's routing state,
+        # which t's routing advances there, and a router's GEMV may use the device's arrival
+        # counters (kernels/arrivals.py), which only one stream may use at a time. The
+        # reservation and the fill run on the side stream, off the main stream's path.
+        pred_ids = self.predictor(target, hidden, ctx)
         if not self.is_cuda:
+            reserve(table, pred_ids)
             offload_kernels.fill(table.fill_target(), host)
             return
         main = torch.cuda.current_stream(self.device)
-        self.side.wait_stream(main)  # the reservation (and all before it) first
+        self.side.wait_stream(main)  # the prediction (and all before it) first
+        pred_ids.record_stream(self.side)  # the main stream may reuse its memory meanwhile
         with torch.cuda.stream(self.side):
+            reserve(table, pred_ids)
             if self.copies is not None and torch.cuda.is_current_stream_capturing():
                 self.copies[target].fill()
             else:
