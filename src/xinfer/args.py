@@ -210,8 +210,8 @@ class EngineArgs(OptionSet):
     )
     moe_prefetch_programs: int | None = option(
         None,
-        "programs of the prefetch fill kernel (default: 2 per SM); fewer leave more of the "
-        "memory system to the compute the copies overlap, at the copies' rate",
+        "programs of the prefetch fill kernel (default: 16); fewer leave more of the GPU "
+        "to the compute the copies overlap, at the copies' rate",
         check=at_least(1),
         metavar="N",
     )
