@@ -33,6 +33,7 @@ HERE = Path(__file__).resolve().parent
 sys.path.insert(0, str(HERE))
 
 from offload_bench import decode_report  # noqa: E402
+from offload_bench.bandwidth import slow_host_note  # noqa: E402
 
 GIB = 1 << 30
 _KV_WORKSPACE_GB = 1.0  # what plan_num_blocks keeps aside besides the KV cache
@@ -273,6 +274,7 @@ def write(out: Path, meta: dict, results: list[dict]) -> str:
         f"- host→GPU (copy engine, 512 MiB) {decode_report._f(meta['bandwidth_gbps'], '.1f')} "
         f"GB/s; fill kernel {decode_report._f(meta['bandwidth'].get('fill_kernel_gbps'), '.1f')}"
         " GB/s",
+        *([f"- **{note}**"] if (note := slow_host_note(meta["bandwidth"])) else []),
         f"- command: `{meta['command']}`",
         "",
         f"Decode, routing `{meta['routing']}`, prefetch {prefetch_setting(meta)} (issued "
@@ -323,6 +325,8 @@ def main(argv: list[str] | None = None, script: str | None = None) -> int:
     bw = measure_bandwidth(args.device)
     used = bw.get("copy_engine_block_gbps")
     print(f"host→GPU bandwidth: {json.dumps(bw)}", flush=True)
+    if note := slow_host_note(bw):
+        print(note, flush=True)
     meta = {"date": time.strftime("%Y-%m-%d %H:%M"), "gpu": bw.get("gpu") or args.device,
             "model": args.model, "routing": args.routing, "dtype": args.dtype,
             "bandwidth": bw, "bandwidth_gbps": used,

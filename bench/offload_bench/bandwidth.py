@@ -17,6 +17,25 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[2] / "src"))
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # bench/: cuda_timing
 
 
+# A host whose SMs read mapped host memory below this share of its copy engine's rate is
+# flagged in the reports: on the H100s lent so far the fill kernel read 47.9-50.9 GB/s
+# (0.87-0.92 of the copy engine's 55) on most hosts and 27-34 (0.5-0.62) on a few, where
+# every offload row ran 20-35% slower (docs/benchmarks.md, 2026-12-05 and 2026-12-06).
+SLOW_HOST_SHARE = 0.8
+
+
+def slow_host_note(bw: dict) -> str:
+    """A warning sentence when `bw` (measure's dict) shows a slow host, else ''."""
+    fill, engine = bw.get("fill_kernel_gbps"), bw.get("copy_engine_block_gbps")
+    if not fill or not engine or fill >= SLOW_HOST_SHARE * engine:
+        return ""
+    return (
+        f"SLOW HOST: the fill kernel read host memory at {fill:.1f} GB/s, "
+        f"{fill / engine:.2f} of the copy engine's {engine:.1f} (healthy hosts: ~0.9); "
+        "offload rows from this host are not comparable with a healthy host's"
+    )
+
+
 def copy_engine_gbps(dev, nbytes: int, num_blocks: int, reps: int) -> float:
     """GB/s of `num_blocks` pinned host blocks of `nbytes` copied to the GPU per call."""
     import torch

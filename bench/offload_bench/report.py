@@ -4,6 +4,8 @@ limit step ÷ measured step), cell formatting in the seed's style, and the Markd
 
 from __future__ import annotations
 
+from offload_bench.bandwidth import slow_host_note
+
 NA = "n/a"
 COLUMNS = [
     "GPU experts",
@@ -239,6 +241,7 @@ def render_markdown(meta: dict, records: list[dict]) -> str:
         f"GB/s (experts), {fmt(bw.get('copy_engine_block_gbps'), '.1f')} GB/s (512 MiB); "
         f"fill kernel {fmt(bw.get('fill_kernel_gbps'), '.1f')} GB/s; limit uses "
         f"{fmt(used, '.1f', ' GB/s')}",
+        *([f"- **{note}**"] if (note := slow_host_note(bw)) else []),
         f"- t_resident (no-offload step): {fmt(meta.get('t_resident_ms'), '.2f', ' ms')}",
         f"- routing: {meta.get('routing', 'router')}",
         f"- output: {meta['verdict']}",

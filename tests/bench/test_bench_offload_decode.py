@@ -367,3 +367,19 @@ def test_an_empty_ttft_list_in_the_gpu_phase_means_no_ttft_engines(phase):
     assert none.ttft_tokens == "" and default.ttft_tokens == "2048,8192"
     assert not any(j["ttft_tokens"] for j in bench.plan_jobs(none))
     assert any(j["ttft_tokens"] for j in bench.plan_jobs(default))
+
+
+def test_a_slow_host_is_flagged_in_the_page(tmp_path):
+    """A host whose fill kernel reads well below its copy engine (the H100 hosts at 27-34
+    GB/s against 55) gets a warning line in the header; a healthy one (50.8 / 55.5) none."""
+    from offload_bench.bandwidth import slow_host_note
+
+    healthy = {"fill_kernel_gbps": 50.8, "copy_engine_block_gbps": 55.5}
+    slow = {"fill_kernel_gbps": 34.2, "copy_engine_block_gbps": 55.1}
+    assert slow_host_note(healthy) == "" and slow_host_note({"cuda": False}) == ""
+    assert "0.62 of the copy engine's 55.1" in slow_host_note(slow)
+    meta = {"model": "m", "date": "d", "gpu": "g", "routing": "r", "dtype": "bf16",
+            "command": "c", "bandwidth_gbps": 55.1}  # fmt: skip
+    for bw, flagged in ((healthy, False), (slow, True)):
+        page = bench.write(tmp_path / "o", {**meta, "bandwidth": bw}, [])
+        assert ("SLOW HOST" in page) is flagged
