@@ -3,7 +3,7 @@ CPU with the engine's own lookup twin (offload/lookup.py `lookup_reference`): hi
 expert fraction, every layer its own cache, call by call as the engine's lookup sees them.
 
     PYTHONPATH=src python3 bench/sim_slot_policy.py [--preset qwen3-30b-a3b] [--batch 1]
-        [--fractions 0.1,0.2,0.35,0.5] [--warm 128] [--steps 384] [--seed 0]
+        [--shape L,E,K] [--fractions 0.1,0.2,0.35,0.5] [--warm 128] [--steps 384] [--seed 0]
     PYTHONPATH=src python3 bench/sim_slot_policy.py --trace routing.xrt [--decode-only]
 
 The stream is either a routing model's (`sim_layer_slots.draw_calls`: one call per layer
@@ -39,10 +39,14 @@ SHAPES = {"qwen3.5-35b-a3b": (40, 256), "qwen3.6-35b-a3b": (40, 256), "olmoe": (
 DEFAULT_SHAPE = (48, 128)  # Qwen3-30B-A3B (and the uniform preset)
 
 
-def model_calls(preset: str, batch: int, steps: int, seed: int) -> tuple[list[np.ndarray], int]:
-    """A routing model's stream: per step an (L, batch·k) array of ids; and E."""
-    layers, experts = SHAPES.get(preset, DEFAULT_SHAPE)
-    calls = draw_calls(preset, seed, layers, experts, 8, batch, steps, 1000)
+def model_calls(
+    preset: str, batch: int, steps: int, seed: int, shape: tuple[int, int, int] | None = None
+) -> tuple[list[np.ndarray], int]:
+    """A routing model's stream: per step an (L, batch·k) array of ids; and E. `shape`
+    (layers, experts, top-k) replaces the preset's own (e.g. Qwen1.5-MoE-A2.7B, 24 × 60
+    top-4, which the benchmarks route with the qwen3-30b-a3b preset)."""
+    layers, experts, top_k = shape or (*SHAPES.get(preset, DEFAULT_SHAPE), 8)
+    calls = draw_calls(preset, seed, layers, experts, top_k, batch, steps, 1000)
     return list(calls), experts
 
 
@@ -97,6 +101,8 @@ def main() -> None:
     ap.add_argument("--trace", default=None, help="a --record-routing file instead of a preset")
     ap.add_argument("--decode-only", action="store_true", help="with --trace: decode steps only")
     ap.add_argument("--top-k", type=int, default=None, help="with --trace: its header's")
+    ap.add_argument("--shape", default=None, metavar="L,E,K",
+                    help="layers, experts, top-k instead of the preset's (e.g. 24,60,4)")  # fmt: skip
     ap.add_argument("--fractions", default="0.1,0.2,0.35,0.5")
     ap.add_argument("--warm", type=int, default=128)
     ap.add_argument("--steps", type=int, default=384)
@@ -108,8 +114,13 @@ def main() -> None:
         top_k = args.top_k or read_trace(args.trace)[0].top_k
         title = f"{Path(args.trace).name}{', decode steps' if args.decode_only else ''}"
     else:
-        calls, experts = model_calls(args.preset, args.batch, args.warm + args.steps, args.seed)
-        top_k, title = 8, f"{args.preset}, batch {args.batch}"
+        shape = tuple(int(v) for v in args.shape.split(",")) if args.shape else None
+        if shape is not None and len(shape) != 3:
+            raise SystemExit(f"--shape takes layers,experts,top-k, got {args.shape!r}")
+        steps = args.warm + args.steps
+        calls, experts = model_calls(args.preset, args.batch, steps, args.seed, shape)
+        top_k = shape[2] if shape else 8
+        title = f"{args.preset}{f' on {args.shape}' if shape else ''}, batch {args.batch}"
     if len(calls) <= args.warm:
         raise SystemExit(f"the stream has {len(calls)} calls, not more than --warm {args.warm}")
     print("\n".join(table(title, hit_rates(calls, experts, top_k, fractions, args.warm))))

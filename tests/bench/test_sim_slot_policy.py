@@ -45,3 +45,13 @@ def test_a_recorded_trace_gives_the_same_rates(monkeypatch, tmp_path):
     assert sim.hit_rates(decode, experts, 8, [0.2], warm=16) == want
     every, _ = sim.trace_calls(str(path), decode_only=False)
     assert len(every) == len(calls) + 1 and every[0].shape == (4, 40)
+
+
+def test_a_shape_of_its_own():
+    """`--shape L,E,K` routes the preset over another model's layers, experts and top-k (the
+    Qwen1.5-MoE row: 24 × 60, top-4): each call holds batch × k ids in [0, E)."""
+    calls, experts = sim.model_calls("qwen3-30b-a3b", 2, 40, seed=0, shape=(3, 60, 4))
+    assert experts == 60 and len(calls) == 40
+    assert all(c.shape == (3, 8) and 0 <= c.min() and c.max() < 60 for c in calls)
+    rates = sim.hit_rates(calls, experts, 4, [7 / 60, 1.0], warm=8)
+    assert rates[1.0]["lru"] == rates[1.0]["lfu"] and 0 < rates[7 / 60]["lfu"] < 1
