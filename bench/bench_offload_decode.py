@@ -251,10 +251,18 @@ def collect(results: list[dict], bandwidth_gbps: float | None) -> tuple[list[dic
 
 
 def prefetch_fill_note(meta: dict) -> str:
-    """', prefetch fill `copy-engine`' where the prefetch copies move otherwise than the fill."""
+    """', prefetch fill `copy-engine`' where the prefetch copies move otherwise than the fill;
+    with prefetch on the fill kernel, its programs (given, or the default)."""
+    fill = meta.get("fill", "kernel")
     pf, programs = meta.get("prefetch_fill"), meta.get("prefetch_programs")
-    note = f", prefetch fill `{pf}`" if pf and pf != meta.get("fill", "kernel") else ""
-    return note + (f" ({programs} prefetch fill programs)" if programs else "")
+    note = f", prefetch fill `{pf}`" if pf and pf != fill else ""
+    if not any(meta.get("prefetch") or [0]) or (pf or fill) != "kernel":
+        return note
+    if programs:
+        return note + f" ({programs} prefetch fill programs)"
+    from xinfer.offload.prefetch import PREFETCH_FILL_PROGRAMS
+
+    return note + f" ({PREFETCH_FILL_PROGRAMS} prefetch fill programs, the default)"
 
 
 def prefetch_setting(meta: dict) -> str:
