@@ -83,7 +83,7 @@ def _formats(llm: LLM) -> str:
     return w13 if w13 == w2 else f"{w13}+{w2}"
 
 
-def main() -> None:
+def build_parser() -> argparse.ArgumentParser:
     ap = argparse.ArgumentParser(description=__doc__)
     ap.add_argument("--gguf", required=True)
     ap.add_argument("--label", required=True, help="row name, e.g. 'qwen3-30b-a3b q4_k'")
@@ -107,11 +107,14 @@ def main() -> None:
     )
     ap.add_argument("--compress", action="store_true",
                     help="--moe-offload-compress for the budget run (bf16 experts packed)")  # fmt: skip
-    args = ap.parse_args()
-    if args.q8x:
-        from xinfer.kernels import gguf_launch
+    ap.add_argument("--prefetch", type=int, default=0,
+                    help="--moe-prefetch of the budget run (layers ahead; 0: off)")  # fmt: skip
+    return ap
 
-        gguf_launch.Q8X_MOE = gguf_launch.Q8X_LINEAR = True
+
+def engine_runs(args: argparse.Namespace) -> list[tuple[str, dict]]:
+    """(placement label, engine options) of each run: resident unless skipped, then the
+    budget run when asked."""
     # resident: the prompt in one chunk (the fastest there); under a budget, chunks shorter than
     # the prompt, so that it takes the prompt pass: in one chunk the call's missing experts
     # come through the per-call path instead (2026-12-04 H200: 4,002 tok/s at pp8192)
@@ -131,7 +134,20 @@ def main() -> None:
         if args.compress:
             budget["moe_offload_compress"] = True
             where += " packed"
+        if args.prefetch:
+            budget["moe_prefetch"] = args.prefetch
+            where += f" prefetch {args.prefetch}"
         runs.append((where, budget))
+    return runs
+
+
+def main() -> None:
+    args = build_parser().parse_args()
+    if args.q8x:
+        from xinfer.kernels import gguf_launch
+
+        gguf_launch.Q8X_MOE = gguf_launch.Q8X_LINEAR = True
+    runs = engine_runs(args)
     label = args.label + (f" isq {args.isq}" if args.isq else "") + (" q8x" if args.q8x else "")
     for placement, options in runs:
         if torch.cuda.is_available():  # what an earlier engine of this process still holds

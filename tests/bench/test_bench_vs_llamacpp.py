@@ -1,0 +1,29 @@
+"""bench/bench_vs_llamacpp.py's run plan (the script itself runs on the GPU machine): the
+resident run, then the budget run with each option of the command line in its engine options
+and its row's name."""
+
+from __future__ import annotations
+
+import sys
+from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[2] / "bench"))
+
+import bench_vs_llamacpp as vs  # noqa: E402
+
+
+def test_the_runs_carry_their_options():
+    parse = vs.build_parser().parse_args
+    base = ["--gguf", "m.gguf", "--label", "q15"]
+    [(where, options)] = vs.engine_runs(parse(base))
+    assert where == "resident" and options == {"max_num_batched_tokens": 8192}
+    args = parse(base + ["--budget-gb", "12", "--compress", "--prefetch", "1", "--skip-resident"])
+    [(where, options)] = vs.engine_runs(args)
+    assert where == "12 GB auto packed prefetch 1"
+    assert options == {"moe_offload": "auto", "gpu_memory_limit_gb": 12.0,
+                       "max_num_batched_tokens": 2048, "routing_source": "qwen3-30b-a3b",
+                       "moe_offload_policy": "lfu", "moe_offload_compress": True,
+                       "moe_prefetch": 1}  # fmt: skip
+    runs = vs.engine_runs(parse(base + ["--budget-gb", "12", "--policy", "lru"]))
+    assert [w for w, _ in runs] == ["resident", "12 GB auto lru"]
+    assert "moe_prefetch" not in runs[1][1]
