@@ -22,6 +22,7 @@ import torch
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "src"))
 
 from xinfer import LLM, SamplingParams  # noqa: E402
+from xinfer.config import DEFAULT_PREFETCH_DISTANCE  # noqa: E402
 
 
 def _sync() -> None:
@@ -107,8 +108,9 @@ def build_parser() -> argparse.ArgumentParser:
     )
     ap.add_argument("--compress", action="store_true",
                     help="--moe-offload-compress for the budget run (bf16 experts packed)")  # fmt: skip
-    ap.add_argument("--prefetch", type=int, default=0,
-                    help="--moe-prefetch of the budget run (layers ahead; 0: off)")  # fmt: skip
+    ap.add_argument("--prefetch", type=int, default=DEFAULT_PREFETCH_DISTANCE,
+                    help="--moe-prefetch of the budget run (layers ahead; 0: off; default: "
+                    "the engine's)")  # fmt: skip
     return ap
 
 
@@ -134,8 +136,8 @@ def engine_runs(args: argparse.Namespace) -> list[tuple[str, dict]]:
         if args.compress:
             budget["moe_offload_compress"] = True
             where += " packed"
+        budget["moe_prefetch"] = args.prefetch  # rows before 2026-12-06 ran without it
         if args.prefetch:
-            budget["moe_prefetch"] = args.prefetch
             where += f" prefetch {args.prefetch}"
         runs.append((where, budget))
     return runs

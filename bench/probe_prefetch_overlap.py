@@ -20,11 +20,13 @@ beside the compute, the compute's µs alone and beside the fill (its slowdown), 
 wall time, and the share of the shorter one hidden, (fill + compute − wall) ÷ min(fill,
 compute). Bytes are checked first. GPU only.
 
-The fill runs eagerly by default (`--eager fill`; its launch is queued behind the spin like
-the graph's): with both sides graph replays, the first side-by-side pair stopped with an
-illegal memory access on the H100 (2026-12-06; either side eager, or both, ran clean, and
-compute-sanitizer, which serializes the kernels, found nothing). Not diagnosed; the engine
-never replays two graphs at once.
+Both sides run eagerly by default (`--eager compute,fill`; their launches are queued
+behind the spin, so neither waits on the CPU): side by side, the first pair stopped with an
+illegal memory access on the H100 with both sides graph replays (2026-12-06, twenty-second
+session) and again with the compute a graph and the fill eager (twenty-third session), a
+pair that had run clean before; compute-sanitizer, which serializes the kernels, found
+nothing. Intermittent and not diagnosed; both eager never failed. The engine replays one
+graph whose two streams passed every prefetch GPU test.
 
     python3 bench/probe_prefetch_overlap.py [--programs 8,16,32,66,132,264] [--misses 1,2,4]
 """
@@ -143,7 +145,7 @@ def build_parser() -> argparse.ArgumentParser:
     ap.add_argument("--linear-out", type=int, default=5120)
     ap.add_argument("--reps", type=int, default=50)
     ap.add_argument("--json", default=None)
-    ap.add_argument("--eager", default="fill", choices=("", "fill", "compute", "compute,fill"),
+    ap.add_argument("--eager", default="compute,fill", choices=("", "fill", "compute", "compute,fill"),
                     help="which side runs eagerly instead of as a graph replay (see above)")  # fmt: skip
     return ap
 

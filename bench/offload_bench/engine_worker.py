@@ -62,8 +62,9 @@ def engine_kwargs(cfg: dict) -> dict:
         kw["gpu_memory_limit_gb"] = cfg["gpu_memory_limit_gb"]
     if cfg.get("reserve_gb") is not None:
         kw["moe_offload_reserve_gb"] = cfg["reserve_gb"]
-    if cfg.get("prefetch"):  # cross-layer prefetch, `prefetch` layers ahead (0: off)
-        kw["moe_prefetch"] = int(cfg["prefetch"])
+    if cfg["rate"] != "0":  # cross-layer prefetch, `prefetch` layers ahead (0: off)
+        kw["moe_prefetch"] = int(cfg.get("prefetch") or 0)
+    if cfg.get("prefetch"):
         if cfg.get("prefetch_margin") is not None:
             kw["moe_prefetch_margin"] = float(cfg["prefetch_margin"])
         if cfg.get("prefetch_fill"):

@@ -25,5 +25,7 @@ def test_the_runs_carry_their_options():
                        "moe_offload_policy": "lfu", "moe_offload_compress": True,
                        "moe_prefetch": 1}  # fmt: skip
     runs = vs.engine_runs(parse(base + ["--budget-gb", "12", "--policy", "lru"]))
-    assert [w for w, _ in runs] == ["resident", "12 GB auto lru"]
-    assert "moe_prefetch" not in runs[1][1]
+    assert [w for w, _ in runs] == ["resident", "12 GB auto lru prefetch 2"]  # the default
+    assert runs[1][1]["moe_prefetch"] == 2
+    runs = vs.engine_runs(parse(base + ["--budget-gb", "12", "--prefetch", "0"]))
+    assert runs[1] == ("12 GB auto", {**runs[1][1], "moe_prefetch": 0})  # off, said as before

@@ -41,7 +41,7 @@ def test_the_gpu_phase_parses():
     parse = probe_prefetch_overlap.build_parser().parse_args
     args = parse(gpu_run_args("overlapprobe", "probe_prefetch_overlap.py"))
     assert args.json == "/tmp/out/prefetch_overlap.json" and args.programs == "8,16,32,66,132,264"
-    assert args.eager == "fill"  # two graph replays side by side faulted (the probe's docstring)
+    assert args.eager == "compute,fill"  # graph replays side by side faulted (its docstring)
     env = {"OVERLAP_ARGS": "--programs 16 --misses 2 --expert-mb 9.44"}
     args = parse(gpu_run_args("overlapprobe", "probe_prefetch_overlap.py", env))
     assert (args.programs, args.misses, args.expert_mb) == ("16", "2", 9.44)

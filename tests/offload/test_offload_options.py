@@ -197,8 +197,12 @@ def test_prefetch_fill_option_is_checked(ckpt):
     assert OffloadConfig.parse("0.2", prefetch_distance=1).prefetch_fill is None
     with pytest.raises(UserError, match="prefetch fill must be one of kernel, copy-engine"):
         OffloadConfig.parse("0.2", prefetch_distance=1, prefetch_fill="dma")
-    with pytest.raises(UserError, match="it needs --moe-prefetch"):
-        OffloadConfig.parse("0.2", prefetch_fill="copy-engine")
+    # prefetch is on by default with offload: its fill may be set without a distance
+    assert OffloadConfig.parse("0.2", prefetch_fill="copy-engine").prefetch_layers == 2
+    with pytest.raises(UserError, match=r"it needs prefetch \(--moe-prefetch other than 0\)"):
+        OffloadConfig.parse("0.2", prefetch_distance=0, prefetch_fill="copy-engine")
+    with pytest.raises(UserError, match="needs prefetch .* and MoE expert offload"):
+        OffloadConfig.parse(None, prefetch_fill="copy-engine")
     with pytest.raises(UserError, match="--moe-prefetch-fill copy-engine cannot run here"):
         LLM(ckpt, device="cpu", moe_offload=0.5, moe_prefetch=1,
             moe_prefetch_fill="copy-engine")  # fmt: skip
@@ -215,10 +219,13 @@ def test_prefetch_tuning_options_are_checked(ckpt):
         OffloadConfig.parse("0.2", prefetch_distance=1, prefetch_issue="early")
     with pytest.raises(UserError, match="prefetch programs must be >= 1"):
         OffloadConfig.parse("0.2", prefetch_distance=1, prefetch_programs=0)
-    with pytest.raises(UserError, match="they need --moe-prefetch"):
-        OffloadConfig.parse("0.2", prefetch_programs=64)
-    with pytest.raises(UserError, match="they need --moe-prefetch"):
-        OffloadConfig.parse("0.2", prefetch_issue="before-lookup")
+    assert OffloadConfig.parse("0.2", prefetch_programs=64).prefetch_programs == 64  # default on
+    with pytest.raises(UserError, match=r"they need prefetch \(--moe-prefetch other than 0\)"):
+        OffloadConfig.parse("0.2", prefetch_distance=0, prefetch_programs=64)
+    with pytest.raises(UserError, match="they need prefetch"):
+        OffloadConfig.parse("0.2", prefetch_distance=0, prefetch_issue="before-lookup")
+    with pytest.raises(UserError, match="and MoE expert offload"):
+        OffloadConfig.parse(None, prefetch_programs=64)
     with pytest.raises(UserError, match="copy-engine prefetch fill has no programs"):
         OffloadConfig.parse(
             "0.2", prefetch_distance=1, prefetch_fill="copy-engine", prefetch_programs=8

@@ -52,7 +52,7 @@ def test_router_prefetch_keeps_output(checkpoint):
     arch, path = checkpoint
     base, _ = _run(path)
     for fraction, distance in SETTINGS:
-        off, stats_off = _run(path, moe_offload=fraction)
+        off, stats_off = _run(path, moe_offload=fraction, moe_prefetch=0)
         on, stats = _run(path, moe_offload=fraction, moe_prefetch=distance, moe_prefetch_margin=0)
         assert off == base and on == base, f"{arch}: output changed at {fraction}/{distance}"
         assert "prefetch" not in stats_off
@@ -98,6 +98,36 @@ def test_lfu_prefetch_keeps_output_and_is_used(tmp_path):
             assert pf["predictor"] == predictor and pf["prefetched"] > 0, pf
             if predictor == "routing-model":
                 assert pf["used"] > 0, pf
+
+
+def test_prefetch_is_on_by_default_with_offload(tmp_path):
+    """With offload and no --moe-prefetch, prefetch runs DEFAULT_PREFETCH_DISTANCE layers
+    ahead (same tokens); --moe-prefetch 0 turns it off; without offload nothing prefetches;
+    a routing source with no predictor (a replayed trace) runs without it, where a distance
+    given is refused."""
+    from xinfer.config import DEFAULT_PREFETCH_DISTANCE
+    from xinfer.errors import UserError
+
+    model = make_hf_model("qwen3_moe", seed=3, num_hidden_layers=6, num_experts=NUM_EXPERTS)
+    path = write_checkpoint(model, tmp_path)
+    base, none = _run(path)
+    assert none is None
+    on, stats = _run(path, moe_offload=0.25)
+    off, stats_off = _run(path, moe_offload=0.25, moe_prefetch=0)
+    assert on == off == base
+    pf = check_prefetch_stats(stats)
+    assert pf["distance"] == DEFAULT_PREFETCH_DISTANCE == 2 and pf["predictor"] == "router"
+    assert "prefetch" not in stats_off
+    trace = tmp_path / "routing.jsonl"
+    recorder = LLM(
+        str(path), device="cpu", max_num_batched_tokens=BUDGET, record_routing=str(trace)
+    )
+    recorder.generate(PROMPTS, GREEDY)
+    replayed, stats = _run(path, moe_offload=0.25, routing_source=f"replay:{trace}")
+    assert replayed == base and "prefetch" not in stats
+    with pytest.raises(UserError, match="no predictor for a replayed routing trace"):
+        LLM(str(path), device="cpu", moe_offload=0.25, moe_prefetch=1,
+            routing_source=f"replay:{trace}")  # fmt: skip
 
 
 def test_prefetch_without_offload_is_refused(checkpoint):

@@ -149,7 +149,7 @@ class Engine:
             scheduler_config = replace(config.scheduler, max_num_seqs=self.num_state_slots)
             config = self.config = replace(config, scheduler=scheduler_config)
         self.routing = self._install_routing(config)  # its per-request rows: the runner's
-        if self.offload_manager is not None and offload.prefetch_distance:
+        if self.offload_manager is not None and offload.prefetch_layers:
             from xinfer.offload.prefetch_setup import install_prefetch
 
             max_decode = config.scheduler.max_num_seqs  # the widest call that predicts

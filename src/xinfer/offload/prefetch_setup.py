@@ -1,7 +1,9 @@
 """Turns cross-layer expert prefetch on for a model whose MoE layers are offloaded: picks the
 predictor for the routing source (the routers themselves; the routing model's calibrated
 stand-in for dummy weights), builds a `PrefetchTable` per offloaded layer and attaches the
-`Prefetcher` to every OffloadExecutor."""
+`Prefetcher` to every OffloadExecutor. Prefetch is on by default with offload
+(`OffloadConfig.prefetch_layers`); a model without a predictor (no router beside its
+experts, a replayed routing trace) then runs without it, where a distance given is refused."""
 
 from __future__ import annotations
 
@@ -32,7 +34,7 @@ def find_routers(model: nn.Module, layers: list[FusedMoE]) -> list[nn.Module]:
     if missing:
         raise UserError(
             f"MoE prefetch needs each MoE layer's router beside it; layer {missing[0]} of "
-            f"this model has none: run without --moe-prefetch"
+            f"this model has none: run with --moe-prefetch 0"
         )
     return [routers[id(layer)] for layer in layers]
 
@@ -49,10 +51,10 @@ def make_predictor(model: nn.Module, layers: list[FusedMoE], config: OffloadConf
     if not isinstance(source, ParametricRouting):
         raise UserError(
             "MoE prefetch has no predictor for a replayed routing trace (it needs the "
-            "router or the routing model): run without --moe-prefetch"
+            "router or the routing model): run with --moe-prefetch 0"
         )
     return ModelPredictor(
-        source, top_ks, config.prefetch_margin, config.prefetch_distance, routing.config.seed
+        source, top_ks, config.prefetch_margin, config.prefetch_layers, routing.config.seed
     )
 
 
@@ -62,20 +64,27 @@ def install_prefetch(
     """Attach prefetch to `manager`'s executors (None when off or nothing is offloaded).
     `routing`: the engine's RoutingController (None: the routers route); `max_tokens`: the
     widest call that predicts (the decode batch)."""
-    if manager is None or not config.prefetch_distance or not manager.executors:
+    distance = config.prefetch_layers
+    if manager is None or not distance or not manager.executors:
         return None
     layers = model.moe_layers()
     executors = [
         x if isinstance(x := layer.executor, OffloadExecutor) else None for layer in layers
     ]
+    try:
+        predictor = make_predictor(model, layers, config, routing)
+    except UserError as e:
+        if not config.prefetch_is_default:
+            raise
+        logger.info("MoE prefetch (on by default with offload) stays off: %s", e)
+        return None
     stats = manager._stats
     tables = [
         None if x is None else PrefetchTable(x.cache, stats.prefetch_counters[i])
         for i, x in enumerate(executors)
     ]
-    predictor = make_predictor(model, layers, config, routing)
     prefetcher = Prefetcher(
-        executors, tables, predictor, config.prefetch_distance, max_tokens, manager.device,
+        executors, tables, predictor, distance, max_tokens, manager.device,
         fill_programs=config.prefetch_programs,
         issue_after_fill=config.prefetch_issue == "after-fill",
     )  # fmt: skip
@@ -84,13 +93,13 @@ def install_prefetch(
     for i, x in enumerate(executors):
         if x is not None:
             x.prefetch = (prefetcher, i)
-    stats.prefetch = {"distance": config.prefetch_distance, "predictor": predictor.name}
+    stats.prefetch = {"distance": distance, "predictor": predictor.name}
     stats.prefetcher = prefetcher
     manager.prefetcher = prefetcher
     logger.info(
         "MoE prefetch: layer l + %d's experts predicted by %s (margin %g), copied while "
         "layer l computes",
-        config.prefetch_distance,
+        distance,
         predictor.name,
         config.prefetch_margin,
     )
