@@ -117,7 +117,8 @@ def test_startup_log_parser():
     summary = (  # the engine's start-up summary line
         "INFO xinfer: ready in 9.1 s: Qwen3MoeForCausalLM on cuda:0 (NVIDIA H200), bfloat16; "
         "weights 57.10 GiB: 3.10 GiB on the device, 54.00 GiB of experts in host RAM; MoE "
-        "offload auto: 13 of 128 experts per layer in device slots (5.50 GB, staging 1.21 GB); "
+        "offload auto: 13 of 128 experts per layer in device slots (5.50 GB, staging 1.21 GB, "
+        "prefetch 2 layers ahead); "
         "KV cache: 58000 tokens (bfloat16), max model len 8192; prefix caching on; CUDA graphs on"
     )
     assert server.parse_startup_log(log.splitlines()[0] + "\n" + summary)["kv_tokens"] == 58000

@@ -27,11 +27,17 @@ def test_startup_summary(model_path, caplog):
         LLM(model_path, device="cpu", dtype="float32", moe_offload=0.5, num_kv_blocks=40)
     [line] = [r.getMessage() for r in caplog.records if "ready in" in r.getMessage()]
     for needle in ("Qwen3MoeForCausalLM on cpu", "float32", "GiB of experts in host RAM",
-                   "4 of 8 experts per layer", "KV cache: 640 tokens", "max model len 512",
-                   "prefix caching on"):  # fmt: skip
+                   "4 of 8 experts per layer", "prefetch 2 layers ahead)",
+                   "KV cache: 640 tokens", "max model len 512", "prefix caching on"):  # fmt: skip
         assert needle in line, (needle, line)
     phases = re.search(r"ready in [\d.]+ s \((.*?)\):", line).group(1)  # where the time went
     assert [p.split()[0] for p in phases.split(", ")] == ["weights", "offload", "runner"], line
+    caplog.clear()
+    with caplog.at_level(logging.INFO, logger="xinfer"):
+        LLM(model_path, device="cpu", dtype="float32", moe_offload=0.5, moe_prefetch=0,
+            num_kv_blocks=40)  # fmt: skip
+    [line] = [r.getMessage() for r in caplog.records if "ready in" in r.getMessage()]
+    assert "no prefetch)" in line, line
 
 
 def test_request_timings_on_the_last_output(model_path):

@@ -50,9 +50,11 @@ def startup_summary(engine: Engine, load_s: float, weight_bytes: int, expert_byt
             f"{_gib(expert_bytes)} of experts in host RAM"
         )
         how = "auto" if manager.config.is_auto else f"{manager.config.fraction:g}"
+        pf = stats.get("prefetch")
+        ahead = f"prefetch {pf['distance']} layers ahead" if pf else "no prefetch"
         parts.append(
             f"MoE offload {how}: {slots} of {experts} experts per layer in device slots "
-            f"({stats['slot_gb']:.2f} GB, staging {stats['staging_gb']:.2f} GB)"
+            f"({stats['slot_gb']:.2f} GB, staging {stats['staging_gb']:.2f} GB, {ahead})"
         )
     kv_dtype = str(config.cache.kv_dtype or engine.dtype).removeprefix("torch.")
     parts.append(

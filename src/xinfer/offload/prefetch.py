@@ -1,6 +1,7 @@
 """Cross-layer expert prefetch: while MoE layer l runs, the experts predicted for layer
 l + d are copied from host memory into layer l + d's slots, so that the host→GPU link keeps
-working while the GPU computes.
+working while the GPU computes. On by default with offload, d = 2
+(`config.DEFAULT_PREFETCH_DISTANCE`; offload/prefetch_setup.py installs it).
 
 Per call of an offloaded layer l on the lookup path (OffloadExecutor → `before_lookup`, its
 lookup and demand fill, then `after_fill`; with `issue_after_fill` steps 1-3 run in
