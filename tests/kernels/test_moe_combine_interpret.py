@@ -59,10 +59,12 @@ def test_a_call_larger_than_the_counters_combines_apart(ml, monkeypatch) -> None
     reference, _ = run_combined(ml, monkeypatch, call, fused=False)
     device = torch.device("cpu")
     # 3 tokens x cdiv(37, 16) = 9 tiles needed; 8 counters
-    monkeypatch.setitem(arrivals._by_device, device, torch.zeros(8, dtype=torch.int32))
+    monkeypatch.setitem(
+        arrivals._by_lane, (device, arrivals.MAIN), torch.zeros(8, dtype=torch.int32)
+    )
     out, launches = run_combined(ml, monkeypatch, call, fused=True)
     assert launches == 1 and torch.equal(out, reference)
-    assert not arrivals._by_device[device].any()
+    assert not arrivals._by_lane[device, arrivals.MAIN].any()
 
 
 class _FakeOut:
@@ -80,4 +82,19 @@ def test_no_counters_are_made_inside_a_cuda_graph_capture(monkeypatch) -> None:
     device = torch.device("cuda", 5)  # never allocated: the capture check comes first
     monkeypatch.setattr(arrivals, "_capturing", lambda d: d == device)
     _, fused = moe_launch.combine_tail(_FakeOut(device, (1, 64)), 16)
-    assert fused is False and device not in arrivals._by_device
+    assert fused is False and (device, arrivals.MAIN) not in arrivals._by_lane
+
+
+def test_each_lane_has_counters_of_its_own(monkeypatch) -> None:
+    """Launches beside the decode step on another stream (the prefetch predictor) count in
+    a lane of their own: two tensors, never the main lane's; the lane ends with its block."""
+    from xinfer.kernels import arrivals
+
+    monkeypatch.setattr(arrivals, "_by_lane", {})
+    device = torch.device("cpu")
+    main = arrivals.counters(device, 4)
+    with arrivals.lane("prefetch"):
+        side = arrivals.counters(device, 4)
+        assert arrivals.counters(device, 4) is side
+    assert side is not main and arrivals.counters(device, 4) is main
+    assert set(arrivals._by_lane) == {(device, arrivals.MAIN), (device, "prefetch")}

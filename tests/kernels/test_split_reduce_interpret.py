@@ -53,6 +53,8 @@ def test_more_tiles_than_counters_reduce_apart(gl, monkeypatch) -> None:
     call = LINEARS["float"](3, True, seed=1)
     reference, _ = run_reduced(gl, monkeypatch, call, fused=False)
     device = torch.device("cpu")
-    monkeypatch.setitem(arrivals._by_device, device, torch.zeros(1, dtype=torch.int32))
+    monkeypatch.setitem(
+        arrivals._by_lane, (device, arrivals.MAIN), torch.zeros(1, dtype=torch.int32)
+    )
     out, launches = run_reduced(gl, monkeypatch, call, fused=True)
     assert launches == 1 and torch.equal(out, reference)

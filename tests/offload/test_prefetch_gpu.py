@@ -185,8 +185,22 @@ class _StaticPredictor:
         return self.preds[target]
 
 
+class _SideStaticPredictor(_StaticPredictor):
+    """The same, run on the prefetch stream (as the router's predictor is): a copy there."""
+
+    on_side_stream = True
+
+    def __call__(self, target: int, hidden: torch.Tensor, ctx) -> torch.Tensor:
+        return self.preds[target].clone()
+
+
 def _prefetched_layers(
-    sets, device: torch.device, distance: int, preds: torch.Tensor, copy_engine: bool = False
+    sets,
+    device: torch.device,
+    distance: int,
+    preds: torch.Tensor,
+    copy_engine: bool = False,
+    side_predictor: bool = False,
 ):
     """Offload executors over one slot pool (as the engine builds them; pinned on CUDA) with
     a Prefetcher attached → (executors, tables, lookup counters, host stores). `copy_engine`:
@@ -198,7 +212,9 @@ def _prefetched_layers(
     executors = [OffloadExecutor(c, h, TOP_K, store=store) for c, h in zip(caches, hosts)]
     rows = torch.zeros(NUM_LAYERS, NUM_PREFETCH_COUNTERS, dtype=torch.int64, device=device)
     tables = [PrefetchTable(c, rows[i]) for i, c in enumerate(caches)]
-    prefetcher = Prefetcher(executors, tables, _StaticPredictor(preds), distance, ROWS, device)
+    predictor = (_SideStaticPredictor if side_predictor else _StaticPredictor)(preds)
+    prefetcher = Prefetcher(executors, tables, predictor, distance, ROWS, device)
+    assert prefetcher.predictor_on_side == (side_predictor and device.type == "cuda")
     if copy_engine:
         from xinfer.offload.copy_engine import BounceBuffers, LayerCopies
 
@@ -243,15 +259,17 @@ def _routed(g: torch.Generator) -> tuple[torch.Tensor, torch.Tensor]:
 
 
 @pytest.mark.parametrize(
-    "distance,copy_engine",
-    [(1, False), (2, False), (1, True), (2, True)],
-    ids=["d1-kernel-fill", "d2-kernel-fill", "d1-copy-engine-fill", "d2-copy-engine-fill"],
-)
-def test_prefetch_in_cuda_graph_equals_twin_and_resident(distance, copy_engine):
-    """Four pooled layers, each prefetching the layer `distance` ahead on the side stream:
-    a captured graph and an eager copy give the resident bf16 bits every step, and after
-    every replay the graph's tables, miss and prefetch counters, pending slots and slot
-    bytes are the CPU twin's (the prefetch fills ran, in order, before their layers)."""
+    "distance,copy_engine,side",
+    [(1, False, False), (2, False, False), (1, True, False), (2, True, False), (2, False, True)],
+    ids=["d1-kernel-fill", "d2-kernel-fill", "d1-copy-engine-fill", "d2-copy-engine-fill",
+         "d2-side-stream-predictor"],
+)  # fmt: skip
+def test_prefetch_in_cuda_graph_equals_twin_and_resident(distance, copy_engine, side):
+    """Four pooled layers, each prefetching the layer `distance` ahead on the side stream
+    (`side`: the predictor too): a captured graph and an eager copy give the resident bf16
+    bits every step, and after every replay the graph's tables, miss and prefetch counters,
+    pending slots and slot bytes are the CPU twin's (the prefetch fills ran, in order,
+    before their layers)."""
     sets = _expert_sets()
     resident = [ResidentExecutor({k: v.to(DEV) for k, v in s.items()}) for s in sets]
     static_x = torch.zeros(ROWS, HIDDEN, dtype=torch.bfloat16, device=DEV)
@@ -259,10 +277,12 @@ def test_prefetch_in_cuda_graph_equals_twin_and_resident(distance, copy_engine):
     static_w = torch.zeros(NUM_LAYERS, ROWS, TOP_K, dtype=torch.float32, device=DEV)
     static_pred = torch.full((NUM_LAYERS, ROWS, TOP_K), -1, dtype=torch.int32, device=DEV)
     cpu_pred = static_pred.cpu()
-    warm = _prefetched_layers(sets, DEV, distance, static_pred)[0]
-    eager, eager_tables, eager_counters, _ = _prefetched_layers(sets, DEV, distance, static_pred)
+    warm = _prefetched_layers(sets, DEV, distance, static_pred, side_predictor=side)[0]
+    eager, eager_tables, eager_counters, _ = _prefetched_layers(
+        sets, DEV, distance, static_pred, side_predictor=side
+    )
     graphed, tables, counters, hosts = _prefetched_layers(
-        sets, DEV, distance, static_pred, copy_engine
+        sets, DEV, distance, static_pred, copy_engine, side_predictor=side
     )
     twin, twin_tables, twin_counters, _ = _prefetched_layers(sets, CPU, distance, cpu_pred)
     layers = range(NUM_LAYERS)
@@ -397,9 +417,13 @@ def router_base(checkpoint):
 
 @pytest.mark.parametrize("fraction", [0.25, 0.5])
 def test_router_prefetch_keeps_output_in_graphs(checkpoint, router_base, fraction):
-    off = run_engine(checkpoint, ENGINE, moe_offload=fraction)
+    off = run_engine(checkpoint, ENGINE, moe_offload=fraction, moe_prefetch=0)
     assert off["tokens"] == router_base, f"offload {fraction} without prefetch changed output"
     assert "prefetch" not in off["stats"] and off["replays"] > 0
+    on = run_engine(checkpoint, ENGINE, moe_offload=fraction)  # on by default: 2 ahead
+    assert on["tokens"] == router_base, f"offload {fraction}, default prefetch changed output"
+    assert on["llm"].engine.offload_manager.prefetcher.predictor_on_side  # the router's
+    check_prefetch(on, 2, "router", False)
     for frac, distance, eager in ROUTER_SETTINGS:
         if frac != fraction:
             continue

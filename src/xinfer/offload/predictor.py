@@ -80,6 +80,9 @@ class RouterPredictor:
     """Layer `target`'s router applied to the source layer's expert input (T, H)."""
 
     name = "router"
+    # reads only the source layer's expert input and the router's weights: it runs on the
+    # prefetch stream, its GEMV in an arrival-counter lane of its own (offload/prefetch.py)
+    on_side_stream = True
 
     def __init__(self, routers: list[nn.Module], top_ks: list[int], margin: float) -> None:
         self.routers, self.top_ks, self.margin = routers, top_ks, margin

@@ -18,9 +18,13 @@ lookup and demand fill, then `after_fill`; with `issue_after_fill` steps 1-3 run
    that neither its fill (which may pick a slot a wrong prediction is still being written
    into) nor its GEMM (which reads the prefetched rows) can overtake the copy.
 On CUDA, steps 2-3 run on a side stream that first waits for the main stream, so the main
-stream goes on with l's GEMM once the prediction is made (the reservation was ~4.5 µs a
-layer of the main stream's path, 0.2 ms of a decode step: H100 trace, 2026-12-06). A
-reservation touches only t's cache and table, which the main stream next reads at step 4.
+stream goes on with l's GEMM (the reservation was ~4.5 µs a layer of the main stream's
+path, 0.2 ms of a decode step: H100 trace, 2026-12-06). Step 1 runs there too when the
+predictor allows it (`on_side_stream`: the router's GEMV and top-k read only l's expert
+input and constant weights; its split-K GEMV counts arrivals in a lane of its own,
+kernels/arrivals.py); the routing model's predictor reads state that t's routing advances
+on the main stream, so it runs there. A reservation touches only t's cache and table,
+which the main stream next reads at step 4.
 All of it has fixed shapes and reads nothing on the host, so it is captured in the decode
 CUDA graphs (the side stream forks from and joins the capture). On CPU there is one stream:
 the fill runs at once, with the same decisions. Placement never changes the experts a token
@@ -32,6 +36,7 @@ import logging
 
 import torch
 
+from xinfer.kernels import arrivals
 from xinfer.offload import kernels as offload_kernels
 from xinfer.offload.prefetch_table import PrefetchTable, reserve
 from xinfer.runner.forward_context import ForwardContext, get_forward_context
@@ -46,6 +51,7 @@ logger = logging.getLogger("xinfer")
 # moved 1-2 experts at 40-45 GB/s with the compute 1.01-1.11x slower (98% hidden); 132
 # programs at 42-46 GB/s but the compute 1.44-1.93x slower.
 PREFETCH_FILL_PROGRAMS = 16
+PREFETCH_LANE = "prefetch"  # the side stream's arrival counters (kernels/arrivals.py)
 # `issue_after_fill` (--moe-prefetch-issue): where layer l issues the prefetch of l + d.
 # Before l's lookup (False), its copies compete with l's own demand fill for the link (and,
 # on the copy engine, queue ahead of it), and l's GEMM waits for that demand fill: on the
@@ -84,6 +90,10 @@ class Prefetcher:
         # a (1, 1) "no prediction" for calls that only settle (no empty tensor to a kernel)
         self._nothing = torch.full((1, 1), -1, dtype=torch.int32, device=device)
         self.copies: list | None = None  # per layer: its copy-engine prefetch fill, if used
+        self.predictor_on_side = self.is_cuda and getattr(predictor, "on_side_stream", False)
+        if self.predictor_on_side:  # its arrival counters, made now: never inside a capture
+            with arrivals.lane(PREFETCH_LANE):
+                arrivals.counters(device, 0)
 
     def use_copy_engine(self) -> None:
         """Prefetch fills inside decode graphs go through the copy engine (bounce buffers of
@@ -128,18 +138,23 @@ class Prefetcher:
             reserve(table, self._nothing)  # settle only: nothing to copy
             return
         host = self.executors[target].host_tensors
-        # The predictor runs on the main stream: the routing model's reads t's routing state,
-        # which t's routing advances there, and a router's GEMV may use the device's arrival
-        # counters (kernels/arrivals.py), which only one stream may use at a time. The
-        # reservation and the fill run on the side stream, off the main stream's path.
-        pred_ids = self.predictor(target, hidden, ctx)
         if not self.is_cuda:
+            pred_ids = self.predictor(target, hidden, ctx)
             reserve(table, pred_ids)
             offload_kernels.fill(table.fill_target(), host)
             return
+        # The reservation and the fill run on the side stream, off the main stream's path;
+        # the predictor too where it may (the module docstring).
         main = torch.cuda.current_stream(self.device)
-        self.side.wait_stream(main)  # the prediction (and all before it) first
-        pred_ids.record_stream(self.side)  # the main stream may reuse its memory meanwhile
+        if self.predictor_on_side:
+            self.side.wait_stream(main)  # l's expert input (and all before it) first
+            hidden.record_stream(self.side)  # the main stream may reuse its memory meanwhile
+            with torch.cuda.stream(self.side), arrivals.lane(PREFETCH_LANE):
+                pred_ids = self.predictor(target, hidden, ctx)
+        else:
+            pred_ids = self.predictor(target, hidden, ctx)
+            self.side.wait_stream(main)  # the prediction (and all before it) first
+            pred_ids.record_stream(self.side)  # the main stream may reuse its memory meanwhile
         with torch.cuda.stream(self.side):
             reserve(table, pred_ids)
             if self.copies is not None and torch.cuda.is_current_stream_capturing():

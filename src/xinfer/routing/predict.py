@@ -136,6 +136,9 @@ class ModelPredictor:
     """The routing model's predictor for every target layer (see the module docstring)."""
 
     name = "routing-model"
+    # it reads its target layer's routing state, which that layer's routing advances on the
+    # main stream: it runs there (offload/prefetch.py)
+    on_side_stream = False
 
     def __init__(
         self,
