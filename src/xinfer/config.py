@@ -241,6 +241,10 @@ MAX_PREFETCH_DISTANCE = 4
 # bf16 1.11x, FP8 1.17x, GPTQ 1.19x, NVFP4 1.24x, bf16 35% 1.16x; batch 8 1.02-1.05x; and
 # beat one layer ahead (GPTQ 160.0 vs 151.3 tok/s, NVFP4 159.1 vs 150.7) and three (156.0).
 DEFAULT_PREFETCH_DISTANCE = 2
+# A guess is kept when its score beats the (k+1)-th by more than this. 0 gained 5% on GPTQ
+# experts at 20% (167.8 vs 160.0 tok/s, H100 2026-12-06: the link has slack at 4 bits); not
+# measured on link-bound bf16 rows, where its wasted bytes cost in full.
+DEFAULT_PREFETCH_MARGIN = 0.5
 # How a decode graph moves missed experts host→GPU: `kernel` (SM programs read the mapped host
 # store) or `copy-engine` (copy-engine copies chosen on the device by conditional graph nodes,
 # offload/copy_engine.py).
@@ -265,7 +269,7 @@ class OffloadConfig:
     # offloaded and the model has a predictor, see `prefetch_layers`) and keep a guess only
     # when its score beats the (k+1)-th by more than the margin.
     prefetch_distance: int | None = None
-    prefetch_margin: float = 0.5
+    prefetch_margin: float = DEFAULT_PREFETCH_MARGIN
     fill: str = "kernel"  # one of OFFLOAD_FILLS
     # How the prefetch copies move (None: as `fill`). HBM-bound kernels beside the fill
     # kernel ran ~11x slower on the H200; copy-engine copies use no SM.
