@@ -56,12 +56,15 @@ def metric_total(samples: dict[str, float], name: str) -> float | None:
 
 
 def expert_counters(samples: dict[str, float]) -> dict[str, float] | None:
-    """hits / misses / bytes of the expert cache from /metrics; None without offload."""
-    keys = ("hits", "misses", "bytes")
+    """hits / misses / bytes of the expert cache from /metrics (bytes: what misses and
+    prefetch copied into slots, both crossing the link); None without offload."""
+    keys = ("hits", "misses", "bytes", "prefetch_bytes")
     out = {k: metric_total(samples, f"xinfer_expert_cache_{k}") for k in keys}
     if all(v is None for v in out.values()):
         return None
-    return {k: v or 0.0 for k, v in out.items()}
+    out = {k: v or 0.0 for k, v in out.items()}
+    out["bytes"] += out.pop("prefetch_bytes")
+    return out
 
 
 def parse_startup_log(text: str) -> dict[str, int | None]:

@@ -87,6 +87,7 @@ def test_prometheus_parser_and_expert_counters():
 xinfer_expert_cache_hits_total 120.0
 xinfer_expert_cache_misses_total 30.0
 xinfer_expert_cache_bytes_total 2.8e+08
+xinfer_expert_cache_prefetch_bytes_total 2e+07
 xinfer_http_requests_total{path="/v1/chat completions",status="200"} 3.0 1700000000000
 xinfer_http_requests_total{path="/health",status="200"} 4.0
 garbage line
@@ -96,7 +97,8 @@ xinfer_kv_cache_usage_ratio NaN
     assert samples['xinfer_http_requests_total{path="/v1/chat completions",status="200"}'] == 3
     assert server.metric_total(samples, "xinfer_http_requests") == 7
     assert server.metric_total(samples, "missing") is None
-    assert server.expert_counters(samples) == {"hits": 120, "misses": 30, "bytes": 2.8e8}
+    # bytes: misses' and prefetch's copies, both over the link
+    assert server.expert_counters(samples) == {"hits": 120, "misses": 30, "bytes": 3e8}
     assert server.expert_counters({"xinfer_moe_offload_enabled": 0.0}) is None
     before = {"hits": 100.0, "misses": 10.0, "bytes": 1e8}
     d = report.counter_delta(before, server.expert_counters(samples))

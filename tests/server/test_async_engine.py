@@ -137,16 +137,24 @@ def test_expert_cache_counts_reads_the_offload_stats(tmp_path):
 
     assert expert_cache_counts(None) is None
     path = tm.write_checkpoint(tm.make_hf_model("qwen3_moe"), tmp_path / "m")
-    llm = LLM(str(path), device="cpu", moe_offload="0.25", max_num_batched_tokens=16)
     long_prompt = tm.prompts(4)[3]  # 30 tokens > the budget: a prompt pass streams its layers
-    llm.generate([long_prompt], SamplingParams(temperature=0, max_tokens=8))
-    stats = llm.offload_stats()
-    counts = expert_cache_counts(stats)
-    assert counts == {
-        "hits": stats["hits"],
-        "misses": stats["misses"],
-        "bytes": stats["bytes_copied"],
-        "staging_copies": stats["staging_copies"],
-        "staging_bytes": stats["staging_bytes"],
-    }
-    assert counts["hits"] + counts["misses"] > 0 and counts["staging_copies"] > 0
+    for prefetch in (0, None):  # off, and on by default
+        llm = LLM(str(path), device="cpu", moe_offload="0.25", max_num_batched_tokens=16,
+                  moe_prefetch=prefetch)  # fmt: skip
+        llm.generate([long_prompt], SamplingParams(temperature=0, max_tokens=8))
+        stats = llm.offload_stats()
+        pf = stats.get("prefetch", {})
+        counts = expert_cache_counts(stats)
+        assert counts == {
+            "hits": stats["hits"],
+            "misses": stats["misses"],
+            "bytes": stats["bytes_copied"],
+            "staging_copies": stats["staging_copies"],
+            "staging_bytes": stats["staging_bytes"],
+            "prefetched": pf.get("prefetched", 0),
+            "prefetch_used": pf.get("used", 0),
+            "prefetch_wasted": pf.get("wasted", 0),
+            "prefetch_bytes": pf.get("prefetched_bytes", 0),
+        }
+        assert counts["hits"] + counts["misses"] > 0 and counts["staging_copies"] > 0
+        assert ("prefetch" in stats) == (prefetch is None), stats  # its counts, 0 when off

@@ -1,8 +1,8 @@
 """Prometheus metrics on a registry of the app's own: request and token counters, time to
 first token and inter-token histograms (fed by the AsyncEngine as its observer), and, read
 from an engine snapshot at scrape time, running/waiting requests, KV usage and the expert
-cache's hits, misses and bytes copied. Beside them, the vLLM-style set with a `model_name`
-label (`engine_metrics.py`)."""
+cache's hits, misses and bytes copied (prefetch's among them). Beside them, the vLLM-style
+set with a `model_name` label (`engine_metrics.py`)."""
 
 from __future__ import annotations
 
@@ -18,15 +18,22 @@ _LATENCY_BUCKETS = (0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 
 
 def expert_cache_counts(stats: dict | None) -> dict[str, float] | None:
     """Totals from `OffloadManager.stats()` (keys documented in `xinfer/offload/stats.py`):
-    hits, misses, bytes copied into slots, and whole-layer staging copies and their bytes."""
+    hits, misses, bytes copied into slots on a miss, whole-layer staging copies and their
+    bytes, and cross-layer prefetch's experts copied ahead, used, wasted and bytes (0 with
+    prefetch off)."""
     if stats is None:
         return None
+    pf = stats.get("prefetch") or {}
     return {
         "hits": float(stats["hits"]),
         "misses": float(stats["misses"]),
         "bytes": float(stats["bytes_copied"]),
         "staging_copies": float(stats["staging_copies"]),
         "staging_bytes": float(stats["staging_bytes"]),
+        "prefetched": float(pf.get("prefetched", 0)),
+        "prefetch_used": float(pf.get("used", 0)),
+        "prefetch_wasted": float(pf.get("wasted", 0)),
+        "prefetch_bytes": float(pf.get("prefetched_bytes", 0)),
     }
 
 
@@ -64,6 +71,10 @@ class _SnapshotCollector:
                 ("bytes", "Bytes copied from host memory into expert slots"),
                 ("staging_copies", "Whole-layer expert streams of long prompts (one per layer)"),
                 ("staging_bytes", "Bytes those long-prompt layer streams copied"),
+                ("prefetched", "Experts copied into a slot ahead of use by prefetch"),
+                ("prefetch_used", "Prefetched experts a lookup then found (hits they made)"),
+                ("prefetch_wasted", "Prefetched experts evicted or replaced before any use"),
+                ("prefetch_bytes", "Bytes prefetch copied from host memory into slots"),
             ):
                 yield CounterMetricFamily(f"xinfer_expert_cache_{name}", doc, value=counts[name])
 
