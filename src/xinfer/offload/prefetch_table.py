@@ -2,9 +2,10 @@
 `SlotCache`, `reserve_reference` (the pure-torch twin of `reserve_kernel` in
 kernels/triton/prefetch.py; its docstring is the contract of both) and the launcher `reserve`.
 
-A reservation runs on the main stream, in model order, before the layer's next lookup; it
-changes only the layer's slot tables and its own miss list, which the prefetch fill (another
-stream on CUDA) then copies from host memory into the chosen slots."""
+A reservation runs in model order before the layer's next lookup (on CUDA on the prefetch
+stream, which the lookup waits for; offload/prefetch.py); it changes only the layer's slot
+tables and its own miss list, which the prefetch fill then copies from host memory into the
+chosen slots."""
 
 from __future__ import annotations
 
@@ -90,9 +91,9 @@ def reserve_reference(table: PrefetchTable, pred_ids: torch.Tensor) -> None:
     `slot_score = score[e]` (so a slot's score stays its expert's).
 
     Why no slot a call needs can be evicted: a layer's slots are needed only by that layer's
-    own lookup → fill → GEMM, which runs after this reservation on the main stream (and, on
-    CUDA, after the prefetch fill: the executor waits for it before its lookup); the
-    previous call of the layer finished earlier on the same stream."""
+    own lookup → fill → GEMM, which runs after this reservation (on CUDA after the prefetch
+    fill too: the executor waits for it before its lookup); the previous call of the layer
+    finished before it (on CUDA the prefetch stream first waits for the main stream)."""
     cache = table.cache
     soe = cache.slot_of_expert.tolist()
     eos = cache.expert_of_slot.tolist()
