@@ -77,7 +77,9 @@ def build_parser() -> argparse.ArgumentParser:
     a("--trace-dir", default=None, help="also write a Chrome trace of batch-1 steps per rate")
     a("--trace-ttft", type=int, default=None, metavar="TOKENS",
       help="each TTFT engine also traces one more prompt of TOKENS tokens (needs --trace-dir)")  # fmt: skip
-    a("--prefetch", default="0", help="prefetch distances per rate, 0 = off (0,1: an engine each)")
+    a("--prefetch", default="0",
+      help="prefetch distances per rate, 0 = off (0,2: an engine each); default off, where "
+      "the engine's default is 2, so rows compare with earlier ones: ask for it")  # fmt: skip
     a("--fill", default="kernel", choices=("kernel", "copy-engine"),
       help="--moe-offload-fill of the offload engines")  # fmt: skip
     a(
