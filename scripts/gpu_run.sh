@@ -32,20 +32,6 @@ timeout() {
   ((want > left)) && want=$left
   command timeout "${opts[@]}" "$want" "$@"
 }
-# Triton's compiled kernels travel between machines: a fresh machine spent 77-83 s of a
-# quantized benchmark's warm-up compiling what the last one had compiled (2026-12-06). The
-# cache of the last call comes back as $OUT/triton_cache.tgz when it packs to at most
-# 15 MiB; put it in .triton_cache/ (git-ignored) and carry that folder. Triton keys every
-# entry by its source, options, target and version, so a stale entry is never used.
-export TRITON_CACHE_DIR=/tmp/triton_cache
-mkdir -p "$TRITON_CACHE_DIR"
-[ -f .triton_cache/triton_cache.tgz ] && tar xzf .triton_cache/triton_cache.tgz -C "$TRITON_CACHE_DIR"
-pack_triton_cache() {
-  tar czf /tmp/triton_cache.tgz -C "$TRITON_CACHE_DIR" . 2>/dev/null || return
-  local size; size=$(stat -c %s /tmp/triton_cache.tgz)
-  if ((size <= 15 * 1024 * 1024)); then cp /tmp/triton_cache.tgz "$FINAL_OUT/triton_cache.tgz"
-  else echo "triton cache not returned: $((size >> 20)) MiB packed (limit 15)"; fi
-}
 nvidia-smi --query-gpu=name,memory.total,memory.used --format=csv | tee "$OUT/gpu.txt"
 python3 -c 'import torch, triton, transformers; print(torch.__version__, triton.__version__, transformers.__version__)' | tee -a "$OUT/gpu.txt"
 for phase in "$@"; do
@@ -137,4 +123,3 @@ for phase in "$@"; do
 done
 echo "=== done $(date +%T)"
 tar czf "$FINAL_OUT/results.tgz" -C "$OUT" .
-pack_triton_cache
