@@ -224,7 +224,7 @@ def run(cfg: dict) -> dict:
             out["expert_bytes"] = manager.executors[0].cache.expert_bytes
         if "prefetch" in stats:  # {"distance", "predictor"} and the margin it ran with
             out["predictor"] = stats["prefetch"]["predictor"]
-            out["prefetch_margin"] = manager.config.prefetch_margin
+            out["prefetch_margin"] = manager.config.prefetch_cut
     name = f"rate {cfg['rate']}" + (f" prefetch {out['prefetch']}" if out["prefetch"] else "")
     phases = ", ".join(f"{k} {v:.1f}" for k, v in out["load_phases_s"].items())
     print(f"[{name}] loaded in {out['load_s']:.1f} s ({phases})", flush=True)

@@ -291,18 +291,11 @@ class EngineArgs(OptionSet):
                 )
                 continue
             kw[key] = value
-        margin = self.moe_prefetch_margin
-        if margin is not None and (offload in (None, "") or self.moe_prefetch == 0):
-            raise UserError(
-                "--moe-prefetch-margin tunes MoE prefetch: it needs MoE expert offload "
-                "(--moe-offload or XINFER_MOE_OFFLOAD) and prefetch (--moe-prefetch other "
-                "than 0)"
-            )
         return OffloadConfig.parse(
             offload,
             reserve_gb=self.value("moe_offload_reserve_gb"),
             prefetch_distance=self.moe_prefetch,
-            prefetch_margin=DEFAULT_PREFETCH_MARGIN if margin is None else margin,
+            prefetch_margin=self.moe_prefetch_margin,
             fill=self.moe_offload_fill,
             prefetch_fill=self.moe_prefetch_fill,
             prefetch_programs=self.moe_prefetch_programs,

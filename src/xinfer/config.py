@@ -269,7 +269,7 @@ class OffloadConfig:
     # offloaded and the model has a predictor, see `prefetch_layers`) and keep a guess only
     # when its score beats the (k+1)-th by more than the margin.
     prefetch_distance: int | None = None
-    prefetch_margin: float = DEFAULT_PREFETCH_MARGIN
+    prefetch_margin: float | None = None  # None: DEFAULT_PREFETCH_MARGIN (`prefetch_cut`)
     fill: str = "kernel"  # one of OFFLOAD_FILLS
     # How the prefetch copies move (None: as `fill`). HBM-bound kernels beside the fill
     # kernel ran ~11x slower on the H200; copy-engine copies use no SM.
@@ -340,18 +340,23 @@ class OffloadConfig:
             )
         if self.prefetch_programs is not None and self.prefetch_programs < 1:
             raise UserError(f"MoE prefetch programs must be >= 1, got {self.prefetch_programs}")
-        tuned = self.prefetch_programs is not None or self.prefetch_issue != "after-fill"
+        tuned = (
+            self.prefetch_programs is not None
+            or self.prefetch_issue != "after-fill"
+            or self.prefetch_margin is not None
+        )
         if tuned and not self.prefetch_layers:
             raise UserError(
-                "--moe-prefetch-programs and --moe-prefetch-issue tune prefetching: they need "
-                "prefetch (--moe-prefetch other than 0) and MoE expert offload"
+                "--moe-prefetch-margin, --moe-prefetch-programs and --moe-prefetch-issue tune "
+                "prefetching: they need prefetch (--moe-prefetch other than 0) and MoE expert "
+                "offload (--moe-offload or XINFER_MOE_OFFLOAD)"
             )
         if self.prefetch_programs is not None and (self.prefetch_fill or self.fill) != "kernel":
             raise UserError(
                 "--moe-prefetch-programs sizes the prefetch fill kernel: the copy-engine "
                 "prefetch fill has no programs"
             )
-        if not self.prefetch_margin >= 0:
+        if self.prefetch_margin is not None and not self.prefetch_margin >= 0:
             raise UserError(f"MoE prefetch margin must be >= 0, got {self.prefetch_margin}")
         if self.fraction is not None and not 0.0 < self.fraction <= 1.0:
             raise UserError(
@@ -373,6 +378,11 @@ class OffloadConfig:
         return (
             DEFAULT_PREFETCH_DISTANCE if self.prefetch_distance is None else self.prefetch_distance
         )
+
+    @property
+    def prefetch_cut(self) -> float:
+        """The prefetch margin in force: the one given, else DEFAULT_PREFETCH_MARGIN."""
+        return DEFAULT_PREFETCH_MARGIN if self.prefetch_margin is None else self.prefetch_margin
 
     @property
     def prefetch_is_default(self) -> bool:

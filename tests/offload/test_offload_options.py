@@ -211,13 +211,13 @@ def test_prefetch_fill_option_is_checked(ckpt):
 def test_prefetch_margin_needs_prefetch(ckpt):
     """--moe-prefetch-margin is refused where nothing prefetches (no offload, or prefetch
     0), never accepted and ignored; with the default prefetch it is the predictor's."""
-    with pytest.raises(UserError, match="--moe-prefetch-margin tunes MoE prefetch"):
+    with pytest.raises(UserError, match="tune prefetching: they need prefetch .* and MoE"):
         LLM(ckpt, device="cpu", moe_prefetch_margin=0.0)
-    with pytest.raises(UserError, match="--moe-prefetch-margin tunes MoE prefetch"):
+    with pytest.raises(UserError, match="tune prefetching: they need prefetch"):
         LLM(ckpt, device="cpu", moe_offload=0.5, moe_prefetch=0, moe_prefetch_margin=0.0)
     llm = LLM(ckpt, device="cpu", moe_offload=0.5, moe_prefetch_margin=0.25)
     assert llm.engine.offload_manager.prefetcher.predictor.margin == 0.25
-    assert LLM(ckpt, device="cpu", moe_offload=0.5).engine.config.offload.prefetch_margin == 0.5
+    assert LLM(ckpt, device="cpu", moe_offload=0.5).engine.config.offload.prefetch_cut == 0.5
 
 
 def test_prefetch_tuning_options_are_checked(ckpt):

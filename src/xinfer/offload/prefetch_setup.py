@@ -44,7 +44,7 @@ def make_predictor(model: nn.Module, layers: list[FusedMoE], config: OffloadConf
     top_ks = [layer.top_k for layer in layers]
     source = getattr(routing, "source", None)
     if source is None:
-        return RouterPredictor(find_routers(model, layers), top_ks, config.prefetch_margin)
+        return RouterPredictor(find_routers(model, layers), top_ks, config.prefetch_cut)
     from xinfer.routing.parametric import ParametricRouting
     from xinfer.routing.predict import ModelPredictor
 
@@ -54,7 +54,7 @@ def make_predictor(model: nn.Module, layers: list[FusedMoE], config: OffloadConf
             "router or the routing model): run with --moe-prefetch 0"
         )
     return ModelPredictor(
-        source, top_ks, config.prefetch_margin, config.prefetch_layers, routing.config.seed
+        source, top_ks, config.prefetch_cut, config.prefetch_layers, routing.config.seed
     )
 
 
@@ -101,6 +101,6 @@ def install_prefetch(
         "layer l computes",
         distance,
         predictor.name,
-        config.prefetch_margin,
+        config.prefetch_cut,
     )
     return prefetcher
