@@ -144,6 +144,11 @@ def test_manager_api_and_profile(ckpt):
     assert st["profile"]["calls"] > 0 and st["profile"]["copy_s"] >= 0
     assert not manager.is_graph_safe(1)  # profile mode disables graphs
     assert "hit rate" in manager.format_summary(2.0) and "GB/s" in manager.format_summary(2.0)
+    pf = st["prefetch"]  # on by default: the line says what it copied
+    want = (
+        f"prefetch 2 layers ahead copied {pf['prefetched_bytes'] / 1e9:.2f} GB ({pf['prefetched']}"
+    )
+    assert want in manager.format_summary()
     plain = LLM(ckpt, device="cpu", moe_offload=0.25).engine.offload_manager
     # 2 slots, top-2: wider batches use overflow rows, so every size up to the budget fits
     assert plain.is_graph_safe(1) and plain.is_graph_safe(64)

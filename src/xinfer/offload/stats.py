@@ -195,6 +195,12 @@ def format_summary(stats: dict, elapsed_s: float | None = None) -> str:
         f"({stats['bytes_copied'] / GB:.2f} GB slot fills, {stats['staging_copies']} layer "
         f"streams of {stats['staging_bytes'] / GB:.2f} GB for long prompts)"
     )
+    pf = stats.get("prefetch")
+    if pf:  # its bytes are in `moved`: say how many, and how many a lookup then used
+        line += (
+            f"; prefetch {pf['distance']} layers ahead copied {pf['prefetched_bytes'] / GB:.2f} GB "
+            f"({pf['prefetched']} experts, {pf['used']} used, {pf['wasted']} wasted)"
+        )
     if elapsed_s:
         line += f", {moved / elapsed_s:.2f} GB/s over {elapsed_s:.1f} s"
     prof = stats.get("profile")
