@@ -444,13 +444,29 @@ def test_lfu_prefetch_keeps_output_in_graphs(checkpoint, router_base):
         check_prefetch(on, distance, "router", False)
 
 
-def test_routing_model_prefetch_keeps_output_in_graphs(checkpoint):
+def test_routing_model_prefetch_keeps_output_in_graphs(checkpoint, monkeypatch):
+    """The routing model's predictor runs on the prefetch stream and reads state its target
+    layer's routing advances on the main stream: the tokens are those of no offload, and
+    every layer's prefetch statistics are those of the same run with the predictor on the
+    main stream (a read that the advance overtook would predict other experts)."""
+    from xinfer.routing.predict import ModelPredictor
+
     source = dict(routing_source="qwen3-30b-a3b")
     base = run_engine(checkpoint, ENGINE, enforce_eager=True, **source)["tokens"]
+    side_stats = {}
     for frac, distance, eager in MODEL_SETTINGS:
         on = run_engine(checkpoint, ENGINE, moe_offload=frac, moe_prefetch=distance,
                         enforce_eager=eager, **source)  # fmt: skip
         where = f"fraction {frac}, distance {distance}, eager {eager}"
         assert on["tokens"] == base, f"output changed: {where}"
+        assert on["llm"].engine.offload_manager.prefetcher.predictor_on_side
         pf = check_prefetch(on, distance, "routing-model", eager)
         assert pf["used"] > pf["wasted"], (where, pf)
+        side_stats[frac, distance, eager] = [x["prefetch"] for x in on["stats"]["layers"]]
+    monkeypatch.setattr(ModelPredictor, "on_side_stream", False)
+    for frac, distance, eager in MODEL_SETTINGS:
+        main = run_engine(checkpoint, ENGINE, moe_offload=frac, moe_prefetch=distance,
+                          enforce_eager=eager, **source)  # fmt: skip
+        assert not main["llm"].engine.offload_manager.prefetcher.predictor_on_side
+        layers = [x["prefetch"] for x in main["stats"]["layers"]]
+        assert layers == side_stats[frac, distance, eager], (frac, distance, eager)

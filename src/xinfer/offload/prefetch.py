@@ -22,9 +22,9 @@ stream goes on with l's GEMM (the reservation was ~4.5 µs a layer of the main s
 path, 0.2 ms of a decode step: H100 trace, 2026-12-06). Step 1 runs there too when the
 predictor allows it (`on_side_stream`: the router's GEMV and top-k read only l's expert
 input and constant weights; its split-K GEMV counts arrivals in a lane of its own,
-kernels/arrivals.py); the routing model's predictor reads state that t's routing advances
-on the main stream, so it runs there. A reservation touches only t's cache and table,
-which the main stream next reads at step 4.
+kernels/arrivals.py; the routing model's predictor reads state that t's routing advances on
+the main stream, which waits for that read first, routing/predict.py). A reservation
+touches only t's cache and table, which the main stream next reads at step 4.
 All of it has fixed shapes and reads nothing on the host, so it is captured in the decode
 CUDA graphs (the side stream forks from and joins the capture). On CPU there is one stream:
 the fill runs at once, with the same decisions. Placement never changes the experts a token

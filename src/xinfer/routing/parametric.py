@@ -52,6 +52,10 @@ class ParametricRouting:
             )
             self.constants.append(replace(const, popularity=const.popularity.to(device)))
             self.states.append(RoutingState.empty(num_rows, e, device))
+        # `before_advance(layer)`, where set, runs before a layer's state advances: the
+        # prefetch predictor (routing/predict.py) reads that state from another stream and
+        # makes the advance wait until it has
+        self.before_advance = None
 
     def reset(self) -> None:
         """Forget every request's drift (the engine's warm-up requests, before the user's)."""
@@ -69,6 +73,8 @@ class ParametricRouting:
     ) -> tuple[torch.Tensor, torch.Tensor]:
         """→ (weights float32 (T, k), ids int32 (T, k))."""
         const = self.constants[layer]
+        if self.before_advance is not None:
+            self.before_advance(layer)
         c, keys, positions = advance_state(
             self.states[layer], sequence_batch(ctx), const, router_logits.shape[0]
         )

@@ -136,9 +136,11 @@ class ModelPredictor:
     """The routing model's predictor for every target layer (see the module docstring)."""
 
     name = "routing-model"
-    # it reads its target layer's routing state, which that layer's routing advances on the
-    # main stream: it runs there (offload/prefetch.py)
-    on_side_stream = False
+    # It runs on the prefetch stream (offload/prefetch.py), as the router's predictor does.
+    # It reads its target layer's routing state, which that layer's routing advances on the
+    # main stream d layers later: the source waits for the read before it advances the state
+    # (`wait_for_read`, the source's `before_advance`).
+    on_side_stream = True
 
     def __init__(
         self,
@@ -156,13 +158,25 @@ class ModelPredictor:
                 solved[e, k] = calibrate_blur(source.params, e, k, published_recall(e, distance))
         self.blur = [solved[e, k] for e, k in zip(num_experts, top_ks)]
         self.blur_base = [noise.layer_base(seed, BLUR, layer) for layer in range(len(top_ks))]
+        self.device = source.constants[0].popularity.device
+        is_cuda = self.device.type == "cuda"
+        self.read_done = [torch.cuda.Event() if is_cuda else None for _ in top_ks]
+        self.is_reading = [False] * len(top_ks)  # host: an event to wait for, per layer
+        source.before_advance = self.wait_for_read
+
+    def wait_for_read(self, layer: int) -> None:
+        """Before `layer`'s routing advances its state: the current stream waits until this
+        step's prediction of `layer`, if any, has read it."""
+        if self.is_reading[layer]:
+            torch.cuda.current_stream(self.device).wait_event(self.read_done[layer])
+            self.is_reading[layer] = False
 
     def __call__(
         self, target: int, hidden: torch.Tensor, ctx: ForwardContext | None
     ) -> torch.Tensor:
         if ctx is None or not ctx.is_decode:
             raise ValueError("the routing model's predictor runs on decode calls only")
-        return predict_model(
+        ids = predict_model(
             self.source.states[target],
             sequence_batch(ctx),
             self.source.constants[target],
@@ -171,3 +185,7 @@ class ModelPredictor:
             self.top_ks[target],
             self.margin,
         )
+        if self.read_done[target] is not None:
+            self.read_done[target].record(torch.cuda.current_stream(self.device))
+            self.is_reading[target] = True
+        return ids
