@@ -171,8 +171,8 @@ class EngineArgs(OptionSet):
     moe_prefetch: int | None = option(
         None,
         "prefetch each offloaded MoE layer's predicted experts this many layers ahead "
-        f"(default {DEFAULT_PREFETCH_DISTANCE} with MoE offload: faster on every row measured, "
-        "see docs/moe_offload.md; 0 = off)",
+        f"(default {DEFAULT_PREFETCH_DISTANCE} with MoE offload, off with "
+        "--moe-offload-compress: see docs/moe_offload.md; 0 = off)",
         check=within(0, MAX_PREFETCH_DISTANCE),
         metavar="LAYERS",
     )
