@@ -244,8 +244,9 @@ DEFAULT_PREFETCH_DISTANCE = 2
 # ... except with packed experts (--moe-offload-compress), where prefetch is off unless a
 # distance is given: the one packed row measured lost (H100 with a slow host, 2026-12-06,
 # Qwen3.5-35B-A3B shape, bf16 packed, two ahead: 10% batch 1 0.88x, 20% 0.94x, batch 8
-# 1.00x / 0.95x), where the same host's unpacked bf16 row gained 1.06x. The prefetch fill
-# unpacks with 16 programs, sized for the plain copy; the packed fill was never timed there.
+# 1.00x / 0.95x), where the same host's unpacked Qwen3-30B-A3B bf16 row gained 1.06x. The
+# prefetch fill unpacks with 16 programs, a count sized for the plain copy; the packed
+# prefetch fill has not been timed on its own (bench/NOTES.md, twenty-fourth session).
 PACKED_PREFETCH_OFF = (
     "prefetch is off by default with packed experts (--moe-offload-compress): the one "
     "packed row measured was slower with it; --moe-prefetch 2 turns it on"
