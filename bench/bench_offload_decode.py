@@ -283,7 +283,8 @@ def write(out: Path, meta: dict, results: list[dict]) -> str:
         f"- {meta['date']}, {meta['gpu']}, routing `{meta['routing']}`, dtype {meta['dtype']}",
         f"- host→GPU (copy engine, 512 MiB) {decode_report._f(meta['bandwidth_gbps'], '.1f')} "
         f"GB/s; fill kernel {decode_report._f(meta['bandwidth'].get('fill_kernel_gbps'), '.1f')}"
-        " GB/s",
+        f" GB/s ({decode_report._f(meta['bandwidth'].get('fill_kernel_hostalloc_gbps'), '.1f')}"
+        " from cudaHostAlloc memory)",
         *([f"- **{note}**"] if (note := slow_host_note(meta["bandwidth"])) else []),
         f"- command: `{meta['command']}`",
         "",

@@ -29,8 +29,10 @@ def slow_host_note(bw: dict) -> str:
     fill, engine = bw.get("fill_kernel_gbps"), bw.get("copy_engine_block_gbps")
     if not fill or not engine or fill >= SLOW_HOST_SHARE * engine:
         return ""
+    host_alloc = bw.get("fill_kernel_hostalloc_gbps")
+    also = f" ({host_alloc:.1f} from cudaHostAlloc memory)" if host_alloc else ""
     return (
-        f"SLOW HOST: the fill kernel read host memory at {fill:.1f} GB/s, "
+        f"SLOW HOST: the fill kernel read host memory at {fill:.1f} GB/s{also}, "
         f"{fill / engine:.2f} of the copy engine's {engine:.1f} (healthy hosts: ~0.9); "
         "offload rows from this host are not comparable with a healthy host's"
     )
@@ -51,9 +53,13 @@ def copy_engine_gbps(dev, nbytes: int, num_blocks: int, reps: int) -> float:
     return num_blocks * nbytes / cuda_seconds(copy, reps) / 1e9
 
 
-def fill_kernel_gbps(dev, expert_bytes: int, num_misses: int, reps: int) -> float:
+def fill_kernel_gbps(
+    dev, expert_bytes: int, num_misses: int, reps: int, host_alloc: bool = False
+) -> float:
     """GB/s of the offload fill kernel copying `num_misses` experts into slots (the decode
-    path), set up like bench/bench_offload_fill.py."""
+    path), set up like bench/bench_offload_fill.py: from the host store's memory (as the
+    engine allocates it), or with `host_alloc` from torch's pinned allocation
+    (`cudaHostAlloc`, the kind XINFER_HOST_ALLOC=driver gives the store)."""
     import torch
     from cuda_timing import cuda_seconds
 
@@ -64,7 +70,11 @@ def fill_kernel_gbps(dev, expert_bytes: int, num_misses: int, reps: int) -> floa
     num_experts = 4 * num_misses
     cols = max(1, expert_bytes // 2 // 2048)  # bf16 rows of 2048
     store = HostExpertStore(dev)
-    host = store.add_layer({"w": torch.zeros(num_experts, 2048, cols, dtype=torch.bfloat16)})
+    experts = torch.zeros(num_experts, 2048, cols, dtype=torch.bfloat16)
+    if host_alloc:
+        host = {"w": experts.pin_memory()}
+    else:
+        host = store.add_layer({"w": experts})
     cache = SlotCache(host, num_misses, dev)
     cache.miss_ids[:num_misses].copy_(torch.arange(num_misses, 2 * num_misses, dtype=torch.int32))
     cache.miss_slots[:num_misses].copy_(torch.arange(num_misses, dtype=torch.int32))
@@ -89,8 +99,13 @@ def measure(expert_mb: float, device: int, reps: int = 20) -> dict:
     out["copy_engine_block_gbps"] = copy_engine_gbps(dev, 512 << 20, 1, max(3, reps // 4))
     try:
         out["fill_kernel_gbps"] = fill_kernel_gbps(dev, expert_bytes, 8, reps)
+        # the same from cudaHostAlloc memory: on a slow host, whether XINFER_HOST_ALLOC=driver
+        # would read faster (registered memory read ~half the link's rate there)
+        out["fill_kernel_hostalloc_gbps"] = fill_kernel_gbps(
+            dev, expert_bytes, 8, reps, host_alloc=True
+        )
     except Exception as e:  # noqa: BLE001 - the fill kernel is optional here
-        out["fill_kernel_gbps"] = None
+        out.setdefault("fill_kernel_gbps", None)
         out["fill_kernel_error"] = f"{type(e).__name__}: {e}"[:300]
     return out
 

@@ -239,7 +239,9 @@ def render_markdown(meta: dict, records: list[dict]) -> str:
         f"{meta['max_tokens']} decoded tokens, KV dtype {meta['kvcache_dtype']}",
         f"- host→GPU bandwidth: copy engine {fmt(bw.get('copy_engine_expert_gbps'), '.1f')} "
         f"GB/s (experts), {fmt(bw.get('copy_engine_block_gbps'), '.1f')} GB/s (512 MiB); "
-        f"fill kernel {fmt(bw.get('fill_kernel_gbps'), '.1f')} GB/s; limit uses "
+        f"fill kernel {fmt(bw.get('fill_kernel_gbps'), '.1f')} GB/s "
+        f"({fmt(bw.get('fill_kernel_hostalloc_gbps'), '.1f')} from cudaHostAlloc memory); "
+        "limit uses "
         f"{fmt(used, '.1f', ' GB/s')}",
         *([f"- **{note}**"] if (note := slow_host_note(bw)) else []),
         f"- t_resident (no-offload step): {fmt(meta.get('t_resident_ms'), '.2f', ' ms')}",

@@ -378,11 +378,14 @@ def test_a_slow_host_is_flagged_in_the_page(tmp_path):
     slow = {"fill_kernel_gbps": 34.2, "copy_engine_block_gbps": 55.1}
     assert slow_host_note(healthy) == "" and slow_host_note({"cuda": False}) == ""
     assert "0.62 of the copy engine's 55.1" in slow_host_note(slow)
+    with_alloc = {**slow, "fill_kernel_hostalloc_gbps": 51.0}  # the driver's memory, measured
+    assert "34.2 GB/s (51.0 from cudaHostAlloc memory)" in slow_host_note(with_alloc)
     meta = {"model": "m", "date": "d", "gpu": "g", "routing": "r", "dtype": "bf16",
             "command": "c", "bandwidth_gbps": 55.1}  # fmt: skip
-    for bw, flagged in ((healthy, False), (slow, True)):
+    for bw, flagged in ((healthy, False), (slow, True), (with_alloc, True)):
         page = bench.write(tmp_path / "o", {**meta, "bandwidth": bw}, [])
         assert ("SLOW HOST" in page) is flagged
+    assert "fill kernel 34.2 GB/s (51.0 from cudaHostAlloc memory)" in page
 
 
 def test_the_page_names_the_prefetch_fill_programs():
