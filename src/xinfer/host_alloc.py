@@ -50,6 +50,11 @@ def _libcuda() -> ctypes.CDLL:
     lib.cuCtxGetCurrent.argtypes = [ctypes.POINTER(ctypes.c_void_p)]
     lib.cuCtxSetCurrent.argtypes = [ctypes.c_void_p]
     lib.cuDevicePrimaryCtxRetain.argtypes = [ctypes.POINTER(ctypes.c_void_p), ctypes.c_int]
+    lib.cuDevicePrimaryCtxGetState.argtypes = [
+        ctypes.c_int,
+        ctypes.POINTER(ctypes.c_uint),
+        ctypes.POINTER(ctypes.c_int),
+    ]
     return lib
 
 
@@ -63,18 +68,35 @@ def _check(result: int, what: str) -> None:
 
 def _ensure_context() -> None:
     """The driver's calls need a current context on this thread (helper threads have none):
-    torch's device's primary context, the one torch itself uses."""
+    the primary context this process already made active (a tensor-parallel rank's own
+    device, never another's), else torch's current device's."""
     torch.cuda.init()
     lib = _libcuda()
     ctx = ctypes.c_void_p()
     _check(lib.cuCtxGetCurrent(ctypes.byref(ctx)), "cuCtxGetCurrent")
-    if not ctx.value:
-        primary = ctypes.c_void_p()
-        device = torch.cuda.current_device()
-        _check(
-            lib.cuDevicePrimaryCtxRetain(ctypes.byref(primary), device), "cuDevicePrimaryCtxRetain"
-        )
-        _check(lib.cuCtxSetCurrent(primary), "cuCtxSetCurrent")
+    if ctx.value:
+        return
+    primary = ctypes.c_void_p()
+    retained = lib.cuDevicePrimaryCtxRetain(ctypes.byref(primary), _active_device())
+    _check(retained, "cuDevicePrimaryCtxRetain")
+    _check(lib.cuCtxSetCurrent(primary), "cuCtxSetCurrent")
+
+
+def _active_device() -> int:
+    """The first device whose primary context is active in this process (the driver's
+    handle), else torch's current device's."""
+    lib = _libcuda()
+    count = ctypes.c_int()
+    _check(lib.cuDeviceGetCount(ctypes.byref(count)), "cuDeviceGetCount")
+    handle, flags, active = ctypes.c_int(), ctypes.c_uint(), ctypes.c_int()
+    for ordinal in range(count.value):
+        _check(lib.cuDeviceGet(ctypes.byref(handle), ordinal), "cuDeviceGet")
+        state = lib.cuDevicePrimaryCtxGetState(handle, ctypes.byref(flags), ctypes.byref(active))
+        _check(state, "cuDevicePrimaryCtxGetState")
+        if active.value:
+            return handle.value
+    _check(lib.cuDeviceGet(ctypes.byref(handle), torch.cuda.current_device()), "cuDeviceGet")
+    return handle.value
 
 
 def _capturing() -> bool:

@@ -43,8 +43,33 @@ class FakeDriver:
         del self.buffers[addr]
         return 0
 
+    has_context = True  # a current context on the calling thread
+    active_device = 1  # the one primary context this process made active
+    retained: list[int] = []
+
     def cuCtxGetCurrent(self, pctx) -> int:
-        pctx._obj.value = 1  # a current context
+        pctx._obj.value = 1 if self.has_context else None
+        return 0
+
+    def cuDeviceGetCount(self, pcount) -> int:
+        pcount._obj.value = 2
+        return 0
+
+    def cuDeviceGet(self, phandle, ordinal) -> int:
+        phandle._obj.value = ordinal
+        return 0
+
+    def cuDevicePrimaryCtxGetState(self, handle, pflags, pactive) -> int:
+        pactive._obj.value = int(handle.value == self.active_device)
+        return 0
+
+    def cuDevicePrimaryCtxRetain(self, pctx, handle) -> int:
+        self.retained = [*self.retained, handle]
+        pctx._obj.value = 7
+        return 0
+
+    def cuCtxSetCurrent(self, ctx) -> int:
+        self.has_context = True
         return 0
 
     def cuGetErrorName(self, result, pname) -> int:
@@ -99,6 +124,18 @@ def test_large_tensors_come_from_the_driver_zeroed(driver):
     copy = host_memory.copy_to_mapping(src)
     assert torch.equal(copy, src) and host_alloc.is_driver_pinned(copy)
     assert not host_alloc.is_driver_pinned(src)
+
+
+def test_a_thread_without_context_takes_the_active_device(driver, monkeypatch):
+    """A helper thread has no current context: the allocation makes current the primary
+    context the process already uses (device 1 here, as a tensor-parallel rank's), not
+    torch's default device 0, which would cost another context on someone else's GPU."""
+    monkeypatch.setattr(torch.cuda, "current_device", lambda: 0)
+    driver.has_context = False
+    t = host_memory.host_empty((40 * MB,), torch.uint8)
+    assert driver.retained == [1] and driver.has_context
+    assert host_alloc.is_driver_pinned(t)
+    del t
 
 
 def test_the_store_keeps_driver_memory_as_it_is(driver, monkeypatch):
