@@ -133,9 +133,12 @@ def free_deferred() -> None:
         _libcuda().cuMemFreeHost(ctypes.c_void_p(ptr))
 
 
-def driver_empty(shape: tuple[int, ...] | torch.Size, dtype: torch.dtype) -> torch.Tensor:
-    """A zero-filled host tensor in pinned, device-mapped memory from the CUDA driver; a
-    refusal (RAM, the locked-memory limit) raises HostAllocError naming the size."""
+def driver_empty(
+    shape: tuple[int, ...] | torch.Size, dtype: torch.dtype, zero: bool = True
+) -> torch.Tensor:
+    """A host tensor in pinned, device-mapped memory from the CUDA driver, zero-filled
+    unless `zero` is False (a caller that overwrites it all); a refusal (RAM) raises
+    HostAllocError naming the size."""
     free_deferred()
     nbytes = max(1, int(torch.Size(shape).numel()) * dtype.itemsize)
     _ensure_context()
@@ -154,7 +157,8 @@ def driver_empty(shape: tuple[int, ...] | torch.Size, dtype: torch.dtype) -> tor
     with _LOCK:
         _LIVE[start] = (start + nbytes, weakref.ref(buf))
     out = torch.frombuffer(buf, dtype=torch.uint8, count=nbytes)
-    out.zero_()  # the driver says nothing of the contents; the pages are pinned, so fast
+    if zero:
+        out.zero_()  # the driver says nothing of the contents; the pages are pinned: fast
     return out[: int(torch.Size(shape).numel()) * dtype.itemsize].view(dtype).view(shape)
 
 

@@ -135,7 +135,7 @@ def copy_to_mapping(t: torch.Tensor) -> torch.Tensor:
     if nbytes >= MIN_BYTES and _from_driver():
         from xinfer.host_alloc import driver_empty
 
-        out = driver_empty(tuple(t.shape), t.dtype)
+        out = driver_empty(tuple(t.shape), t.dtype, zero=False)
         out.copy_(t)
         return out
     out = _mapped(tuple(t.shape), t.dtype, nbytes, prefault=False)
