@@ -52,9 +52,12 @@ def startup_summary(engine: Engine, load_s: float, weight_bytes: int, expert_byt
         how = "auto" if manager.config.is_auto else f"{manager.config.fraction:g}"
         pf = stats.get("prefetch")
         ahead = f"prefetch {pf['distance']} layers ahead" if pf else "no prefetch"
+        reads = ""
+        if "host_read_gbps" in stats:  # measured at start-up on CUDA (offload/link_check.py)
+            reads = f", host reads {stats['host_read_gbps']:.1f} GB/s"
         parts.append(
             f"MoE offload {how}: {slots} of {experts} experts per layer in device slots "
-            f"({stats['slot_gb']:.2f} GB, staging {stats['staging_gb']:.2f} GB, {ahead})"
+            f"({stats['slot_gb']:.2f} GB, staging {stats['staging_gb']:.2f} GB, {ahead}{reads})"
         )
     kv_dtype = str(config.cache.kv_dtype or engine.dtype).removeprefix("torch.")
     parts.append(

@@ -18,6 +18,7 @@ from xinfer.offload.copy_engine import BounceBuffers, LayerCopies
 from xinfer.offload.executor import OffloadExecutor, ResidentExecutor
 from xinfer.offload.graph_nodes import unavailable_reason
 from xinfer.offload.host_store import HostExpertStore
+from xinfer.offload.link_check import check_link
 from xinfer.offload.packed import (
     PackedExperts,
     layer_plane_buffers,
@@ -235,6 +236,8 @@ def enable_offload(
     regions = sum(p.region_nbytes for p in pools)
     stats.staging_buffer_bytes = regions + (stager.nbytes if stager else 0)
     _log_summary(offload, shapes, stats, store)
+    if executors:
+        stats.link = check_link(executors[0], device)
     num_resident = len(layers) - len(executors)
     return OffloadManager(
         store, executors, pools, stats, offload, device, max_call_tokens, num_resident, stager

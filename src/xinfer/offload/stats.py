@@ -23,8 +23,10 @@ host store, `--moe-offload-compress`), slots_per_layer (all E for a resident lay
 num_experts, num_layers, resident_layers (layers whose every expert fits on the device: they
 run resident, with no slots, lookups or copies, so their counters stay 0), offloaded_layers,
 pinned_gb, slot_gb (offloaded layers' slots), resident_gb, staging_gb (the shared overflow /
-streaming regions), device and, with XINFER_MOE_OFFLOAD_PROFILE=1, "profile" (seconds summed
-over calls, and call count). Each entry of "layers" says `resident`.
+streaming regions), device, on CUDA host_read_gbps and link_gbps (the fill kernel reading
+the host store, and the copy engine, timed at start-up: offload/link_check.py) and, with
+XINFER_MOE_OFFLOAD_PROFILE=1, "profile" (seconds summed over calls, and call count). Each
+entry of "layers" says `resident`.
 
 With prefetch on (offload/prefetch.py), "prefetch" (totals; per layer the same keys under
 each layer's "prefetch") counts, for the layers prefetched into:
@@ -127,6 +129,8 @@ class OffloadStats:
         )
         self.prefetch: dict | None = None  # {"distance", "predictor"} when prefetch is on
         self.prefetcher = None  # its reset also clears pending slots
+        # {"host_read_gbps", "link_gbps"}: measured at start-up on CUDA (link_check.py)
+        self.link: dict[str, float] | None = None
 
     def reset(self) -> None:
         self.counters.zero_()
@@ -175,6 +179,8 @@ class OffloadStats:
         }
         if self.prefetch is not None:
             out["prefetch"] = {**self.prefetch, **_prefetch_total(layers)}
+        if self.link is not None:
+            out.update(self.link)
         if self.profile is not None:
             out["profile"] = self.profile.totals()
         return out
