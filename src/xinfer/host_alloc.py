@@ -27,6 +27,7 @@ import weakref
 
 import torch
 
+from xinfer.cuda_driver import DriverError, check, libcuda
 from xinfer.errors import UserError
 
 _CU_MEMHOSTALLOC_PORTABLE = 0x01
@@ -44,7 +45,7 @@ class HostAllocError(UserError):
 
 @functools.cache
 def _libcuda() -> ctypes.CDLL:
-    lib = ctypes.CDLL("libcuda.so.1")
+    lib = libcuda()
     lib.cuMemHostAlloc.argtypes = [ctypes.POINTER(ctypes.c_void_p), ctypes.c_size_t, ctypes.c_uint]
     lib.cuMemFreeHost.argtypes = [ctypes.c_void_p]
     lib.cuCtxGetCurrent.argtypes = [ctypes.POINTER(ctypes.c_void_p)]
@@ -59,11 +60,7 @@ def _libcuda() -> ctypes.CDLL:
 
 
 def _check(result: int, what: str) -> None:
-    if result != 0:
-        text = ctypes.c_char_p()
-        _libcuda().cuGetErrorName(result, ctypes.byref(text))
-        name = text.value.decode() if text.value else f"error {result}"
-        raise RuntimeError(f"{what} failed: {name}")
+    check(result, what, _libcuda())
 
 
 def _ensure_context() -> None:
@@ -146,7 +143,7 @@ def driver_empty(
     flags = _CU_MEMHOSTALLOC_PORTABLE | _CU_MEMHOSTALLOC_DEVICEMAP
     try:
         _check(_libcuda().cuMemHostAlloc(ctypes.byref(ptr), nbytes, flags), "cuMemHostAlloc")
-    except RuntimeError as e:
+    except DriverError as e:
         raise HostAllocError(
             f"the CUDA driver could not allocate {nbytes / 2**30:.2f} GiB of pinned host memory "
             f"({e}); free host RAM or unset XINFER_HOST_ALLOC"
