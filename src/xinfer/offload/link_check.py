@@ -1,5 +1,5 @@
 """How fast this host's experts reach the GPU, measured once at start-up: the fill kernel
-copying a few of the first offloaded layer's experts from the host store into its slots (the
+copying ~64 MB of the first offloaded layer's experts from the host store into its slots (the
 decode path's copy, from the store's memory as it was allocated), beside the copy engine
 moving a block of `cudaHostAlloc` memory (the link's rate).
 
@@ -12,7 +12,8 @@ a warning below SLOW_SHARE of the link, and both in `offload_stats()`
 
 The fill writes into slots that no table points to yet (the caches are empty at start-up),
 so nothing the engine reads changes; its kernel is the one decode compiles anyway. CUDA
-only; about 10 ms plus that compile."""
+only, and only where the timed copy is large enough to time the link (not a tiny model's
+experts); about 10 ms plus that compile."""
 
 from __future__ import annotations
 
@@ -25,7 +26,11 @@ from xinfer.offload import kernels as offload_kernels
 logger = logging.getLogger("xinfer")
 
 SLOW_SHARE = 0.8  # the bench's SLOW HOST line uses the same share (offload_bench/bandwidth.py)
-MAX_EXPERTS = 8  # experts a timed fill copies (fewer where the layer has fewer slots)
+# The timed fill copies experts until TIMED_BYTES (as many as the layer's slots allow); below
+# MIN_TIMED_BYTES (a small model's experts) a copy times its latency, not the link, and
+# nothing is measured or said.
+TIMED_BYTES = 64 << 20
+MIN_TIMED_BYTES = 16 << 20
 LINK_BLOCK_BYTES = 64 << 20
 REPEATS = 3
 
@@ -63,14 +68,14 @@ def check_link(executor, device: torch.device) -> dict[str, float] | None:
     if device.type != "cuda":
         return None
     cache = executor.cache
-    count = min(MAX_EXPERTS, cache.num_slots, cache.num_experts)
-    if count == 0:
+    stored = sum(t[0].nbytes for t in _stored_rows(executor.host_tensors))
+    count = min(-(-TIMED_BYTES // max(1, stored)), cache.num_slots, cache.num_experts)
+    if count * stored < MIN_TIMED_BYTES:
         return None
     with torch.cuda.device(device):
         cache.miss_ids[:count].copy_(torch.arange(count, dtype=torch.int32))
         cache.miss_slots[:count].copy_(torch.arange(count, dtype=torch.int32))
         cache.miss_count.fill_(count)
-        stored = sum(t[0].nbytes for t in _stored_rows(executor.host_tensors))
         fill_s = _seconds(lambda: offload_kernels.fill(cache, executor.host_tensors))
         cache.miss_count.zero_()
         # into the slots too (no device memory of its own: the KV cache is sized next)
