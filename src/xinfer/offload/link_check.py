@@ -78,8 +78,9 @@ def check_link(executor, device: torch.device) -> dict[str, float] | None:
         cache.miss_count.fill_(count)
         fill_s = _seconds(lambda: offload_kernels.fill(cache, executor.host_tensors))
         cache.miss_count.zero_()
-        # into the slots too (no device memory of its own: the KV cache is sized next)
-        slots = max(cache.slots.values(), key=lambda t: t.numel())
+        # into the layer's own slot rows too (its view runs on over later layers' slots; no
+        # device memory of its own: the KV cache is sized next)
+        slots = max(cache.slots.values(), key=lambda t: t[0].nbytes)[: cache.num_slots]
         slots = slots if slots.is_contiguous() else slots[0].contiguous()
         dst = slots.view(-1).view(torch.uint8)[:LINK_BLOCK_BYTES]
         src = torch.empty(dst.numel(), dtype=torch.uint8, pin_memory=True)
