@@ -20,8 +20,7 @@ from collections.abc import Iterator, Sequence
 
 import torch
 
-from xinfer.cuda_driver import DriverError
-from xinfer.cuda_driver import check as _check
+from xinfer.cuda_driver import DriverError, check
 from xinfer.cuda_driver import libcuda as _libcuda
 
 NODE_TYPE_CONDITIONAL = 13  # CU_GRAPH_NODE_TYPE_CONDITIONAL
@@ -70,6 +69,10 @@ def _function(*names: str):
             fn.restype = _c.c_int
             return fn, name
     raise DriverError(f"the CUDA driver has none of {', '.join(names)}")
+
+
+def _check(result: int, what: str) -> None:
+    check(result, what, _libcuda())  # this module's library (the tests' fake driver)
 
 
 def driver_version() -> int:
