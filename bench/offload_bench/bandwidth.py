@@ -17,17 +17,16 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[2] / "src"))
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # bench/: cuda_timing
 
 
-# A host whose SMs read mapped host memory below this share of its copy engine's rate is
-# flagged in the reports: on the H100s lent so far the fill kernel read 47.9-50.9 GB/s
-# (0.87-0.92 of the copy engine's 55) on most hosts and 27-34 (0.5-0.62) on a few, where
-# every offload row ran 20-35% slower (docs/benchmarks.md, 2026-12-05 and 2026-12-06).
-SLOW_HOST_SHARE = 0.8
-
-
 def slow_host_note(bw: dict) -> str:
-    """A warning sentence when `bw` (measure's dict) shows a slow host, else ''."""
+    """A warning sentence when `bw` (measure's dict) shows a slow host, else ''. The rule is
+    the engine's start-up check's (xinfer/offload/link_check.py): on the H100s lent so far
+    the fill kernel read 47.9-50.9 GB/s (0.87-0.92 of the copy engine's 55) on most hosts
+    and 27-34 (0.5-0.62) on a few, where every offload row ran 20-35% slower
+    (docs/benchmarks.md, 2026-12-05 and 2026-12-06)."""
+    from xinfer.offload.link_check import is_slow_host
+
     fill, engine = bw.get("fill_kernel_gbps"), bw.get("copy_engine_block_gbps")
-    if not fill or not engine or fill >= SLOW_HOST_SHARE * engine:
+    if not is_slow_host(fill, engine):
         return ""
     host_alloc = bw.get("fill_kernel_hostalloc_gbps")
     also = f" ({host_alloc:.1f} from cudaHostAlloc memory)" if host_alloc else ""
@@ -69,12 +68,9 @@ def fill_kernel_gbps(
 
     num_experts = 4 * num_misses
     cols = max(1, expert_bytes // 2 // 2048)  # bf16 rows of 2048
-    store = HostExpertStore(dev)
+    store = HostExpertStore(dev)  # (holds nothing with `host_alloc`)
     experts = torch.zeros(num_experts, 2048, cols, dtype=torch.bfloat16)
-    if host_alloc:
-        host = {"w": experts.pin_memory()}
-    else:
-        host = store.add_layer({"w": experts})
+    host = {"w": experts.pin_memory()} if host_alloc else store.add_layer({"w": experts})
     cache = SlotCache(host, num_misses, dev)
     cache.miss_ids[:num_misses].copy_(torch.arange(num_misses, 2 * num_misses, dtype=torch.int32))
     cache.miss_slots[:num_misses].copy_(torch.arange(num_misses, dtype=torch.int32))

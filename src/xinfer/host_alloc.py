@@ -29,13 +29,12 @@ import torch
 
 from xinfer.cuda_driver import DriverError, check, libcuda
 from xinfer.errors import UserError
+from xinfer.host_memory import LiveRanges
 
 _CU_MEMHOSTALLOC_PORTABLE = 0x01
 _CU_MEMHOSTALLOC_DEVICEMAP = 0x02
-# Live allocations: start address → (end address, a weak reference to the buffer object
-# that owns them); the lock guards it and the frees deferred during a capture.
-_LIVE: dict[int, tuple[int, weakref.ref]] = {}
-_DEFERRED: list[int] = []
+_LIVE = LiveRanges()  # the allocations `driver_empty` made, while their buffers live
+_DEFERRED: list[int] = []  # frees deferred during a capture, under _LOCK
 _LOCK = threading.Lock()
 
 
@@ -107,7 +106,6 @@ def _free(ptr: int) -> None:
     """Free one allocation, or defer it while a capture runs (called by the finalizer of
     the buffer object that owns it)."""
     with _LOCK:
-        _LIVE.pop(ptr, None)
         if _capturing():
             _DEFERRED.append(ptr)
             return
@@ -151,8 +149,7 @@ def driver_empty(
     start = ptr.value
     buf = (ctypes.c_uint8 * nbytes).from_address(start)
     weakref.finalize(buf, _free, start)  # when the last tensor over `buf` is gone
-    with _LOCK:
-        _LIVE[start] = (start + nbytes, weakref.ref(buf))
+    _LIVE.add(start, start + nbytes, buf)
     out = torch.frombuffer(buf, dtype=torch.uint8, count=nbytes)
     if zero:
         out.zero_()  # the driver says nothing of the contents; the pages are pinned: fast
@@ -161,9 +158,4 @@ def driver_empty(
 
 def is_driver_pinned(t: torch.Tensor) -> bool:
     """`t` lies inside a live `driver_empty` allocation."""
-    if t.device.type != "cpu" or not _LIVE:
-        return False
-    start = t.data_ptr()
-    end = start + t.numel() * t.element_size()
-    with _LOCK:
-        return any(s <= start and end <= e for s, (e, _) in _LIVE.items())
+    return _LIVE.holds(t)

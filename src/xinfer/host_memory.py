@@ -36,11 +36,44 @@ HUGE_PAGE = 2 << 20
 # Below this a tensor keeps torch's allocator: rounding up to a huge page would waste up to
 # 2 MiB of RAM per tensor, and small tensors are not what the link reads.
 MIN_BYTES = 32 << 20
-# Live mappings: start address → (end address, a weak reference to the mmap that owns them).
-_LIVE: dict[int, tuple[int, weakref.ref]] = {}
-# Mappings are made on a helper thread too (offload/setup.py host_sets): _LIVE is read and
-# changed under this lock.
-_LIVE_LOCK = threading.Lock()
+
+
+class LiveRanges:
+    """Byte ranges `[start, end)` of host buffers, each forgotten once the object that owns
+    it is collected. Buffers are made on a helper thread too (offload/setup.py host_sets):
+    the ranges are read and changed under a lock."""
+
+    def __init__(self) -> None:
+        self._ranges: dict[int, tuple[int, weakref.ref]] = {}  # start → (end, owner)
+        self._lock = threading.Lock()
+
+    def add(self, start: int, end: int, owner: object) -> None:
+        with self._lock:
+            self._forget_dead()
+            self._ranges[start] = (end, weakref.ref(owner))
+
+    def holds(self, t: torch.Tensor) -> bool:
+        """`t`'s bytes lie inside one live range (a host tensor's)."""
+        if t.device.type != "cpu":
+            return False
+        start = t.data_ptr()
+        end = start + t.numel() * t.element_size()
+        with self._lock:
+            self._forget_dead()
+            return any(s <= start and end <= e for s, (e, _) in self._ranges.items())
+
+    def __contains__(self, start: int) -> bool:
+        """A live range starts at `start`."""
+        with self._lock:
+            self._forget_dead()
+            return start in self._ranges
+
+    def _forget_dead(self) -> None:
+        for start in [s for s, (_, ref) in self._ranges.items() if ref() is None]:
+            del self._ranges[start]
+
+
+_MAPPINGS = LiveRanges()  # the mappings `host_empty` made
 
 
 def host_empty(shape: tuple[int, ...] | torch.Size, dtype: torch.dtype) -> torch.Tensor:
@@ -94,9 +127,7 @@ def _mapped(
     out = torch.frombuffer(buf, dtype=torch.uint8, count=nbytes, offset=offset)
     if prefault:
         out.zero_()  # the pages are zero already: this only makes the kernel provide them
-    with _LIVE_LOCK:
-        _forget_dead()
-        _LIVE[start] = (start + size, weakref.ref(buf))
+    _MAPPINGS.add(start, start + size, buf)
     return out.view(dtype).view(shape)
 
 
@@ -109,21 +140,9 @@ def _advise(buf: mmap.mmap) -> None:
             pass
 
 
-def _forget_dead() -> None:
-    """Drop the entries of mappings that are gone (under _LIVE_LOCK)."""
-    for start in [s for s, (_, ref) in _LIVE.items() if ref() is None]:
-        del _LIVE[start]
-
-
 def owns_mapping(t: torch.Tensor) -> bool:
     """`t` lies inside a live mapping made by `host_empty` (its pages are no one else's)."""
-    if t.device.type != "cpu":
-        return False
-    start = t.data_ptr()
-    end = start + t.numel() * t.element_size()
-    with _LIVE_LOCK:
-        _forget_dead()
-        return any(s <= start and end <= e for s, (e, _) in _LIVE.items())
+    return _MAPPINGS.holds(t)
 
 
 def copy_to_mapping(t: torch.Tensor) -> torch.Tensor:

@@ -13,7 +13,8 @@ a warning below SLOW_SHARE of the link, and both in `offload_stats()`
 The fill writes into slots that no table points to yet (the caches are empty at start-up),
 so nothing the engine reads changes; its kernel is the one decode compiles anyway. CUDA
 only, and only where the timed copy is large enough to time the link (not a tiny model's
-experts); about 10 ms plus that compile."""
+experts). Predicted cost, not yet timed: ~10 ms (four copies of up to 64 MB each way at
+~50 GB/s) plus that compile."""
 
 from __future__ import annotations
 
@@ -25,7 +26,7 @@ from xinfer.offload import kernels as offload_kernels
 
 logger = logging.getLogger("xinfer")
 
-SLOW_SHARE = 0.8  # the bench's SLOW HOST line uses the same share (offload_bench/bandwidth.py)
+SLOW_SHARE = 0.8  # the bench's SLOW HOST line uses the same rule (offload_bench/bandwidth.py)
 # The timed fill copies experts until TIMED_BYTES (as many as the layer's slots allow); below
 # MIN_TIMED_BYTES (a small model's experts) a copy times its latency, not the link, and
 # nothing is measured or said.
@@ -35,10 +36,14 @@ LINK_BLOCK_BYTES = 64 << 20
 REPEATS = 3
 
 
+def is_slow_host(host_read_gbps: float | None, link_gbps: float | None) -> bool:
+    """The fill kernel read the store below SLOW_SHARE of the link's rate (both measured)."""
+    return bool(host_read_gbps and link_gbps) and host_read_gbps < SLOW_SHARE * link_gbps
+
+
 def slow_host_warning(host_read_gbps: float, link_gbps: float) -> str | None:
-    """The warning for a host whose fill kernel reads the store below SLOW_SHARE of the
-    link's rate, else None."""
-    if link_gbps <= 0 or host_read_gbps >= SLOW_SHARE * link_gbps:
+    """The warning for a slow host (`is_slow_host`), else None."""
+    if not is_slow_host(host_read_gbps, link_gbps):
         return None
     return (
         f"MoE offload: the GPU reads the experts in host memory at {host_read_gbps:.1f} GB/s, "
