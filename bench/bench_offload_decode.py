@@ -262,9 +262,10 @@ def prefetch_fill_note(meta: dict) -> str:
         return note
     if programs:
         return note + f" ({programs} prefetch fill programs)"
-    from xinfer.offload.prefetch import PREFETCH_FILL_PROGRAMS
+    from xinfer.offload.prefetch import default_fill_programs
 
-    return note + f" ({PREFETCH_FILL_PROGRAMS} prefetch fill programs, the default)"
+    programs = default_fill_programs(bool(meta.get("compress")))
+    return note + f" ({programs} prefetch fill programs, the default)"
 
 
 def prefetch_setting(meta: dict) -> str:

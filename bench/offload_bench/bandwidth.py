@@ -58,7 +58,8 @@ def fill_kernel_gbps(
     """GB/s of the offload fill kernel copying `num_misses` experts into slots (the decode
     path), set up like bench/bench_offload_fill.py: from the host store's memory (as the
     engine allocates it), or with `host_alloc` from torch's pinned allocation
-    (`cudaHostAlloc`, the kind XINFER_HOST_ALLOC=driver gives the store)."""
+    (`cudaHostAlloc`: on a slow host, 2026-12-06, the fill kernel read it no faster, 33.4-33.7
+    GB/s against 34.1 from the store's registered memory)."""
     import torch
     from cuda_timing import cuda_seconds
 
@@ -95,8 +96,8 @@ def measure(expert_mb: float, device: int, reps: int = 20) -> dict:
     out["copy_engine_block_gbps"] = copy_engine_gbps(dev, 512 << 20, 1, max(3, reps // 4))
     try:
         out["fill_kernel_gbps"] = fill_kernel_gbps(dev, expert_bytes, 8, reps)
-        # the same from cudaHostAlloc memory: on a slow host, whether XINFER_HOST_ALLOC=driver
-        # would read faster (registered memory read ~half the link's rate there)
+        # the same from cudaHostAlloc memory: whether a slow host's SM reads depend on the kind
+        # of pinned memory (on the one measured, 2026-12-06, they did not)
         out["fill_kernel_hostalloc_gbps"] = fill_kernel_gbps(
             dev, expert_bytes, 8, reps, host_alloc=True
         )

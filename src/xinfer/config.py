@@ -241,16 +241,6 @@ MAX_PREFETCH_DISTANCE = 4
 # bf16 1.11x, FP8 1.17x, GPTQ 1.19x, NVFP4 1.24x, bf16 35% 1.16x; batch 8 1.02-1.05x; and
 # beat one layer ahead (GPTQ 160.0 vs 151.3 tok/s, NVFP4 159.1 vs 150.7) and three (156.0).
 DEFAULT_PREFETCH_DISTANCE = 2
-# ... except with packed experts (--moe-offload-compress), where prefetch is off unless a
-# distance is given: the one packed row measured lost (H100 with a slow host, 2026-12-06,
-# Qwen3.5-35B-A3B shape, bf16 packed, two ahead: 10% batch 1 0.88x, 20% 0.94x, batch 8
-# 1.00x / 0.95x), where the same host's unpacked Qwen3-30B-A3B bf16 row gained 1.06x. The
-# prefetch fill unpacks with 16 programs, a count sized for the plain copy; the packed
-# prefetch fill has not been timed on its own (bench/NOTES.md, twenty-fourth session).
-PACKED_PREFETCH_OFF = (
-    "prefetch is off by default with packed experts (--moe-offload-compress): the one "
-    "packed row measured was slower with it; --moe-prefetch 2 turns it on"
-)
 # A guess is kept when its score beats the (k+1)-th by more than this. 0 gained 5% on GPTQ
 # experts at 20% (167.8 vs 160.0 tok/s, H100 2026-12-06: the link has slack at 4 bits); not
 # measured on link-bound bf16 rows, where its wasted bytes cost in full.
@@ -284,7 +274,8 @@ class OffloadConfig:
     # How the prefetch copies move (None: as `fill`). HBM-bound kernels beside the fill
     # kernel ran ~11x slower on the H200; copy-engine copies use no SM.
     prefetch_fill: str | None = None
-    # The prefetch fill kernel's programs (None: 16 in all) and where layer l issues the
+    # The prefetch fill kernel's programs (None: 16 in all, 64 with packed experts:
+    # offload/prefetch.py) and where layer l issues the
     # prefetch of l + d (offload/prefetch.py); decisions and output are the same either way.
     prefetch_programs: int | None = None
     prefetch_issue: str = "after-fill"  # one of PREFETCH_ISSUE_POINTS
@@ -324,8 +315,7 @@ class OffloadConfig:
         if self.prefetch_fill is not None and not self.prefetch_layers:
             raise UserError(
                 "--moe-prefetch-fill says how prefetch copies move: it needs prefetch "
-                "(--moe-prefetch other than 0; off by default with --moe-offload-compress) and "
-                "MoE expert offload"
+                "(--moe-prefetch other than 0) and MoE expert offload"
             )
         if self.fill != "kernel" and self.fraction is None and not self.is_auto:
             raise UserError(
@@ -359,9 +349,8 @@ class OffloadConfig:
         if tuned and not self.prefetch_layers:
             raise UserError(
                 "--moe-prefetch-margin, --moe-prefetch-programs and --moe-prefetch-issue tune "
-                "prefetching: they need prefetch (--moe-prefetch other than 0; off by default "
-                "with --moe-offload-compress) and MoE expert offload (--moe-offload or "
-                "XINFER_MOE_OFFLOAD)"
+                "prefetching: they need prefetch (--moe-prefetch other than 0) and MoE expert "
+                "offload (--moe-offload or XINFER_MOE_OFFLOAD)"
             )
         if self.prefetch_programs is not None and (self.prefetch_fill or self.fill) != "kernel":
             raise UserError(
@@ -384,20 +373,12 @@ class OffloadConfig:
     @property
     def prefetch_layers(self) -> int:
         """How many layers ahead prefetch runs: the distance given, else (None)
-        DEFAULT_PREFETCH_DISTANCE with offload on (0 with packed experts,
-        `prefetch_default_off`); 0 = off."""
-        if not self.is_enabled or self.prefetch_default_off:
+        DEFAULT_PREFETCH_DISTANCE with offload on; 0 = off."""
+        if not self.is_enabled:
             return 0
         return (
             DEFAULT_PREFETCH_DISTANCE if self.prefetch_distance is None else self.prefetch_distance
         )
-
-    @property
-    def prefetch_default_off(self) -> str | None:
-        """Why prefetch is off though nobody turned it off (PACKED_PREFETCH_OFF), or None."""
-        if self.prefetch_distance is None and self.is_enabled and self.compress:
-            return PACKED_PREFETCH_OFF
-        return None
 
     @property
     def prefetch_cut(self) -> float:

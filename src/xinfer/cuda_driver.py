@@ -1,6 +1,6 @@
 """The CUDA driver (`libcuda`) through ctypes, for the few calls torch does not wrap: the
-copy-engine fill's graph nodes (offload/graph_nodes.py) and the driver's pinned host memory
-(xinfer/host_alloc.py). Loaded on first use, so importing this needs no GPU."""
+copy-engine fill's graph nodes (offload/graph_nodes.py). Loaded on first use, so importing
+this needs no GPU."""
 
 from __future__ import annotations
 

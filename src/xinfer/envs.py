@@ -61,20 +61,6 @@ def XINFER_HOST_HUGE_PAGES() -> bool:
     return _get("XINFER_HOST_HUGE_PAGES") is None or _bool("XINFER_HOST_HUGE_PAGES")
 
 
-HOST_ALLOCS = ("register", "driver")
-
-
-def XINFER_HOST_ALLOC() -> str:
-    """Where large host tensors (offloaded experts) live: `register` (default: mappings of
-    their own, pinned after they are filled, xinfer/host_memory.py) or `driver` (pinned,
-    device-mapped memory from the CUDA driver, xinfer/host_alloc.py)."""
-    raw = _get("XINFER_HOST_ALLOC")
-    value = "register" if raw is None else raw.lower()
-    if value not in HOST_ALLOCS:
-        raise UserError(f"XINFER_HOST_ALLOC must be one of {', '.join(HOST_ALLOCS)}, got {raw!r}")
-    return value
-
-
 def XINFER_MOE_OFFLOAD_COMPRESS() -> bool:
     """1: keep bf16 offloaded experts packed in host RAM (see --moe-offload-compress)."""
     return _bool("XINFER_MOE_OFFLOAD_COMPRESS")

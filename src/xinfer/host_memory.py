@@ -17,8 +17,7 @@ first touch stayed the largest part of packing (~4.4 GB/s on 16 threads).
 
 `host_empty` allocates (zero-filled); `owns_mapping` says whether a tensor lies inside one
 such live mapping; `resident_bytes` is this process's resident memory (for probes and
-tests). With `XINFER_HOST_ALLOC=driver`, `host_empty` and `copy_to_mapping` take large
-tensors from the CUDA driver's pinned memory instead (xinfer/host_alloc.py)."""
+tests)."""
 
 from __future__ import annotations
 
@@ -30,7 +29,6 @@ import weakref
 import torch
 
 from xinfer import envs
-from xinfer.errors import UserError
 
 HUGE_PAGE = 2 << 20
 # Below this a tensor keeps torch's allocator: rounding up to a huge page would waste up to
@@ -84,24 +82,7 @@ def host_empty(shape: tuple[int, ...] | torch.Size, dtype: torch.dtype) -> torch
         # the host, whatever a surrounding `with torch.device(...)` makes the default (the
         # model is built inside one: without `device` small experts landed on the GPU)
         return torch.zeros(shape, dtype=dtype, device="cpu")
-    if _from_driver():
-        from xinfer.host_alloc import driver_empty
-
-        return driver_empty(shape, dtype)
     return _mapped(shape, dtype, nbytes, prefault=True)
-
-
-def _from_driver() -> bool:
-    """XINFER_HOST_ALLOC=driver: large host tensors come from the CUDA driver (refused,
-    in one sentence, where there is no GPU to pin memory for)."""
-    if envs.XINFER_HOST_ALLOC() != "driver":
-        return False
-    if not torch.cuda.is_available():
-        raise UserError(
-            "XINFER_HOST_ALLOC=driver takes pinned host memory from the CUDA driver: it needs "
-            "an NVIDIA GPU; unset it"
-        )
-    return True
 
 
 def _mapped(
@@ -151,12 +132,6 @@ def copy_to_mapping(t: torch.Tensor) -> torch.Tensor:
     if t.numel() == 0:
         return t.clone()
     nbytes = t.numel() * t.element_size()
-    if nbytes >= MIN_BYTES and _from_driver():
-        from xinfer.host_alloc import driver_empty
-
-        out = driver_empty(tuple(t.shape), t.dtype, zero=False)
-        out.copy_(t)
-        return out
     out = _mapped(tuple(t.shape), t.dtype, nbytes, prefault=False)
     out.copy_(t)  # faults the pages in on torch's threads itself
     return out

@@ -391,11 +391,14 @@ def test_a_slow_host_is_flagged_in_the_page(tmp_path):
 def test_the_page_names_the_prefetch_fill_programs():
     """With prefetch on the fill kernel the page says how many programs copied (given, or
     the engine's default); without prefetch, or on the copy engine, it says none."""
-    from xinfer.offload.prefetch import PREFETCH_FILL_PROGRAMS
+    from xinfer.offload.prefetch import PACKED_PREFETCH_FILL_PROGRAMS, PREFETCH_FILL_PROGRAMS
 
     on = {"prefetch": [0, 1], "fill": "kernel"}
     assert bench.prefetch_fill_note(on) == (
         f" ({PREFETCH_FILL_PROGRAMS} prefetch fill programs, the default)"
+    )
+    assert bench.prefetch_fill_note({**on, "compress": True}) == (
+        f" ({PACKED_PREFETCH_FILL_PROGRAMS} prefetch fill programs, the default)"
     )
     assert bench.prefetch_fill_note({**on, "prefetch_programs": 32}) == (
         " (32 prefetch fill programs)"

@@ -390,9 +390,13 @@ def test_engine_compressed_offload_greedy_matches_bf16(tmp_path):
 
     base, _ = run(enforce_eager=True)
     for frac in (0.25, 0.5):
-        plain, plain_stats = run(moe_offload=frac, moe_prefetch=0)  # as packed's default
-        packed, stats = run(moe_offload=frac, moe_offload_compress=True)
-        assert packed == plain == base, frac
+        # prefetch off in both, so that their bytes compare one to one; then packed with its
+        # default prefetch (its own fill program count)
+        plain, plain_stats = run(moe_offload=frac, moe_prefetch=0)
+        packed, stats = run(moe_offload=frac, moe_offload_compress=True, moe_prefetch=0)
+        prefetched, pf_stats = run(moe_offload=frac, moe_offload_compress=True)
+        assert packed == plain == base == prefetched, frac
+        assert pf_stats["prefetch"]["prefetched"] > 0
         assert stats["compressed"] and stats["staging_copies"] > 0
         assert stats["bytes_moved"] < 0.8 * plain_stats["bytes_moved"]
         assert stats["pinned_gb"] < 0.8 * plain_stats["pinned_gb"]

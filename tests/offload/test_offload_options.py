@@ -3,14 +3,12 @@ fractions and `auto`, the host-RAM check, profile mode, and the manager's API.""
 
 from __future__ import annotations
 
-import logging
-
 import pytest
 import torch
 from tiny_models import make_hf_model, prompts, write_checkpoint
 
 from xinfer import LLM, SamplingParams, UserError
-from xinfer.config import PACKED_PREFETCH_OFF, OffloadConfig
+from xinfer.config import OffloadConfig
 from xinfer.llm import offload_from_env
 from xinfer.offload import host_store
 from xinfer.offload.sizing import (
@@ -206,7 +204,7 @@ def test_prefetch_fill_option_is_checked(ckpt):
         OffloadConfig.parse("0.2", prefetch_distance=1, prefetch_fill="dma")
     # prefetch is on by default with offload: its fill may be set without a distance
     assert OffloadConfig.parse("0.2", prefetch_fill="copy-engine").prefetch_layers == 2
-    with pytest.raises(UserError, match=r"it needs prefetch \(--moe-prefetch other than 0;"):
+    with pytest.raises(UserError, match=r"it needs prefetch \(--moe-prefetch other than 0\)"):
         OffloadConfig.parse("0.2", prefetch_distance=0, prefetch_fill="copy-engine")
     with pytest.raises(UserError, match="needs prefetch .* and MoE expert offload"):
         OffloadConfig.parse(None, prefetch_fill="copy-engine")
@@ -227,22 +225,32 @@ def test_prefetch_margin_needs_prefetch(ckpt):
     assert LLM(ckpt, device="cpu", moe_offload=0.5).engine.config.offload.prefetch_cut == 0.5
 
 
-def test_packed_experts_prefetch_only_when_asked(ckpt, caplog):
-    """With --moe-offload-compress prefetch is off by default (the one packed row measured
-    was slower with it), says so, and runs when a distance is given; its tunings without a
-    distance are refused, not ignored."""
-    cfg = OffloadConfig.parse("0.5", compress=True)
-    assert cfg.prefetch_layers == 0 and cfg.prefetch_default_off == PACKED_PREFETCH_OFF
-    assert OffloadConfig.parse("0.5", compress=True, prefetch_distance=2).prefetch_layers == 2
-    assert OffloadConfig.parse("0.5").prefetch_default_off is None
-    with pytest.raises(UserError, match="off by default with --moe-offload-compress"):
-        OffloadConfig.parse("0.5", compress=True, prefetch_margin=0.0)
-    with caplog.at_level(logging.INFO, logger="xinfer"):
-        off = LLM(ckpt, device="cpu", moe_offload=0.5, moe_offload_compress=True)
-    assert off.engine.offload_manager.prefetcher is None
-    assert PACKED_PREFETCH_OFF in caplog.text
-    on = LLM(ckpt, device="cpu", moe_offload=0.5, moe_offload_compress=True, moe_prefetch=2)
-    assert on.engine.offload_manager.prefetcher.distance == 2
+def test_packed_experts_prefetch_by_default_with_more_fill_programs(ckpt, monkeypatch):
+    """With --moe-offload-compress prefetch is on by default as without it, and its fill
+    kernel gets PACKED_PREFETCH_FILL_PROGRAMS (the packed fill keeps less in flight a
+    program) unless --moe-prefetch-programs says otherwise; plain experts keep 16."""
+    import xinfer.offload.prefetch_setup as setup
+    from xinfer.offload.prefetch import (
+        PACKED_PREFETCH_FILL_PROGRAMS,
+        PREFETCH_FILL_PROGRAMS,
+        Prefetcher,
+    )
+
+    assert PACKED_PREFETCH_FILL_PROGRAMS > PREFETCH_FILL_PROGRAMS
+    assert OffloadConfig.parse("0.5", compress=True).prefetch_layers == 2
+    seen = []
+
+    def spy(*args, **kw):
+        seen.append(kw["fill_programs"])
+        return Prefetcher(*args, **kw)
+
+    monkeypatch.setattr(setup, "Prefetcher", spy)
+    packed = LLM(ckpt, device="cpu", moe_offload=0.5, moe_offload_compress=True)
+    assert packed.engine.offload_manager.prefetcher.distance == 2
+    LLM(ckpt, device="cpu", moe_offload=0.5)
+    LLM(ckpt, device="cpu", moe_offload=0.5, moe_offload_compress=True,
+        moe_prefetch_programs=24)  # fmt: skip
+    assert seen == [PACKED_PREFETCH_FILL_PROGRAMS, PREFETCH_FILL_PROGRAMS, 24]
 
 
 def test_prefetch_tuning_options_are_checked(ckpt):
@@ -257,7 +265,7 @@ def test_prefetch_tuning_options_are_checked(ckpt):
     with pytest.raises(UserError, match="prefetch programs must be >= 1"):
         OffloadConfig.parse("0.2", prefetch_distance=1, prefetch_programs=0)
     assert OffloadConfig.parse("0.2", prefetch_programs=64).prefetch_programs == 64  # default on
-    with pytest.raises(UserError, match=r"they need prefetch \(--moe-prefetch other than 0;"):
+    with pytest.raises(UserError, match=r"they need prefetch \(--moe-prefetch other than 0\)"):
         OffloadConfig.parse("0.2", prefetch_distance=0, prefetch_programs=64)
     with pytest.raises(UserError, match="they need prefetch"):
         OffloadConfig.parse("0.2", prefetch_distance=0, prefetch_issue="before-lookup")

@@ -149,8 +149,6 @@ class Engine:
             scheduler_config = replace(config.scheduler, max_num_seqs=self.num_state_slots)
             config = self.config = replace(config, scheduler=scheduler_config)
         self.routing = self._install_routing(config)  # its per-request rows: the runner's
-        if self.offload_manager is not None and offload.prefetch_default_off:
-            logger.info("MoE %s", offload.prefetch_default_off)
         if self.offload_manager is not None and offload.prefetch_layers:
             from xinfer.offload.prefetch_setup import install_prefetch
 

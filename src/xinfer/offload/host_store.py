@@ -1,9 +1,7 @@
 """Host store: every routed-expert tensor of every MoE layer (any set of `[E, ...]` tensors,
 any dtype, or bf16 ones packed by offload/packed.py) in host RAM, pinned *after* it was
 filled with `cudaHostRegister` (mapped, portable) so that kernels read it zero-copy through
-UVA and the copy engine moves it async (with XINFER_HOST_ALLOC=driver the large tensors are
-the CUDA driver's pinned, mapped memory already, xinfer/host_alloc.py, and are kept as they
-are). On CPU "host" and "device" are one memory and
+UVA and the copy engine moves it async. On CPU "host" and "device" are one memory and
 nothing is pinned. A store closed (or collected) while a CUDA graph is being captured
 unregisters later: the capture forbids the call, and making it would break the capture."""
 
@@ -18,7 +16,6 @@ import torch
 
 from xinfer.config import ModelConfig
 from xinfer.errors import UserError
-from xinfer.host_alloc import is_driver_pinned
 from xinfer.host_memory import MIN_BYTES, copy_to_mapping, owns_mapping
 from xinfer.offload.packed import PackedExperts
 
@@ -149,7 +146,7 @@ class HostExpertStore:
         if t.device.type != "cpu":
             raise ValueError(f"expert tensor {name!r} must be on the host, not {t.device}")
         t = t.contiguous()
-        if not self.is_pinned or self._holds(t) or is_driver_pinned(t):
+        if not self.is_pinned or self._holds(t):
             return t
         if t.numel() * t.element_size() >= MIN_BYTES and not owns_mapping(t):
             t = copy_to_mapping(t)  # huge pages for what the link reads (xinfer/host_memory.py)
@@ -157,10 +154,7 @@ class HostExpertStore:
 
     def pin_after_fill(self, t: torch.Tensor) -> torch.Tensor:
         """Register a filled host tensor as pinned, device-mapped memory (in place if its
-        pages are its own, else a copy in a mapping of its own; the CUDA driver's pinned
-        memory, XINFER_HOST_ALLOC=driver, as it is); returns the pinned tensor."""
-        if is_driver_pinned(t):
-            return t
+        pages are its own, else a copy in a mapping of its own); returns the pinned tensor."""
         unregister_deferred()
         if _overlaps_registered(*_page_range(t)):
             t = copy_to_mapping(t)

@@ -49,7 +49,7 @@ def slow_host_warning(host_read_gbps: float, link_gbps: float) -> str | None:
         f"MoE offload: the GPU reads the experts in host memory at {host_read_gbps:.1f} GB/s, "
         f"{host_read_gbps / link_gbps:.2f} of the {link_gbps:.1f} GB/s the link moves from "
         "cudaHostAlloc memory; offload will run slower than on a host that reads at the "
-        "link's rate (see docs/moe_offload.md, slow hosts; XINFER_HOST_ALLOC=driver may help)"
+        "link's rate (see docs/moe_offload.md, slow hosts)"
     )
 
 

@@ -51,6 +51,19 @@ logger = logging.getLogger("xinfer")
 # moved 1-2 experts at 40-45 GB/s with the compute 1.01-1.11x slower (98% hidden); 132
 # programs at 42-46 GB/s but the compute 1.44-1.93x slower.
 PREFETCH_FILL_PROGRAMS = 16
+# ... and with packed experts (--moe-offload-compress), whose fill unpacks as it copies and so
+# keeps less in flight a program (~6 KB against up to 32 KB): at 16 programs packed prefetch
+# lost (H100 with a slow host, Qwen3.5-35B-A3B shape, two ahead: 10% batch 1 0.88x, 20%
+# 0.94x, batch 8 1.00x / 0.95x); at 64, on the same kind of host, it won (20% batch 1 1.10x
+# and 1.11x in two calls, 10% 1.03x; batch 8 0.99x / 0.98x). bench/NOTES.md, 2026-12-06.
+PACKED_PREFETCH_FILL_PROGRAMS = 64
+
+
+def default_fill_programs(packed: bool) -> int:
+    """The prefetch fill kernel's programs when --moe-prefetch-programs is not given."""
+    return PACKED_PREFETCH_FILL_PROGRAMS if packed else PREFETCH_FILL_PROGRAMS
+
+
 PREFETCH_LANE = "prefetch"  # the side stream's arrival counters (kernels/arrivals.py)
 # `issue_after_fill` (--moe-prefetch-issue): where layer l issues the prefetch of l + d.
 # Before l's lookup (False), its copies compete with l's own demand fill for the link (and,
@@ -72,7 +85,7 @@ class Prefetcher:
         distance: int,
         max_tokens: int,
         device: torch.device,
-        fill_programs: int | None = None,
+        fill_programs: int = PREFETCH_FILL_PROGRAMS,
         issue_after_fill: bool = True,
     ) -> None:
         if distance < 1:
@@ -86,7 +99,7 @@ class Prefetcher:
         ]
         self.is_issued = [False] * len(tables)  # host: an event to wait for before the lookup
         self.issue_after_fill = issue_after_fill
-        self.fill_programs = (fill_programs or PREFETCH_FILL_PROGRAMS) if self.is_cuda else None
+        self.fill_programs = fill_programs if self.is_cuda else None
         # a (1, 1) "no prediction" for calls that only settle (no empty tensor to a kernel)
         self._nothing = torch.full((1, 1), -1, dtype=torch.int32, device=device)
         self.copies: list | None = None  # per layer: its copy-engine prefetch fill, if used

@@ -16,7 +16,7 @@ from xinfer.errors import UserError
 from xinfer.layers.moe import FusedMoE
 from xinfer.offload.executor import OffloadExecutor
 from xinfer.offload.predictor import RouterPredictor
-from xinfer.offload.prefetch import Prefetcher
+from xinfer.offload.prefetch import Prefetcher, default_fill_programs
 from xinfer.offload.prefetch_table import PrefetchTable
 
 logger = logging.getLogger("xinfer")
@@ -85,7 +85,7 @@ def install_prefetch(
     ]
     prefetcher = Prefetcher(
         executors, tables, predictor, distance, max_tokens, manager.device,
-        fill_programs=config.prefetch_programs,
+        fill_programs=config.prefetch_programs or default_fill_programs(config.compress),
         issue_after_fill=config.prefetch_issue == "after-fill",
     )  # fmt: skip
     if (config.prefetch_fill or config.fill) == "copy-engine":
