@@ -51,6 +51,15 @@ def reserve_kernel(
     pending = tl.load(pending_ptr + s_offs, mask=s_mask, other=-1)
     stamp = tl.load(stamp_ptr)
     clock = tl.load(clock_ptr) + 1
+    # every load that does not depend on another up front, so that they share one round
+    # trip to memory: the counters' six read-modify-writes at the end cost six in a row,
+    # and a one-program kernel pays each round trip in full (~50 µs beside a demand fill's
+    # mapped reads against a 5.5 µs median, H100 trace 2026-12-06)
+    c_offs = tl.arange(0, 8)
+    totals = tl.load(counters_ptr + c_offs, mask=c_offs < 6, other=0)
+    if LFU:
+        score = tl.load(score_ptr + e_offs, mask=e_mask, other=0)
+        slot_score = tl.load(slot_score_ptr + s_offs, mask=s_mask, other=0)
 
     # 1. Settle the last reservation: its experts still in their slots and stamped by a
     #    later lookup were used; the others were wasted.
@@ -86,8 +95,6 @@ def reserve_kernel(
     #    admitted on the counts as that lookup will decay them (the counts do not change).
     num_copies = num_lru * 0  # int32 scalar
     if LFU:
-        score = tl.load(score_ptr + e_offs, mask=e_mask, other=0)
-        slot_score = tl.load(slot_score_ptr + s_offs, mask=s_mask, other=0)
         next_score = score - (score >> LFU_SHIFT) + LFU_STEP
         next_slot_score = slot_score - (slot_score >> LFU_SHIFT)
     for _ in range(0, num_lru):
@@ -131,13 +138,15 @@ def reserve_kernel(
     tl.store(clock_ptr, clock)
     tl.store(stamp_ptr, clock)
     tl.store(miss_count_ptr, num_copies)
+    # predicted, present, prefetched, dropped, used, wasted
     num_predicted = tl.sum(predicted.to(tl.int64))
-    tl.store(counters_ptr + 0, tl.load(counters_ptr + 0) + num_predicted)
-    tl.store(counters_ptr + 1, tl.load(counters_ptr + 1) + num_present.to(tl.int64))
-    tl.store(counters_ptr + 2, tl.load(counters_ptr + 2) + num_copies.to(tl.int64))
-    tl.store(counters_ptr + 3, tl.load(counters_ptr + 3) + (num_todo - num_copies).to(tl.int64))
-    tl.store(counters_ptr + 4, tl.load(counters_ptr + 4) + num_used)
-    tl.store(counters_ptr + 5, tl.load(counters_ptr + 5) + num_wasted)
+    add = tl.where(c_offs == 0, num_predicted, 0)
+    add = tl.where(c_offs == 1, num_present.to(tl.int64), add)
+    add = tl.where(c_offs == 2, num_copies.to(tl.int64), add)
+    add = tl.where(c_offs == 3, (num_todo - num_copies).to(tl.int64), add)
+    add = tl.where(c_offs == 4, num_used, add)
+    add = tl.where(c_offs == 5, num_wasted, add)
+    tl.store(counters_ptr + c_offs, totals + add, mask=c_offs < 6)
 
 
 @triton.jit
