@@ -171,8 +171,8 @@ class EngineArgs(OptionSet):
     moe_prefetch: int | None = option(
         None,
         "prefetch each offloaded MoE layer's predicted experts this many layers ahead "
-        f"(default {DEFAULT_PREFETCH_DISTANCE} with MoE offload, off with "
-        "--moe-offload-compress: see docs/moe_offload.md; 0 = off)",
+        f"(default {DEFAULT_PREFETCH_DISTANCE} with MoE offload, see docs/moe_offload.md; "
+        "0 = off)",
         check=within(0, MAX_PREFETCH_DISTANCE),
         metavar="LAYERS",
     )
@@ -215,7 +215,8 @@ class EngineArgs(OptionSet):
     )
     moe_prefetch_programs: int | None = option(
         None,
-        "programs of the prefetch fill kernel (default: 16); fewer leave more of the GPU "
+        "programs of the prefetch fill kernel (default: 16, 64 with --moe-offload-compress, "
+        "whose fill keeps less in flight a program); fewer leave more of the GPU "
         "to the compute the copies overlap, at the copies' rate",
         check=at_least(1),
         metavar="N",
