@@ -9,7 +9,13 @@ the step the GPU was working rather than waiting between kernels). `--beside fil
 adds each kernel's median time alone and while it overlapped a kernel of that name longer
 than `--beside-min-us` (how much a concurrent branch, e.g. a prefetch fill, slows it):
 
-    python3 bench/trace_summary.py trace.json.gz --beside fill_kernel"""
+    python3 bench/trace_summary.py trace.json.gz --beside fill_kernel
+
+`--streams` adds each CUDA stream's busy time and top kernels per step, and the busiest
+stream's idle gaps by the pair of kernels around them: where the main stream waits (e.g.
+between a layer's routing and its lookup, for that layer's prefetch on a side stream).
+
+    python3 bench/trace_summary.py trace.json.gz --streams"""
 
 from __future__ import annotations
 
@@ -66,6 +72,37 @@ def beside(kernels: list[dict], other: str, min_us: float = 20.0) -> list[str]:
     return lines
 
 
+def streams(kernels: list[dict], steps: int, top: int = 4, gaps: int = 6) -> list[str]:
+    """Per stream (`args.stream` of each kernel event): ms busy and launches per step and its
+    `top` kernels; then the idle gaps of the stream with the most launches (the main one),
+    summed per step by (kernel before, kernel after), the `gaps` largest."""
+    by_stream: dict = collections.defaultdict(list)
+    for e in kernels:
+        by_stream[e.get("args", {}).get("stream")].append(e)
+    lines = ["| stream | busy ms per step | launches per step | top kernels (ms per step) |",
+             "|---|---|---|---|"]  # fmt: skip
+    for stream, events in sorted(by_stream.items(), key=lambda kv: -len(kv[1])):
+        per_name: dict[str, float] = collections.Counter()
+        for e in events:
+            per_name[e["name"][:40]] += e["dur"] / steps / 1e3
+        busy = sum(per_name.values())
+        tops = ", ".join(f"{n} {ms:.3f}" for n, ms in per_name.most_common(top))
+        lines.append(f"| {stream} | {busy:.3f} | {len(events) / steps:g} | {tops} |")
+    main = sorted(max(by_stream.values(), key=len), key=lambda e: e["ts"])
+    idle: dict[tuple[str, str], float] = collections.Counter()
+    for before, after in zip(main, main[1:]):
+        gap = after["ts"] - (before["ts"] + before["dur"])
+        if gap > 0:
+            idle[(before["name"][:40], after["name"][:40])] += gap / steps / 1e3
+    lines += [
+        f"\nbusiest stream idle {sum(idle.values()):.3f} ms per step; the largest gaps:",
+        "| kernel before | kernel after | idle ms per step |",
+        "|---|---|---|",
+    ]
+    lines += [f"| {a} | {b} | {ms:.3f} |" for (a, b), ms in idle.most_common(gaps)]
+    return lines
+
+
 def _median(values: list[float]) -> str:
     return f"{statistics.median(values):.1f}" if values else "—"
 
@@ -77,6 +114,7 @@ def main() -> None:
     ap.add_argument("--top", type=int, default=16)
     ap.add_argument("--beside", default=None, help="a kernel name, e.g. fill_kernel")
     ap.add_argument("--beside-min-us", type=float, default=20.0)
+    ap.add_argument("--streams", action="store_true", help="per stream, and the main's gaps")
     args = ap.parse_args()
     kernels = load_kernels(args.trace)
     if not kernels:
@@ -84,6 +122,8 @@ def main() -> None:
     print("\n".join(summarize(kernels, args.steps, args.top)))
     if args.beside:
         print("\n" + "\n".join(beside(kernels, args.beside, args.beside_min_us)))
+    if args.streams:
+        print("\n" + "\n".join(streams(kernels, args.steps)))
 
 
 if __name__ == "__main__":

@@ -50,3 +50,23 @@ def test_beside_splits_a_kernel_by_overlap_with_another():
     lines = beside(kernels, "fill", min_us=20)
     assert lines[2] == "| gemv | 15.0 (2) | 170.0 (1) |"
     assert len(lines) == 3  # norm never overlapped a fill: not listed
+
+
+def test_streams_split_busy_time_and_name_the_main_streams_waits():
+    sys.path.insert(0, str(BENCH))
+    from trace_summary import streams
+
+    def kernel(name, ts, dur, stream):
+        return {"ph": "X", "cat": "kernel", "name": name, "ts": ts, "dur": dur,
+                "args": {"stream": stream}}  # fmt: skip
+
+    # one step: main runs select, waits 40 µs for the side stream's fill, then lookup, gemv
+    kernels = [
+        kernel("select", 0, 5, 7), kernel("lookup", 45, 5, 7), kernel("gemv", 51, 20, 7),
+        kernel("fill", 0, 44, 9),
+    ]  # fmt: skip
+    lines = streams(kernels, steps=1)
+    assert lines[2] == "| 7 | 0.030 | 3 | gemv 0.020, select 0.005, lookup 0.005 |"
+    assert lines[3] == "| 9 | 0.044 | 1 | fill 0.044 |"
+    assert lines[4] == "\nbusiest stream idle 0.041 ms per step; the largest gaps:"
+    assert lines[7] == "| select | lookup | 0.040 |" and lines[8] == "| lookup | gemv | 0.001 |"
