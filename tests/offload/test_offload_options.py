@@ -226,9 +226,10 @@ def test_prefetch_margin_needs_prefetch(ckpt):
 
 
 def test_packed_experts_prefetch_by_default_with_more_fill_programs(ckpt, monkeypatch):
-    """With --moe-offload-compress prefetch is on by default as without it, and its fill
-    kernel gets PACKED_PREFETCH_FILL_PROGRAMS (the packed fill keeps less in flight a
-    program) unless --moe-prefetch-programs says otherwise; plain experts keep 16."""
+    """With --moe-offload-compress prefetch is on by default as without it, and where the
+    experts are packed its fill kernel gets PACKED_PREFETCH_FILL_PROGRAMS (the packed fill
+    keeps less in flight a program) unless --moe-prefetch-programs says otherwise; plain
+    experts keep 16, also where the option packs nothing."""
     import xinfer.offload.prefetch_setup as setup
     from xinfer.offload.prefetch import (
         PACKED_PREFETCH_FILL_PROGRAMS,
@@ -245,12 +246,16 @@ def test_packed_experts_prefetch_by_default_with_more_fill_programs(ckpt, monkey
         return Prefetcher(*args, **kw)
 
     monkeypatch.setattr(setup, "Prefetcher", spy)
-    packed = LLM(ckpt, device="cpu", moe_offload=0.5, moe_offload_compress=True)
+    bf16 = dict(device="cpu", dtype="bfloat16", moe_offload=0.5)
+    packed = LLM(ckpt, **bf16, moe_offload_compress=True)
+    assert packed.offload_stats()["compressed"]
     assert packed.engine.offload_manager.prefetcher.distance == 2
-    LLM(ckpt, device="cpu", moe_offload=0.5)
-    LLM(ckpt, device="cpu", moe_offload=0.5, moe_offload_compress=True,
-        moe_prefetch_programs=24)  # fmt: skip
-    assert seen == [PACKED_PREFETCH_FILL_PROGRAMS, PREFETCH_FILL_PROGRAMS, 24]
+    LLM(ckpt, **bf16)
+    LLM(ckpt, **bf16, moe_offload_compress=True, moe_prefetch_programs=24)
+    # float32 experts do not pack (the option says so and leaves them): a plain fill
+    LLM(ckpt, device="cpu", dtype="float32", moe_offload=0.5, moe_offload_compress=True)
+    assert seen == [PACKED_PREFETCH_FILL_PROGRAMS, PREFETCH_FILL_PROGRAMS, 24,
+                    PREFETCH_FILL_PROGRAMS]  # fmt: skip
 
 
 def test_prefetch_tuning_options_are_checked(ckpt):

@@ -15,6 +15,7 @@ from xinfer.config import OffloadConfig
 from xinfer.errors import UserError
 from xinfer.layers.moe import FusedMoE
 from xinfer.offload.executor import OffloadExecutor
+from xinfer.offload.packed import PackedExperts
 from xinfer.offload.predictor import RouterPredictor
 from xinfer.offload.prefetch import Prefetcher, default_fill_programs
 from xinfer.offload.prefetch_table import PrefetchTable
@@ -58,6 +59,17 @@ def make_predictor(model: nn.Module, layers: list[FusedMoE], config: OffloadConf
     )
 
 
+def _is_packed(executors: list) -> bool:
+    """The offloaded experts are packed (--moe-offload-compress on bf16 experts; the option
+    leaves other dtypes and formats as they are, and their fill as plain)."""
+    return any(
+        isinstance(t, PackedExperts)
+        for x in executors
+        if x is not None
+        for t in x.host_tensors.values()
+    )
+
+
 def install_prefetch(
     model: nn.Module, manager, config: OffloadConfig, routing, max_tokens: int
 ) -> Prefetcher | None:
@@ -85,7 +97,7 @@ def install_prefetch(
     ]
     prefetcher = Prefetcher(
         executors, tables, predictor, distance, max_tokens, manager.device,
-        fill_programs=config.prefetch_programs or default_fill_programs(config.compress),
+        fill_programs=config.prefetch_programs or default_fill_programs(_is_packed(executors)),
         issue_after_fill=config.prefetch_issue == "after-fill",
     )  # fmt: skip
     if (config.prefetch_fill or config.fill) == "copy-engine":
