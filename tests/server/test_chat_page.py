@@ -142,6 +142,17 @@ def test_page_streams_the_greedy_reply_from_the_ui_port(server, page):
     page.wait_for_function("document.getElementById('running').textContent === '0'")
 
 
+def test_a_reply_read_in_one_burst_gets_a_lower_bound_rate(server, page):
+    """A reply whose stream the page reads at once (here canned; a fast model on a busy
+    browser does it too) has no first-to-last interval: the page shows the rate over the
+    request's whole time, marked as a lower bound, not nothing."""
+    _open(page, server.ui)
+    _canned(page, "word " * 40)  # 200 characters: 5 pieces, usage 5 tokens, one body
+    _send(page, "Hello", 1)
+    meta = page.locator(".msg.assistant .meta").first.text_content()
+    assert "TTFT" in meta and "≥ " in meta and " tok/s" in meta and "5 tokens" in meta
+
+
 def test_page_works_same_origin(server, page):
     seen = []
     page.on("request", lambda r: seen.append(r.url))
