@@ -252,9 +252,10 @@ def collect(results: list[dict], bandwidth_gbps: float | None) -> tuple[list[dic
     return decode, list(ttft.values())
 
 
-def prefetch_fill_note(meta: dict) -> str:
+def prefetch_fill_note(meta: dict, results: list[dict] = ()) -> str:
     """', prefetch fill `copy-engine`' where the prefetch copies move otherwise than the fill;
-    with prefetch on the fill kernel, its programs (given, or the default)."""
+    with prefetch on the fill kernel, its programs: given, or the engine's default as the
+    prefetch engines (`results`) report it."""
     fill = meta.get("fill", "kernel")
     pf, programs = meta.get("prefetch_fill"), meta.get("prefetch_programs")
     note = f", prefetch fill `{pf}`" if pf and pf != fill else ""
@@ -262,10 +263,10 @@ def prefetch_fill_note(meta: dict) -> str:
         return note
     if programs:
         return note + f" ({programs} prefetch fill programs)"
-    from xinfer.offload.prefetch import default_fill_programs
-
-    programs = default_fill_programs(bool(meta.get("compress")))
-    return note + f" ({programs} prefetch fill programs, the default)"
+    used = sorted({r["prefetch_fill_programs"] for r in results if r.get("prefetch_fill_programs")})
+    if not used:
+        return note
+    return note + f" ({'/'.join(map(str, used))} prefetch fill programs, the default)"
 
 
 def prefetch_setting(meta: dict) -> str:
@@ -293,7 +294,7 @@ def write(out: Path, meta: dict, results: list[dict]) -> str:
         f"{meta.get('prefetch_issue', 'before-lookup')}), fill `{meta.get('fill', 'kernel')}`, "
         f"slot policy `{meta.get('policy', 'lfu')}`"
         f"{', experts packed (--moe-offload-compress)' if meta.get('compress') else ''}"
-        f"{prefetch_fill_note(meta)}:",
+        f"{prefetch_fill_note(meta, results)}:",
         "",
         decode_report.decode_table(decode),
         "",

@@ -222,9 +222,11 @@ def run(cfg: dict) -> dict:
                    compressed=stats.get("compressed", False))  # fmt: skip
         if manager.executors:
             out["expert_bytes"] = manager.executors[0].cache.expert_bytes
-        if "prefetch" in stats:  # {"distance", "predictor"} and the margin it ran with
+        if "prefetch" in stats:  # {"distance", "predictor"}, the margin and fill programs
             out["predictor"] = stats["prefetch"]["predictor"]
             out["prefetch_margin"] = manager.config.prefetch_cut
+            # None on the copy engine or off CUDA; the engine's own choice, packed or not
+            out["prefetch_fill_programs"] = manager.prefetcher.fill_programs
     name = f"rate {cfg['rate']}" + (f" prefetch {out['prefetch']}" if out["prefetch"] else "")
     phases = ", ".join(f"{k} {v:.1f}" for k, v in out["load_phases_s"].items())
     print(f"[{name}] loaded in {out['load_s']:.1f} s ({phases})", flush=True)

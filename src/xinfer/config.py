@@ -274,9 +274,9 @@ class OffloadConfig:
     # How the prefetch copies move (None: as `fill`). HBM-bound kernels beside the fill
     # kernel ran ~11x slower on the H200; copy-engine copies use no SM.
     prefetch_fill: str | None = None
-    # The prefetch fill kernel's programs (None: 16 in all, 64 with packed experts:
-    # offload/prefetch.py) and where layer l issues the
-    # prefetch of l + d (offload/prefetch.py); decisions and output are the same either way.
+    # The prefetch fill kernel's programs (None: 16 in all, 64 with packed experts,
+    # offload/prefetch.default_fill_programs) and where layer l issues the prefetch of l + d
+    # (offload/prefetch.py); decisions and output are the same either way.
     prefetch_programs: int | None = None
     prefetch_issue: str = "after-fill"  # one of PREFETCH_ISSUE_POINTS
     # One of OFFLOAD_POLICIES. `lfu` by default since the H100 measured it (2026-12-05, the

@@ -259,6 +259,7 @@ def test_end_to_end_on_cpu(tmp_path):
     page = out.with_suffix(".md").read_text()
     assert "| 25% (4/16) | off | 1 |" in page and "| 25% (4/16) | 1 ahead | 3 |" in page
     assert "prefetch off and 1 ahead (margin 0)" in page and "40 tokens" in page
+    assert "prefetch fill programs" not in page  # no fill kernel on CPU: no count reported
 
 
 def test_policy_reaches_the_offload_engines_and_the_gpu_phase_parses():
@@ -390,16 +391,14 @@ def test_a_slow_host_is_flagged_in_the_page(tmp_path):
 
 def test_the_page_names_the_prefetch_fill_programs():
     """With prefetch on the fill kernel the page says how many programs copied (given, or
-    the engine's default); without prefetch, or on the copy engine, it says none."""
-    from xinfer.offload.prefetch import PACKED_PREFETCH_FILL_PROGRAMS, PREFETCH_FILL_PROGRAMS
-
+    the engine's default as its prefetch engines report it); without prefetch, or on the
+    copy engine, it says none."""
     on = {"prefetch": [0, 1], "fill": "kernel"}
-    assert bench.prefetch_fill_note(on) == (
-        f" ({PREFETCH_FILL_PROGRAMS} prefetch fill programs, the default)"
+    off_row, on_row = {"rate": "0.2", "prefetch": 0}, {"rate": "0.2", "prefetch": 1}
+    assert bench.prefetch_fill_note(on, [off_row, {**on_row, "prefetch_fill_programs": 64}]) == (
+        " (64 prefetch fill programs, the default)"
     )
-    assert bench.prefetch_fill_note({**on, "compress": True}) == (
-        f" ({PACKED_PREFETCH_FILL_PROGRAMS} prefetch fill programs, the default)"
-    )
+    assert bench.prefetch_fill_note(on, [on_row]) == ""  # nothing reported (CPU): not guessed
     assert bench.prefetch_fill_note({**on, "prefetch_programs": 32}) == (
         " (32 prefetch fill programs)"
     )

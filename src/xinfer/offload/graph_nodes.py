@@ -20,9 +20,6 @@ from collections.abc import Iterator, Sequence
 
 import torch
 
-from xinfer.cuda_driver import DriverError, check
-from xinfer.cuda_driver import libcuda as _libcuda
-
 NODE_TYPE_CONDITIONAL = 13  # CU_GRAPH_NODE_TYPE_CONDITIONAL
 COND_WHILE, COND_SWITCH = 1, 2  # CUgraphConditionalNodeType
 SET_CAPTURE_DEPENDENCIES = 1  # CU_STREAM_SET_CAPTURE_DEPENDENCIES
@@ -60,6 +57,15 @@ class _NodeParams(_c.Structure):  # CUgraphNodeParams (256 bytes)
 assert _c.sizeof(_NodeParams) == 256
 
 
+class DriverError(RuntimeError):
+    pass
+
+
+@functools.cache
+def _libcuda() -> ctypes.CDLL:
+    return _c.CDLL("libcuda.so.1")
+
+
 def _function(*names: str):
     """The first of `names` the driver exports (versioned entry points differ by release)."""
     lib = _libcuda()
@@ -72,7 +78,11 @@ def _function(*names: str):
 
 
 def _check(result: int, what: str) -> None:
-    check(result, what, _libcuda())  # this module's library (the tests' fake driver)
+    if result != 0:
+        text = _c.c_char_p()
+        _libcuda().cuGetErrorName(result, _c.byref(text))
+        name = text.value.decode() if text.value else f"error {result}"
+        raise DriverError(f"{what} failed: {name}")
 
 
 def driver_version() -> int:
