@@ -3,11 +3,12 @@ blocks and runs in one step alone, or in ceil(T / budget) slices beside other re
 decodes, nothing else admitted meanwhile; preemption and abort drop it), the runner's result
 (the same tokens as the chunked path; a hybrid model's pass aborted between slices frees its
 state slot), and the offload layer streamer on CPU (each layer's
-non-resident experts copied once into alternating regions, slots used in place, LRU tables
-untouched, the MoE output equal to the resident one)."""
+non-resident experts copied once into the pool's one or two regions in turn, slots used in
+place, LRU tables untouched, the MoE output equal to the resident one)."""
 
 from __future__ import annotations
 
+import pytest
 import torch
 from lru_model import random_expert_set
 from tiny_models import make_hf_model, prompts, write_checkpoint
@@ -17,7 +18,7 @@ from xinfer.config import SchedulerConfig
 from xinfer.engine.kv_cache import BlockAllocator
 from xinfer.engine.request import Request
 from xinfer.engine.scheduler import Scheduler
-from xinfer.offload.executor import OffloadExecutor
+from xinfer.offload.executor import OffloadExecutor, ResidentExecutor
 from xinfer.offload.lookup import fill_reference, lookup_reference
 from xinfer.offload.slot_cache import NUM_COUNTERS, STAGING_COPIES, STREAMED
 from xinfer.offload.slot_pool import build_slot_caches
@@ -143,11 +144,19 @@ class _Layer(torch.nn.Module):
         self.executor = executor
 
 
-def test_layer_streamer_on_cpu():
+@pytest.mark.parametrize("buffers", [1, 2])
+def test_layer_streamer_on_cpu(buffers):
+    """Three layers of one pool, each streamed once into the pool's regions in turn (one
+    buffer: every layer into region 0, after the previous one's exit)."""
     num_layers, num_experts, num_slots = 3, 10, 3
     hosts = [random_expert_set(num_experts, seed=i) for i in range(num_layers)]
     counters = torch.zeros(num_layers, NUM_COUNTERS, dtype=torch.int64)
-    caches, _ = build_slot_caches(hosts, [num_slots] * num_layers, CPU, counters, 64)
+    caches, pools = build_slot_caches(
+        hosts, [num_slots] * num_layers, CPU, counters, 64, stream_buffers=buffers
+    )
+    width = num_experts - num_slots
+    assert pools[0].region_nbytes == buffers * width * caches[0].expert_bytes
+    assert [len(c.stream_bases) for c in caches] == [buffers] * num_layers
     executors = [OffloadExecutor(c, h, top_k=2) for c, h in zip(caches, hosts)]
     for cache, host in zip(caches[:2], hosts):  # layers 0 and 1 hold some experts
         lookup_reference(cache, torch.tensor([[4, 7]], dtype=torch.int32))
@@ -165,9 +174,11 @@ def test_layer_streamer_on_cpu():
         for s, e in enumerate(held):
             if e >= 0:
                 assert int(rows[e]) == s  # in place
-        region = x.cache.stream_bases[layer % 2]
+        base = x.cache.stream_bases[layer % buffers]  # the pool's regions in turn
         assert all(
-            int(rows[e]) >= region or held[int(rows[e])] == -1 for e in range(10) if e not in held
+            base <= int(rows[e]) < base + width or held[int(rows[e])] == -1
+            for e in range(num_experts)
+            if e not in held
         )
         streamer.exit(layer)
         assert x.streamed is None
@@ -175,3 +186,90 @@ def test_layer_streamer_on_cpu():
     for cache, table, copied in zip(caches, tables, (8, 8, 10)):
         assert all(torch.equal(cache.state()[k], v) for k, v in table.items())
         assert int(cache.counters[STAGING_COPIES]) == 1 and int(cache.counters[STREAMED]) == copied
+
+
+def _moe_set(num_experts: int, seed: int, hidden: int = 16, inter: int = 8) -> dict:
+    g = torch.Generator().manual_seed(seed)
+    return {
+        "w13": torch.randn(num_experts, 2 * inter, hidden, generator=g),
+        "w2": torch.randn(num_experts, hidden, inter, generator=g),
+    }
+
+
+class _Block(torch.nn.Module):
+    """A decoder layer stand-in holding several MoE layers, run one after the other."""
+
+    def __init__(self, executors) -> None:
+        super().__init__()
+        self.moes = torch.nn.ModuleList(_Layer(x) for x in executors)
+
+
+def _streamed_outputs(sets, blocks, buffers, chunks, top_k=2):
+    """The MoE outputs of each chunk through every MoE layer of `blocks` (lists of indices
+    into `sets`), decoder layer by decoder layer with the streamer, `buffers` regions a pool
+    (sets of one shape share a pool: `build_slot_caches` groups them)."""
+    order = [i for block in blocks for i in block]
+    hosts = [{k: v.clone() for k, v in sets[i].items()} for i in order]
+    counters = torch.zeros(len(order), NUM_COUNTERS, dtype=torch.int64)
+    slots = [3 if h["w13"].shape[0] == 10 else 5 for h in hosts]
+    caches, pools = build_slot_caches(hosts, slots, CPU, counters, 64, stream_buffers=buffers)
+    executors = [OffloadExecutor(c, h, top_k) for c, h in zip(caches, hosts)]
+    for x, host in zip(executors[::2], hosts[::2]):  # some experts in slots, used in place
+        lookup_reference(x.cache, torch.tensor([[1, 2]], dtype=torch.int32))
+        fill_reference(x.cache, host)
+    layers, start = [], 0
+    for block in blocks:
+        layers.append(_Block(executors[start : start + len(block)]))
+        start += len(block)
+    streamer, outs, k = LayerStreamer(CPU), [], 0
+    streamer.begin(layers)
+    for i, block in enumerate(blocks):
+        streamer.enter(i)
+        for _ in block:
+            outs.append([executors[k](h, ids[k], w[k]) for h, ids, w in chunks])
+            k += 1
+        streamer.exit(i)
+    streamer.end()
+    assert all(int(c.counters[STAGING_COPIES]) == 1 for c in caches)
+    return outs, pools
+
+
+@pytest.mark.parametrize("buffers", [1, 2])
+def test_streamed_pass_equals_resident(buffers):
+    """Decoder layers that each run several MoE layers in a row (two shapes: two pools),
+    streamed over three chunks: every output equals the resident one bit for bit, with one
+    stream buffer as with two."""
+    big = [_moe_set(10, seed=i) for i in range(3)]
+    small = [_moe_set(12, seed=9 + i) for i in range(2)]
+    sets = [big[0], small[0], big[1], small[1], big[2]]  # shapes A B | A B | A
+    blocks = [[0, 1], [2, 3], [4]]
+    g = torch.Generator().manual_seed(3)
+    chunks = []
+    for rows in (7, 16, 5):
+        hidden = torch.randn(rows, 16, generator=g)
+        ids = [torch.stack([torch.randperm(s["w13"].shape[0], generator=g)[:2]
+                            for _ in range(rows)]).to(torch.int32) for s in sets]  # fmt: skip
+        weights = [torch.softmax(torch.randn(rows, 2, generator=g), -1) for _ in sets]
+        chunks.append((hidden, ids, weights))
+    resident = [
+        [ResidentExecutor(sets[i])(h, ids[i], w[i]) for h, ids, w in chunks] for i in range(5)
+    ]
+    outs, pools = _streamed_outputs(sets, blocks, buffers, chunks)
+    assert [p.num_regions for p in pools] == [buffers, buffers]
+    for i, (got, want) in enumerate(zip(outs, resident)):
+        for a, b in zip(got, want):
+            assert torch.equal(a.view(torch.int32), b.view(torch.int32)), (buffers, i)
+
+
+def test_one_buffer_refuses_two_layers_of_a_pool_in_one_decoder_layer():
+    """Two MoE layers of one shape in one decoder layer need both at once: with one stream
+    buffer the streamer says so (naming the option), with two they run."""
+    sets = [_moe_set(10, seed=i) for i in range(2)]
+    hidden = torch.randn(4, 16)
+    ids = [torch.tensor([[0, 5]] * 4, dtype=torch.int32)] * 2
+    weights = [torch.full((4, 2), 0.5)] * 2
+    chunks = [(hidden, ids, weights)]
+    with pytest.raises(RuntimeError, match="--moe-offload-stream-buffers 2"):
+        _streamed_outputs(sets, [[0, 1]], 1, chunks)
+    outs, _ = _streamed_outputs(sets, [[0, 1]], 2, chunks)
+    assert torch.equal(outs[1][0], ResidentExecutor(sets[1])(hidden, ids[1], weights[1]))

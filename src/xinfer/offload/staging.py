@@ -2,13 +2,15 @@
 layer by layer across all its chunks, so each layer's experts cross PCIe once per prompt).
 
 For each offloaded MoE layer of the pass, in order, the experts that are not in the layer's
-slots are copied from pinned host memory into one of the pool's two staging regions
-(slot_pool.py) by the copy engine (packed tensors: their planes through a small device
-buffer, then unpacked from it: offload/packed_staging.py) on a side stream, while the
-previous layer computes on the main stream (double buffering: layer i uses region i mod 2).
-Experts already in slots are used in place. The executor then runs the unchanged MoE kernel
-on its slot view with every expert id mapped to its row (slot or region row). The slot
-tables are not touched."""
+slots are copied from pinned host memory into one of the pool's staging regions (its R
+stream buffers, slot_pool.py) by the copy engine (packed tensors: their planes through a
+small device buffer, then unpacked from it: offload/packed_staging.py) on a side stream.
+With two regions the copy overlaps the previous layer's compute on the main stream (double
+buffering: the pool's i-th layer uses region i mod 2); with one, a layer's copy starts when
+the previous layer of its pool has finished reading the region (its `exit`), so copies and
+compute take turns. Experts already in slots are used in place. The executor then runs the
+unchanged MoE kernel on its slot view with every expert id mapped to its row (slot or region
+row). The slot tables are not touched."""
 
 from __future__ import annotations
 
@@ -145,7 +147,8 @@ class LayerStreamer:
             if not self._prefetch(i):
                 raise RuntimeError(
                     "a decoder layer holds more offloaded MoE layers of one shape than the "
-                    "pool has streaming regions"
+                    f"pool has streaming regions ({len(self.executors[i].cache.stream_bases)}; "
+                    "--moe-offload-stream-buffers 2 gives two)"
                 )
         self._prefetch(self.plan[layer].stop)  # the next MoE layer's copy overlaps this one
         for i in self.plan[layer]:
