@@ -179,7 +179,7 @@ class EngineArgs(OptionSet):
     moe_prefetch_margin: float | None = option(
         None,
         "prefetch only predicted experts whose score beats the (k+1)-th by this much "
-        f"(default {DEFAULT_PREFETCH_MARGIN}; 0 on 4-bit experts gained 5% on the H100, "
+        f"(default {DEFAULT_PREFETCH_MARGIN}; 0 on 4-bit experts gained 5%% on the H100, "
         "see docs/moe_offload.md)",
         check=at_least(0),
     )

@@ -40,6 +40,7 @@ def test_every_option_has_help_and_the_parser_is_unambiguous():
     assert len(flags) == len(set(flags))
     for action in parser._actions:
         assert action.help and action.help.strip(), action.option_strings
+    assert "--moe-prefetch-margin" in parser.format_help()  # argparse %-formats every help
     for option_set in OPTION_SETS:
         for f, _ in option_set.options():
             assert f.metadata["help"], f.name
