@@ -21,12 +21,14 @@ from xinfer.config import (
     OFFLOAD_FILLS,
     OFFLOAD_POLICIES,
     PREFETCH_ISSUE_POINTS,
+    STREAM_BUFFER_CHOICES,
     CacheConfig,
     EngineConfig,
     OffloadConfig,
     SchedulerConfig,
     parse_dtype,
     parse_kv_dtype,
+    parse_stream_buffers,
 )
 from xinfer.errors import UserError
 from xinfer.model_source import resolve_model
@@ -207,6 +209,16 @@ class EngineArgs(OptionSet):
         "fill; other formats stay as they are)",
         env=envs.XINFER_MOE_OFFLOAD_COMPRESS,
     )
+    moe_offload_stream_buffers: str | int = option(
+        "auto",
+        "the prompt pass's device buffers for offloaded experts (E - S experts each): 2 copy "
+        "a layer while the previous one computes; 1 gives the second buffer's memory to the "
+        "slots (fewer misses in decode under a tight budget), but a long prompt's copies and "
+        "compute then take turns (its first token up to ~30%% later); auto: 1 where that buys "
+        "at least a fifth more slots, see docs/moe_offload.md",
+        check=_parses(parse_stream_buffers),
+        metavar="{" + ",".join(STREAM_BUFFER_CHOICES) + "}",
+    )
     moe_prefetch_fill: str | None = option(
         None,
         "how prefetch copies move to the GPU (default: as --moe-offload-fill): kernel or "
@@ -301,6 +313,7 @@ class EngineArgs(OptionSet):
             prefetch_fill=self.moe_prefetch_fill,
             prefetch_programs=self.moe_prefetch_programs,
             prefetch_issue=self.moe_prefetch_issue,
+            stream_buffers=parse_stream_buffers(self.moe_offload_stream_buffers),
             **kw,
         )
 

@@ -254,6 +254,20 @@ OFFLOAD_FILLS = ("kernel", "copy-engine")
 # frequent as its victim.
 OFFLOAD_POLICIES = ("lru", "lfu")
 PREFETCH_ISSUE_POINTS = ("after-fill", "before-lookup")
+# The prompt pass's stream buffers (offload/slot_pool.py regions): two overlap a layer's copy
+# with the previous layer's compute; one gives its E - S rows a layer to the slots instead.
+STREAM_BUFFER_CHOICES = ("auto", "1", "2")
+
+
+def parse_stream_buffers(value: str | int | None) -> int | None:
+    """`--moe-offload-stream-buffers`: "auto" (or None) → None (offload/sizing.py decides),
+    1 or 2 (as a number or a string) → that count, anything else a UserError."""
+    if value is None or (isinstance(value, str) and value.strip().lower() == "auto"):
+        return None
+    text = str(value).strip() if not isinstance(value, bool) else ""
+    if text not in STREAM_BUFFER_CHOICES[1:]:
+        raise UserError(f"--moe-offload-stream-buffers must be auto, 1 or 2, got {value!r}")
+    return int(text)
 
 
 @dataclass(frozen=True)
@@ -285,6 +299,9 @@ class OffloadConfig:
     # Keep bf16 experts packed in the host store (offload/packed.py): 12 bits an element
     # cross the link on a miss, unpacked bit for bit by the fill kernel.
     compress: bool = False
+    # The prompt pass's stream buffers (slot_pool.py regions): 1 or 2; None = chosen with
+    # the slots (offload/sizing.py `plan_slots`: one where it buys a fifth more slots).
+    stream_buffers: int | None = None
 
     def __post_init__(self) -> None:
         if self.policy not in OFFLOAD_POLICIES:
@@ -362,6 +379,17 @@ class OffloadConfig:
         if self.fraction is not None and not 0.0 < self.fraction <= 1.0:
             raise UserError(
                 f"MoE offload fraction must be in (0, 1] or 'auto', got {self.fraction}"
+            )
+        if self.stream_buffers is not None and self.stream_buffers not in (1, 2):
+            raise UserError(
+                f"MoE offload stream buffers must be 1 or 2 (None: auto), got "
+                f"{self.stream_buffers!r}"
+            )
+        if self.stream_buffers is not None and not self.is_enabled:
+            raise UserError(
+                f"--moe-offload-stream-buffers {self.stream_buffers} sizes the prompt pass's "
+                "buffers of offloaded experts: it needs MoE expert offload (--moe-offload or "
+                "XINFER_MOE_OFFLOAD)"
             )
         if self.reserve_gb < 0:
             raise UserError(f"MoE offload reserve must be >= 0 GB, got {self.reserve_gb}")

@@ -3,6 +3,8 @@ fractions and `auto`, the host-RAM check, profile mode, and the manager's API.""
 
 from __future__ import annotations
 
+from dataclasses import replace
+
 import pytest
 import torch
 from tiny_models import make_hf_model, prompts, write_checkpoint
@@ -14,7 +16,9 @@ from xinfer.offload import host_store
 from xinfer.offload.sizing import (
     GIB,
     LayerShape,
+    SlotPlan,
     auto_reserve_bytes,
+    choose_stream_buffers,
     device_bytes_for,
     plan_slots,
     slots_for_fraction,
@@ -86,21 +90,114 @@ def test_plan_slots_auto_and_budget():
     regions = 2 * (128 - 40) * 10_000_000  # overflow + 2nd streaming buffer: 2 (E - S) rows
     assert device_bytes_for(layers, 40) == 40 * 480_000_000 + regions
     budget = int(2.5 * GIB) + regions + 40 * 480_000_000 + 1000
-    assert plan_slots(layers, auto, budget) == 40
-    assert plan_slots(layers, auto, budget - 2000) == 39
-    assert plan_slots(layers, auto, None) == 128  # unbounded (CPU, no limit)
-    assert plan_slots(layers, auto, 10**13) == 128  # everything fits
+    assert plan_slots(layers, auto, budget) == SlotPlan(40, 2)  # 1 buffer: 41, not 1.2x
+    assert plan_slots(layers, auto, budget - 2000).slots == 39
+    assert plan_slots(layers, auto, None).slots == 128  # unbounded (CPU, no limit)
+    assert plan_slots(layers, auto, 10**13).slots == 128  # everything fits
     assert device_bytes_for(layers, 128) == 128 * 480_000_000  # no regions at E slots
     # packed experts: the prompt pass's buffer of 16 experts comes out of the same budget
     packed = OffloadConfig(is_auto=True, reserve_gb=2.5, compress=True)
     assert device_bytes_for(layers, 40, compress=True) == 40 * 480_000_000 + regions + 16e7
-    assert plan_slots(layers, packed, budget + 160_000_000) == 40
-    assert plan_slots(layers, packed, budget) == 39
+    assert plan_slots(layers, packed, budget + 160_000_000).slots == 40
+    assert plan_slots(layers, packed, budget).slots == 39
     assert device_bytes_for(layers, 128, compress=True) == 128 * 480_000_000  # nothing streams
     with pytest.raises(UserError, match="cannot fit 8 experts per layer"):
         plan_slots(layers, auto, int(3 * GIB))
     with pytest.raises(UserError, match="lower XINFER_MOE_OFFLOAD"):
         plan_slots(layers, OffloadConfig(fraction=0.5), int(10 * GIB))
+
+
+QWEN15 = [LayerShape(60, 4, 3 * 2048 * 1408 * 2)] * 24  # Qwen1.5-MoE-A2.7B bf16: 17.3 MB
+QWEN3 = [LayerShape(128, 8, 3 * 2048 * 768 * 2)] * 48  # Qwen3-30B-A3B bf16: 9.4 MB
+
+
+def test_device_bytes_for_one_and_two_stream_buffers():
+    expert = QWEN15[0].expert_bytes
+    slots = 7 * 24 * expert
+    assert device_bytes_for(QWEN15, 7, stream_buffers=1) == slots + 53 * expert
+    assert device_bytes_for(QWEN15, 7, stream_buffers=2) == slots + 2 * 53 * expert
+    assert device_bytes_for(QWEN15, 7) == slots + 2 * 53 * expert  # two by default
+    packed = 16 * expert  # the packed experts' staging buffer, whatever the count
+    assert device_bytes_for(QWEN15, 7, True, 1) == slots + 53 * expert + packed
+    for buffers in (1, 2):  # every expert on the device: no regions, nothing streams
+        assert device_bytes_for(QWEN15, 60, True, buffers) == 60 * 24 * expert
+
+
+def test_auto_takes_one_stream_buffer_under_a_tight_budget(caplog):
+    """Qwen1.5's shape where two buffers leave 7 slots: one gives 9 (>= 1.2 x 7), so `auto`
+    takes one and says so; forced counts are honoured."""
+    expert = QWEN15[0].expert_bytes
+    auto = OffloadConfig(is_auto=True, reserve_gb=0.0)
+    budget = device_bytes_for(QWEN15, 7) + expert  # 7 with two; with one 23 S <= 215: 9
+    with caplog.at_level("INFO", logger="xinfer"):
+        assert plan_slots(QWEN15, auto, budget) == SlotPlan(9, 1)
+    assert "one prompt-pass stream buffer (9 slots a layer instead of 7" in caplog.text
+    assert plan_slots(QWEN15, replace(auto, stream_buffers=2), budget) == SlotPlan(7, 2)
+    assert plan_slots(QWEN15, replace(auto, stream_buffers=1), budget) == SlotPlan(9, 1)
+    # the same shape with room: both counts give every expert, no regions at all
+    roomy = 60 * 24 * expert
+    assert plan_slots(QWEN15, auto, roomy) == SlotPlan(60, 2)
+    assert plan_slots(QWEN15, replace(auto, stream_buffers=1), roomy).slots == 60
+
+
+def test_auto_keeps_two_stream_buffers_where_one_buys_little(caplog):
+    """Qwen3-30B-A3B's shape at 38 slots with two buffers: one gives 39 (< 1.2 x 38): two."""
+    auto = OffloadConfig(is_auto=True, reserve_gb=0.0)
+    budget = device_bytes_for(QWEN3, 38) + 1000
+    with caplog.at_level("INFO", logger="xinfer"):
+        assert plan_slots(QWEN3, auto, budget) == SlotPlan(38, 2)
+    assert "two prompt-pass stream buffers (38 slots a layer; one would give 39" in caplog.text
+    assert plan_slots(QWEN3, replace(auto, stream_buffers=1), budget) == SlotPlan(39, 1)
+
+
+def test_choose_stream_buffers_rule():
+    """One buffer where it gives at least 1.2 x the slots of two (the second would cost a
+    sixth of the slots or more), or where only one fits; else two."""
+    assert choose_stream_buffers(9, 7) == 1
+    assert choose_stream_buffers(6, 5) == 1  # exactly 1.2 x
+    assert choose_stream_buffers(12, 10) == 1
+    assert choose_stream_buffers(11, 10) == 2
+    assert choose_stream_buffers(40, 38) == 2
+    assert choose_stream_buffers(60, 60) == 2  # every expert fits either way
+    assert choose_stream_buffers(4, None) == 1  # only one buffer fits top-k
+    assert choose_stream_buffers(None, None) == 2  # neither: the refusal names the budget
+
+
+def test_auto_refusals_with_stream_buffers():
+    """`auto` where not even top-k fit with the forced two but do with one: the refusal
+    says so; where neither fits, the usual refusal."""
+    expert = QWEN15[0].expert_bytes
+    auto = OffloadConfig(is_auto=True, reserve_gb=0.0)
+    budget = device_bytes_for(QWEN15, 4, stream_buffers=1)  # top-4 with one buffer only
+    assert budget < device_bytes_for(QWEN15, 4)
+    assert plan_slots(QWEN15, auto, budget) == SlotPlan(4, 1)
+    with pytest.raises(UserError, match=r"cannot fit 4 experts.*one stream buffer \(--moe-off"):
+        plan_slots(QWEN15, replace(auto, stream_buffers=2), budget)
+    with pytest.raises(UserError, match=r"cannot fit 4 experts per layer .*smaller model$"):
+        plan_slots(QWEN15, auto, budget - expert)
+
+
+def test_fixed_fraction_falls_back_to_one_stream_buffer(caplog):
+    """A fraction keeps two buffers where they fit, else one (said at start-up), else the
+    refusal; a forced count is honoured, and a forced two that only fits with one is refused
+    naming the option."""
+    fraction = OffloadConfig(fraction=0.2)  # 12 of 60 slots
+    one = device_bytes_for(QWEN15, 12, stream_buffers=1)
+    two = device_bytes_for(QWEN15, 12, stream_buffers=2)
+    assert plan_slots(QWEN15, fraction, two) == SlotPlan(12, 2)
+    assert plan_slots(QWEN15, fraction, None) == SlotPlan(12, 2)  # unbounded
+    with caplog.at_level("INFO", logger="xinfer"):
+        assert plan_slots(QWEN15, fraction, two - 1) == SlotPlan(12, 1)
+    assert "one prompt-pass stream buffer: 12 slots a layer fit" in caplog.text
+    assert plan_slots(QWEN15, fraction, one) == SlotPlan(12, 1)
+    with pytest.raises(UserError, match=r"0.2 needs .* lower XINFER_MOE_OFFLOAD or use"):
+        plan_slots(QWEN15, fraction, one - 1)
+    assert plan_slots(QWEN15, replace(fraction, stream_buffers=1), two) == SlotPlan(12, 1)
+    assert plan_slots(QWEN15, replace(fraction, stream_buffers=2), two) == SlotPlan(12, 2)
+    with pytest.raises(UserError, match=r"lower XINFER_MOE_OFFLOAD \(or --moe-offload-stream"):
+        plan_slots(QWEN15, replace(fraction, stream_buffers=2), two - 1)
+    with pytest.raises(UserError, match="lower XINFER_MOE_OFFLOAD or use"):
+        plan_slots(QWEN15, replace(fraction, stream_buffers=1), one - 1)
 
 
 def test_auto_on_cpu_with_memory_limit(ckpt):
@@ -109,16 +206,20 @@ def test_auto_on_cpu_with_memory_limit(ckpt):
     with pytest.raises(UserError, match="cannot fit 2 experts per layer"):
         LLM(ckpt, device="cpu", moe_offload="auto", gpu_memory_limit_gb=0.001)
     # Experts of 3 x 64 x 32 x 4 bytes; S slots in 3 layers plus 2 (8 - S) overflow and
-    # streaming rows: a budget of 20 expert rows fits S = 4 (4 * 3 + 2 * 4 = 20).
+    # streaming rows: a budget of 20 expert rows fits S = 4 (4 * 3 + 2 * 4 = 20); with one
+    # stream buffer of 8 - S rows S = 6 (6 * 3 + 2 = 20), 1.5x: `auto` takes one buffer.
     row = 3 * 64 * 32 * 4
-    small = LLM(
-        ckpt,
-        device="cpu",
-        moe_offload="auto",
-        moe_offload_reserve_gb=0.0,
-        gpu_memory_limit_gb=(_dense_bytes(full) + 20 * row + 100) / GIB,
-    )
-    assert small.offload_stats()["slots_per_layer"] == [4, 4, 4]
+    limit = (_dense_bytes(full) + 20 * row + 100) / GIB
+    kw = dict(device="cpu", moe_offload="auto", moe_offload_reserve_gb=0.0)
+    small = LLM(ckpt, **kw, gpu_memory_limit_gb=limit)
+    st = small.offload_stats()
+    assert (st["slots_per_layer"], st["stream_buffers"]) == ([6, 6, 6], 1)
+    assert st["staging_gb"] == 2 * row / 1e9  # one region of 8 - 6 rows
+    two = LLM(ckpt, **kw, gpu_memory_limit_gb=limit, moe_offload_stream_buffers=2)
+    st = two.offload_stats()
+    assert (st["slots_per_layer"], st["stream_buffers"]) == ([4, 4, 4], 2)
+    assert st["staging_gb"] == 2 * 4 * row / 1e9
+    assert full.offload_stats()["stream_buffers"] == 0  # every expert resident: none
 
 
 def _dense_bytes(llm) -> int:
@@ -330,10 +431,10 @@ def test_auto_keeps_what_one_full_sequence_needs():
     regions = 2 * (128 - 40) * 10_000_000
     budget = int(2.5 * GIB) + regions + 40 * 480_000_000 + 1000
     assert auto_reserve_bytes(auto, int(GIB)) == int(2.5 * GIB)  # the reserve is enough
-    assert plan_slots(layers, auto, budget, int(GIB)) == 40
+    assert plan_slots(layers, auto, budget, int(GIB)).slots == 40
     more = int(2.5 * GIB) + 3 * 480_000_000  # three slots' worth more than the reserve
     assert auto_reserve_bytes(auto, more) == more
-    assert plan_slots(layers, auto, budget, more) == 36  # regions grow by 2 rows per slot less
+    assert plan_slots(layers, auto, budget, more).slots == 36  # regions: 2 rows per slot less
     with pytest.raises(UserError, match="one --max-model-len sequence's KV cache"):
         plan_slots(layers, auto, budget, budget)
 
@@ -430,3 +531,61 @@ def test_compress_option():
         OffloadConfig(fraction=0.2, compress=True, fill="copy-engine")
     with pytest.raises(UserError, match="copy engine only copies bytes"):
         OffloadConfig(fraction=0.2, compress=True, prefetch_distance=1, prefetch_fill="copy-engine")
+
+
+def test_stream_buffers_option():
+    """`--moe-offload-stream-buffers`: auto (None), 1 or 2, as a string (the command line)
+    or a number (LLM's keyword); anything else, or 1 or 2 without offload, is one sentence."""
+    from xinfer import __version__
+    from xinfer.args import EngineArgs, build_parser
+
+    assert OffloadConfig(fraction=0.2).stream_buffers is None
+    assert EngineArgs(moe_offload=0.2).offload_config().stream_buffers is None
+    for value, want in (("auto", None), ("1", 1), (2, 2), (" 2 ", 2)):
+        args = EngineArgs(moe_offload="auto", moe_offload_stream_buffers=value)
+        assert args.offload_config().stream_buffers == want, value
+    argv = ["--moe-offload", "0.3", "--moe-offload-stream-buffers", "1"]
+    args = EngineArgs.from_namespace(build_parser(__version__).parse_args(argv))
+    assert args.create_engine_config().offload.stream_buffers == 1
+    for bad in ("3", "0", "two", 3, ""):
+        with pytest.raises(UserError, match="^--moe-offload-stream-buffers must be auto, 1 or 2"):
+            EngineArgs(moe_offload=0.2, moe_offload_stream_buffers=bad)
+    for bad in (True, 1.0):
+        with pytest.raises(UserError, match="must be a string or an integer, got"):
+            EngineArgs(moe_offload=0.2, moe_offload_stream_buffers=bad)
+    with pytest.raises(UserError, match="stream buffers must be 1 or 2 .None: auto., got 3"):
+        OffloadConfig(fraction=0.2, stream_buffers=3)
+    assert not EngineArgs(moe_offload_stream_buffers="auto").offload_config().is_enabled
+    for value in (1, "2"):
+        with pytest.raises(UserError, match=r"buffers \d sizes .* it needs MoE expert offload"):
+            EngineArgs(moe_offload_stream_buffers=value).offload_config()
+    with pytest.raises(UserError, match="it needs MoE expert offload"):
+        OffloadConfig(stream_buffers=1)
+
+
+def test_stream_buffers_where_nothing_streams_is_said(ckpt, caplog):
+    """Every expert on the device: no stream buffers (stats 0), and a count given says it has
+    no effect rather than being dropped silently."""
+    with caplog.at_level("INFO", logger="xinfer"):
+        llm = LLM(ckpt, device="cpu", moe_offload=1.0, moe_offload_stream_buffers=1)
+    assert llm.offload_stats()["stream_buffers"] == 0
+    assert "--moe-offload-stream-buffers 1 has no effect: every layer keeps" in caplog.text
+
+
+@pytest.mark.parametrize("arch", ["mixtral", "qwen3_moe"])  # all MoE; a dense layer between
+def test_one_stream_buffer_greedy_equals_no_offload(arch, ckpt, tmp_path):
+    """--moe-offload-stream-buffers 1: a prompt longer than the step budget takes the prompt
+    pass (each offloaded layer streamed once, every one into the same region) and the greedy
+    tokens are those of the engine without offload, and of two buffers."""
+    path = ckpt if arch == "mixtral" else str(write_checkpoint(make_hf_model(arch), tmp_path))
+    long_prompt = (prompts(4, seed=5)[3] * 2)[:45]
+    batch = [long_prompt, *prompts(2)]
+    kw = dict(device="cpu", max_num_batched_tokens=16)
+    want = [r.token_ids for r in LLM(path, **kw).generate(batch, GREEDY)]
+    for buffers in ("1", 2):
+        llm = LLM(path, **kw, moe_offload=0.25, moe_offload_stream_buffers=buffers)
+        got = [r.token_ids for r in llm.generate(batch, GREEDY)]
+        st = llm.offload_stats()
+        assert st["stream_buffers"] == int(buffers)
+        assert st["staging_copies"] >= st["offloaded_layers"] > 0  # a prompt pass ran
+        assert got == want, (arch, buffers)

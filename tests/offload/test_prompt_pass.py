@@ -92,18 +92,26 @@ def test_preempted_or_aborted_pass_is_dropped():
 
 def test_pass_equals_chunked_path(tmp_path):
     """A 70-token prompt with a 16-token budget: layer by layer over 5 chunks == chunk by
-    chunk, bit for bit (the same kernel calls), resident and offloaded."""
+    chunk, bit for bit (the same kernel calls), resident and offloaded with two stream
+    buffers and with one (every decoder layer MoE: each waits for the one before)."""
     path = write_checkpoint(make_hf_model("olmoe", seed=2, num_experts=16), tmp_path)
     prompt = (prompts(4, seed=6)[3] * 3)[:70]
     params = SamplingParams(max_tokens=6, temperature=0.0, ignore_eos=True)
     outs = []
-    for layered, frac in ((False, None), (True, None), (True, 0.25)):
-        llm = LLM(str(path), device="cpu", moe_offload=frac, max_num_batched_tokens=16)
+    for layered, frac, buffers in (
+        (False, None, "auto"),
+        (True, None, "auto"),
+        (True, 0.25, "2"),
+        (True, 0.25, "1"),
+    ):
+        llm = LLM(str(path), device="cpu", moe_offload=frac, max_num_batched_tokens=16,
+                  moe_offload_stream_buffers=buffers)  # fmt: skip
         llm.engine.scheduler.layered_prompts = layered
         outs.append(llm.generate(prompt, params)[0].token_ids)
         if frac is not None:
-            assert llm.offload_stats()["staging_copies"] == llm.offload_stats()["num_layers"]
-    assert outs[0] == outs[1] == outs[2]
+            st = llm.offload_stats()
+            assert st["staging_copies"] == st["num_layers"] and st["stream_buffers"] == int(buffers)
+    assert outs[0] == outs[1] == outs[2] == outs[3]
 
 
 def test_hybrid_pass_abort_between_slices(tmp_path):

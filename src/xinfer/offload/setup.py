@@ -30,11 +30,12 @@ from xinfer.offload.packed_staging import PackedStager
 from xinfer.offload.sizing import (
     GIB,
     LayerShape,
+    SlotPlan,
     auto_reserve_bytes,
     device_budget_bytes,
     plan_slots,
 )
-from xinfer.offload.slot_pool import SlotPool, build_slot_caches
+from xinfer.offload.slot_pool import MAX_STREAM_BUFFERS, SlotPool, build_slot_caches
 from xinfer.offload.staging import LayerStreamer
 from xinfer.offload.stats import CallProfile, OffloadStats, format_summary
 
@@ -129,13 +130,13 @@ def enable_offload(
         first = next(iter(layer.expert_tensors.values()))
         row_bytes = sum(t[0].numel() * t.element_size() for t in layer.expert_tensors.values())
         shapes.append(LayerShape(first.shape[0], layer.top_k, row_bytes))
-    if any(_is_on(layer, device) for layer in layers):
-        num_slots = max((s.num_experts for s in shapes), default=0)  # built in place
+    if any(_is_on(layer, device) for layer in layers):  # built in place: all resident
+        plan = SlotPlan(max((s.num_experts for s in shapes), default=0), MAX_STREAM_BUFFERS)
     else:
         resident = sum(p.numel() * p.element_size() for p in model.parameters())
         resident += sum(b.numel() * b.element_size() for b in model.buffers())
         budget = device_budget_bytes(device, engine_config.gpu_memory_limit_gb, resident)
-        num_slots = plan_slots(shapes, offload, budget, min_free_bytes)
+        plan = plan_slots(shapes, offload, budget, min_free_bytes)
         reserve = auto_reserve_bytes(offload, min_free_bytes)
         if offload.is_auto and budget is not None and reserve > int(offload.reserve_gb * GIB):
             logger.info(
@@ -150,7 +151,7 @@ def enable_offload(
     stats = OffloadStats(len(layers), device, offload.policy)
     profile = CallProfile(device) if offload.is_profile else None
     stats.profile = profile
-    slots = [min(num_slots, sh.num_experts) for sh in shapes]
+    slots = [min(plan.slots, sh.num_experts) for sh in shapes]
     offloaded = []  # indices of the layers whose experts do not all fit
     for i, (layer, shape) in enumerate(zip(layers, shapes)):
         stats.expert_bytes.append(shape.expert_bytes)
@@ -221,6 +222,7 @@ def enable_offload(
         [stats.counters[i] for i in offloaded],  # each layer's row (a view) of the stats
         max_call_tokens * top_k,
         offload.policy,
+        plan.stream_buffers,
     )  # allocated now, so that the KV cache sized next leaves room for them
     executors = []
     bounce = _copy_engine_buffers(offload, device)  # checked even when nothing is offloaded
@@ -235,6 +237,7 @@ def enable_offload(
     stats.pinned_bytes = store.nbytes if store.is_pinned else 0
     regions = sum(p.region_nbytes for p in pools)
     stats.staging_buffer_bytes = regions + (stager.nbytes if stager else 0)
+    stats.stream_buffers = plan.stream_buffers if pools else 0  # none: nothing streams
     _log_summary(offload, shapes, stats, store)
     if executors:
         stats.link = check_link(executors[0], device)
@@ -359,6 +362,12 @@ def _log_summary(
             len(shapes),
         )
     if num_resident == len(shapes):
+        if offload.stream_buffers is not None:
+            logger.info(
+                "MoE offload: --moe-offload-stream-buffers %d has no effect: every layer keeps "
+                "all its experts on the device, nothing streams",
+                offload.stream_buffers,
+            )
         return
     if store.is_pinned:
         logger.info("MoE offload: %.2f GB of experts pinned in host RAM", store.nbytes / GB)
@@ -370,7 +379,10 @@ def _log_summary(
         if not resident
     )
     logger.info(
-        "MoE offload: %.2f GB of expert slots, %.2f GB of overflow / streaming rows",
+        "MoE offload: %.2f GB of expert slots, %.2f GB of overflow / streaming rows (%s)",
         slot_bytes / GB,
         stats.staging_buffer_bytes / GB,
+        "one prompt-pass stream buffer"
+        if stats.stream_buffers == 1
+        else f"{stats.stream_buffers} prompt-pass stream buffers",
     )

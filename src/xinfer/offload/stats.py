@@ -23,7 +23,8 @@ host store, `--moe-offload-compress`), slots_per_layer (all E for a resident lay
 num_experts, num_layers, resident_layers (layers whose every expert fits on the device: they
 run resident, with no slots, lookups or copies, so their counters stay 0), offloaded_layers,
 pinned_gb, slot_gb (offloaded layers' slots), resident_gb, staging_gb (the shared overflow /
-streaming regions), device, on CUDA host_read_gbps and link_gbps (the fill kernel reading
+streaming regions), stream_buffers (the prompt pass's, 1 or 2: offload/sizing.py; 0 when no
+layer is offloaded), device, on CUDA host_read_gbps and link_gbps (the fill kernel reading
 the host store, and the copy engine, timed at start-up: offload/link_check.py) and, with
 XINFER_MOE_OFFLOAD_PROFILE=1, "profile" (seconds summed over calls, and call count). Each
 entry of "layers" says `resident`.
@@ -122,6 +123,7 @@ class OffloadStats:
         self.is_resident: list[bool] = []  # per layer: all experts on the device
         self.pinned_bytes = 0
         self.staging_buffer_bytes = 0  # device memory of the staging rows and buffers
+        self.stream_buffers = 0  # the prompt pass's stream buffers (slot_pool.py regions)
         self.profile: CallProfile | None = None
         # (L, NUM_PREFETCH_COUNTERS) int64, columns as in prefetch_table.py (prefetch on)
         self.prefetch_counters = torch.zeros(
@@ -174,6 +176,7 @@ class OffloadStats:
             "slot_gb": sum(s * b for s, b, resident in per_layer if not resident) / GB,
             "resident_gb": sum(s * b for s, b, resident in per_layer if resident) / GB,
             "staging_gb": self.staging_buffer_bytes / GB,
+            "stream_buffers": self.stream_buffers,
             "device": str(self.device),
             "layers": layers,
         }
