@@ -91,6 +91,9 @@ def build_parser() -> argparse.ArgumentParser:
     )
     a("--compress", action="store_true",
       help="--moe-offload-compress for the offload engines (bf16 experts packed, 12 bits)")  # fmt: skip
+    a("--stream-buffers", default="auto", choices=("auto", "1", "2"),
+      help="--moe-offload-stream-buffers of the offload engines (the prompt pass's buffers; "
+      "the rows name the count each engine took)")  # fmt: skip
     a(
         "--prefetch-issue",
         default="after-fill",
@@ -147,6 +150,7 @@ def plan_jobs(args: argparse.Namespace) -> list[dict]:
                 max_num_batched_tokens=args.max_num_batched_tokens, prefetch=0,
                 prefetch_margin=args.prefetch_margin, fill=args.fill, policy=args.policy,
                 compress=args.compress, prefetch_issue=args.prefetch_issue,
+                stream_buffers=args.stream_buffers,
                 prefetch_fill=args.prefetch_fill,
                 prefetch_programs=args.prefetch_programs)  # fmt: skip
     jobs = []
@@ -247,7 +251,7 @@ def collect(results: list[dict], bandwidth_gbps: float | None) -> tuple[list[dic
         if r["ttft"]:
             entry = ttft.setdefault(r["rate"], {"rate": r["rate"], "ttft": []})
             entry["ttft"] += r["ttft"]
-            for key in ("slots", "num_experts"):
+            for key in ("slots", "num_experts", "stream_buffers"):
                 entry.setdefault(key, r.get(key))
     return decode, list(ttft.values())
 
@@ -267,6 +271,17 @@ def prefetch_fill_note(meta: dict, results: list[dict] = ()) -> str:
     if not used:
         return note
     return note + f" ({'/'.join(map(str, used))} prefetch fill programs, the default)"
+
+
+def stream_buffers_note(meta: dict, results: list[dict] = ()) -> str:
+    """', prompt-pass stream buffers auto (1 and 2 taken)': the setting, and the counts the
+    offload engines (`results`) report (the rows name each engine's)."""
+    taken = sorted({r["stream_buffers"] for r in results if r.get("stream_buffers")})
+    setting = meta.get("stream_buffers") or "auto"
+    if not taken:
+        return f", prompt-pass stream buffers {setting}" if setting != "auto" else ""
+    counts = " and ".join(map(str, taken))
+    return f", prompt-pass stream buffers {setting} ({counts} taken)"
 
 
 def prefetch_setting(meta: dict) -> str:
@@ -294,7 +309,7 @@ def write(out: Path, meta: dict, results: list[dict]) -> str:
         f"{meta.get('prefetch_issue', 'before-lookup')}), fill `{meta.get('fill', 'kernel')}`, "
         f"slot policy `{meta.get('policy', 'lfu')}`"
         f"{', experts packed (--moe-offload-compress)' if meta.get('compress') else ''}"
-        f"{prefetch_fill_note(meta, results)}:",
+        f"{prefetch_fill_note(meta, results)}{stream_buffers_note(meta, results)}:",
         "",
         decode_report.decode_table(decode),
         "",
@@ -319,6 +334,8 @@ def write(out: Path, meta: dict, results: list[dict]) -> str:
                   decode_report.ttft_table(ttft), ""]  # fmt: skip
     for r in results:
         engine = f"rate {r['rate']}" + (f", prefetch {r['prefetch']}" if r.get("prefetch") else "")
+        if r.get("stream_buffers"):
+            engine += f", {r['stream_buffers']} prompt-pass stream buffers"
         lines.append(f"- {engine}: load {decode_report._f(r.get('load_s'), '.1f')} s"
                      + (f", FAILED: {r['error']}" if r.get("error") else ""))  # fmt: skip
     page = "\n".join(lines) + "\n"
@@ -346,7 +363,7 @@ def main(argv: list[str] | None = None, script: str | None = None) -> int:
             "gpu_memory_limit_gb": args.gpu_memory_limit_gb,
             "prefetch": list(dict.fromkeys(int_list(args.prefetch))) or [0],
             "prefetch_margin": args.prefetch_margin, "fill": args.fill, "policy": args.policy,
-            "compress": args.compress,
+            "compress": args.compress, "stream_buffers": args.stream_buffers,
             "prefetch_issue": args.prefetch_issue, "prefetch_fill": args.prefetch_fill,
             "prefetch_programs": args.prefetch_programs,
             "command": "python3 " + " ".join([script or sys.argv[0], *(argv or sys.argv[1:])])}  # fmt: skip

@@ -63,6 +63,7 @@ def _offload_summary(llm: LLM) -> dict:
     return {
         "slots_per_layer": min(s["slots_per_layer"]),
         "num_experts": max(s["num_experts"]),
+        "stream_buffers": s.get("stream_buffers"),  # the prompt pass's, as the engine took
         "hit_rate": round(s["hit_rate"], 3),
         "gb_moved": round(s["bytes_moved"] / 1e9, 2),
     }
@@ -108,6 +109,9 @@ def build_parser() -> argparse.ArgumentParser:
     )
     ap.add_argument("--compress", action="store_true",
                     help="--moe-offload-compress for the budget run (bf16 experts packed)")  # fmt: skip
+    ap.add_argument("--stream-buffers", default="auto", choices=("auto", "1", "2"),
+                    help="--moe-offload-stream-buffers of the budget run (the prompt pass's "
+                    "buffers; the row's stream_buffers is the count the engine took)")  # fmt: skip
     ap.add_argument("--prefetch", type=int, default=DEFAULT_PREFETCH_DISTANCE,
                     help="--moe-prefetch of the budget run (layers ahead; 0: off; default: "
                     "the engine's)")  # fmt: skip
@@ -136,6 +140,9 @@ def engine_runs(args: argparse.Namespace) -> list[tuple[str, dict]]:
         if args.compress:
             budget["moe_offload_compress"] = True
             where += " packed"
+        if args.stream_buffers != "auto":  # rows name a forced count
+            budget["moe_offload_stream_buffers"] = args.stream_buffers
+            where += f" {args.stream_buffers} stream buffer" + ("s" * (args.stream_buffers != "1"))
         budget["moe_prefetch"] = args.prefetch  # rows before 2026-12-06 ran without it
         if args.prefetch:
             where += f" prefetch {args.prefetch}"

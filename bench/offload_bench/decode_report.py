@@ -16,14 +16,26 @@ from __future__ import annotations
 NA = "—"
 
 
-def rate_label(rate: str, slots: list[int] | None = None, num_experts: int | None = None) -> str:
-    """'none', '10% (13/128)', 'auto (37/128)'."""
+def rate_label(
+    rate: str,
+    slots: list[int] | None = None,
+    num_experts: int | None = None,
+    stream_buffers: int | None = None,
+) -> str:
+    """'none', '10% (13/128)', 'auto (37/128)', with the prompt pass's stream buffers the
+    engine reports (0 or unknown: not named) 'auto (9/60, 1 stream buffer)'."""
     if rate == "0":
         return "none (resident)"
     label = "auto" if rate == "auto" else f"{100 * float(rate):g}%"
-    if slots and num_experts:
-        return f"{label} ({min(slots)}/{num_experts})"
-    return label
+    parts = [f"{min(slots)}/{num_experts}"] if slots and num_experts else []
+    if stream_buffers:
+        parts.append(f"{stream_buffers} stream buffer" + ("s" if stream_buffers > 1 else ""))
+    return f"{label} ({', '.join(parts)})" if parts else label
+
+
+def row_label(r: dict) -> str:
+    """A row's (or TTFT entry's) rate label from what its engine reported."""
+    return rate_label(r["rate"], r.get("slots"), r.get("num_experts"), r.get("stream_buffers"))
 
 
 def prefetch_label(distance: int | None, predictor: str | None = None) -> str:
@@ -147,7 +159,7 @@ def decode_table(rows: list[dict]) -> str:
     )
     lines = [head]
     for r in sorted(rows, key=_order):
-        label = rate_label(r["rate"], r.get("slots"), r.get("num_experts"))
+        label = row_label(r)
         prefetch = NA if r["rate"] == "0" else prefetch_label(r.get("prefetch"))
         if "step_ms" not in r:
             cells = f"| {label} | {prefetch} | {r['batch']} | {r.get('error', 'did not run')} |"
@@ -182,7 +194,7 @@ def packed_table(rows: list[dict]) -> str:
         "|---|---|---|---|---|---|",
     ]
     for r in sorted(rows, key=_order):
-        label = rate_label(r["rate"], r.get("slots"), r.get("num_experts"))
+        label = row_label(r)
         lines.append(
             f"| {label} | {r['batch']} | {_f(r.get('gb_per_token'), '.3f')} | "
             f"{r['unpacked_gb_per_token']:.3f} | "
@@ -202,7 +214,7 @@ def prefetch_table(rows: list[dict]) -> str:
         "|---|---|---|---|---|---|---|---|---|---|",
     ]
     for r in sorted(rows, key=_order):
-        label = rate_label(r["rate"], r.get("slots"), r.get("num_experts"))
+        label = row_label(r)
         tokens = r["steps"] * r["batch"]
         lines.append(
             f"| {label} | {prefetch_label(r['prefetch'], r.get('predictor'))} | {r['batch']} | "
@@ -239,7 +251,7 @@ def ttft_table(rows: list[dict]) -> str:
             cells.append(
                 f"{t['ttft_s']:.2f} s ({t['tokens'] / t['ttft_s'] / 1e3:.1f}k tok/s{gb}{first})"
             )
-        label = rate_label(r["rate"], r.get("slots"), r.get("num_experts"))
+        label = row_label(r)
         lines.append(f"| {label} | " + " | ".join(cells) + " |")
     return "\n".join(lines)
 

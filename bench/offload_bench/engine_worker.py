@@ -58,6 +58,7 @@ def engine_kwargs(cfg: dict) -> dict:
         kw["moe_offload_policy"] = cfg.get("policy") or "lfu"
         if cfg.get("compress"):
             kw["moe_offload_compress"] = True
+        kw["moe_offload_stream_buffers"] = cfg.get("stream_buffers") or "auto"
     if cfg["rate"] == "auto":  # fractions size themselves; auto from the (limited) GPU
         kw["gpu_memory_limit_gb"] = cfg["gpu_memory_limit_gb"]
     if cfg.get("reserve_gb") is not None:
@@ -219,7 +220,8 @@ def run(cfg: dict) -> dict:
     if stats is not None:
         out.update(slots=stats["slots_per_layer"] or None, num_experts=max(stats["num_experts"]),
                    resident_layers=stats.get("resident_layers"),
-                   compressed=stats.get("compressed", False))  # fmt: skip
+                   compressed=stats.get("compressed", False),
+                   stream_buffers=stats.get("stream_buffers"))  # fmt: skip
         if manager.executors:
             out["expert_bytes"] = manager.executors[0].cache.expert_bytes
         if "prefetch" in stats:  # {"distance", "predictor"}, the margin and fill programs
@@ -229,10 +231,12 @@ def run(cfg: dict) -> dict:
             out["prefetch_fill_programs"] = manager.prefetcher.fill_programs
     name = f"rate {cfg['rate']}" + (f" prefetch {out['prefetch']}" if out["prefetch"] else "")
     phases = ", ".join(f"{k} {v:.1f}" for k, v in out["load_phases_s"].items())
-    print(f"[{name}] loaded in {out['load_s']:.1f} s ({phases})", flush=True)
+    buffers = f", {out['stream_buffers']} stream buffers" if out.get("stream_buffers") else ""
+    print(f"[{name}] loaded in {out['load_s']:.1f} s ({phases}){buffers}", flush=True)
     for batch, warm, timed in zip(cfg.get("batches") or [], cfg["warmup"], cfg["steps"]):
         row = decode_row(llm, cfg, batch, warm, timed)
-        keys = ("prefetch", "slots", "num_experts", "expert_bytes", "predictor", "compressed")
+        keys = ("prefetch", "slots", "num_experts", "expert_bytes", "predictor", "compressed",
+                "stream_buffers")  # fmt: skip
         row.update({k: out[k] for k in keys if k in out})
         out["decode"].append(row)
         print(f"[{name}] batch {batch}: {row['step_ms']:.2f} ms/step, "

@@ -257,7 +257,9 @@ def test_end_to_end_on_cpu(tmp_path):
     [ttft] = data["ttft"]
     assert [t["tokens"] for t in ttft["ttft"]] == [40] and ttft["ttft"][0]["ttft_s"] > 0
     page = out.with_suffix(".md").read_text()
-    assert "| 25% (4/16) | off | 1 |" in page and "| 25% (4/16) | 1 ahead | 3 |" in page
+    label = "25% (4/16, 2 stream buffers)"  # a fraction that fits keeps two
+    assert f"| {label} | off | 1 |" in page and f"| {label} | 1 ahead | 3 |" in page
+    assert ttft["stream_buffers"] == 2 and f"| {label} | " in page.split("Time to first")[1]
     assert "prefetch off and 1 ahead (margin 0)" in page and "40 tokens" in page
     assert "prefetch fill programs" not in page  # no fill kernel on CPU: no count reported
 
@@ -405,3 +407,36 @@ def test_the_page_names_the_prefetch_fill_programs():
     assert bench.prefetch_fill_note({"prefetch": [0], "fill": "kernel"}) == ""
     ce = {**on, "prefetch_fill": "copy-engine"}
     assert bench.prefetch_fill_note(ce) == ", prefetch fill `copy-engine`"
+
+
+def test_stream_buffers_reach_the_offload_engines_and_the_rows_name_them():
+    """`--stream-buffers` goes to every offload engine's `--moe-offload-stream-buffers` (not
+    the resident one's); each row's label names the count its engine reports, and the page
+    the setting with the counts taken."""
+    args = bench.build_parser().parse_args(
+        ["--stream-buffers", "1", "--rates", "0.1", "--ttft-tokens", ""]
+    )
+    kws = [engine_worker.engine_kwargs(j) for j in bench.plan_jobs(args)]
+    assert "moe_offload_stream_buffers" not in kws[0]
+    assert kws[1]["moe_offload_stream_buffers"] == "1"
+    default = bench.plan_jobs(bench.build_parser().parse_args(["--rates", "0.1"]))
+    assert engine_worker.engine_kwargs(default[1])["moe_offload_stream_buffers"] == "auto"
+    with pytest.raises(SystemExit):
+        bench.build_parser().parse_args(["--stream-buffers", "3"])
+    assert rep.rate_label("auto", [9] * 24, 60, 1) == "auto (9/60, 1 stream buffer)"
+    assert rep.rate_label("0.1", [13], 128, 2) == "10% (13/128, 2 stream buffers)"
+    assert rep.rate_label("0.1", None, None, 2) == "10% (2 stream buffers)"
+    assert rep.rate_label("1", [8], 8, 0) == "100% (8/8)"  # all resident: none
+    rows = [_row("0", 1, 3.0), _row("auto", 1, 4.0, slots=[9], num_experts=60, stream_buffers=1)]
+    rep.add_limits(rows, 55.0)
+    assert rep.decode_table(rows).splitlines()[-1].startswith("| auto (9/60, 1 stream buffer) |")
+    results = [{"rate": "0"}, {"rate": "auto", "stream_buffers": 1},
+               {"rate": "0.5", "stream_buffers": 2}]  # fmt: skip
+    meta = {"stream_buffers": "auto"}
+    assert bench.stream_buffers_note(meta, results) == (
+        ", prompt-pass stream buffers auto (1 and 2 taken)"
+    )
+    assert bench.stream_buffers_note(meta, results[:1]) == ""
+    assert bench.stream_buffers_note({"stream_buffers": "1"}, []) == (
+        ", prompt-pass stream buffers 1"
+    )

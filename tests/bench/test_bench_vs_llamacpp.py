@@ -29,3 +29,10 @@ def test_the_runs_carry_their_options():
     assert runs[1][1]["moe_prefetch"] == 2
     runs = vs.engine_runs(parse(base + ["--budget-gb", "12", "--prefetch", "0"]))
     assert runs[1] == ("12 GB auto", {**runs[1][1], "moe_prefetch": 0})  # off, said as before
+    runs = vs.engine_runs(parse(base + ["--budget-gb", "12", "--stream-buffers", "1"]))
+    assert runs[1][0] == "12 GB auto 1 stream buffer prefetch 2"
+    assert runs[1][1]["moe_offload_stream_buffers"] == "1"
+    runs = vs.engine_runs(parse(base + ["--budget-gb", "12", "--stream-buffers", "2"]))
+    assert runs[1][0] == "12 GB auto 2 stream buffers prefetch 2"
+    auto = vs.engine_runs(parse(base + ["--budget-gb", "12"]))[1][1]
+    assert "moe_offload_stream_buffers" not in auto  # the engine's auto
