@@ -7,14 +7,14 @@ The buffer count (`--moe-offload-stream-buffers`, `auto` unless forced to 1 or 2
 buffer is E - S rows of every layer's shape, the price of a few slots a layer where the
 budget is tight. Two let a long prompt's pass copy layer i+1 while layer i computes; one
 gives its rows to the slots, and the pass copies and computes in turn. With `auto` slots,
-`auto` takes one buffer where that buys at least STREAM_BUFFER_GAIN (a fifth) more slots
-a layer, i.e. where the second buffer would cost at least a sixth of the slots: Qwen1.5-MoE-
-A2.7B bf16 at 12 GB (24 layers, 17.3 MB experts) gets 7 of 60 slots with two buffers
-(2 × 53 × 17.3 MB = 1.83 GB of regions) and 9 with one, which a slot-policy simulation puts
-at ~16% fewer missed expert bytes in a decode that is link-bound there, for long prompts'
-first tokens up to ~30% later where they are copy-bound; Qwen3-30B-A3B bf16 at 24 GB gets
-38 of 128 with two and ~40 with one (5%): two. A fixed fraction keeps two buffers where
-they fit, else one (said at start-up)."""
+`auto` takes one buffer where that buys at least STREAM_BUFFER_GAIN (1.2) times the slots
+a layer, i.e. where the second buffer would cost at least a sixth of the slots. Why 1.2:
+Qwen1.5-MoE-A2.7B bf16 at 12 GB (24 layers, 17.3 MB experts) gets 7 of 60 slots with two
+buffers (2 × 53 × 17.3 MB = 1.83 GB of regions) and 9 with one, which a slot-policy
+simulation puts at ~16% fewer missed expert bytes in a decode that is link-bound there, for
+long prompts' first tokens up to ~30% later where they are copy-bound: one. Qwen3-30B-A3B
+bf16 at 24 GB gets 38 of 128 with two and ~40 with one (5% more): two. A fixed fraction
+keeps two buffers where they fit, else one (said at start-up)."""
 
 from __future__ import annotations
 
