@@ -141,9 +141,11 @@ def test_lookup_and_fill_replay_in_cuda_graph(rows, policy):
     replay_lookup_and_fill(rows, kernel_fill, seed=1, steps=100, policy=policy)
 
 
-def _pooled_executors(num_layers: int, num_experts: int, num_slots: int, top_k: int):
+def _pooled_executors(
+    num_layers: int, num_experts: int, num_slots: int, top_k: int, stream_buffers: int = 2
+):
     """Resident executors and, twice, offload executors over one slot pool (as the engine
-    builds them): bf16 w13/w2 of hidden 128, intermediate 64."""
+    builds them, with `stream_buffers` regions): bf16 w13/w2 of hidden 128, intermediate 64."""
     sets = []
     for i in range(num_layers):
         s = expert_set(num_experts, seed=10 + i, hidden=128, inter=64)
@@ -154,7 +156,9 @@ def _pooled_executors(num_layers: int, num_experts: int, num_slots: int, top_k: 
         store = HostExpertStore(DEV)
         hosts = [store.add_layer({k: v.clone() for k, v in s.items()}) for s in sets]
         counters = torch.zeros(num_layers, NUM_COUNTERS, dtype=torch.int64, device=DEV)
-        caches, _ = build_slot_caches(hosts, [num_slots] * num_layers, DEV, counters, 4096)
+        caches, _ = build_slot_caches(
+            hosts, [num_slots] * num_layers, DEV, counters, 4096, stream_buffers=stream_buffers
+        )
         executors = [OffloadExecutor(c, h, top_k, store=store) for c, h in zip(caches, hosts)]
         built.append(executors)
     return resident, built
@@ -205,12 +209,14 @@ class _Layer(torch.nn.Module):
         self.executor = executor
 
 
-def test_prompt_pass_streaming_equals_resident():
+@pytest.mark.parametrize("buffers", [2, 1])
+def test_prompt_pass_streaming_equals_resident(buffers):
     """Three pooled layers run layer by layer over four chunks with the layer streamer
-    (copy engine on a side stream, two regions, slots used in place) == resident bits; each
+    (copy engine on a side stream, two regions or one: each copy then waits for the previous
+    layer's reads, an event on the side stream; slots used in place) == resident bits; each
     layer streamed once; the LRU tables are untouched."""
     num_layers, num_experts, num_slots, top_k, hidden = 3, 32, 8, 4, 128
-    resident, (offload, _) = _pooled_executors(num_layers, num_experts, num_slots, top_k)
+    resident, (offload, _) = _pooled_executors(num_layers, num_experts, num_slots, top_k, buffers)
     g = torch.Generator().manual_seed(2)
     for layer in range(num_layers):  # some experts in slots, to be used in place
         offload[layer](*_routed(g, 2, num_experts, top_k, hidden))
