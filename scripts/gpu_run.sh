@@ -62,10 +62,11 @@ for phase in "$@"; do
     quantoff) timeout 580 python3 bench/bench_quant.py --parts offload --formats ${QUANT_FORMATS:-fp8} --offload-args="${QUANT_OFFLOAD_ARGS:-}" --out "$OUT/quant_offload" 2>&1 | tail -30 | tee "$OUT/quant_offload.txt" ;;
     moebench) timeout 90 python3 bench/bench_moe_kernel.py 2>&1 | tail -30 | tee "$OUT/moe_kernel.txt" ;;
     attnbench) timeout 90 python3 bench/bench_attention_kernel.py 2>&1 | tail -30 | tee "$OUT/attn_kernel.txt" ;;
-    # the host first: fill kernel and copy engine rates (SLOW HOST line), by kind of pinned memory
+    # the host first: fill kernel and copy engine rates (SLOW HOST line), by kind of pinned
+    # memory unless HOSTCHECK_KINDS=0
     hostcheck) timeout 60 python3 bench/offload_bench/bandwidth.py 2>&1 | tee "$OUT/host_bandwidth.json" | tail -3
       timeout 90 python3 -c 'import json,sys; sys.path.insert(0,"bench"); from offload_bench.bandwidth import slow_host_note as n; print(n(json.load(open(sys.argv[1]))) or "healthy host")' "$OUT/host_bandwidth.json" | tee "$OUT/host_verdict.txt"
-      timeout 120 python3 bench/bench_offload_fill.py --host-memory --json "$OUT/host_memory.json" 2>&1 | tee "$OUT/host_memory.txt" | tail -16 ;;
+      [ "${HOSTCHECK_KINDS:-1}" = 0 ] || timeout 120 python3 bench/bench_offload_fill.py --host-memory --json "$OUT/host_memory.json" 2>&1 | tee "$OUT/host_memory.txt" | tail -16 ;;
     fillbench) timeout 150 python3 bench/bench_offload_fill.py 2>&1 | tee "$OUT/fill.txt" | tail -80 ;;
     # where the start-up packing (--moe-offload-compress) spends its time: seconds a layer + cProfile
     # (prefault on, then off: xinfer/host_memory.py)
