@@ -396,11 +396,12 @@ def test_engine_compressed_offload_greedy_matches_bf16(tmp_path):
 
     base, _ = run(enforce_eager=True)
     for frac in (0.25, 0.5):
-        # prefetch off in both, so that their bytes compare one to one; then packed with its
-        # default prefetch (its own fill program count)
+        # prefetch off in both, so that their bytes compare one to one; then packed with
+        # prefetch at its packed default fill programs, one layer ahead: the model's two MoE
+        # layers leave the default two-ahead nothing to predict (it then copies nothing)
         plain, plain_stats = run(moe_offload=frac, moe_prefetch=0)
         packed, stats = run(moe_offload=frac, moe_offload_compress=True, moe_prefetch=0)
-        prefetched, pf_stats = run(moe_offload=frac, moe_offload_compress=True)
+        prefetched, pf_stats = run(moe_offload=frac, moe_offload_compress=True, moe_prefetch=1)
         assert packed == plain == base == prefetched, frac
         assert pf_stats["prefetch"]["prefetched"] > 0
         assert stats["compressed"] and stats["staging_copies"] > 0
