@@ -55,7 +55,8 @@ PREFETCH_FILL_PROGRAMS = 16
 # keeps less in flight a program (~6 KB against up to 32 KB): at 16 programs packed prefetch
 # lost (H100 with a slow host, Qwen3.5-35B-A3B shape, two ahead: 10% batch 1 0.88x, 20%
 # 0.94x, batch 8 1.00x / 0.95x); at 64, on the same kind of host, it won (20% batch 1 1.10x
-# and 1.11x in two calls, 10% 1.03x; batch 8 0.99x / 0.98x). bench/NOTES.md, 2026-12-06.
+# and 1.11x in two calls, 10% 1.03x; batch 8 0.99x / 0.98x), and on a healthy host 1.12-1.18x
+# at batch 1 and 0.99-1.02x at batch 8 (10%, 20%, auto). bench/NOTES.md, 2026-12-06.
 PACKED_PREFETCH_FILL_PROGRAMS = 64
 
 
