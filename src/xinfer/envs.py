@@ -3,6 +3,7 @@ Each is a function so that a value set after import (tests, the CLI) is honoured
 
 from __future__ import annotations
 
+import math
 import os
 from dataclasses import dataclass
 
@@ -19,9 +20,12 @@ def _float(name: str, default: float) -> float:
     if raw is None:
         return default
     try:
-        return float(raw)
+        value = float(raw)
     except ValueError:
-        raise UserError(f"{name} must be a number, got {raw!r}") from None
+        value = math.nan
+    if not math.isfinite(value):
+        raise UserError(f"{name} must be a number, got {raw!r}")
+    return value
 
 
 def _bool(name: str) -> bool:

@@ -76,7 +76,7 @@ def _matches(value: Any, kinds: tuple[type, ...]) -> bool:
         return bool in kinds
     if isinstance(value, int) and float in kinds:
         return True
-    if isinstance(value, float) and math.isnan(value):
+    if isinstance(value, float) and not math.isfinite(value):  # nan, inf: no option's value
         return False
     return isinstance(value, kinds)
 

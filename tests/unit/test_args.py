@@ -120,11 +120,23 @@ def test_unknown_llm_keyword_names_the_closest_option():
         (dict(isq="q3k"), "--isq must be one of q8_0, q4k, q6k, q4_0"),
         (dict(num_speculative_tokens=2), "speculative decoding"),
         (dict(max_model_len=float("nan")), "must be an integer"),
+        # inf passed every bound and crashed later (int(inf * GIB)) or was taken as given
+        (dict(gpu_memory_limit_gb=float("inf")), "--gpu-memory-limit-gb must be a number"),
+        (dict(moe_offload="auto", moe_offload_reserve_gb=float("inf")), "must be a number"),
+        (dict(log_stats_interval=float("-inf")), "--log-stats-interval must be a number"),
     ],
 )
 def test_bad_values_are_one_sentence(kwargs, needle):
     with pytest.raises(UserError, match=needle):
         EngineArgs.from_kwargs(**kwargs)
+
+
+@pytest.mark.parametrize("value", ["nan", "inf", "-inf"])
+def test_non_finite_variable_is_one_sentence(value, monkeypatch):
+    """XINFER_MOE_OFFLOAD_RESERVE_GB=nan or inf passed and crashed in the slot sizing."""
+    monkeypatch.setenv("XINFER_MOE_OFFLOAD_RESERVE_GB", value)
+    with pytest.raises(UserError, match="XINFER_MOE_OFFLOAD_RESERVE_GB must be a number"):
+        EngineArgs(moe_offload="auto").offload_config()
 
 
 def test_flag_wins_over_its_variable(monkeypatch):
@@ -192,6 +204,8 @@ def test_version_flag(capsys):
         (["--max-num-seqs", "x"], None, "--max-num-seqs: invalid int value"),
         (["--max-model-len", "1000000", "--prompt", "hi", "--d", "cpu"], None, "maximum of 2048"),
         (["--temperature", "-1", "--prompt", "hi"], None, "temperature must be >= 0"),
+        (["--moe-offload", "auto", "--moe-offload-reserve-gb", "inf"], None, "a number"),
+        (["--gpu-memory-limit-gb", "nan"], None, "--gpu-memory-limit-gb must be a number"),
     ],
 )
 def test_cli_mistakes_are_one_line(argv, env, needle, capsys, monkeypatch):
