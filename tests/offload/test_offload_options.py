@@ -11,8 +11,11 @@ from tiny_models import make_hf_model, prompts, write_checkpoint
 
 from xinfer import LLM, SamplingParams, UserError
 from xinfer.config import OffloadConfig
+from xinfer.layers.moe import FusedMoE
 from xinfer.llm import offload_from_env
+from xinfer.models.layer_stack import LayerStack
 from xinfer.offload import host_store
+from xinfer.offload.setup import stream_buffers_for, streamed_together
 from xinfer.offload.sizing import (
     GIB,
     LayerShape,
@@ -198,6 +201,44 @@ def test_fixed_fraction_falls_back_to_one_stream_buffer(caplog):
         plan_slots(QWEN15, replace(fraction, stream_buffers=2), two - 1)
     with pytest.raises(UserError, match="lower XINFER_MOE_OFFLOAD or use"):
         plan_slots(QWEN15, replace(fraction, stream_buffers=1), one - 1)
+
+
+class _Decoder(torch.nn.Module):
+    """A decoder layer stand-in holding MoE layers of the given intermediate sizes."""
+
+    def __init__(self, *inters: int) -> None:
+        super().__init__()
+        self.moes = torch.nn.ModuleList(FusedMoE(8, 2, 16, i, True, "cpu") for i in inters)
+
+
+class _Stacked(torch.nn.Module):
+    def __init__(self, *layers: torch.nn.Module) -> None:
+        super().__init__()
+        self.layers = torch.nn.ModuleList(layers)
+
+    def layer_stack(self) -> LayerStack:
+        return LayerStack(None, list(self.layers), None)
+
+
+def test_decoder_layer_with_two_moe_layers_of_one_shape_takes_two_stream_buffers(caplog):
+    """A prompt pass streams a decoder layer's MoE layers of one shape together, one buffer
+    each: such a model gets two buffers (said), a forced one is refused at start-up with the
+    option named, three of one shape are refused; MoE layers of different shapes, or a model
+    without a layer stack (no prompt pass), leave the choice alone."""
+    auto, one = OffloadConfig(fraction=0.2), OffloadConfig(fraction=0.2, stream_buffers=1)
+    plain = _Stacked(_Decoder(32), _Decoder(32, 48), _Decoder(48))
+    assert streamed_together(plain) == 1
+    assert stream_buffers_for(plain, one) is one and stream_buffers_for(plain, auto) is auto
+    assert streamed_together(_Decoder(32, 32)) == 1  # no layer stack: no prompt pass
+    twice = _Stacked(_Decoder(32), _Decoder(32, 32))
+    assert streamed_together(twice) == 2
+    with caplog.at_level("INFO", logger="xinfer"):
+        assert stream_buffers_for(twice, auto).stream_buffers == 2
+    assert "a decoder layer of this model holds two MoE layers of one shape" in caplog.text
+    with pytest.raises(UserError, match=r"holds 2 MoE layers .* --moe-offload-stream-buffers 2"):
+        stream_buffers_for(twice, one)
+    with pytest.raises(UserError, match="holds 3 MoE layers .* without offload"):
+        stream_buffers_for(_Stacked(_Decoder(32, 32, 32)), auto)
 
 
 def test_auto_on_cpu_with_memory_limit(ckpt):

@@ -4,7 +4,9 @@ into the host store, attaches an `OffloadExecutor` per MoE layer, and returns th
 
 from __future__ import annotations
 
+import dataclasses
 import logging
+from collections import Counter
 from collections.abc import Iterator
 from concurrent.futures import ThreadPoolExecutor
 
@@ -14,6 +16,7 @@ from tqdm.auto import tqdm
 from xinfer import envs, kernels
 from xinfer.config import EngineConfig, OffloadConfig
 from xinfer.errors import UserError
+from xinfer.layers.moe import FusedMoE
 from xinfer.offload.copy_engine import BounceBuffers, LayerCopies
 from xinfer.offload.executor import OffloadExecutor, ResidentExecutor
 from xinfer.offload.graph_nodes import unavailable_reason
@@ -35,7 +38,12 @@ from xinfer.offload.sizing import (
     device_budget_bytes,
     plan_slots,
 )
-from xinfer.offload.slot_pool import MAX_STREAM_BUFFERS, SlotPool, build_slot_caches
+from xinfer.offload.slot_pool import (
+    MAX_STREAM_BUFFERS,
+    SlotPool,
+    build_slot_caches,
+    set_signature,
+)
 from xinfer.offload.staging import LayerStreamer
 from xinfer.offload.stats import CallProfile, OffloadStats, format_summary
 
@@ -125,6 +133,7 @@ def enable_offload(
     free for it, or `min_free_bytes` (what one --max-model-len sequence needs) if more."""
     device = torch.device(device)
     layers = model.moe_layers()
+    offload = stream_buffers_for(model, offload)
     shapes = []
     for layer in layers:
         first = next(iter(layer.expert_tensors.values()))
@@ -245,6 +254,46 @@ def enable_offload(
     return OffloadManager(
         store, executors, pools, stats, offload, device, max_call_tokens, num_resident, stager
     )
+
+
+def streamed_together(model: torch.nn.Module) -> int:
+    """The most MoE layers of one expert-set shape in one decoder layer of `model`'s layer
+    stack (1 without a stack: no prompt pass). A prompt pass streams a decoder layer's MoE
+    layers of one pool into one region each, all at once (offload/staging.py)."""
+    make = getattr(model, "layer_stack", None)
+    stack = make() if make is not None else None
+    most = 1
+    for layer in stack.layers if stack is not None else ():
+        shapes = Counter(
+            set_signature(m.expert_tensors) for m in layer.modules() if isinstance(m, FusedMoE)
+        )
+        most = max(most, *shapes.values()) if shapes else most
+    return most
+
+
+def stream_buffers_for(model: torch.nn.Module, offload: OffloadConfig) -> OffloadConfig:
+    """`offload` with two stream buffers forced where a decoder layer streams two MoE layers
+    of one shape together (no model we load has such a layer); refused where that needs
+    more than the buffers there can be, or one was asked for."""
+    need = streamed_together(model)
+    if need < 2:
+        return offload
+    if need > MAX_STREAM_BUFFERS or offload.stream_buffers == 1:
+        fix = (
+            "use --moe-offload-stream-buffers 2 (or auto)"
+            if need <= MAX_STREAM_BUFFERS
+            else f"xinfer streams at most {MAX_STREAM_BUFFERS}: run this model without offload"
+        )
+        raise UserError(
+            f"a decoder layer of this model holds {need} MoE layers of one shape, which a long "
+            f"prompt streams together into {need} buffers; {fix}"
+        )
+    if offload.stream_buffers is None:
+        logger.info(
+            "MoE offload: two prompt-pass stream buffers: a decoder layer of this model holds "
+            "two MoE layers of one shape"
+        )
+    return dataclasses.replace(offload, stream_buffers=MAX_STREAM_BUFFERS)
 
 
 def _packed_stager(hosts: list[dict], caches: list, device: torch.device) -> PackedStager | None:

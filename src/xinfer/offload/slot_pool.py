@@ -25,7 +25,8 @@ from xinfer.offload.slot_cache import SlotCache
 MAX_STREAM_BUFFERS = 2  # region 0: overflow / prompt-pass buffer A; region 1: buffer B
 
 
-def _signature(tensors: dict[str, torch.Tensor]) -> tuple:
+def set_signature(tensors: dict[str, torch.Tensor]) -> tuple:
+    """What layers sharing a pool have in common: their tensors' names, row shapes, dtypes."""
     return tuple((n, tuple(t.shape), t.dtype) for n, t in tensors.items())
 
 
@@ -88,7 +89,7 @@ def build_slot_caches(
     offload/sizing.py `plan_slots`), so each cache has that many `stream_bases`."""
     groups: dict[tuple, list[int]] = {}
     for i, (host, slots) in enumerate(zip(host_layers, num_slots)):
-        groups.setdefault((_signature(host), slots), []).append(i)
+        groups.setdefault((set_signature(host), slots), []).append(i)
     caches: list[SlotCache | None] = [None] * len(host_layers)
     pools = []
     for (_, slots), members in groups.items():
