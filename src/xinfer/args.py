@@ -304,6 +304,7 @@ class EngineArgs(OptionSet):
                 )
                 continue
             kw[key] = value
+        self._check_reserve(offload)
         return OffloadConfig.parse(
             offload,
             reserve_gb=self.value("moe_offload_reserve_gb"),
@@ -316,6 +317,23 @@ class EngineArgs(OptionSet):
             stream_buffers=parse_stream_buffers(self.moe_offload_stream_buffers),
             **kw,
         )
+
+    def _check_reserve(self, offload: str | float | None) -> None:
+        """The reserve sizes what `auto` leaves free: refused as an option without `auto`,
+        dropped with a warning as a variable."""
+        if isinstance(offload, str) and offload.strip().lower() == "auto":
+            return
+        if self.moe_offload_reserve_gb is not None:
+            raise UserError(
+                f"--moe-offload-reserve-gb {self.moe_offload_reserve_gb:g} sizes what "
+                "--moe-offload auto leaves free: it needs --moe-offload auto (or "
+                "XINFER_MOE_OFFLOAD=auto)"
+            )
+        if envs.is_set("XINFER_MOE_OFFLOAD_RESERVE_GB"):
+            logger.warning(
+                "XINFER_MOE_OFFLOAD_RESERVE_GB=%g has no effect without --moe-offload auto",
+                self.value("moe_offload_reserve_gb"),
+            )
 
     def create_engine_config(self) -> EngineConfig:
         device, parallel = resolve_parallel(self.device)  # several devices: tensor parallel

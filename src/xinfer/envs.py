@@ -15,6 +15,11 @@ def _get(name: str) -> str | None:
     return None if value is None or value.strip() == "" else value.strip()
 
 
+def is_set(name: str) -> bool:
+    """The variable is set to something other than blanks."""
+    return _get(name) is not None
+
+
 def _float(name: str, default: float) -> float:
     raw = _get(name)
     if raw is None:

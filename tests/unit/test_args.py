@@ -139,6 +139,28 @@ def test_non_finite_variable_is_one_sentence(value, monkeypatch):
         EngineArgs(moe_offload="auto").offload_config()
 
 
+def test_reserve_applies_to_auto_only(monkeypatch, caplog):
+    """--moe-offload-reserve-gb sizes what `auto` leaves free: given without offload or with
+    a fraction it was dropped silently; now refused. The variable, exported for every run,
+    is dropped with a warning, as the other offload variables are."""
+    for offload in (None, 0.5):
+        with pytest.raises(UserError, match="reserve-gb 1 sizes .* it needs --moe-offload auto"):
+            EngineArgs(moe_offload=offload, moe_offload_reserve_gb=1.0).offload_config()
+    assert EngineArgs(moe_offload="auto", moe_offload_reserve_gb=1.0).offload_config().is_auto
+    monkeypatch.setenv("XINFER_MOE_OFFLOAD_RESERVE_GB", "4")
+    for offload in (None, 0.5):
+        caplog.clear()
+        with caplog.at_level("WARNING", logger="xinfer"):
+            EngineArgs(moe_offload=offload).offload_config()
+        assert "XINFER_MOE_OFFLOAD_RESERVE_GB=4 has no effect without --moe-offload auto" in (
+            caplog.text
+        )
+    caplog.clear()
+    with caplog.at_level("WARNING", logger="xinfer"):
+        assert EngineArgs(moe_offload="auto").offload_config().reserve_gb == 4.0
+    assert "has no effect" not in caplog.text
+
+
 def test_flag_wins_over_its_variable(monkeypatch):
     monkeypatch.setenv("XINFER_MOE_OFFLOAD", "0.25")
     monkeypatch.setenv("XINFER_MOE_OFFLOAD_RESERVE_GB", "4")
