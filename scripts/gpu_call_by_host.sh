@@ -1,0 +1,29 @@
+#!/usr/bin/env bash
+# One device call that checks the host first and then runs the list that host can answer
+# (bench/NOTES.md: slow hosts, whose SMs read pinned host memory at ~34 GB/s against the
+# copy engine's ~55, came in about half of the sessions, and their offload rows do not
+# compare with a healthy host's). Edit the two lists for the session; the results come back
+# in $OUT/results.tgz as with scripts/gpu_run.sh (files renamed by tag where one phase runs
+# twice). Usage, from the device tool: CALL_S=595 bash scripts/gpu_call_by_host.sh
+# (FORCE=healthy|slow skips the check's verdict). First used in the twenty-sixth session.
+S=$(date +%s); lim(){ echo $((${CALL_S:-595}-($(date +%s)-S))); }
+R=/tmp/gpu_run_results; G=scripts/gpu_run.sh
+GPU_RUN_LIMIT=$(lim) HOSTCHECK_KINDS=0 bash $G hostcheck 2>&1 | tail -4
+MODE=healthy; grep -q SLOW $R/host_verdict.txt && MODE=slow; MODE=${FORCE:-$MODE}
+echo "MODE=$MODE"; echo "$MODE" > $R/mode.txt
+q() { # quantoff with offload args $2, its outputs renamed with tag $1
+  GPU_RUN_LIMIT=$(lim) QUANT_FORMATS=${QF:-gptq} QUANT_OFFLOAD_ARGS="$2" bash $G quantoff 2>&1 | tail -8
+  for f in $R/quant_offload*; do [ -e "$f" ] && mv "$f" "${f/quant_offload/qoff_$1}"; done; }
+Q="--rates 0.2 --batches 1 --steps 64 --warmup-steps 16 --ttft-tokens ''"
+if [ "$MODE" = healthy ]; then
+  # the list for a healthy host (issue 16's llama.cpp rows need the kit carried)
+  GPU_RUN_LIMIT=$(lim) VS_ROWS=q15 bash $G vsllama 2>&1 | tail -12
+else
+  # the list for a slow host
+  q p16 "$Q --prefetch 0,2"
+  q p64 "$Q --prefetch 2 --prefetch-programs 64"
+  GPU_RUN_LIMIT=$(lim) PREFETCH_PFILL=copy-engine PREFETCH_RATES=0.2 PREFETCH_BATCHES=1 \
+    PREFETCH_STEPS=64 PREFETCH_WARMUP=16 PREFETCH_DISTANCES=2 PREFETCH_TAG=_ce bash $G prefetchbench 2>&1 | tail -8
+  GPU_RUN_LIMIT=$(lim) bash $G fillvariants 2>&1 | tail -12
+fi
+tar czf "${OUT:-/tmp/out}/results.tgz" -C $R .; echo "left $(lim)"
