@@ -460,6 +460,23 @@ class RunArgs(OptionSet):
         metavar="LEVEL",
     )
 
+    def check_mode(self, sampling: SamplingArgs, server: ServerArgs) -> None:
+        """Options of another mode than the one run are refused, not dropped."""
+        if self.prompt is not None and self.chat:
+            raise UserError("--prompt and --chat are two modes; give one of them")
+        if self.prompt is None and not self.chat:
+            given = sampling.changed()
+            if given:
+                raise UserError(
+                    f"{given[0]} sets the sampling of --prompt and --chat; the server takes "
+                    "sampling per request (set it in the request)"
+                )
+            return
+        given = server.changed()
+        if given:
+            mode = "--prompt" if self.prompt is not None else "--chat"
+            raise UserError(f"{given[0]} applies to the server; drop it with {mode}")
+
     @property
     def logging_level(self) -> int:
         return getattr(logging, (self.value("log_level") or "info").upper())

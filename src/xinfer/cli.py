@@ -62,12 +62,13 @@ def main(argv: list[str] | None = None) -> int:
         ns = build_parser(__version__).parse_args(argv)
         run = RunArgs.from_namespace(ns)
         logging.getLogger().setLevel(run.logging_level)
+        sampling_args, server = SamplingArgs.from_namespace(ns), ServerArgs.from_namespace(ns)
+        run.check_mode(sampling_args, server)
         engine_args = EngineArgs.from_namespace(ns)
         if engine_args.log_stats_interval is None and run.prompt is None and not run.chat:
             engine_args.log_stats_interval = 10.0  # a server logs its stats; a terminal not
-        sampling = SamplingArgs.from_namespace(ns).to_params()
+        sampling = sampling_args.to_params()
         config = engine_args.create_engine_config()
-        server = ServerArgs.from_namespace(ns)
         if server.served_model_name is None:  # a hub model is served under its repo id
             name = model_display_name(engine_args.model, config.model)
             server = dataclasses.replace(server, served_model_name=name)

@@ -115,6 +115,14 @@ class OptionSet:
             if problem:
                 raise UserError(f"{where} {problem}, got {value!r}")
 
+    def changed(self) -> list[str]:
+        """The flags of the command-line options set to other than their defaults."""
+        return [
+            self.flag(f.name)
+            for f, _ in self.options()
+            if f.metadata["cli"] and getattr(self, f.name) != f.default
+        ]
+
     def value(self, name: str) -> Any:
         """The option's value; when unset (None), its environment variable's, if it has one."""
         value = getattr(self, name)

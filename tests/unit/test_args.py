@@ -228,6 +228,12 @@ def test_version_flag(capsys):
         (["--temperature", "-1", "--prompt", "hi"], None, "temperature must be >= 0"),
         (["--moe-offload", "auto", "--moe-offload-reserve-gb", "inf"], None, "a number"),
         (["--gpu-memory-limit-gb", "nan"], None, "--gpu-memory-limit-gb must be a number"),
+        # each of these ran with the option dropped silently
+        (["--prompt", "hi", "--chat", "--d", "cpu", "--max-tokens", "2"], None, "one of them"),
+        (["--temperature", "0.7", "--host", "256.0.0.1"], None, "--temperature sets the sam"),
+        (["--stop", "x", "--host", "256.0.0.1"], None, "server takes sampling per request"),
+        (["--prompt", "hi", "--d", "cpu", "--max-tokens", "2", "--ui-server"], None, "--ui-s"),
+        (["--prompt", "hi", "--d", "cpu", "--max-tokens", "2", "--port", "9"], None, "--port "),
     ],
 )
 def test_cli_mistakes_are_one_line(argv, env, needle, capsys, monkeypatch):
