@@ -217,6 +217,8 @@ class ModelConfig:
             hf = json.loads(cfg.read_text())
         except json.JSONDecodeError as e:
             raise UserError(f"{cfg} is not valid JSON ({e})") from None
+        if not isinstance(hf, dict):
+            raise UserError(f"{cfg} must hold a JSON object, not a {type(hf).__name__}")
         return cls.from_hf(hf)
 
 

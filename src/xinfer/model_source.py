@@ -57,7 +57,7 @@ def is_complete_checkpoint(path: Path) -> bool:
     if index.is_file():
         try:
             shards = set(json.loads(index.read_text())["weight_map"].values())
-        except (ValueError, KeyError):
+        except (ValueError, KeyError, TypeError, AttributeError):  # a damaged index
             return False
         return all((path / shard).is_file() for shard in shards)
     return any(path.glob("*.safetensors"))

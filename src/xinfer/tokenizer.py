@@ -23,7 +23,15 @@ _DETOK_CONTEXT = 5
 
 
 def _read_json(path: Path) -> dict[str, Any]:
-    return json.loads(path.read_text(encoding="utf-8")) if path.is_file() else {}
+    if not path.is_file():
+        return {}
+    try:
+        data = json.loads(path.read_text(encoding="utf-8"))
+    except ValueError as e:  # bad JSON or bad UTF-8
+        raise UserError(f"{path.name} cannot be read ({e}); download it again") from None
+    if not isinstance(data, dict):
+        raise UserError(f"{path.name} cannot be read (it is no JSON object); download it again")
+    return data
 
 
 def _token_content(token: str | dict | None) -> str | None:
@@ -108,8 +116,12 @@ class Tokenizer:
         eos = generation.get("eos_token_id")
         eos_ids = {eos} if isinstance(eos, int) else set(eos or ())
         bos = generation.get("bos_token_id")
+        try:
+            hf_tokenizer = HFTokenizer.from_file(str(path / "tokenizer.json"))
+        except Exception as e:  # noqa: BLE001 - tokenizers raises a bare Exception
+            raise UserError(f"tokenizer.json cannot be read ({e}); download it again") from None
         return cls(
-            HFTokenizer.from_file(str(path / "tokenizer.json")),
+            hf_tokenizer,
             bos_token=_token_content(config.get("bos_token")),
             eos_token=_token_content(config.get("eos_token")),
             add_bos_token=config.get("add_bos_token"),

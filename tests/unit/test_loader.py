@@ -67,6 +67,50 @@ def test_shape_mismatch_is_explained(hf_model, tmp_path):
         LLM(str(tmp_path), device="cpu")
 
 
+@pytest.mark.parametrize("damage", ["cut short", "header only", "not safetensors"])
+def test_damaged_weights_file_is_one_sentence(hf_model, tmp_path, damage):
+    """A download cut short, or a file that is no safetensors at all, crashed with
+    safetensors' own error and a traceback."""
+    hf_model.save_pretrained(tmp_path)
+    f = tmp_path / "model.safetensors"
+    data = f.read_bytes()
+    damaged = {
+        "cut short": data[: len(data) // 2],
+        "header only": data[:5],
+        "not safetensors": b"\x10" + bytes(7) + b"{not json}" * 2,
+    }[damage]
+    f.write_bytes(damaged)
+    with pytest.raises(UserError, match=r"model\.safetensors' is not a complete safetensors file"):
+        LLM(str(tmp_path), device="cpu")
+
+
+@pytest.mark.parametrize("text", ["{bad", "[1, 2]", '{"weight_map": 5}'])
+def test_damaged_index_is_one_sentence(hf_model, tmp_path, text):
+    hf_model.save_pretrained(tmp_path, max_shard_size="20KB")
+    (tmp_path / "model.safetensors.index.json").write_text(text)
+    with pytest.raises(UserError, match=r"model\.safetensors\.index\.json is not a valid index"):
+        LLM(str(tmp_path), device="cpu")
+
+
+@pytest.mark.parametrize(
+    "edit, needle",
+    [
+        (lambda cfg: [cfg], "must hold a JSON object"),
+        (lambda cfg: {**cfg, "num_hidden_layers": "two"}, "num_hidden_layers must be a positive"),
+        (lambda cfg: {**cfg, "hidden_size": 0}, "hidden_size must be a positive integer, got 0"),
+        (lambda cfg: {**cfg, "num_key_value_heads": 1.5}, "num_key_value_heads must be a pos"),
+    ],
+)
+def test_damaged_config_is_one_sentence(hf_model, tmp_path, edit, needle):
+    """A config.json that is no object, or whose sizes are no positive integers, crashed
+    deep in the model's construction."""
+    hf_model.config.save_pretrained(tmp_path)
+    cfg = json.loads((tmp_path / "config.json").read_text())
+    (tmp_path / "config.json").write_text(json.dumps(edit(cfg)))
+    with pytest.raises(UserError, match=needle):
+        LLM(str(tmp_path), device="cpu", load_format="dummy")
+
+
 def test_no_weights_needs_dummy(hf_model, tmp_path):
     hf_model.config.save_pretrained(tmp_path)
     with pytest.raises(UserError, match="--load-format dummy"):

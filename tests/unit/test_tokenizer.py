@@ -75,6 +75,14 @@ def test_from_dir_without_tokenizer_json(tmp_path: Path):
     assert Tokenizer.from_dir(tmp_path) is None
 
 
+@pytest.mark.parametrize("name", ["tokenizer.json", "tokenizer_config.json"])
+def test_damaged_tokenizer_files_are_one_sentence(model_dir: Path, name: str):
+    """A damaged tokenizer.json or tokenizer_config.json crashed with the parser's error."""
+    (model_dir / name).write_text('{"model": ')
+    with pytest.raises(UserError, match=f"{name} cannot be read"):
+        Tokenizer.from_dir(model_dir)
+
+
 @pytest.mark.parametrize("text", TEXTS + ["", "unseen words 🦜 ẞ"])
 def test_encode_decode_roundtrip(tokenizer: Tokenizer, text: str):
     ids = tokenizer.encode(text)

@@ -10,13 +10,20 @@ from xinfer.config import RopeConfig
 from xinfer.errors import UserError
 
 _REQUIRED = ("hidden_size", "num_hidden_layers", "num_attention_heads", "vocab_size")
+# Sizes that must be positive integers where given (null: the model's default).
+_SIZES = (*_REQUIRED, "num_key_value_heads", "head_dim", "max_position_embeddings")
 
 
 def require(hf: dict[str, Any], keys: tuple[str, ...] = _REQUIRED) -> None:
-    """A UserError naming the first missing key (not a KeyError from deep inside)."""
+    """A UserError naming the first missing key or the first size that is no positive
+    integer (not a KeyError or TypeError from deep inside)."""
     for key in keys:
         if key not in hf:
             raise UserError(f"config.json lacks {key!r}; is this a causal LM config?")
+    for key in _SIZES:
+        value = hf.get(key)
+        if value is not None and (type(value) is not int or value < 1):
+            raise UserError(f"config.json's {key} must be a positive integer, got {value!r}")
 
 
 def eos_token_ids(hf: dict[str, Any]) -> tuple[int, ...]:

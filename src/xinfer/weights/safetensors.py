@@ -8,7 +8,7 @@ from collections.abc import Iterator
 from pathlib import Path
 
 import torch
-from safetensors import safe_open
+from safetensors import SafetensorError, safe_open
 from tqdm import tqdm
 
 from xinfer.errors import UserError
@@ -18,8 +18,7 @@ def checkpoint_files(model_dir: str | Path) -> list[Path]:
     d = Path(model_dir)
     index = d / "model.safetensors.index.json"
     if index.exists():
-        weight_map = json.loads(index.read_text()).get("weight_map", {})
-        files = sorted({d / f for f in weight_map.values()})
+        files = sorted({d / f for f in read_weight_map(index).values()})
         absent = [f.name for f in files if not f.exists()]
         if absent:
             raise UserError(f"{index.name} lists shards that are missing: {', '.join(absent)}")
@@ -33,6 +32,20 @@ def checkpoint_files(model_dir: str | Path) -> list[Path]:
     return files
 
 
+def read_weight_map(index: Path) -> dict[str, str]:
+    """The tensor → shard file map of a sharded checkpoint's index."""
+    try:
+        weight_map = json.loads(index.read_text()).get("weight_map", {})
+    except (ValueError, AttributeError):
+        weight_map = None
+    if not isinstance(weight_map, dict) or not all(isinstance(f, str) for f in weight_map.values()):
+        raise UserError(
+            f"{index.name} is not a valid index (a JSON object whose weight_map maps tensor "
+            "names to shard files); download it again"
+        )
+    return weight_map
+
+
 def iter_safetensors(
     model_dir: str | Path, show_progress: bool = True
 ) -> Iterator[tuple[str, torch.Tensor]]:
@@ -42,7 +55,13 @@ def iter_safetensors(
         total=total, unit="B", unit_scale=True, desc="Loading weights", disable=not show_progress
     ) as bar:
         for path in files:
-            with safe_open(str(path), framework="pt", device="cpu") as f:
+            try:
+                f = safe_open(str(path), framework="pt", device="cpu")
+            except SafetensorError as e:
+                raise UserError(
+                    f"{str(path)!r} is not a complete safetensors file ({e}); download it again"
+                ) from None
+            with f:
                 for key in f.keys():  # noqa: SIM118 (safe_open is not a dict)
                     tensor = f.get_tensor(key)
                     yield key, tensor
