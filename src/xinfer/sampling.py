@@ -20,14 +20,18 @@ SEED_RANGE = (-(2**63), 2**63 - 1)  # a seed must fit a signed 64-bit integer
 # Temperatures below this are sampled greedily: dividing logits by them overflows float32.
 _GREEDY_EPS = 1e-5
 _INT_FIELDS = ("max_tokens", "top_k", "min_tokens", "n")
+# The widest temperature and repetition penalty: the sampler divides (and multiplies) float32
+# logits by them, and beyond float32's range they become inf or 0 there (nan probabilities,
+# a garbage draw); 1e6 is far past any useful value and keeps every step finite.
+_MAX_FACTOR = 1e6
 # field: (lowest, highest, whether `lowest` itself is excluded)
 _BOUNDS = {
     "max_tokens": (1, math.inf, False),
-    "temperature": (0, math.inf, False),
+    "temperature": (0, _MAX_FACTOR, False),
     "top_p": (0, 1, True),
     "top_k": (-1, math.inf, False),  # -1 and 0 mean off
     "min_p": (0, 1, False),
-    "repetition_penalty": (0, math.inf, True),
+    "repetition_penalty": (1 / _MAX_FACTOR, _MAX_FACTOR, False),
     "presence_penalty": (-2, 2, False),
     "frequency_penalty": (-2, 2, False),
     "min_tokens": (0, math.inf, False),
@@ -58,17 +62,20 @@ class SamplingParams:
     grammar: GrammarSpec | None = None  # the output must match it (structured output)
 
     def __post_init__(self) -> None:
-        self.stop = [self.stop] if isinstance(self.stop, str) else list(self.stop or [])
-        self.stop_token_ids = list(self.stop_token_ids or [])
+        self.stop = _listed(self.stop, _STOP_SHAPE, str)
+        self.stop_token_ids = _listed(self.stop_token_ids, _STOP_IDS_SHAPE)
         for name, (low, high, is_low_open) in _BOUNDS.items():
             value = getattr(self, name)
             kind = int if name in _INT_FIELDS else (int, float)
             if isinstance(value, bool) or not isinstance(value, kind) or math.isnan(value):
                 raise UserError(f"{name} must be a number, got {value!r}.")
             if value < low or (is_low_open and value == low) or value > high:
-                low_text = f"{'>' if is_low_open else '>='} {low}"
-                bounds = low_text if high == math.inf else f"{low_text} and <= {high}"
+                low_text = f"{'>' if is_low_open else '>='} {low:g}"
+                bounds = low_text if high == math.inf else f"{low_text} and <= {high:g}"
                 raise UserError(f"{name} must be {bounds}, got {value!r}.")
+        for name in ("ignore_eos", "skip_special_tokens"):
+            if type(getattr(self, name)) is not bool:
+                raise UserError(f"{name} must be true or false, got {getattr(self, name)!r}.")
         if self.min_tokens > self.max_tokens:
             raise UserError(f"min_tokens ({self.min_tokens}) must not exceed max_tokens.")
         if self.logprobs is not None and (
@@ -85,13 +92,28 @@ class SamplingParams:
         if self.grammar is not None and not isinstance(self.grammar, GrammarSpec):
             raise UserError("grammar must be a GrammarSpec (xinfer.structured).")
         if not all(isinstance(s, str) and s for s in self.stop):
-            raise UserError("stop must be a non-empty string or a list of them.")
+            raise UserError(_STOP_SHAPE)
         if not all(type(t) is int and t >= 0 for t in self.stop_token_ids):
-            raise UserError("stop_token_ids must be a list of non-negative integers.")
+            raise UserError(_STOP_IDS_SHAPE)
 
     @property
     def is_greedy(self) -> bool:
         return self.temperature == 0
+
+
+_STOP_SHAPE = "stop must be a non-empty string or a list of them."
+_STOP_IDS_SHAPE = "stop_token_ids must be a list of non-negative integers."
+
+
+def _listed(value, shape: str, single: type | tuple[type, ...] = ()) -> list:
+    """None → [], a `single` value → [value], a list or tuple → a list, else `shape`."""
+    if value is None:
+        return []
+    if isinstance(value, single):
+        return [value]
+    if isinstance(value, (list, tuple)):
+        return list(value)
+    raise UserError(shape)
 
 
 def make_generator(seed: int, device: torch.device | str) -> torch.Generator:

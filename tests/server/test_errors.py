@@ -93,6 +93,16 @@ CASES = [
     ("stop string too long", TEXT, text(stop="x" * 300), 400, "stop", None),
     ("too many stop ids", CHAT, chat(stop_token_ids=list(range(300))), 400, "stop_token_ids", None),
     ("unknown field", CHAT, chat(frobnicate=1), 400, "frobnicate", "unsupported_parameter"),
+    # finite, but inf or 0 in the float32 sampler: a json_object answer came back empty
+    (
+        "temperature beyond float32",
+        CHAT,
+        chat(temperature=1e308, response_format={"type": "json_object"}),
+        400,
+        "temperature",
+        "invalid_value",
+    ),
+    ("repetition_penalty below float32", TEXT, text(repetition_penalty=1e-300), 400, None, None),
     (
         "unknown message field",
         CHAT,

@@ -62,6 +62,19 @@ BAD_PARAMS = [
     {"stop": ["ok", ""]},
     {"stop_token_ids": [-3]},
     {"temperature": "hot"},
+    # each of these was accepted: a TypeError later, a dict taken as its keys, "no" as true,
+    # or a value the float32 sampler turns into inf / 0 (nan probabilities: token 0 drawn)
+    {"stop": 5},
+    {"stop": {"a": 1}},
+    {"stop_token_ids": 12},
+    {"ignore_eos": "no"},
+    {"skip_special_tokens": "no"},
+    {"skip_special_tokens": 0},
+    {"temperature": float("inf")},
+    {"temperature": 1e39},
+    {"repetition_penalty": float("inf")},
+    {"repetition_penalty": 1e39},
+    {"repetition_penalty": 1e-300},
 ]
 
 
@@ -292,6 +305,24 @@ def test_min_tokens_bans_eos_and_stop_ids():
     ids = sample(logits, build(params, vocab, output_ids=outputs, eos_token_ids={7})).token_ids
     assert ids[0] not in (3, 7) and ids[1] == 7 and ids[2] == 7
     # ignore_eos: the eos id is an ordinary token there (the engine does not stop on it).
+
+
+def test_extreme_allowed_values_never_draw_a_banned_token():
+    """The widest temperature and repetition penalty SamplingParams accepts keep the float32
+    sampler finite: a banned token (-inf) is never drawn. Beyond float32 (temperature 1e308
+    was accepted) the banned logits became nan and the draw fell on token 0."""
+    vocab = 10
+    logits = torch.randn(4, vocab, generator=torch.Generator().manual_seed(0)) * 30
+    logits[:, 0] = 60.0  # token 0 (banned below) would win
+    params = [
+        SamplingParams(temperature=1e6, min_tokens=1, seed=1),
+        SamplingParams(temperature=1.0, repetition_penalty=1e-6, min_tokens=1, seed=2),
+        SamplingParams(temperature=1e-5, repetition_penalty=1e6, min_tokens=1, seed=3),
+        SamplingParams(temperature=1e6, repetition_penalty=1e6, min_tokens=1, seed=4),
+    ]
+    for _ in range(20):
+        meta = build(params, vocab, prompt_ids=[[1, 2, 0]] * 4, eos_token_ids={0})
+        assert 0 not in sample(logits, meta).token_ids
 
 
 def test_for_params_equals_build_without_history_and_refuses_penalties():
