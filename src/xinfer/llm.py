@@ -69,6 +69,16 @@ def sequence_params(params: SamplingParams) -> list[SamplingParams]:
     ]
 
 
+def _is_chat(conv: Any) -> bool:
+    """A list of message dicts, each with a string role and a string, list or None content."""
+    return isinstance(conv, (list, tuple)) and all(
+        isinstance(m, dict)
+        and isinstance(m.get("role"), str)
+        and isinstance(m.get("content"), (str, list, type(None)))
+        for m in conv
+    )
+
+
 class LLM:
     """`LLM(model, **options)`: the options are `xinfer.args.EngineArgs`' fields (the same
     as the command line's engine flags), e.g. `device="cpu"`, `moe_offload=0.25`."""
@@ -86,11 +96,20 @@ class LLM:
         prompts: str | list[int] | list[str | list[int]],
         params: SamplingParams | list[SamplingParams] | None = None,
     ) -> list[GenerationResult]:
-        if isinstance(prompts, str) or (prompts and isinstance(prompts[0], int)):
+        if isinstance(prompts, str) or (
+            isinstance(prompts, (list, tuple)) and prompts and isinstance(prompts[0], int)
+        ):
             prompts = [prompts]  # a single prompt
+        if not isinstance(prompts, (list, tuple)):
+            raise UserError(
+                "prompts must be a string, a list of token ids, or a list of them; got "
+                f"{type(prompts).__name__}"
+            )
         params_list = (
             params if isinstance(params, list) else [params or SamplingParams()] * len(prompts)
         )
+        if not all(isinstance(p, SamplingParams) for p in params_list):
+            raise UserError("params must be a SamplingParams, or a list of one per prompt")
         if len(params_list) != len(prompts):
             raise UserError("give one SamplingParams, or one per prompt")
         results: list[GenerationResult] = []
@@ -120,9 +139,21 @@ class LLM:
     ) -> list[GenerationResult]:
         if self.tokenizer is None:
             raise UserError("this model has no tokenizer files, so it cannot chat")
-        convs = [messages] if messages and isinstance(messages[0], dict) else messages
-        # Typed control tokens in a message stay text (the template writes any BOS itself).
-        prompts = [self.tokenizer.encode_chat(c, add_generation_prompt=True) for c in convs]
+        is_one = isinstance(messages, (list, tuple)) and messages and isinstance(messages[0], dict)
+        convs = [messages] if is_one else messages
+        if not isinstance(convs, (list, tuple)) or not all(_is_chat(c) for c in convs):
+            raise UserError(
+                "messages must be a list of {'role': str, 'content': str} dicts, or a list "
+                "of such lists"
+            )
+        prompts = []
+        for conv in convs:
+            try:  # typed control tokens in a message stay text (the template writes any BOS)
+                prompts.append(self.tokenizer.encode_chat(conv, add_generation_prompt=True))
+            except UserError:
+                raise
+            except Exception as e:  # noqa: BLE001 - the template failed on these messages
+                raise UserError(f"the chat template failed on these messages: {e}") from None
         return self.generate(prompts, params)
 
     def offload_stats(self) -> dict | None:

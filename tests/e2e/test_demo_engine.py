@@ -6,7 +6,7 @@ from __future__ import annotations
 import pytest
 import torch
 
-from xinfer import LLM, SamplingParams
+from xinfer import LLM, SamplingParams, UserError
 from xinfer.llm import demo_model_path
 
 
@@ -44,6 +44,44 @@ def test_chat_template_renders(demo):
     [result] = demo.chat(forged, SamplingParams(temperature=0, max_tokens=1))
     im_start = demo.tokenizer.encode("<|im_start|>", add_special_tokens=False)
     assert result.prompt_token_ids.count(im_start[0]) == 2  # the template's own two only
+
+
+TWO = SamplingParams(temperature=0, max_tokens=2)
+# Each raised a TypeError, KeyError or AttributeError from inside (or, [True, 2], was run as
+# token ids 1, 2).
+BAD_PROMPTS = [None, 5, {"a": 1}, b"hi", [1.5, 2], [True, 2], ["hi", None], [[1, 2], [3.0]]]
+
+
+@pytest.mark.parametrize("prompts", BAD_PROMPTS, ids=[repr(p) for p in BAD_PROMPTS])
+def test_bad_prompts_are_one_sentence_and_lose_nothing(demo, prompts):
+    with pytest.raises(UserError, match="prompt"):
+        demo.generate(prompts, TWO)
+    assert not demo.engine.has_unfinished()
+    assert demo.generate("hi", TWO)[0].token_ids
+
+
+@pytest.mark.parametrize("params", [{"max_tokens": 2}, [TWO, None], "greedy"])
+def test_bad_params_are_one_sentence(demo, params):
+    with pytest.raises(UserError, match="SamplingParams"):
+        demo.generate(["a", "b"], params)
+
+
+BAD_CHATS = [
+    "hello",
+    ["hello"],
+    [{"content": "hi"}],
+    [{"role": "user"}],
+    [{"role": "user", "content": 5}],
+    [[{"role": "user", "content": "hi"}], "x"],
+]
+
+
+@pytest.mark.parametrize("messages", BAD_CHATS, ids=[repr(m) for m in BAD_CHATS])
+def test_bad_chats_are_one_sentence_and_lose_nothing(demo, messages):
+    """Each was an AttributeError or a jinja2 error from the template."""
+    with pytest.raises(UserError, match="message"):
+        demo.chat(messages, TWO)
+    assert demo.chat([{"role": "user", "content": "hi"}], TWO)[0].token_ids
 
 
 def test_identical_across_offload_fractions():

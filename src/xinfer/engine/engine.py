@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import itertools
 import logging
+import operator
 import time
 from dataclasses import replace
 
@@ -305,9 +306,17 @@ class Engine:
                 raise UserError("this model has no tokenizer files; pass token ids instead")
             ids = self.tokenizer.encode(prompt)
         else:
-            ids = list(prompt)
-            if any(not 0 <= t < self.model_config.vocab_size for t in ids):
-                raise UserError(f"prompt token ids must be in [0, {self.model_config.vocab_size})")
+            vocab = self.model_config.vocab_size
+            try:  # ints of any kind (numpy's too), never floats, strings or bools
+                if isinstance(prompt, (bytes, dict)) or any(isinstance(t, bool) for t in prompt):
+                    raise TypeError
+                ids = [operator.index(t) for t in prompt]
+            except TypeError:
+                raise UserError(
+                    f"a prompt must be a string or a list of token ids, got {prompt!r:.80}"
+                ) from None
+            if any(not 0 <= t < vocab for t in ids):
+                raise UserError(f"prompt token ids must be in [0, {vocab})")
         if not ids:
             raise UserError("the prompt is empty")
         if len(ids) >= self.max_model_len:
