@@ -318,6 +318,18 @@ class EngineArgs(OptionSet):
             **kw,
         )
 
+    def _warn_gpu_only(self, is_offload: bool) -> None:
+        """On cpu the GPU memory options size nothing (the limit still sizes MoE offload's
+        slots): said rather than dropped silently."""
+        unused = []
+        if self.gpu_memory_limit_gb is not None and not is_offload:
+            unused.append(f"--gpu-memory-limit-gb {self.gpu_memory_limit_gb:g}")
+        default = next(f for f in fields(self) if f.name == "gpu_memory_utilization").default
+        if self.gpu_memory_utilization != default:
+            unused.append(f"--gpu-memory-utilization {self.gpu_memory_utilization:g}")
+        for flag in unused:
+            logger.warning("%s has no effect on cpu (it sizes GPU memory)", flag)
+
     def _check_reserve(self, offload: str | float | None) -> None:
         """The reserve sizes what `auto` leaves free: refused as an option without `auto`,
         dropped with a warning as a variable."""
@@ -337,6 +349,9 @@ class EngineArgs(OptionSet):
 
     def create_engine_config(self) -> EngineConfig:
         device, parallel = resolve_parallel(self.device)  # several devices: tensor parallel
+        offload = self.offload_config()
+        if device == "cpu":
+            self._warn_gpu_only(offload.is_enabled)
         return EngineConfig(
             model=resolve_model(self.model),
             device=device,
@@ -359,7 +374,7 @@ class EngineArgs(OptionSet):
                 kv_dtype=parse_kv_dtype(self.kv_cache_dtype),
                 gpu_memory_utilization=self.gpu_memory_utilization,
             ),
-            offload=self.offload_config(),
+            offload=offload,
             scheduler=SchedulerConfig(
                 max_num_seqs=self.max_num_seqs,
                 max_num_batched_tokens=self.max_num_batched_tokens,

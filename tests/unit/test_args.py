@@ -161,6 +161,21 @@ def test_reserve_applies_to_auto_only(monkeypatch, caplog):
     assert "has no effect" not in caplog.text
 
 
+def test_gpu_memory_options_on_cpu_say_they_do_nothing(caplog):
+    """They size GPU memory; on cpu they were dropped silently (the limit still sizes MoE
+    offload's slots there, so with offload it is used and nothing is said)."""
+    for kw, said in (
+        (dict(gpu_memory_limit_gb=4.0), "--gpu-memory-limit-gb 4 has no effect on cpu"),
+        (dict(gpu_memory_utilization=0.5), "--gpu-memory-utilization 0.5 has no effect on cpu"),
+        (dict(gpu_memory_limit_gb=4.0, moe_offload="auto"), None),
+        (dict(), None),
+    ):
+        caplog.clear()
+        with caplog.at_level("WARNING", logger="xinfer"):
+            EngineArgs(device="cpu", **kw).create_engine_config()
+        assert (said in caplog.text) if said else "no effect" not in caplog.text, caplog.text
+
+
 def test_flag_wins_over_its_variable(monkeypatch):
     monkeypatch.setenv("XINFER_MOE_OFFLOAD", "0.25")
     monkeypatch.setenv("XINFER_MOE_OFFLOAD_RESERVE_GB", "4")
