@@ -196,6 +196,12 @@ def test_max_model_len_above_the_models_needs_the_override(tiny_dir):
     assert LLM(tiny_dir, device="cpu", max_model_len=100).engine.max_model_len == 100
 
 
+def test_too_few_kv_blocks_names_the_option(tiny_dir):
+    """Blocks given with --num-kv-blocks: the fix is more blocks (it said "free memory")."""
+    with pytest.raises(UserError, match=r"fits 16 tokens.*raise --num-kv-blocks \(32 hold one"):
+        LLM(tiny_dir, device="cpu", num_kv_blocks=1)
+
+
 def test_model_max_len_counts_rope_scaling(tiny_dir, tmp_path):
     plain = ModelConfig.from_dir(tiny_dir)
     assert model_max_len(plain) == 512

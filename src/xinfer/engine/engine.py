@@ -164,9 +164,14 @@ class Engine:
             num_blocks = self.tp.agree_min(num_blocks)  # rank 0's tables index every cache
         blocks_per_seq = -(-self.max_model_len // config.cache.block_size)
         if num_blocks < blocks_per_seq:
+            fix = (
+                f"raise --num-kv-blocks ({blocks_per_seq} hold one sequence)"
+                if config.cache.num_blocks is not None
+                else "free memory"
+            )
             raise UserError(
                 f"the KV cache fits {num_blocks * config.cache.block_size} tokens, fewer than "
-                f"--max-model-len {self.max_model_len}; lower --max-model-len or free memory"
+                f"--max-model-len {self.max_model_len}; lower --max-model-len or {fix}"
             )
         self.kv_tokens = num_blocks * config.cache.block_size
         graphs = None
