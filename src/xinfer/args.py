@@ -452,7 +452,9 @@ class ServerArgs(OptionSet):
         None, "require this bearer key on /v1 requests", env=envs.XINFER_API_KEY
     )
     served_model_name: str | None = option(
-        None, "model name in the API (default: the model directory's name)"
+        None,
+        "model name in the API (default: the model directory's name)",
+        check=lambda name: None if name.strip() else "must not be empty",
     )
     shutdown_grace_s: float = option(
         5.0, "on SIGTERM, seconds open requests get before they are aborted", check=at_least(0)

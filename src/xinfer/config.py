@@ -212,7 +212,13 @@ class ModelConfig:
             raise UserError(f"model path {str(p)!r} is not a directory with a config.json")
         cfg = p / "config.json"
         if not cfg.exists():
-            raise UserError(f"{str(p)!r} has no config.json; point --m at an HF model directory")
+            gguf = sorted(p.glob("*.gguf"))
+            fix = (
+                f"pass the GGUF file itself: --m {gguf[0]}"
+                if gguf
+                else "point --m at an HF model directory"
+            )
+            raise UserError(f"{str(p)!r} has no config.json; {fix}")
         try:
             hf = json.loads(cfg.read_text())
         except json.JSONDecodeError as e:

@@ -37,6 +37,10 @@ def resolve_model(model: str | None) -> str:
         if not (Path(path) / "config.json").exists():
             raise UserError("the bundled demo model is missing from this install; pass --m PATH")
         return path
+    if not model.strip():
+        raise UserError(
+            "--m is empty; give a model directory, a .gguf file, an org/name repo id or demo"
+        )
     if is_repo_id(model):
         return hub_snapshot(model)
     return str(Path(model).expanduser())

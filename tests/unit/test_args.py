@@ -251,6 +251,8 @@ def test_version_flag(capsys):
         (["--gpu-memory-limit-gb", "nan"], None, "--gpu-memory-limit-gb must be a number"),
         # each of these ran with the option dropped silently
         (["--prompt", "hi", "--chat", "--d", "cpu", "--max-tokens", "2"], None, "one of them"),
+        (["--m", " ", "--prompt", "hi"], None, "--m is empty"),  # was "'.' has no config.json"
+        (["--served-model-name", "", "--host", "256.0.0.1"], None, "--served-model-name must"),
         (["--temperature", "0.7", "--host", "256.0.0.1"], None, "--temperature sets the sam"),
         (["--stop", "x", "--host", "256.0.0.1"], None, "server takes sampling per request"),
         (["--prompt", "hi", "--d", "cpu", "--max-tokens", "2", "--ui-server"], None, "--ui-s"),

@@ -74,6 +74,15 @@ def test_repo_ids_and_paths(tmp_path, monkeypatch):
     assert model_display_name("/models/OLMoE", "/models/OLMoE") == "OLMoE"
 
 
+def test_a_directory_of_a_gguf_file_names_the_file(tmp_path):
+    """--m at the directory of a .gguf file: the error says to pass the file itself."""
+    from xinfer.config import ModelConfig
+
+    (tmp_path / "model-Q4_K_M.gguf").write_bytes(b"GGUF")
+    with pytest.raises(UserError, match=r"has no config\.json; .*model-Q4_K_M\.gguf"):
+        ModelConfig.from_dir(tmp_path)
+
+
 def test_cached_model_resolves_without_network(hub_cache, no_network):
     snapshot = add_to_cache(hub_cache, "org/tiny")
     assert Path(resolve_model("org/tiny")) == snapshot
