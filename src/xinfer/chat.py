@@ -222,7 +222,14 @@ def run_chat(engine, params: SamplingParams, read_line: Callable[[str], str] = i
             messages.append({"role": "user", "content": line})
             ctrl_c.mode, ctrl_c.stop = "answering", False  # from Enter on, Ctrl-C stops it
             prompt = tok.encode_chat(messages)  # typed control tokens stay text
-            answer = stream_answer(engine, prompt, params, ctrl_c)
+            try:
+                answer = stream_answer(engine, prompt, params, ctrl_c)
+            except UserError as e:  # e.g. past --max-model-len: this message goes, not the chat
+                ctrl_c.mode = "idle"
+                messages.pop()
+                print(f"xinfer: error: {e}; the message was dropped (/reset starts over)",
+                      file=sys.stderr, flush=True)  # fmt: skip
+                continue
             print(f"\n{answer.summary()}", flush=True)
             messages.append({"role": "assistant", "content": answer.text})
     print()

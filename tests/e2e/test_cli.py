@@ -110,3 +110,21 @@ def test_interactive_chat_keeps_the_conversation(chat_dir):
     )  # fmt: skip
     assert proc.returncode == 0, proc.stderr
     assert proc.stdout.count("> ") == 4  # a prompt before each of the four lines
+
+
+def test_chat_message_over_the_context_is_dropped_and_the_chat_goes_on(chat_dir):
+    """A message that takes the conversation past --max-model-len ended the chat (and lost
+    the conversation); now it is refused in one line and the chat goes on."""
+    proc = subprocess.run(
+        [sys.executable, "-m", "xinfer.cli", "--m", str(chat_dir), "--d", "cpu", "--chat",
+         "--max-model-len", "64", "--max-tokens", "4"],
+        input="word " * 100 + "\nhello\n/exit\n",
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )  # fmt: skip
+    assert proc.returncode == 0, proc.stderr
+    assert "Traceback" not in proc.stderr
+    errors = [ln for ln in proc.stderr.splitlines() if ln.startswith("xinfer: error:")]
+    assert len(errors) == 1 and "max-model-len" in errors[0] and "dropped" in errors[0], errors
+    assert proc.stdout.count("> ") == 3  # asked again after the error, and after the answer
