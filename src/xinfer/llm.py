@@ -115,21 +115,29 @@ class LLM:
         results: list[GenerationResult] = []
         sequences: dict[str, CompletionOutput] = {}
         encoded = [self.engine.encode_prompt(prompt) for prompt in prompts]  # all valid first
-        for ids, p in zip(encoded, params_list):
-            result = GenerationResult(ids)
-            for i, seq_params in enumerate(sequence_params(p)):
-                rid = self.engine.add_request(ids, seq_params)
-                sequences[rid] = CompletionOutput(i)
-                result.outputs.append(sequences[rid])
-            results.append(result)
-        while self.engine.has_unfinished():
-            for delta in self.engine.step():
-                seq = sequences[delta.request_id]
-                seq.token_ids.extend(delta.new_token_ids)
-                seq.text += delta.new_text
-                seq.logprobs.extend(delta.new_logprobs)
-                if delta.finished:
-                    seq.finish_reason, seq.stop_reason = delta.finish_reason, delta.stop_reason
+        try:
+            for ids, p in zip(encoded, params_list):
+                result = GenerationResult(ids)
+                for i, seq_params in enumerate(sequence_params(p)):
+                    rid = self.engine.add_request(ids, seq_params)
+                    sequences[rid] = CompletionOutput(i)
+                    result.outputs.append(sequences[rid])
+                results.append(result)
+            while self.engine.has_unfinished():
+                for delta in self.engine.step():
+                    seq = sequences[delta.request_id]
+                    seq.token_ids.extend(delta.new_token_ids)
+                    seq.text += delta.new_text
+                    seq.logprobs.extend(delta.new_logprobs)
+                    if delta.finished:
+                        seq.finish_reason = delta.finish_reason
+                        seq.stop_reason = delta.stop_reason
+        except BaseException:
+            # a request refused midway (a later prompt's grammar, say), an error inside a step
+            # or Ctrl-C: this call's requests are dropped so that the next call starts clean
+            for rid in sequences:
+                self.engine.abort_request(rid)
+            raise
         return results
 
     def chat(

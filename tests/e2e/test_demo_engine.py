@@ -84,6 +84,28 @@ def test_bad_chats_are_one_sentence_and_lose_nothing(demo, messages):
     assert demo.chat([{"role": "user", "content": "hi"}], TWO)[0].token_ids
 
 
+@pytest.mark.parametrize("error", [RuntimeError("a step failed"), KeyboardInterrupt()])
+def test_a_failing_or_interrupted_generate_leaves_nothing_behind(demo, monkeypatch, error):
+    """An error inside a step (or Ctrl-C) reaches the caller, and the call's requests are
+    dropped: the next generate runs alone (before, the stuck requests ran with it and every
+    later call raised too)."""
+    step = demo.engine.step
+    calls = []
+
+    def failing_once():
+        calls.append(1)
+        if len(calls) == 2:
+            raise error
+        return step()
+
+    monkeypatch.setattr(demo.engine, "step", failing_once)
+    with pytest.raises(type(error)):
+        demo.generate(["def read_file(path):", "import os\n"], TWO)
+    assert not demo.engine.has_unfinished() and not demo.engine.requests
+    monkeypatch.undo()
+    assert demo.generate("hi", TWO)[0].token_ids
+
+
 def test_identical_across_offload_fractions():
     """Learned routing, several prompts batched: every expert-cache size gives the same bits."""
     prompts = ["def read_file(path):", "import os\n", "class Stack:"]
