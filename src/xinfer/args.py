@@ -324,8 +324,7 @@ class EngineArgs(OptionSet):
         unused = []
         if self.gpu_memory_limit_gb is not None and not is_offload:
             unused.append(f"--gpu-memory-limit-gb {self.gpu_memory_limit_gb:g}")
-        default = next(f for f in fields(self) if f.name == "gpu_memory_utilization").default
-        if self.gpu_memory_utilization != default:
+        if self.flag("gpu_memory_utilization") in self.changed():
             unused.append(f"--gpu-memory-utilization {self.gpu_memory_utilization:g}")
         for flag in unused:
             logger.warning("%s has no effect on cpu (it sizes GPU memory)", flag)
