@@ -17,7 +17,8 @@
 # llama-bench at -ngl 99 with -ncmoe 0 and the kit's -ncmoe for the same budget.
 # Results append to bench/results/vs_llamacpp.jsonl (RESET=1 empties it first).
 # Env: ONLY (rows), PP=8192 (prompt length), LCP=/tmp/lcp, NO_LLAMACPP=1 (xinfer only),
-# NO_XINFER=1 (llama.cpp only), LCP_WAIT_S=120 (how long a row waits for the build).
+# NO_XINFER=1 (llama.cpp only), LCP_WAIT_S=120 (how long a row waits for the build),
+# BUDGET_ONLY=1 (the budget rows only: neither engine's resident row).
 set -euo pipefail
 cd "$(dirname "$0")/.."
 KIT=bench/.llamacpp_kit
@@ -61,7 +62,9 @@ llama_bench() {  # file label ncmoe
       "$(tail -n 2 "$LCP/build.log" 2>/dev/null | tr '\n' ' ')); its rows are skipped" >&2
     return 0
   fi
-  for nc in 0 "$3"; do
+  local placements="0 $3"
+  [ "${BUDGET_ONLY:-0}" = 1 ] && placements="$3"
+  for nc in $placements; do
     "$bin" -m "$1" -ngl 99 -fa 1 -t 16 -p "$PP" -n 128 -r 2 -ncmoe "$nc" -o json 2>/dev/null \
       | "$PY" -c '
 import json, sys
@@ -89,8 +92,8 @@ rows | while read -r name preset type budget ncmoe extra keep; do
     # resident and budget rows in two processes: the budget's `auto` sizes its slots from
     # the GPU's free memory, which nothing of the resident engine may still hold
     # XINFER_BENCH_ARGS: more options of bench_vs_llamacpp.py for both (e.g. --q8x)
-    "$PY" bench/bench_vs_llamacpp.py --gguf "$f" --label "$label" --prompt-len "$PP" \
-      ${XINFER_BENCH_ARGS:-} | tee -a "$OUT"
+    [ "${BUDGET_ONLY:-0}" = 1 ] || "$PY" bench/bench_vs_llamacpp.py --gguf "$f" \
+      --label "$label" --prompt-len "$PP" ${XINFER_BENCH_ARGS:-} | tee -a "$OUT"
     "$PY" bench/bench_vs_llamacpp.py --gguf "$f" --label "$label" --budget-gb "$budget" \
       --skip-resident --prompt-len "$PP" ${XINFER_BENCH_ARGS:-} | tee -a "$OUT"
     [ "${NO_LLAMACPP:-0}" = 1 ] || llama_bench "$f" "$label" "$ncmoe"

@@ -17,7 +17,8 @@ q() { # quantoff with offload args $2, its outputs renamed with tag $1
 Q="--rates 0.2 --batches 1 --steps 64 --warmup-steps 16 --ttft-tokens ''"
 if [ "$MODE" = healthy ]; then
   # the list for a healthy host (issue 16's llama.cpp rows need the kit carried)
-  GPU_RUN_LIMIT=$(lim) VS_ROWS=q15 bash $G vsllama 2>&1 | tail -12
+  GPU_RUN_LIMIT=$(lim) VS_TIMEOUT=$(($(lim) - 15)) BUDGET_ONLY=1 VS_ROWS="q15 q15_isq" \
+    bash $G vsllama 2>&1 | tail -14
 else
   # the list for a slow host
   q p16 "$Q --prefetch 0,2"
