@@ -10,7 +10,8 @@ import sys
 import time
 
 from xinfer import __version__
-from xinfer.args import EngineArgs, RunArgs, SamplingArgs, ServerArgs, build_parser
+from xinfer.args import EngineArgs
+from xinfer.cli_args import RunArgs, SamplingArgs, ServerArgs, build_parser
 from xinfer.errors import UserError
 from xinfer.model_source import model_display_name
 from xinfer.sampling import SamplingParams

@@ -1,7 +1,8 @@
 """The machinery behind declared options: `option(...)` declares one field of an option set
 (its default, help text, command-line flags, choices, environment variable and check), and
 `OptionSet` turns a dataclass of them into argparse arguments and validates its values, so
-the command line and the Python API read the same declarations. The sets are in `args.py`."""
+the command line and the Python API read the same declarations. The sets are in `args.py`
+(the engine's) and `cli_args.py` (the command line's other groups)."""
 
 from __future__ import annotations
 

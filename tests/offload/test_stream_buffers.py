@@ -173,7 +173,8 @@ def test_stream_buffers_option():
     """`--moe-offload-stream-buffers`: auto (None), 1 or 2, as a string (the command line)
     or a number (LLM's keyword); anything else, or 1 or 2 without offload, is one sentence."""
     from xinfer import __version__
-    from xinfer.args import EngineArgs, build_parser
+    from xinfer.args import EngineArgs
+    from xinfer.cli_args import build_parser
 
     assert OffloadConfig(fraction=0.2).stream_buffers is None
     assert EngineArgs(moe_offload=0.2).offload_config().stream_buffers is None

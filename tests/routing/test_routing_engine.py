@@ -10,7 +10,8 @@ import pytest
 from tiny_models import make_hf_model, prompts, write_checkpoint
 
 from xinfer import LLM, SamplingParams, UserError, __version__
-from xinfer.args import EngineArgs, build_parser
+from xinfer.args import EngineArgs
+from xinfer.cli_args import build_parser
 from xinfer.routing.trace import read_trace, request_streams
 
 GREEDY = SamplingParams(max_tokens=12, temperature=0.0, ignore_eos=True)

@@ -13,7 +13,8 @@ import torch
 from tiny_models import make_hf_model, write_checkpoint
 
 from xinfer import LLM, SamplingParams, UserError, __version__, cli
-from xinfer.args import OPTION_SETS, EngineArgs, build_parser
+from xinfer.args import EngineArgs
+from xinfer.cli_args import OPTION_SETS, build_parser
 from xinfer.config import ModelConfig
 from xinfer.engine.engine import model_max_len
 
@@ -268,7 +269,7 @@ def test_cli_mistakes_are_one_line(argv, env, needle, capsys, monkeypatch):
 
 
 def test_log_level_is_case_insensitive(monkeypatch):
-    from xinfer.args import RunArgs
+    from xinfer.cli_args import RunArgs
 
     ns = build_parser(__version__).parse_args(["--log-level", "DEBUG"])
     assert RunArgs.from_namespace(ns).logging_level == 10

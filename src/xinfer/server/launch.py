@@ -21,7 +21,7 @@ from pathlib import Path
 import uvicorn
 
 from xinfer import envs
-from xinfer.args import ServerArgs
+from xinfer.cli_args import ServerArgs
 from xinfer.config import EngineConfig
 from xinfer.engine.async_engine import AsyncEngine
 from xinfer.errors import UserError
