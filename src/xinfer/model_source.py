@@ -5,7 +5,6 @@ network); if it is not there (or incomplete) it is downloaded with progress bars
 
 from __future__ import annotations
 
-import json
 import logging
 import re
 from importlib import resources
@@ -13,6 +12,7 @@ from pathlib import Path
 
 from xinfer import envs
 from xinfer.errors import UserError
+from xinfer.weights.safetensors_index import indexed_shards
 
 logger = logging.getLogger("xinfer")
 
@@ -57,13 +57,12 @@ def is_complete_checkpoint(path: Path) -> bool:
     """config.json and every safetensors shard its index names (or one safetensors file)."""
     if not (path / "config.json").is_file():
         return False
-    index = path / "model.safetensors.index.json"
-    if index.is_file():
-        try:
-            shards = set(json.loads(index.read_text())["weight_map"].values())
-        except (ValueError, KeyError, TypeError, AttributeError):  # a damaged index
-            return False
-        return all((path / shard).is_file() for shard in shards)
+    try:
+        shards = indexed_shards(path)
+    except UserError:  # a damaged index: download it again
+        return False
+    if shards is not None:
+        return all(shard.is_file() for shard in shards)
     return any(path.glob("*.safetensors"))
 
 

@@ -84,8 +84,11 @@ def test_damaged_weights_file_is_one_sentence(hf_model, tmp_path, damage):
         LLM(str(tmp_path), device="cpu")
 
 
-@pytest.mark.parametrize("text", ["{bad", "[1, 2]", '{"weight_map": 5}'])
+@pytest.mark.parametrize(
+    "text", ["{bad", "[1, 2]", '{"weight_map": 5}', '{"weight_map": {"a": 1}}', '{"metadata": {}}']
+)
 def test_damaged_index_is_one_sentence(hf_model, tmp_path, text):
+    """An index without a weight_map loaded no shard and then named every tensor missing."""
     hf_model.save_pretrained(tmp_path, max_shard_size="20KB")
     (tmp_path / "model.safetensors.index.json").write_text(text)
     with pytest.raises(UserError, match=r"model\.safetensors\.index\.json is not a valid index"):

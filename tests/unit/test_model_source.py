@@ -113,6 +113,18 @@ def test_incomplete_cache_is_downloaded(hub_cache, monkeypatch):
     assert is_complete_checkpoint(snapshot)
 
 
+@pytest.mark.parametrize(
+    "text", ["{bad", "[1, 2]", "{}", '{"weight_map": 5}', '{"weight_map": {"a": null}}']
+)
+def test_a_damaged_index_is_an_incomplete_snapshot(tmp_path, text):
+    """Read by the loader's parser: a damaged index means download again (a weight_map of
+    non-names raised a TypeError here)."""
+    snapshot = Path(shutil.copytree(demo_model_path(), tmp_path / "snapshot"))
+    assert is_complete_checkpoint(snapshot)
+    (snapshot / "model.safetensors.index.json").write_text(text)
+    assert not is_complete_checkpoint(snapshot)
+
+
 def _response(status: int) -> httpx.Response:
     return httpx.Response(status, request=httpx.Request("GET", "https://huggingface.co/x"))
 

@@ -3,7 +3,6 @@ with a progress bar; only one tensor at a time is held beyond the memory map."""
 
 from __future__ import annotations
 
-import json
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -12,16 +11,16 @@ from safetensors import SafetensorError, safe_open
 from tqdm import tqdm
 
 from xinfer.errors import UserError
+from xinfer.weights.safetensors_index import INDEX_FILE, indexed_shards
 
 
 def checkpoint_files(model_dir: str | Path) -> list[Path]:
     d = Path(model_dir)
-    index = d / "model.safetensors.index.json"
-    if index.exists():
-        files = sorted({d / f for f in read_weight_map(index).values()})
+    files = indexed_shards(d)
+    if files is not None:
         absent = [f.name for f in files if not f.exists()]
         if absent:
-            raise UserError(f"{index.name} lists shards that are missing: {', '.join(absent)}")
+            raise UserError(f"{INDEX_FILE} lists shards that are missing: {', '.join(absent)}")
         return files
     files = sorted(d.glob("*.safetensors"))
     if not files:
@@ -30,20 +29,6 @@ def checkpoint_files(model_dir: str | Path) -> list[Path]:
             "--load-format dummy"
         )
     return files
-
-
-def read_weight_map(index: Path) -> dict[str, str]:
-    """The tensor → shard file map of a sharded checkpoint's index."""
-    try:
-        weight_map = json.loads(index.read_text()).get("weight_map", {})
-    except (ValueError, AttributeError):
-        weight_map = None
-    if not isinstance(weight_map, dict) or not all(isinstance(f, str) for f in weight_map.values()):
-        raise UserError(
-            f"{index.name} is not a valid index (a JSON object whose weight_map maps tensor "
-            "names to shard files); download it again"
-        )
-    return weight_map
 
 
 def iter_safetensors(
