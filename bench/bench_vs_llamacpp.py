@@ -112,6 +112,9 @@ def build_parser() -> argparse.ArgumentParser:
     ap.add_argument("--stream-buffers", default="auto", choices=("auto", "1", "2"),
                     help="--moe-offload-stream-buffers of the budget run (the prompt pass's "
                     "buffers; the row's stream_buffers is the count the engine took)")  # fmt: skip
+    ap.add_argument("--reserve-gb", type=float, default=None,
+                    help="--moe-offload-reserve-gb of the budget run (what `auto` leaves free; "
+                    "default: the engine's)")  # fmt: skip
     ap.add_argument("--prefetch", type=int, default=DEFAULT_PREFETCH_DISTANCE,
                     help="--moe-prefetch of the budget run (layers ahead; 0: off; default: "
                     "the engine's)")  # fmt: skip
@@ -143,6 +146,9 @@ def engine_runs(args: argparse.Namespace) -> list[tuple[str, dict]]:
         if args.stream_buffers != "auto":  # rows name a forced count
             budget["moe_offload_stream_buffers"] = args.stream_buffers
             where += f" {args.stream_buffers} stream buffer" + ("s" * (args.stream_buffers != "1"))
+        if args.reserve_gb is not None:  # rows name a reserve they were given
+            budget["moe_offload_reserve_gb"] = args.reserve_gb
+            where += f" reserve {args.reserve_gb:g} GB"
         budget["moe_prefetch"] = args.prefetch  # rows before 2026-12-06 ran without it
         if args.prefetch:
             where += f" prefetch {args.prefetch}"
@@ -182,6 +188,9 @@ def main() -> None:
         row.update(measure(llm, args.prompt_len, args.decode_tokens))
         row.update(_offload_summary(llm))
         print(json.dumps(row), flush=True)
+        free = {k: round(v / 2**30, 3) for k, v in llm.engine.startup_free.items()}
+        print(f"[{placement}] free GPU GiB after each start-up step: {free}",
+              file=sys.stderr, flush=True)  # fmt: skip
         del llm
         gc.collect()
         if torch.cuda.is_available():

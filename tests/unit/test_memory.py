@@ -77,3 +77,29 @@ def test_blocks_cached_by_torch_count_as_free(monkeypatch):
     # a 24 GB limit: 80 - 16 = 64 GB in use by live tensors and others, more than the limit
     assert memory.usable_gpu_bytes(cuda, 24.0) == 0
     assert memory.usable_gpu_bytes(cuda, 72.0) == 8 * GIB
+
+
+def test_kv_shortfall_names_the_start_up_steps_that_took_memory():
+    """A KV cache short of one sequence under offload says how much start-up took after the
+    slot plan, step by step; nothing where offload is off or too little went missing."""
+    from xinfer.engine.memory import kv_shortfall_reason
+
+    gib = 1 << 30
+    free = {
+        "weights": 9 * gib,
+        "offload plan": 3 * gib,
+        "offload": 3 * gib - (100 << 20),
+        "state slots": 3 * gib - (100 << 20),
+        "routing": 3 * gib - (150 << 20),
+        "kv sizing": 3 * gib - (150 << 20),
+    }
+    text = kv_shortfall_reason(free, is_offload=True)
+    assert "took 0.15 GB" in text
+    assert "offload 0.10 GB" in text and "routing 0.05 GB" in text
+    assert "weights" not in text  # before the plan: not what the plan missed
+    assert "--moe-offload-reserve-gb" in text
+    assert kv_shortfall_reason(free, is_offload=False) == ""
+    small = dict(free, **{"kv sizing": 3 * gib - (8 << 20), "routing": 3 * gib})
+    small["offload"] = small["state slots"] = 3 * gib
+    assert kv_shortfall_reason(small, is_offload=True) == ""
+    assert kv_shortfall_reason({"weights": gib}, is_offload=True) == ""

@@ -14,7 +14,12 @@ import torch
 from xinfer import envs
 from xinfer.config import EngineConfig, ModelConfig
 from xinfer.engine.kv_cache import BlockAllocator
-from xinfer.engine.memory import min_free_gpu_bytes, plan_num_blocks
+from xinfer.engine.memory import (
+    kv_shortfall_reason,
+    min_free_gpu_bytes,
+    plan_num_blocks,
+    usable_gpu_bytes,
+)
 from xinfer.engine.output import OutputProcessor
 from xinfer.engine.prefix_cache import PrefixCacheStats
 from xinfer.engine.request import Request, RequestOutput
@@ -64,10 +69,15 @@ class Engine:
         self.startup_phases: dict[str, float] = {}
         phase_start = [t_start]
 
+        # free GPU bytes (as `--gpu-memory-limit-gb` counts them) after each phase, on CUDA:
+        # a KV cache that comes out short names the phase that took the memory
+        self.startup_free: dict[str, int] = {}
+
         def phase_done(name: str) -> None:
             now = time.monotonic()
             self.startup_phases[name] = now - phase_start[0]
             phase_start[0] = now
+            self._note_free(name)
 
         self.config = config
         # the kernel switches are read at every call: a bad value fails here, before loading
@@ -140,6 +150,9 @@ class Engine:
             self.offload_manager = enable_offload(
                 self.model, config, offload, self.device, min_free_bytes=one_seq
             )
+            planned = getattr(self.offload_manager, "planned_free_bytes", None)
+            if planned is not None:  # a KV cache that comes out short compares with it
+                self.startup_free["offload plan"] = planned
             phase_done("offload")
         self.num_state_slots = plan_state_slots(
             cfg, config, self.device, self.dtype, kv_dtype, self.max_model_len, self.state_copies
@@ -149,14 +162,18 @@ class Engine:
         if self.num_state_slots:
             scheduler_config = replace(config.scheduler, max_num_seqs=self.num_state_slots)
             config = self.config = replace(config, scheduler=scheduler_config)
+        self._note_free("state slots")
         self.routing = self._install_routing(config)  # its per-request rows: the runner's
+        self._note_free("routing")
         if self.offload_manager is not None and offload.prefetch_layers:
             from xinfer.offload.prefetch_setup import install_prefetch
 
             max_decode = config.scheduler.max_num_seqs  # the widest call that predicts
             install_prefetch(self.model, self.offload_manager, offload, self.routing, max_decode)
+            self._note_free("prefetch")
         per_seq = cfg.state_bytes_per_seq(self.dtype) * self.state_copies
         self.state_bytes = self.num_state_slots * per_seq
+        self._note_free("kv sizing")
         num_blocks = plan_num_blocks(
             cfg, config, self.device, kv_dtype, self.max_model_len, reserved_bytes=self.state_bytes
         )
@@ -172,6 +189,7 @@ class Engine:
             raise UserError(
                 f"the KV cache fits {num_blocks * config.cache.block_size} tokens, fewer than "
                 f"--max-model-len {self.max_model_len}; lower --max-model-len or {fix}"
+                + kv_shortfall_reason(self.startup_free, self.offload_manager is not None)
             )
         self.kv_tokens = num_blocks * config.cache.block_size
         graphs = None
@@ -238,6 +256,11 @@ class Engine:
         expert_bytes = plan.host_expert_bytes
         weight_bytes = plan.device_bytes + (expert_bytes if plan.is_offloaded else 0)
         logger.info("%s", startup_summary(self, load_s, weight_bytes, expert_bytes))
+
+    def _note_free(self, step: str) -> None:
+        """Record the free GPU bytes after start-up step `step` (CUDA only)."""
+        if self.device.type == "cuda":
+            self.startup_free[step] = usable_gpu_bytes(self.device, self.config.gpu_memory_limit_gb)
 
     def _use_prefix_caching(self) -> bool:
         """On unless switched off, or the model keeps per-request state (a recurrent

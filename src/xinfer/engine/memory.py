@@ -120,3 +120,28 @@ def plan_num_blocks(
         want = blocks_per_seq * min(engine.scheduler.max_num_seqs, 8)
         return max(blocks_per_seq, min(want, _CPU_MAX_KV_BYTES // per_block))
     return max(0, (gpu_kv_budget(engine, device) - reserved_bytes) // per_block)
+
+
+def kv_shortfall_reason(free_after: dict[str, int], is_offload: bool) -> str:
+    """What to add to the "KV cache fits fewer tokens than --max-model-len" error: where
+    MoE offload sized its slots to leave one sequence's KV cache free, the GPU memory start-up
+    took after that, step by step (`free_after`: free bytes after each start-up step in order,
+    from "offload plan" (what the slot plan meant to leave) or "offload" to "kv sizing");
+    "" where there is nothing to say."""
+    first = next((k for k in ("offload plan", "offload") if k in free_after), None)
+    if not is_offload or first is None or "kv sizing" not in free_after:
+        return ""
+    taken = free_after[first] - free_after["kv sizing"]
+    if taken < 16 << 20:
+        return ""
+    steps = list(free_after)
+    steps = steps[steps.index(first) : steps.index("kv sizing") + 1]
+    parts = [
+        f"{later} {(free_after[earlier] - free_after[later]) / GIB:.2f} GB"
+        for earlier, later in zip(steps, steps[1:])
+    ]
+    return (
+        f" (start-up took {taken / GIB:.2f} GB of GPU memory after MoE offload had sized its "
+        f"slots to leave room for it: {', '.join(parts)}; a larger --moe-offload-reserve-gb "
+        "leaves more)"
+    )

@@ -36,6 +36,7 @@ from xinfer.offload.sizing import (
     SlotPlan,
     auto_reserve_bytes,
     device_budget_bytes,
+    device_bytes_for,
     plan_slots,
 )
 from xinfer.offload.slot_pool import (
@@ -82,6 +83,8 @@ class OffloadManager:
         self.max_call_tokens = max_call_tokens  # tokens of the widest MoE call the caches fit
         self.layer_streamer = LayerStreamer(device, packed_stager)
         self.prefetcher = None  # set by offload/prefetch_setup.py when prefetch is on
+        # free GPU bytes the slot plan meant to leave (None off CUDA or without a budget)
+        self.planned_free_bytes: int | None = None
 
     @property
     def slots_per_layer(self) -> list[int]:
@@ -139,6 +142,7 @@ def enable_offload(
         first = next(iter(layer.expert_tensors.values()))
         row_bytes = sum(t[0].numel() * t.element_size() for t in layer.expert_tensors.values())
         shapes.append(LayerShape(first.shape[0], layer.top_k, row_bytes))
+    budget = None
     if any(_is_on(layer, device) for layer in layers):  # built in place: all resident
         plan = SlotPlan(max((s.num_experts for s in shapes), default=0), MAX_STREAM_BUFFERS)
     else:
@@ -251,9 +255,13 @@ def enable_offload(
     if executors:
         stats.link = check_link(executors[0], device)
     num_resident = len(layers) - len(executors)
-    return OffloadManager(
+    manager = OffloadManager(
         store, executors, pools, stats, offload, device, max_call_tokens, num_resident, stager
     )
+    if budget is not None and device.type == "cuda":  # what the slot plan meant to leave free
+        used = device_bytes_for(shapes, plan.slots, offload.compress, plan.stream_buffers)
+        manager.planned_free_bytes = budget - used
+    return manager
 
 
 def streamed_together(model: torch.nn.Module) -> int:
