@@ -1,11 +1,12 @@
 """Arrival counters: one int32 tensor per device for kernels whose programs finish a
 reduction themselves instead of leaving it to a second launch. Each program of a group (the
-pairs of a token's MoE tile, the K splits of a linear's output tile) stores its part, then
-adds 1 to its group's counter (acquire-release, GPU scope); the one that sees the group's
-last arrival reads the parts, writes the result and sets the counter back to 0, so the
-counters are zero between launches and a CUDA graph can replay them
-(`fused_moe.combine_when_last`, `gemv.reduce_when_last`). Bits: the finishing program adds
-the parts in the second kernel's order, so the output is the two-launch path's.
+pairs of a token's MoE tile, the K splits of a linear's output tile, the key splits of a
+decode sequence's KV head) stores its part, then adds 1 to its group's counter
+(acquire-release, GPU scope); the one that sees the group's last arrival reads the parts,
+writes the result and sets the counter back to 0, so the counters are zero between launches
+and a CUDA graph can replay them (`fused_moe.combine_when_last`, `gemv.reduce_when_last`,
+`attention._merge_when_last`). Bits: the finishing program adds the parts in the second
+kernel's order, so the output is the two-launch path's.
 
 The tensor is made at a call outside any CUDA graph capture (made inside, it would come from
 the graph's pool and die with it): a launcher that gets None combines in a second launch, with

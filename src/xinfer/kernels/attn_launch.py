@@ -9,7 +9,7 @@ import math
 import torch
 import triton
 
-from xinfer.kernels import reference
+from xinfer.kernels import arrivals, reference
 from xinfer.kernels.triton import attention as attn_kernels
 from xinfer.kernels.triton.kv_cache import store_kv_kernel
 from xinfer.kernels.triton.norm import rms_norm_kernel
@@ -132,9 +132,14 @@ DECODE_CONFIGS: tuple[tuple[int, dict[str, int]], ...] = (
     (4096, dict(SPLIT_LEN=64, BLOCK_N=32, num_warps=4, num_stages=3)),
     (8192, dict(SPLIT_LEN=128, BLOCK_N=32, num_warps=4, num_stages=3)),
 )
-# Splits merged per step of the decode reduce. Fixed, like its warps: the merge's summation
-# order (so the bits) then depends on the split length only, not on the number of splits.
+# Splits merged per step of the decode merge. Fixed: the merge's summation order (so the
+# bits) then depends on the launch config row (split length, warps) only, not on the number
+# of splits.
 REDUCE_BLOCK_S = 64
+# Decode attention's splits are merged by each (sequence, KV head)'s last split to arrive
+# (one launch fewer an attention layer, the same bits; `arrivals`); False, or no counters
+# (a CUDA graph captured before any were made): `reduce_splits`, a launch of its own.
+FUSED_DECODE_REDUCE = True
 
 
 def decode_config(q: torch.Tensor, head_dim: int, max_seq_len: int) -> dict[str, int]:
@@ -237,9 +242,12 @@ def _common_args(paged: tuple, out: torch.Tensor) -> tuple[tuple[int, ...], dict
 
 def _decode(paged: tuple, scale: float, max_seq_len: int, cfg: dict, window: dict) -> torch.Tensor:
     """Split (flash-decoding) then merge, always (even for one split), so that a sequence's
-    bits depend only on the split length, not on the bound, the batch or the other rows."""
-    q, block_tables, seq_lens = paged[0], paged[3], paged[4]
+    bits depend only on the split length, not on the bound, the batch or the other rows. The
+    merge runs in the decode launch's last split of each (sequence, KV head) when
+    FUSED_DECODE_REDUCE is on and `arrivals` gives counters, else in `reduce_splits`."""
+    q, k_cache, block_tables, seq_lens = paged[0], paged[1], paged[3], paged[4]
     num_seqs, num_heads, head_dim = q.shape
+    num_kv_heads = k_cache.shape[2]
     out = torch.empty(q.shape, dtype=q.dtype, device=q.device)
     strides, constexprs = _common_args(paged, out)
     block_n = cfg.pop("BLOCK_N")
@@ -247,18 +255,36 @@ def _decode(paged: tuple, scale: float, max_seq_len: int, cfg: dict, window: dic
     splits = decode_num_splits(max_seq_len, split_len)
     part_out = q.new_empty((num_seqs, num_heads, splits, head_dim))
     part_lse = q.new_empty((num_seqs, num_heads, splits), dtype=torch.float32)
-    group = constexprs["GROUP"]
-    attn_kernels.decode_kernel[(num_seqs, num_heads // group, splits)](
-        *paged, part_out, part_lse, scale * LOG2E, splits, split_len,
-        block_tables.shape[1], window["window"], *strides[:-2], BLOCK_G=_pow2(group, 16),
-        BLOCK_N=block_n, HAS_WINDOW=window["HAS_WINDOW"], **constexprs, **cfg,
+    groups = num_seqs * num_kv_heads
+    counters = arrivals.counters(q.device, groups) if FUSED_DECODE_REDUCE else None
+    attn_kernels.decode_kernel[(num_seqs, num_kv_heads, splits)](
+        *paged, part_out, part_lse, out, seq_lens if counters is None else counters,
+        scale * LOG2E, splits, split_len, block_tables.shape[1], window["window"], *strides,
+        BLOCK_G=_pow2(constexprs["GROUP"], 16), BLOCK_N=block_n, BLOCK_S=REDUCE_BLOCK_S,
+        HAS_WINDOW=window["HAS_WINDOW"], REDUCE=counters is not None, **constexprs, **cfg,
     )  # fmt: skip
-    attn_kernels.decode_reduce_kernel[(num_seqs, num_heads)](
-        part_out, part_lse, seq_lens, out, splits, split_len, window["window"], *strides[-2:],
-        HEAD_DIM=head_dim, BLOCK_S=REDUCE_BLOCK_S, BLOCK_D=constexprs["BLOCK_D"],
-        HAS_WINDOW=window["HAS_WINDOW"], num_warps=4,
-    )  # fmt: skip
+    if counters is None:
+        reduce_splits(part_out, part_lse, seq_lens, out, split_len, window, cfg.get("num_warps", 4))
     return out
+
+
+def reduce_splits(
+    part_out: torch.Tensor,
+    part_lse: torch.Tensor,
+    seq_lens: torch.Tensor,
+    out: torch.Tensor,
+    split_len: int,
+    window: dict,
+    num_warps: int,
+) -> None:
+    """The decode merge as a launch of its own (`decode_reduce_kernel`), with the decode
+    launch's warps: the fused merge's layouts, so its reductions' order and bits."""
+    num_seqs, num_heads, splits, head_dim = part_out.shape
+    attn_kernels.decode_reduce_kernel[(num_seqs, num_heads)](
+        part_out, part_lse, seq_lens, out, splits, split_len, window["window"], out.stride(0),
+        out.stride(1), HEAD_DIM=head_dim, BLOCK_S=REDUCE_BLOCK_S, BLOCK_D=_pow2(head_dim, 16),
+        HAS_WINDOW=window["HAS_WINDOW"], num_warps=num_warps,
+    )  # fmt: skip
 
 
 def _prefill(

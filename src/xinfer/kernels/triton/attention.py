@@ -2,7 +2,9 @@
 
 Decode (one query per sequence), flash-decoding: one program per (sequence, KV head, split)
 holds all the query heads of that KV head, so K/V are read once, and attends to a fixed range
-of `split_len` keys; a second kernel merges each query head's non-empty splits in order.
+of `split_len` keys; each query head's non-empty splits are then merged in order, by the last
+split of its (sequence, KV head) to arrive (`REDUCE`, counters from kernels/arrivals.py) or by
+a second kernel, `decode_reduce_kernel` — the same code (`_merge_head`), the same bits.
 Prefill: flash-attention tiles over packed variable-length queries, rows = (token, query head
 of the group). With a sliding window W (`HAS_WINDOW`, Gemma 3's local layers) a query at
 position p sees keys (p - W, p] only: decode skips the splits before the window, prefill
@@ -56,6 +58,72 @@ def _softmax_step(q, k, v, s_mask, m_i, l_i, acc, scale_log2, DOT_PRECISION: tl.
     return m_new, l_i, acc
 
 
+@triton.jit
+def _merge_head(
+    part_out_ptr, part_lse_ptr, out_ptr, seq, head, num_heads, seq_len, num_splits, split_len,
+    window, stride_ot, stride_oh,
+    HEAD_DIM: tl.constexpr, BLOCK_S: tl.constexpr, BLOCK_D: tl.constexpr,
+    HAS_WINDOW: tl.constexpr, CACHE: tl.constexpr,
+):  # fmt: skip
+    """Merge the non-empty splits of query head `head` of sequence `seq` (of `num_heads`),
+    BLOCK_S at a time in split order, so the bits depend on neither the batch nor
+    num_splits, and store out[seq, head]; seq_len 0 gives zeros. `CACHE`: the parts' load
+    cache modifier (".cg" where another program of this launch stored them)."""
+    used = tl.minimum(tl.cdiv(seq_len, split_len), num_splits)  # keys past the bound: unread
+    first = 0
+    if HAS_WINDOW:  # the first split that holds a key of the window
+        first = tl.maximum(seq_len - window, 0) // split_len
+    s = tl.arange(0, BLOCK_S)
+    d = tl.arange(0, BLOCK_D)
+    d_mask = d < HEAD_DIM
+    base = (seq.to(tl.int64) * num_heads + head) * num_splits
+    m_run = tl.full([], float("-inf"), tl.float32)
+    l_run = tl.zeros([], tl.float32)
+    acc = tl.zeros([BLOCK_D], tl.float32)
+    for s0 in range(first, used, BLOCK_S):
+        s_mask = s0 + s < used
+        rows = base + s0 + s
+        lse = tl.load(part_lse_ptr + rows, mask=s_mask, other=float("-inf"), cache_modifier=CACHE)
+        o_ptrs = part_out_ptr + rows[:, None] * HEAD_DIM + d[None, :]
+        o_mask = s_mask[:, None] & d_mask[None, :]
+        o = tl.load(o_ptrs, mask=o_mask, other=0.0, cache_modifier=CACHE).to(tl.float32)
+        m_new = tl.maximum(m_run, tl.max(lse, axis=0))  # finite: split `first` is non-empty
+        alpha = tl.exp2(m_run - m_new)
+        w = tl.exp2(lse - m_new)
+        l_run = l_run * alpha + tl.sum(w, axis=0)
+        acc = acc * alpha + tl.sum(o * w[:, None], axis=0)
+        m_run = m_new
+    out = acc / tl.where(l_run > 0, l_run, 1.0)
+    o_ptrs = out_ptr + seq.to(tl.int64) * stride_ot + head * stride_oh + d
+    tl.store(o_ptrs, out.to(out_ptr.dtype.element_ty), mask=d_mask)
+
+
+@triton.jit
+def _merge_when_last(
+    part_out_ptr, part_lse_ptr, out_ptr, count_ptr, seq, kv_head, num_kv_heads, seq_len,
+    num_splits, split_len, window, stride_ot, stride_oh,
+    HEAD_DIM: tl.constexpr, GROUP: tl.constexpr, BLOCK_S: tl.constexpr,
+    BLOCK_D: tl.constexpr, HAS_WINDOW: tl.constexpr,
+):  # fmt: skip
+    """The tail of every decode program, empty splits included: the split that completes
+    (sequence, KV head) — the last of `num_splits` to arrive at its counter — merges the
+    splits of each of the KV head's GROUP query heads as `decode_reduce_kernel` does
+    (`_merge_head`, reading the stored, rounded parts) and sets the counter back to 0. The
+    CTA barrier puts every thread's part stores before the counter's release; the last
+    split acquires it and reads the others' parts from L2 (`.cg`)."""
+    counter = count_ptr + seq * num_kv_heads + kv_head
+    tl.debug_barrier()
+    arrived = tl.atomic_add(counter, 1, sem="acq_rel", scope="gpu")
+    if arrived == num_splits - 1:
+        for g in range(GROUP):
+            _merge_head(
+                part_out_ptr, part_lse_ptr, out_ptr, seq, kv_head * GROUP + g,
+                num_kv_heads * GROUP, seq_len, num_splits, split_len, window, stride_ot,
+                stride_oh, HEAD_DIM, BLOCK_S, BLOCK_D, HAS_WINDOW, ".cg",
+            )  # fmt: skip
+        tl.store(counter, 0)
+
+
 @triton.jit(do_not_specialize=["num_splits", "split_len", "table_blocks", "window"])
 def decode_kernel(
     q_ptr,  # (B, Hq, D): one query token per sequence
@@ -65,6 +133,8 @@ def decode_kernel(
     seq_lens_ptr,  # (B,) 0 = padding row
     part_out_ptr,  # (B, Hq, num_splits, D) normalised partial outputs, in q's dtype
     part_lse_ptr,  # (B, Hq, num_splits) float32 log2-sum-exp2 of the split's scores
+    out_ptr,  # (B, Hq, D), written with REDUCE only
+    count_ptr,  # (>= B * Hk,) int32 arrival counters, zero; read with REDUCE only
     scale_log2,
     num_splits,
     split_len,  # keys per split, a multiple of BLOCK_N
@@ -79,6 +149,8 @@ def decode_kernel(
     stride_vs,
     stride_vh,
     stride_bt,
+    stride_ot,
+    stride_oh,
     HEAD_DIM: tl.constexpr,
     KV_BLOCK_SIZE: tl.constexpr,
     GROUP: tl.constexpr,
@@ -86,11 +158,15 @@ def decode_kernel(
     BLOCK_N: tl.constexpr,
     BLOCK_D: tl.constexpr,
     DOT_PRECISION: tl.constexpr,
+    BLOCK_S: tl.constexpr,  # splits a merge step (REDUCE)
     HAS_WINDOW: tl.constexpr = False,
+    REDUCE: tl.constexpr = False,
 ):
     """Partial attention of one (sequence, KV head) over keys [split * split_len, +split_len)
     (fixed ranges, independent of the batch). Splits past the sequence's end, or wholly
-    before its window, write nothing: the merge reads only the splits in between."""
+    before its window, write nothing: the merge reads only the splits in between. With
+    REDUCE every program then arrives at its (sequence, KV head)'s counter and the last one
+    merges (`_merge_when_last`); otherwise `decode_reduce_kernel` follows."""
     seq, kv_head, split = tl.program_id(0), tl.program_id(1), tl.program_id(2)
     start = split * split_len
     g = tl.arange(0, BLOCK_G)
@@ -107,31 +183,39 @@ def decode_kernel(
     if HAS_WINDOW:  # the query is at seq_len - 1: keys from seq_len - W on
         start = tl.maximum(start, seq_len - window)
         blk = _block_ids(table, start + tl.arange(0, BLOCK_N), table_blocks, KV_BLOCK_SIZE)
-    if start >= end:
-        return
+    if start < end:  # an empty split stores nothing (but arrives, with REDUCE)
+        m_i = tl.full([BLOCK_G], float("-inf"), tl.float32)
+        l_i = tl.zeros([BLOCK_G], tl.float32)
+        acc = tl.zeros([BLOCK_G, BLOCK_D], tl.float32)
+        k_base = k_cache_ptr + kv_head * stride_kh
+        v_base = v_cache_ptr + kv_head * stride_vh
+        for n0 in range(start, end, BLOCK_N):
+            n = n0 + tl.arange(0, BLOCK_N)
+            n_mask = n < end
+            k = _load_kv_rows(
+                k_base, blk, n, n_mask, d, d_mask, KV_BLOCK_SIZE, stride_kb, stride_ks
+            )
+            v = _load_kv_rows(
+                v_base, blk, n, n_mask, d, d_mask, KV_BLOCK_SIZE, stride_vb, stride_vs
+            )
+            blk = _block_ids(table, n + BLOCK_N, table_blocks, KV_BLOCK_SIZE)  # next tile's
+            m_i, l_i, acc = _softmax_step(
+                q, k.to(q.dtype), v.to(q.dtype), n_mask[None, :], m_i, l_i, acc, scale_log2,
+                DOT_PRECISION,
+            )  # fmt: skip
 
-    m_i = tl.full([BLOCK_G], float("-inf"), tl.float32)
-    l_i = tl.zeros([BLOCK_G], tl.float32)
-    acc = tl.zeros([BLOCK_G, BLOCK_D], tl.float32)
-    k_base = k_cache_ptr + kv_head * stride_kh
-    v_base = v_cache_ptr + kv_head * stride_vh
-    for n0 in range(start, end, BLOCK_N):
-        n = n0 + tl.arange(0, BLOCK_N)
-        n_mask = n < end
-        k = _load_kv_rows(k_base, blk, n, n_mask, d, d_mask, KV_BLOCK_SIZE, stride_kb, stride_ks)
-        v = _load_kv_rows(v_base, blk, n, n_mask, d, d_mask, KV_BLOCK_SIZE, stride_vb, stride_vs)
-        blk = _block_ids(table, n + BLOCK_N, table_blocks, KV_BLOCK_SIZE)  # next tile's
-        m_i, l_i, acc = _softmax_step(
-            q, k.to(q.dtype), v.to(q.dtype), n_mask[None, :], m_i, l_i, acc, scale_log2,
-            DOT_PRECISION,
+        row = (seq.to(tl.int64) * GROUP * tl.num_programs(1) + heads) * num_splits + split
+        out = acc / l_i[:, None]  # l_i >= 1: the split holds at least one key
+        out_ptrs = part_out_ptr + row[:, None] * HEAD_DIM + d[None, :]
+        out_mask = g_mask[:, None] & d_mask[None, :]
+        tl.store(out_ptrs, out.to(part_out_ptr.dtype.element_ty), mask=out_mask)
+        tl.store(part_lse_ptr + row, m_i + tl.log2(l_i), mask=g_mask)
+    if REDUCE:
+        _merge_when_last(
+            part_out_ptr, part_lse_ptr, out_ptr, count_ptr, seq, kv_head, tl.num_programs(1),
+            seq_len, num_splits, split_len, window, stride_ot, stride_oh, HEAD_DIM, GROUP,
+            BLOCK_S, BLOCK_D, HAS_WINDOW,
         )  # fmt: skip
-
-    row = (seq.to(tl.int64) * GROUP * tl.num_programs(1) + heads) * num_splits + split
-    out = acc / l_i[:, None]  # l_i >= 1: the split holds at least one key
-    out_ptrs = part_out_ptr + row[:, None] * HEAD_DIM + d[None, :]
-    out_mask = g_mask[:, None] & d_mask[None, :]
-    tl.store(out_ptrs, out.to(part_out_ptr.dtype.element_ty), mask=out_mask)
-    tl.store(part_lse_ptr + row, m_i + tl.log2(l_i), mask=g_mask)
 
 
 @triton.jit(do_not_specialize=["num_splits", "split_len", "window"])
@@ -150,36 +234,14 @@ def decode_reduce_kernel(
     BLOCK_D: tl.constexpr,
     HAS_WINDOW: tl.constexpr = False,
 ):
-    """Merge the non-empty splits of one (sequence, query head), BLOCK_S at a time in split
-    order, so the bits depend on neither the batch nor num_splits; seq_len 0 gives zeros."""
+    """grid (B, Hq): merge the non-empty splits of one (sequence, query head)
+    (`_merge_head`), in a launch after `decode_kernel`'s."""
     seq, head = tl.program_id(0), tl.program_id(1)
     seq_len = tl.load(seq_lens_ptr + seq).to(tl.int32)
-    used = tl.minimum(tl.cdiv(seq_len, split_len), num_splits)  # keys past the bound: unread
-    first = 0
-    if HAS_WINDOW:  # the first split that holds a key of the window
-        first = tl.maximum(seq_len - window, 0) // split_len
-    s = tl.arange(0, BLOCK_S)
-    d = tl.arange(0, BLOCK_D)
-    d_mask = d < HEAD_DIM
-    base = (seq.to(tl.int64) * tl.num_programs(1) + head) * num_splits
-    m_run = tl.full([], float("-inf"), tl.float32)
-    l_run = tl.zeros([], tl.float32)
-    acc = tl.zeros([BLOCK_D], tl.float32)
-    for s0 in range(first, used, BLOCK_S):
-        s_mask = s0 + s < used
-        rows = base + s0 + s
-        lse = tl.load(part_lse_ptr + rows, mask=s_mask, other=float("-inf"))
-        o_ptrs = part_out_ptr + rows[:, None] * HEAD_DIM + d[None, :]
-        o = tl.load(o_ptrs, mask=s_mask[:, None] & d_mask[None, :], other=0.0).to(tl.float32)
-        m_new = tl.maximum(m_run, tl.max(lse, axis=0))  # finite: split `first` is non-empty
-        alpha = tl.exp2(m_run - m_new)
-        w = tl.exp2(lse - m_new)
-        l_run = l_run * alpha + tl.sum(w, axis=0)
-        acc = acc * alpha + tl.sum(o * w[:, None], axis=0)
-        m_run = m_new
-    out = acc / tl.where(l_run > 0, l_run, 1.0)
-    o_ptrs = out_ptr + seq.to(tl.int64) * stride_ot + head * stride_oh + d
-    tl.store(o_ptrs, out.to(out_ptr.dtype.element_ty), mask=d_mask)
+    _merge_head(
+        part_out_ptr, part_lse_ptr, out_ptr, seq, head, tl.num_programs(1), seq_len, num_splits,
+        split_len, window, stride_ot, stride_oh, HEAD_DIM, BLOCK_S, BLOCK_D, HAS_WINDOW, "",
+    )  # fmt: skip
 
 
 @triton.jit
