@@ -150,7 +150,7 @@ class Engine:
             self.offload_manager = enable_offload(
                 self.model, config, offload, self.device, min_free_bytes=one_seq
             )
-            planned = getattr(self.offload_manager, "planned_free_bytes", None)
+            planned = self.offload_manager.planned_free_bytes
             if planned is not None:  # a KV cache that comes out short compares with it
                 self.startup_free["offload plan"] = planned
             phase_done("offload")

@@ -5,6 +5,7 @@ into the host store, attaches an `OffloadExecutor` per MoE layer, and returns th
 from __future__ import annotations
 
 import dataclasses
+import functools
 import logging
 from collections import Counter
 from collections.abc import Iterator
@@ -38,6 +39,7 @@ from xinfer.offload.sizing import (
     device_budget_bytes,
     device_bytes_for,
     plan_slots,
+    unplanned_bytes,
 )
 from xinfer.offload.slot_pool import (
     MAX_STREAM_BUFFERS,
@@ -228,15 +230,70 @@ def enable_offload(
     sched = engine_config.scheduler
     max_call_tokens = max(sched.max_num_batched_tokens, sched.max_num_seqs)
     top_k = max((sh.top_k for sh in shapes), default=1)
+    build = functools.partial(
+        _attach_slots, layers, offloaded, hosts, stats, offload, device, max_call_tokens * top_k,
+        profile, store,
+    )  # fmt: skip
+    built = build(plan)
+    if built.executors:
+        stats.link = check_link(built.executors[0], device)
+    if offload.is_auto and budget is not None and len(offloaded) == len(layers):
+        reserve = auto_reserve_bytes(offload, min_free_bytes)
+        limit = engine_config.gpu_memory_limit_gb
+        short = unplanned_bytes(device, limit, budget, shapes, plan, offload.compress, reserve)
+        fewer = plan_slots(shapes, offload, budget - short, min_free_bytes) if short else plan
+        if fewer.slots < plan.slots:
+            logger.info(
+                "MoE offload: start-up took %.2f GB of GPU memory more than the slot plan "
+                "counts; %d slots a layer instead of %d keep what 'auto' leaves free",
+                short / GIB,
+                fewer.slots,
+                plan.slots,
+            )
+            plan, budget = fewer, budget - short
+            built = None  # the old pools go before the new ones are made
+            for i in offloaded:
+                layers[i].executor = None
+            built = build(plan)
+    _log_summary(offload, shapes, stats, store)
+    num_resident = len(layers) - len(built.executors)
+    manager = OffloadManager(
+        store, built.executors, built.pools, stats, offload, device, max_call_tokens,
+        num_resident, built.stager,
+    )  # fmt: skip
+    if budget is not None and device.type == "cuda":  # what the slot plan meant to leave free
+        used = device_bytes_for(shapes, plan.slots, offload.compress, plan.stream_buffers)
+        manager.planned_free_bytes = budget - used
+    return manager
+
+
+@dataclasses.dataclass
+class _Slots:
+    caches: list
+    pools: list
+    executors: list
+    stager: PackedStager | None
+
+
+def _attach_slots(
+    layers, offloaded, hosts, stats, offload, device, max_call_ids, profile, store, plan
+) -> _Slots:
+    """The device rows of `plan`'s slots for the offloaded layers
+    (`slot_pool.build_slot_caches`), their executors attached to the layers, and the prompt
+    pass's packed stager: everything the slot plan counts, allocated before the KV cache is
+    sized."""
+    slots = [min(plan.slots, e) for e in stats.num_experts]
+    for i in offloaded:  # (every other layer holds all its experts)
+        stats.slots[i] = slots[i]
     caches, pools = build_slot_caches(
         hosts,
         [slots[i] for i in offloaded],
         device,
         [stats.counters[i] for i in offloaded],  # each layer's row (a view) of the stats
-        max_call_tokens * top_k,
+        max_call_ids,
         offload.policy,
         plan.stream_buffers,
-    )  # allocated now, so that the KV cache sized next leaves room for them
+    )
     executors = []
     bounce = _copy_engine_buffers(offload, device)  # checked even when nothing is offloaded
     for i, host, cache in zip(offloaded, hosts, caches):
@@ -246,22 +303,12 @@ def enable_offload(
             executor.copies = LayerCopies(cache, host, bounce)
         layer.attach_executor(executor)
         executors.append(executor)
-    stager = _packed_stager(hosts, caches, device)  # before the KV cache is sized, too
+    stager = _packed_stager(hosts, caches, device)
     stats.pinned_bytes = store.nbytes if store.is_pinned else 0
     regions = sum(p.region_nbytes for p in pools)
     stats.staging_buffer_bytes = regions + (stager.nbytes if stager else 0)
     stats.stream_buffers = plan.stream_buffers if pools else 0  # none: nothing streams
-    _log_summary(offload, shapes, stats, store)
-    if executors:
-        stats.link = check_link(executors[0], device)
-    num_resident = len(layers) - len(executors)
-    manager = OffloadManager(
-        store, executors, pools, stats, offload, device, max_call_tokens, num_resident, stager
-    )
-    if budget is not None and device.type == "cuda":  # what the slot plan meant to leave free
-        used = device_bytes_for(shapes, plan.slots, offload.compress, plan.stream_buffers)
-        manager.planned_free_bytes = budget - used
-    return manager
+    return _Slots(caches, pools, executors, stager)
 
 
 def streamed_together(model: torch.nn.Module) -> int:

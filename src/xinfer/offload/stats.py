@@ -124,8 +124,6 @@ class OffloadStats:
         self.pinned_bytes = 0
         self.staging_buffer_bytes = 0  # device memory of the staging rows and buffers
         self.stream_buffers = 0  # the prompt pass's stream buffers (slot_pool.py regions)
-        # free GPU bytes the slot plan meant to leave (None off CUDA or without a budget)
-        self.planned_free_bytes: int | None = None
         self.profile: CallProfile | None = None
         # (L, NUM_PREFETCH_COUNTERS) int64, columns as in prefetch_table.py (prefetch on)
         self.prefetch_counters = torch.zeros(
