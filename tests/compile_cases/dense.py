@@ -76,19 +76,20 @@ def _attention(dtype, decode: bool, hq: int, hk: int, head_dim: int, window=None
         )  # fmt: skip
 
 
-def _decode_merged_apart(*args, **kwargs) -> None:
-    """`_attention` with decode's splits merged in a launch of their own (FUSED_DECODE_REDUCE
-    off: `decode_reduce_kernel`)."""
+def _decode_merged_in_launch(*args, **kwargs) -> None:
+    """`_attention` with decode's splits merged by their last program (FUSED_DECODE_REDUCE
+    on: no `decode_reduce_kernel`)."""
     from xinfer.kernels import attn_launch
 
-    with mock.patch.object(attn_launch, "FUSED_DECODE_REDUCE", False):
+    with mock.patch.object(attn_launch, "FUSED_DECODE_REDUCE", True):
         _attention(*args, **kwargs)
 
 
 def _attention_cases() -> None:
     for decode in (True, False):
         kind = "decode" if decode else "prefill"
-        kernels = "decode_kernel" if decode else "prefill_kernel"  # decode: merged (REDUCE)
+        # decode: the splits merged in a launch of their own (FUSED_DECODE_REDUCE off)
+        kernels = "decode_kernel decode_reduce_kernel" if decode else "prefill_kernel"
         for dtype in (BF16, F16, F32):
             for window in (None, 512):
                 w = f"-window{window}" if window else ""
@@ -102,11 +103,12 @@ def _attention_cases() -> None:
             cache_dtype=FP8)  # fmt: skip
         add(f"attn-{kind}-fp16-hd128-block32", kernels, _attention, F16, decode, 16, 4, 128,
             block_size=32)  # fmt: skip
-    apart = "decode_kernel decode_reduce_kernel"
-    add("attn-decode-bf16-hd128-g4-merge-apart", apart, _decode_merged_apart, BF16, True, 32, 8,
-        128)  # fmt: skip
-    add("attn-decode-bf16-hd256-g2-window-merge-apart", apart, _decode_merged_apart, BF16, True,
-        8, 4, 256, 1024)  # fmt: skip
+    add("attn-decode-bf16-hd128-g4-merged", "decode_kernel", _decode_merged_in_launch, BF16,
+        True, 32, 8, 128)  # fmt: skip
+    add("attn-decode-bf16-hd256-g2-window-merged", "decode_kernel", _decode_merged_in_launch,
+        BF16, True, 8, 4, 256, 1024)  # fmt: skip
+    add("attn-decode-fp32-hd128-g4-merged", "decode_kernel", _decode_merged_in_launch, F32,
+        True, 32, 8, 128)  # fmt: skip
 
 
 _attention_cases()

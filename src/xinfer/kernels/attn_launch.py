@@ -136,10 +136,13 @@ DECODE_CONFIGS: tuple[tuple[int, dict[str, int]], ...] = (
 # bits) then depends on the launch config row (split length, warps) only, not on the number
 # of splits.
 REDUCE_BLOCK_S = 64
-# Decode attention's splits are merged by each (sequence, KV head)'s last split to arrive
-# (one launch fewer an attention layer, the same bits; `arrivals`); False, or no counters
-# (a CUDA graph captured before any were made): `reduce_splits`, a launch of its own.
-FUSED_DECODE_REDUCE = True
+# True: decode attention's splits are merged by each (sequence, KV head)'s last split to
+# arrive (one launch fewer an attention layer, the same bits as apart; `arrivals`). False,
+# or no counters (a CUDA graph captured before any were made): `reduce_splits`, a launch of
+# its own. Off until a GPU has run tests/kernels/test_decode_reduce_fused_gpu.py (memory
+# ordering and the merge's order as compiled; the interpreter shows the same bits) and timed
+# it (bench/NOTES.md, twenty-seventh session).
+FUSED_DECODE_REDUCE = False
 
 
 def decode_config(q: torch.Tensor, head_dim: int, max_seq_len: int) -> dict[str, int]:
