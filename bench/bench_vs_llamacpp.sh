@@ -50,7 +50,7 @@ WRITER="$KIT/write_random_gguf.py"
 rows() {
   echo "q4_k qwen3-30b-a3b q4_k 12 17 - 0"
   echo "q8_0 qwen3-30b-a3b q8_0 24 13 - 0"
-  echo "q15 qwen1.5-moe-a2.7b bf16 12 17 - 1"
+  echo "q15 qwen1.5-moe-a2.7b bf16 12 17 compress 1"  # bf16 experts cross the link packed
   echo "q15_isq qwen1.5-moe-a2.7b bf16 12 - isq 0"
 }
 llama_bench() {  # file label ncmoe
@@ -94,8 +94,9 @@ rows | while read -r name preset type budget ncmoe extra keep; do
     # XINFER_BENCH_ARGS: more options of bench_vs_llamacpp.py for both (e.g. --q8x)
     [ "${BUDGET_ONLY:-0}" = 1 ] || "$PY" bench/bench_vs_llamacpp.py --gguf "$f" \
       --label "$label" --prompt-len "$PP" ${XINFER_BENCH_ARGS:-} | tee -a "$OUT"
+    packed=""; [ "$extra" = compress ] && packed="--compress"
     "$PY" bench/bench_vs_llamacpp.py --gguf "$f" --label "$label" --budget-gb "$budget" \
-      --skip-resident --prompt-len "$PP" ${XINFER_BENCH_ARGS:-} | tee -a "$OUT"
+      --skip-resident --prompt-len "$PP" $packed ${XINFER_BENCH_ARGS:-} | tee -a "$OUT"
     [ "${NO_LLAMACPP:-0}" = 1 ] || llama_bench "$f" "$label" "$ncmoe"
   fi
   [ "$keep" = 1 ] || rm -f "$f"
