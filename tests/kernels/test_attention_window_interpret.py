@@ -10,6 +10,7 @@ from __future__ import annotations
 import pytest
 import torch
 from interpreter_child import child_only, interpreter_child_test, require_interpreted
+from paged_cases import paged_case
 
 pytest.importorskip("triton")
 
@@ -25,19 +26,6 @@ def al():
     return attn_launch
 
 
-def _paged(dtype, seq_lens, query_lens, hq, hk, head_dim=32, block_size=16, seed=0):
-    g = torch.Generator().manual_seed(seed)
-    max_blocks = max(-(-s // block_size) for s in seq_lens) + 1
-    num_blocks = len(seq_lens) * max_blocks + 3
-    k_cache = torch.randn(num_blocks, block_size, hk, head_dim, generator=g).to(dtype)
-    v_cache = torch.randn(num_blocks, block_size, hk, head_dim, generator=g).to(dtype)
-    perm = torch.randperm(num_blocks, generator=g)[: len(seq_lens) * max_blocks]
-    block_tables = perm.view(len(seq_lens), max_blocks).to(torch.int32)
-    q = torch.randn(sum(query_lens), hq, head_dim, generator=g).to(dtype)
-    qsl = torch.tensor([0, *query_lens]).cumsum(0).to(torch.int32)
-    return q, k_cache, v_cache, block_tables, torch.tensor(seq_lens, dtype=torch.int32), qsl
-
-
 @child_only
 @pytest.mark.parametrize("dtype", [torch.float32, torch.float16])
 @pytest.mark.parametrize("window, split_len", [(5, 16), (40, 16), (37, 48)])
@@ -45,7 +33,7 @@ def test_decode_window_matches_reference(al, dtype, window, split_len):
     from xinfer.kernels import reference
 
     seq_lens = [1, 17, 150, 0, 41]  # 0: a graph padding row
-    case = _paged(dtype, seq_lens, [1] * 5, hq=8, hk=2)
+    case = paged_case(dtype, seq_lens, [1] * 5, hq=8, hk=2)
     out = al.paged_attention(*case, 0.2, 1, 150, split_len=split_len, sliding_window=window)
     ref = reference.paged_attention(*case, 0.2, sliding_window=window)
     live = torch.tensor(seq_lens) > 0
@@ -65,7 +53,7 @@ def test_prefill_window_matches_reference(al, dtype, window):
 
     # whole prompts and chunks after a cached context (seq_len > query_len)
     seq_lens, query_lens = [70, 33, 9, 100], [70, 13, 9, 37]
-    case = _paged(dtype, seq_lens, query_lens, hq=4, hk=2, seed=1)
+    case = paged_case(dtype, seq_lens, query_lens, hq=4, hk=2, seed=1)
     out = al.paged_attention(*case, 0.3, max(query_lens), max(seq_lens), sliding_window=window)
     ref = reference.paged_attention(*case, 0.3, sliding_window=window)
     torch.testing.assert_close(out, ref, **TOL[dtype])

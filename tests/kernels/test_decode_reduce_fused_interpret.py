@@ -19,6 +19,7 @@ import pytest
 import torch
 from fused_tails import assert_counters_zero, run_switched
 from interpreter_child import child_only, interpreter_child_test, require_interpreted
+from paged_cases import paged_case
 
 pytest.importorskip("triton")
 
@@ -38,19 +39,6 @@ def al():
 
     require_interpreted(attn_launch.attn_kernels.decode_kernel)
     return attn_launch
-
-
-def _case(dtype, seq_lens, hq, hk, head_dim=32, block_size=16, seed=0):
-    g = torch.Generator().manual_seed(seed)
-    max_blocks = max(-(-s // block_size) for s in seq_lens) + 1
-    num_blocks = len(seq_lens) * max_blocks + 3
-    k_cache = torch.randn(num_blocks, block_size, hk, head_dim, generator=g).to(dtype)
-    v_cache = torch.randn(num_blocks, block_size, hk, head_dim, generator=g).to(dtype)
-    perm = torch.randperm(num_blocks, generator=g)[: len(seq_lens) * max_blocks]
-    block_tables = perm.view(len(seq_lens), max_blocks).to(torch.int32)
-    q = torch.randn(len(seq_lens), hq, head_dim, generator=g).to(dtype)
-    qsl = torch.arange(len(seq_lens) + 1, dtype=torch.int32)
-    return q, k_cache, v_cache, block_tables, torch.tensor(seq_lens, dtype=torch.int32), qsl
 
 
 def _decode(al, case, bound: int, window: int | None, split_len: int = SPLIT_LEN):
@@ -76,7 +64,7 @@ def _run(al, monkeypatch, call, fused: bool):
 @pytest.mark.parametrize("window", WINDOWS, ids=["no-window", "window20", "window3"])
 def test_fused_merge_has_the_reduce_kernels_bits(al, monkeypatch, dtype, heads, batch, window):
     seq_lens = BATCHES[batch]
-    case = _case(dtype, seq_lens, *HEADS[heads], seed=len(seq_lens))
+    case = paged_case(dtype, seq_lens, None, *HEADS[heads], seed=len(seq_lens))
     call = _decode(al, case, bound=max(max(seq_lens), 1) + 5, window=window)
     apart, launches_apart = _run(al, monkeypatch, call, fused=False)
     fused, launches_fused = _run(al, monkeypatch, call, fused=True)
@@ -97,7 +85,7 @@ def test_fused_merge_matches_the_reference(al, monkeypatch) -> None:
     (the bit tests compare the two paths only)."""
     from xinfer.kernels import reference
 
-    case = _case(torch.float32, [1, 17, 0, 90], 8, 2, seed=5)
+    case = paged_case(torch.float32, [1, 17, 0, 90], None, 8, 2, seed=5)
     for window in (None, 20):
         out, launches = _run(al, monkeypatch, _decode(al, case, 100, window), fused=True)
         ref = reference.paged_attention(*case, 0.2, sliding_window=window)
@@ -111,7 +99,7 @@ def test_fused_merge_over_more_splits_than_a_merge_step(al, monkeypatch, split_l
     """65 splits of 16 keys, more than REDUCE_BLOCK_S (two merge steps, a window across
     their border), and 22 splits of three tiles."""
     seq_lens = [al.REDUCE_BLOCK_S * 16 + 9, 5]
-    case = _case(torch.float32, seq_lens, 4, 1, head_dim=16, block_size=32, seed=3)
+    case = paged_case(torch.float32, seq_lens, None, 4, 1, head_dim=16, block_size=32, seed=3)
     for window in (None, 100):
         call = _decode(al, case, max(seq_lens), window, split_len=split_len)
         apart, _ = _run(al, monkeypatch, call, fused=False)
@@ -126,7 +114,7 @@ def test_without_counters_the_merge_runs_apart(al, monkeypatch) -> None:
     groups than counters): the two-launch path, the fused path's bits."""
     from xinfer.kernels import arrivals
 
-    case = _case(torch.bfloat16, [1, 17, 0, 90], 8, 2, seed=7)
+    case = paged_case(torch.bfloat16, [1, 17, 0, 90], None, 8, 2, seed=7)
     call = _decode(al, case, 95, 20)
     fused, launches = _run(al, monkeypatch, call, fused=True)
     assert launches == 0
