@@ -193,7 +193,17 @@ def main() -> None:
         help="the MoE combine and split-K reduce as launches of their own (the A side of an "
         "A/B against the fused tails, kernels/arrivals.py)",
     )
+    ap.add_argument(
+        "--fused-attention-merge",
+        action="store_true",
+        help="decode attention's splits merged by their last program "
+        "(attn_launch.FUSED_DECODE_REDUCE, off by default until timed)",
+    )
     args = ap.parse_args()
+    if args.fused_attention_merge:
+        from xinfer.kernels import attn_launch
+
+        attn_launch.FUSED_DECODE_REDUCE = True
     if args.separate_tails:
         from xinfer.kernels import gemv_launch, moe_launch
 
@@ -209,6 +219,7 @@ def main() -> None:
         "copy_bw": bw,
         "torch": torch.__version__,
         "tails": "separate" if args.separate_tails else "fused",
+        "attention_merge": "fused" if args.fused_attention_merge else "apart",
     }
     hf = None
     if not args.no_hf:
