@@ -199,7 +199,17 @@ def main() -> None:
         help="decode attention's splits merged by their last program "
         "(attn_launch.FUSED_DECODE_REDUCE, off by default until timed)",
     )
+    ap.add_argument(
+        "--pdl",
+        action="store_true",
+        help="decode kernels launched with programmatic dependent launch "
+        "(kernels/pdl.py ENABLED, off by default until timed)",
+    )
     args = ap.parse_args()
+    if args.pdl:
+        from xinfer.kernels import pdl
+
+        pdl.ENABLED = True
     if args.fused_attention_merge:
         from xinfer.kernels import attn_launch
 
@@ -220,6 +230,7 @@ def main() -> None:
         "torch": torch.__version__,
         "tails": "separate" if args.separate_tails else "fused",
         "attention_merge": "fused" if args.fused_attention_merge else "apart",
+        "pdl": args.pdl,
     }
     hf = None
     if not args.no_hf:

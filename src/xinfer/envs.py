@@ -84,6 +84,12 @@ def XINFER_DISABLE_TRITON() -> bool:
     return _bool("XINFER_DISABLE_TRITON")
 
 
+def XINFER_PDL() -> bool:
+    """Launch the decode kernels with programmatic dependent launch on sm_90+ GPUs
+    (kernels/pdl.py; off by default until timed)."""
+    return _bool("XINFER_PDL")
+
+
 def XINFER_PREFILL_ATTENTION() -> str:
     """`triton` (default) or `flash`: a long one-sequence prefill step (a prompt pass's
     chunks) on torch's flash attention instead of the Triton kernel (kernels/attn_flash.py)."""

@@ -82,6 +82,7 @@ class Engine:
         self.config = config
         # the kernel switches are read at every call: a bad value fails here, before loading
         envs.XINFER_DISABLE_TRITON()
+        envs.XINFER_PDL()
         envs.XINFER_PREFILL_ATTENTION()
         self.device = torch.device(config.device)
         self.model_config = cfg = ModelConfig.from_dir(config.model)

@@ -9,7 +9,7 @@ import math
 import torch
 import triton
 
-from xinfer.kernels import arrivals, reference
+from xinfer.kernels import arrivals, pdl, reference
 from xinfer.kernels.triton import attention as attn_kernels
 from xinfer.kernels.triton.kv_cache import store_kv_kernel
 from xinfer.kernels.triton.norm import rms_norm_kernel
@@ -58,7 +58,7 @@ def rms_norm(
         rms_norm_kernel[(num_rows,)](
             xr, rr, weight.contiguous(), out, res_out, inner, sx0, sx1, sr0, sr1, n_cols, eps,
             HAS_RESIDUAL=residual is not None, BLOCK_N=block_n,
-            num_warps=max(1, min(16, block_n // 256)),
+            num_warps=max(1, min(16, block_n // 256)), **pdl.options(x),
         )  # fmt: skip
     return out if residual is None else (out, res_out)
 
@@ -265,6 +265,7 @@ def _decode(paged: tuple, scale: float, max_seq_len: int, cfg: dict, window: dic
         scale * LOG2E, splits, split_len, block_tables.shape[1], window["window"], *strides,
         BLOCK_G=_pow2(constexprs["GROUP"], 16), BLOCK_N=block_n, BLOCK_S=REDUCE_BLOCK_S,
         HAS_WINDOW=window["HAS_WINDOW"], REDUCE=counters is not None, **constexprs, **cfg,
+        **pdl.options(q),
     )  # fmt: skip
     if counters is None:
         reduce_splits(part_out, part_lse, seq_lens, out, split_len, window, cfg.get("num_warps", 4))
@@ -286,7 +287,7 @@ def reduce_splits(
     attn_kernels.decode_reduce_kernel[(num_seqs, num_heads)](
         part_out, part_lse, seq_lens, out, splits, split_len, window["window"], out.stride(0),
         out.stride(1), HEAD_DIM=head_dim, BLOCK_S=REDUCE_BLOCK_S, BLOCK_D=_pow2(head_dim, 16),
-        HAS_WINDOW=window["HAS_WINDOW"], num_warps=num_warps,
+        HAS_WINDOW=window["HAS_WINDOW"], num_warps=num_warps, **pdl.options(out),
     )  # fmt: skip
 
 

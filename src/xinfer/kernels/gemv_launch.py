@@ -15,7 +15,7 @@ from dataclasses import dataclass
 import torch
 import triton
 
-from xinfer.kernels import arrivals
+from xinfer.kernels import arrivals, pdl
 from xinfer.kernels.triton import gemv as gemv_jit
 
 MAX_M = 16  # rows per call: one BLOCK_M tile of the kernel
@@ -173,7 +173,7 @@ def _launch(x, weight, bias, out, cfg: GemvConfig) -> None:
         x.stride(0), weight.stride(0), *sk.part_strides, out.stride(0),
         HAS_BIAS=sk.fuse_bias, BLOCK_M=MAX_M, BLOCK_N=cfg.block_n, BLOCK_K=cfg.block_k,
         DOT_PRECISION=precision, REDUCE=sk.reduce, num_warps=cfg.num_warps,
-        num_stages=cfg.num_stages,
+        num_stages=cfg.num_stages, **pdl.options(x),
     )  # fmt: skip
     sk.finish(bias, out)
 

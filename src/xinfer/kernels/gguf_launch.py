@@ -34,7 +34,7 @@ import torch
 import triton
 
 from xinfer import kernels
-from xinfer.kernels import gemv_launch, moe_align, moe_launch, quant_launch, quant_prefill
+from xinfer.kernels import gemv_launch, moe_align, moe_launch, pdl, quant_launch, quant_prefill
 from xinfer.kernels import gguf_q8x_launch as q8x
 from xinfer.kernels.triton import gguf_dequant_kernel as deq_jit
 from xinfer.kernels.triton import gguf_gemm as jit
@@ -234,7 +234,7 @@ def _gemv_linear(x2, w, btype: BlockType, bias, out, t: GGUFTiles) -> None:
         x2.stride(0), w.stride(0), *sk.part_strides, out.stride(0),
     )  # fmt: skip
     consts = dict(BTYPE=btype.type_id, HAS_BIAS=sk.fuse_bias, BLOCK_N=t.block_n, SUBS=t.subs,
-                  REDUCE=sk.reduce, num_warps=t.num_warps)  # fmt: skip
+                  REDUCE=sk.reduce, num_warps=t.num_warps, **pdl.options(x2))  # fmt: skip
     if t.block_m == 1:
         jit.gguf_linear_gemv_kernel[grid](*args, **consts)
     else:
@@ -338,14 +338,14 @@ def fused_moe(
             hidden, topk_ids, w13, inter_buf, hidden_dim, inter,
             hidden.stride(0), *s13, inter_buf.stride(0),
             BTYPE=btype13.type_id, TOP_K=top_k, BLOCK_N=t.block_n, SUBS=t.subs,
-            num_warps=t.num_warps,
+            num_warps=t.num_warps, **pdl.options(hidden),
         )  # fmt: skip
         counters, fused = moe_launch.combine_tail(out, t.block_n)
         jit.gguf_moe_down_gemv_kernel[(num_pairs, triton.cdiv(hidden_dim, t.block_n))](
             inter_buf, topk_ids, w2, y, topk_weights, out, counters, hidden_dim, inter,
             inter_buf.stride(0), *s2, y.stride(0), out.stride(0),
             BTYPE=btype2.type_id, BLOCK_N=t.block_n, SUBS=t.subs, TOP_K=top_k,
-            COMBINE=fused, num_warps=t.num_warps,
+            COMBINE=fused, num_warps=t.num_warps, **pdl.options(hidden),
         )  # fmt: skip
     else:
         fused = False

@@ -14,7 +14,7 @@ from dataclasses import dataclass
 import torch
 import triton
 
-from xinfer.kernels import arrivals, moe_align
+from xinfer.kernels import arrivals, moe_align, pdl
 from xinfer.kernels.triton import activation, routing
 from xinfer.kernels.triton import fused_moe as moe_jit
 
@@ -157,6 +157,7 @@ def _moe_gemv(hidden, topk_ids, topk_weights, w13, w2, out, cfg: MoeConfig) -> N
         hidden_dim, inter_dim,
         hidden.stride(0), w13.stride(0), w13.stride(1), inter.stride(0),
         TOP_K=top_k, BLOCK_N=cfg.block_n, BLOCK_K=cfg.block_k, num_warps=cfg.num_warps,
+        **pdl.options(hidden),
     )  # fmt: skip
     down_n = cfg.down_block_n or cfg.block_n
     y = hidden.new_empty(num_tokens * top_k, hidden_dim)  # (T*k, H) unweighted outputs
@@ -167,7 +168,7 @@ def _moe_gemv(hidden, topk_ids, topk_weights, w13, w2, out, cfg: MoeConfig) -> N
         hidden_dim, inter_dim,
         inter.stride(0), w2.stride(0), w2.stride(1), y.stride(0), out.stride(0),
         BLOCK_N=down_n, BLOCK_K=min(cfg.block_k, triton.next_power_of_2(inter_dim)),
-        TOP_K=top_k, COMBINE=fused, num_warps=cfg.num_warps,
+        TOP_K=top_k, COMBINE=fused, num_warps=cfg.num_warps, **pdl.options(hidden),
     )  # fmt: skip
     if not fused:
         _combine(y, topk_weights, out, top_k)
@@ -262,6 +263,7 @@ def route_topk(
         logits, weights, ids, num_experts, logits.stride(0),
         TOP_K=top_k, RENORMALIZE=renormalize, BLOCK_E=block_e,
         BLOCK_K=triton.next_power_of_2(top_k), num_warps=4 if block_e >= 512 else 2,
+        **pdl.options(logits),
     )  # fmt: skip
     return weights, ids
 

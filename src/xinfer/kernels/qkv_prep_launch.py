@@ -7,7 +7,7 @@ from __future__ import annotations
 import torch
 import triton
 
-from xinfer.kernels import reference
+from xinfer.kernels import pdl, reference
 from xinfer.kernels.triton.qkv_prep import qkv_prep_kernel
 
 
@@ -72,5 +72,6 @@ def qkv_prep(
         BLOCK_HALF=max(1, triton.next_power_of_2(rot_half)),
         FP8_MAX=float(torch.finfo(k_cache.dtype).max) if k_cache.element_size() == 1 else 0.0,
         num_warps=max(1, min(16, block_d // 256)),  # rms_norm's choice: same sum order
+        **pdl.options(q),
     )  # fmt: skip
     return q_out

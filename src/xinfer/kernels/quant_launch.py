@@ -21,7 +21,7 @@ import torch
 import triton
 
 from xinfer import kernels
-from xinfer.kernels import gemv_launch, moe_align, moe_launch, quant_prefill
+from xinfer.kernels import gemv_launch, moe_align, moe_launch, pdl, quant_prefill
 from xinfer.kernels.quant_groups import group_t, packed
 from xinfer.kernels.triton import quant_gemm as jit
 from xinfer.quant.base import KernelWeights, WeightFormat
@@ -266,6 +266,7 @@ def _gemv_linear(x2, kw: KernelWeights, bias, out, tiles: QuantTiles) -> None:
         **_fmt_kw(kw), PACKED=packed(kw), HAS_BIAS=sk.fuse_bias, BLOCK_N=tiles.block_n,
         BLOCK_K=tiles.block_k, GROUP_T=group_t(kw, tiles.block_k, k), REDUCE=sk.reduce,
         EVEN=even(n, k, tiles.block_n, tiles.block_k), num_warps=tiles.num_warps,
+        **pdl.options(x2),
     )  # fmt: skip
     if tiles.block_m == 4:
         if not (factored and rows_tiles_fit(kw, tiles.block_k, k)):
@@ -357,7 +358,7 @@ def fused_moe(
             BLOCK_K=t.block_k, GROUP_T=group_t(kw13, t.block_k, hidden_dim),
             FACTORED=factored, WORDS=words(kw13, t.block_k, hidden_dim),
             EVEN=even(inter, hidden_dim, t.block_n, t.block_k), JOINED=t.joined,
-            num_warps=t.num_warps,
+            num_warps=t.num_warps, **pdl.options(hidden),
         )  # fmt: skip
         down_n = t.down_block_n or t.block_n
         grid = (num_pairs, triton.cdiv(hidden_dim, down_n))
@@ -370,6 +371,7 @@ def fused_moe(
             BLOCK_K=down_k, GROUP_T=group_t(kw2, down_k, inter), FACTORED=factored,
             TOP_K=top_k, COMBINE=fused, WORDS=words(kw2, down_k, inter),
             EVEN=even(hidden_dim, inter, down_n, down_k), num_warps=t.num_warps,
+            **pdl.options(hidden),
         )  # fmt: skip
     else:
         fused = False

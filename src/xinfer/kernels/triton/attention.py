@@ -15,6 +15,8 @@ from __future__ import annotations
 import triton
 import triton.language as tl
 
+from xinfer.kernels.triton.pdl import wait_for_producers
+
 
 @triton.jit
 def _block_ids(table_ptr, n, num_blocks, block_size: tl.constexpr):
@@ -161,12 +163,14 @@ def decode_kernel(
     BLOCK_S: tl.constexpr,  # splits a merge step (REDUCE)
     HAS_WINDOW: tl.constexpr = False,
     REDUCE: tl.constexpr = False,
+    USE_PDL: tl.constexpr = False,
 ):
     """Partial attention of one (sequence, KV head) over keys [split * split_len, +split_len)
     (fixed ranges, independent of the batch). Splits past the sequence's end, or wholly
     before its window, write nothing: the merge reads only the splits in between. With
     REDUCE every program then arrives at its (sequence, KV head)'s counter and the last one
     merges (`_merge_when_last`); otherwise `decode_reduce_kernel` follows."""
+    wait_for_producers(USE_PDL)
     seq, kv_head, split = tl.program_id(0), tl.program_id(1), tl.program_id(2)
     start = split * split_len
     g = tl.arange(0, BLOCK_G)
@@ -233,9 +237,11 @@ def decode_reduce_kernel(
     BLOCK_S: tl.constexpr,
     BLOCK_D: tl.constexpr,
     HAS_WINDOW: tl.constexpr = False,
+    USE_PDL: tl.constexpr = False,
 ):
     """grid (B, Hq): merge the non-empty splits of one (sequence, query head)
     (`_merge_head`), in a launch after `decode_kernel`'s."""
+    wait_for_producers(USE_PDL)
     seq, head = tl.program_id(0), tl.program_id(1)
     seq_len = tl.load(seq_lens_ptr + seq).to(tl.int32)
     _merge_head(

@@ -10,6 +10,7 @@ import triton
 import triton.language as tl
 
 from xinfer.kernels.triton.moe_blocks import moe_block
+from xinfer.kernels.triton.pdl import wait_for_producers
 
 
 @triton.jit
@@ -27,8 +28,10 @@ def moe_gate_up_gemv_kernel(
     hidden_dim, inter_dim,
     stride_xt, stride_we, stride_wn, stride_it,
     TOP_K: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr,
+    USE_PDL: tl.constexpr = False,
 ):  # fmt: skip
     """grid (T*k, cdiv(I, BLOCK_N)): inter[pair, n] = silu(x·w13[e, n]) * (x·w13[e, I + n])."""
+    wait_for_producers(USE_PDL)
     pair = tl.program_id(0)
     pid_n = tl.program_id(1)
     tok = (pair // TOP_K).to(tl.int64)
@@ -90,11 +93,13 @@ def moe_down_gemv_kernel(
     hidden_dim, inter_dim,
     stride_it, stride_we, stride_wn, stride_yt, stride_ot,
     BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr, TOP_K: tl.constexpr, COMBINE: tl.constexpr,
+    USE_PDL: tl.constexpr = False,
 ):  # fmt: skip
     """grid (T*k, cdiv(H, BLOCK_N)): y[pair, n] = inter[pair]·w2[e, n], rounded to the dtype.
     One program per (pair, row tile) so that all experts of a token stream in parallel; with
     COMBINE the last of a token's programs sums its pairs (`combine_when_last`), otherwise
     `moe_combine_kernel` does, in a launch of its own."""
+    wait_for_producers(USE_PDL)
     pair = tl.program_id(0).to(tl.int64)
     pid_n = tl.program_id(1)
     e = tl.load(ids_ptr + pair).to(tl.int64)

@@ -17,6 +17,8 @@ from __future__ import annotations
 import triton
 import triton.language as tl
 
+from xinfer.kernels.triton.pdl import wait_for_producers
+
 
 @triton.jit
 def reduce_when_last(
@@ -87,6 +89,7 @@ def gemv_kernel(
     stride_xm, stride_wn, stride_os, stride_om, stride_fm,
     HAS_BIAS: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,
     BLOCK_K: tl.constexpr, DOT_PRECISION: tl.constexpr, REDUCE: tl.constexpr,
+    USE_PDL: tl.constexpr = False,
 ):  # fmt: skip
     """grid (cdiv(N, BLOCK_N), splits): out[split, m, n] = sum of x[m, k] * w[n, k] over the
     split's K range [split * k_per_split, +k_per_split), plus bias[n], in out's dtype.
@@ -94,6 +97,7 @@ def gemv_kernel(
     last split adds them into `final` (M, N), bias included (`reduce_when_last`), otherwise
     they pass no bias and `gemv_split_reduce_kernel` follows.
     M, N and the output strides are not specialised: one compile serves every M and N."""
+    wait_for_producers(USE_PDL)
     pid_n = tl.program_id(0)
     split = tl.program_id(1)
     offs_m = tl.arange(0, BLOCK_M)

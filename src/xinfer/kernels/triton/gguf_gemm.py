@@ -16,6 +16,7 @@ from xinfer.kernels.triton.fused_moe import _silu_mul, combine_when_last
 from xinfer.kernels.triton.gemv import four_rows, store_split_tile
 from xinfer.kernels.triton.gguf_dequant import gguf_tile, x_chunk
 from xinfer.kernels.triton.moe_blocks import moe_block
+from xinfer.kernels.triton.pdl import wait_for_producers
 
 
 @triton.jit
@@ -73,12 +74,14 @@ def gguf_linear_gemv_kernel(
     stride_xm, stride_wn, stride_os, stride_om, stride_fm,
     BTYPE: tl.constexpr, HAS_BIAS: tl.constexpr, BLOCK_N: tl.constexpr, SUBS: tl.constexpr,
     REDUCE: tl.constexpr,
+    USE_PDL: tl.constexpr = False,
 ):  # fmt: skip
     """grid (M, cdiv(N, BLOCK_N), splits), the decode linear without `tl.dot`: a program
     multiplies one x row by BLOCK_N weight rows over its split's K range as the MoE GEMV
     does (multiply-adds on the dequantized tile), then stores as `gguf_linear_kernel`. The
     rows of x are the fastest program index, so the programs reading one weight tile run
     side by side and share it through L2. A row's bits never depend on M."""
+    wait_for_producers(USE_PDL)
     m = tl.program_id(0)
     pid_n = tl.program_id(1)
     split = tl.program_id(2)
@@ -109,12 +112,14 @@ def gguf_linear_rows_kernel(
     stride_xm, stride_wn, stride_os, stride_om, stride_fm,
     BTYPE: tl.constexpr, HAS_BIAS: tl.constexpr, BLOCK_N: tl.constexpr, SUBS: tl.constexpr,
     REDUCE: tl.constexpr,
+    USE_PDL: tl.constexpr = False,
 ):  # fmt: skip
     """grid (cdiv(M, 4), cdiv(N, BLOCK_N), splits): the GEMV form for four rows of x a
     program: each weight tile is decoded once and multiplied into four accumulators, one a
     row (rows past M skip their multiply-adds). A row's arithmetic is the same whether its
     neighbours exist or not, so its bits never depend on M; the decode is shared by four
     rows instead of paid per row (`gguf_linear_gemv_kernel`)."""
+    wait_for_producers(USE_PDL)
     m0 = tl.program_id(0) * 4
     pid_n = tl.program_id(1)
     split = tl.program_id(2)
@@ -156,8 +161,10 @@ def gguf_moe_gate_up_gemv_kernel(
     hidden_dim, inter_dim,
     stride_xt, stride_we, stride_wn, stride_it,
     BTYPE: tl.constexpr, TOP_K: tl.constexpr, BLOCK_N: tl.constexpr, SUBS: tl.constexpr,
+    USE_PDL: tl.constexpr = False,
 ):  # fmt: skip
     """grid (T*k, cdiv(I, BLOCK_N)): inter[pair, n] = silu(x·W13[e, n]) * (x·W13[e, I + n])."""
+    wait_for_producers(USE_PDL)
     pair = tl.program_id(0)
     pid_n = tl.program_id(1)
     tok = (pair // TOP_K).to(tl.int64)
@@ -186,9 +193,11 @@ def gguf_moe_down_gemv_kernel(
     stride_it, stride_we, stride_wn, stride_yt, stride_ot,
     BTYPE: tl.constexpr, BLOCK_N: tl.constexpr, SUBS: tl.constexpr, TOP_K: tl.constexpr,
     COMBINE: tl.constexpr,
+    USE_PDL: tl.constexpr = False,
 ):  # fmt: skip
     """grid (T*k, cdiv(H, BLOCK_N)): y[pair, n] = inter[pair]·W2[e, n], rounded to the dtype;
     with COMBINE the last of a token's programs sums its pairs (`combine_when_last`)."""
+    wait_for_producers(USE_PDL)
     pair = tl.program_id(0).to(tl.int64)
     pid_n = tl.program_id(1)
     e = tl.load(ids_ptr + pair).to(tl.int64)

@@ -6,6 +6,8 @@ from __future__ import annotations
 import triton
 import triton.language as tl
 
+from xinfer.kernels.triton.pdl import wait_for_producers
+
 
 @triton.jit
 def rms_norm_kernel(
@@ -23,7 +25,9 @@ def rms_norm_kernel(
     eps,
     HAS_RESIDUAL: tl.constexpr,
     BLOCK_N: tl.constexpr,
+    USE_PDL: tl.constexpr = False,
 ):
+    wait_for_producers(USE_PDL)
     row = tl.program_id(0).to(tl.int64)
     i0, i1 = row // inner, row % inner
     cols = tl.arange(0, BLOCK_N)

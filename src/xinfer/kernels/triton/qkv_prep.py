@@ -12,6 +12,8 @@ from __future__ import annotations
 import triton
 import triton.language as tl
 
+from xinfer.kernels.triton.pdl import wait_for_producers
+
 
 @triton.jit
 def _norm_rope(
@@ -95,7 +97,9 @@ def qkv_prep_kernel(
     BLOCK_D: tl.constexpr,
     BLOCK_HALF: tl.constexpr,
     FP8_MAX: tl.constexpr,
+    USE_PDL: tl.constexpr = False,
 ):
+    wait_for_producers(USE_PDL)
     t = tl.program_id(0).to(tl.int64)
     h = tl.program_id(1)
     dtype = q_ptr.dtype.element_ty

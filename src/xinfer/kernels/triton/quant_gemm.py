@@ -15,6 +15,7 @@ import triton.language as tl
 from xinfer.kernels.triton.fused_moe import _silu_mul, combine_when_last
 from xinfer.kernels.triton.gemv import four_rows, store_split_tile
 from xinfer.kernels.triton.moe_blocks import moe_block
+from xinfer.kernels.triton.pdl import wait_for_producers
 from xinfer.kernels.triton.quant_dequant import (
     load_raw_pairs,
     load_raw_tile3,
@@ -242,6 +243,7 @@ def quant_linear_gemv_kernel(
     PACKED: tl.constexpr, HAS_BIAS: tl.constexpr, BLOCK_N: tl.constexpr,
     BLOCK_K: tl.constexpr, GROUP_T: tl.constexpr, FACTORED: tl.constexpr, REDUCE: tl.constexpr,
     WORDS: tl.constexpr, EVEN: tl.constexpr,
+    USE_PDL: tl.constexpr = False,
 ):  # fmt: skip
     """grid (M, cdiv(N, BLOCK_N), splits), the decode linear without `tl.dot`: a program
     multiplies one x row by BLOCK_N rows of the weight over its split's K range
@@ -250,6 +252,7 @@ def quant_linear_gemv_kernel(
     of x are the fastest program index, so the programs that read one weight tile run side
     by side and share it through L2. A row's bits depend on its x row, the tiles and the
     splits only — never on M."""
+    wait_for_producers(USE_PDL)
     m = tl.program_id(0)
     pid_n = tl.program_id(1)
     split = tl.program_id(2)
@@ -279,6 +282,7 @@ def quant_linear_rows_kernel(
     PACKED: tl.constexpr, HAS_BIAS: tl.constexpr, BLOCK_N: tl.constexpr,
     BLOCK_K: tl.constexpr, GROUP_T: tl.constexpr, REDUCE: tl.constexpr, EVEN: tl.constexpr,
     ROWS: tl.constexpr = 4,
+    USE_PDL: tl.constexpr = False,
 ):  # fmt: skip
     """grid (cdiv(M, 4), cdiv(N, BLOCK_N), splits): the GEMV form for four rows of x a
     program: each weight tile is decoded once (FP8 codes, or 4-bit words: `load_raw_words`)
@@ -287,6 +291,7 @@ def quant_linear_rows_kernel(
     exist or not, so its bits never depend on M; the decode is shared by four rows instead
     of paid per row (`quant_linear_gemv_kernel`). ROWS = 1 (calls of one row): rows 1-3
     compiled out, no branch in the loop, row 0's operations as in ROWS = 4."""
+    wait_for_producers(USE_PDL)
     m0 = tl.program_id(0) * 4
     pid_n = tl.program_id(1)
     split = tl.program_id(2)
@@ -335,10 +340,12 @@ def quant_moe_gate_up_gemv_kernel(
     PACKED: tl.constexpr, TOP_K: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr,
     GROUP_T: tl.constexpr, FACTORED: tl.constexpr, WORDS: tl.constexpr, EVEN: tl.constexpr,
     JOINED: tl.constexpr,
+    USE_PDL: tl.constexpr = False,
 ):  # fmt: skip
     """grid (T*k, cdiv(I, BLOCK_N)): inter[pair, n] = silu(x·W13[e, n]) * (x·W13[e, I + n]);
     JOINED reads the gate and up tiles in one loop (half the dependent iterations), otherwise
     one loop after the other. Each sum's arithmetic is the same: same bits."""
+    wait_for_producers(USE_PDL)
     pair = tl.program_id(0)
     pid_n = tl.program_id(1)
     tok = (pair // TOP_K).to(tl.int64)
@@ -378,9 +385,11 @@ def quant_moe_down_gemv_kernel(
     PACKED: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr, GROUP_T: tl.constexpr,
     FACTORED: tl.constexpr, TOP_K: tl.constexpr, COMBINE: tl.constexpr, WORDS: tl.constexpr,
     EVEN: tl.constexpr,
+    USE_PDL: tl.constexpr = False,
 ):  # fmt: skip
     """grid (T*k, cdiv(H, BLOCK_N)): y[pair, n] = inter[pair]·W2[e, n] in the dtype; with
     COMBINE the last of a token's programs sums its pairs into out (`combine_when_last`)."""
+    wait_for_producers(USE_PDL)
     pair = tl.program_id(0).to(tl.int64)
     pid_n = tl.program_id(1)
     e = tl.load(ids_ptr + pair).to(tl.int64)

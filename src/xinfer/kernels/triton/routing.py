@@ -6,6 +6,8 @@ from __future__ import annotations
 import triton
 import triton.language as tl
 
+from xinfer.kernels.triton.pdl import wait_for_producers
+
 
 @triton.jit
 def route_topk_kernel(
@@ -13,9 +15,11 @@ def route_topk_kernel(
     num_experts, stride_lt,
     TOP_K: tl.constexpr, RENORMALIZE: tl.constexpr,
     BLOCK_E: tl.constexpr, BLOCK_K: tl.constexpr,
+    USE_PDL: tl.constexpr = False,
 ):  # fmt: skip
     """grid (T,): one token's row of logits. Selection runs on the float32 probabilities;
     ties go to the lowest expert index (as torch.topk). Outputs (T, k) f32 and int32."""
+    wait_for_producers(USE_PDL)
     tok = tl.program_id(0).to(tl.int64)
     offs = tl.arange(0, BLOCK_E)
     mask = offs < num_experts

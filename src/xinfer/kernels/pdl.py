@@ -1,0 +1,43 @@
+"""Programmatic dependent launch (PDL), the launcher side: `options(t)` gives the launch
+keywords that let a decode kernel start while the kernel before it finishes (its programs
+wait on the device instead: `triton/pdl.py`). Batch-1 decode is a chain of ~9 short kernels
+a layer (2-30 µs each) whose launch gaps are ~7% of the step (trace, fifteenth session);
+PDL overlaps each launch with the previous kernel's tail. Only kernels whose first act is
+`wait_for_producers` may take these options: one that does not could read its inputs
+before they are written.
+
+Off until a GPU has shown the same bits with and without it (eager and in CUDA graphs) and
+timed it (bench/NOTES.md, twenty-seventh session): `XINFER_PDL=1`, or `ENABLED = True` here
+(`bench_decode.py --pdl`), switches it on."""
+
+from __future__ import annotations
+
+import functools
+import logging
+
+import torch
+
+from xinfer import envs
+
+ENABLED = False
+logger = logging.getLogger("xinfer")
+
+
+@functools.cache
+def _hopper_or_later(index: int) -> bool:
+    major, minor = torch.cuda.get_device_capability(index)
+    if major < 9:
+        logger.info("XINFER_PDL has no effect on sm_%d%d: PDL needs sm_90 or later", major, minor)
+    return major >= 9
+
+
+def options(t: torch.Tensor) -> dict:
+    """Launch keywords for a kernel (that starts with `wait_for_producers`) on t's device:
+    PDL where it is on and the GPU has it (sm_90+), else none (the kernel's default
+    USE_PDL=False compiles the wait out)."""
+    if t.device.type != "cuda" or not (ENABLED or envs.XINFER_PDL()):
+        return {}
+    index = t.device.index if t.device.index is not None else torch.cuda.current_device()
+    if not _hopper_or_later(index):
+        return {}
+    return {"USE_PDL": True, "launch_pdl": True}
