@@ -11,9 +11,11 @@ R=/tmp/gpu_run_results; G=scripts/gpu_run.sh
 GPU_RUN_LIMIT=$(lim) HOSTCHECK_KINDS=0 bash $G hostcheck 2>&1 | tail -4
 MODE=healthy; grep -q SLOW $R/host_verdict.txt && MODE=slow; MODE=${FORCE:-$MODE}
 echo "MODE=$MODE"; echo "$MODE" > $R/mode.txt
-# on any host first: the fused decode-attention merge's GPU test (twenty-seventh session)
-GPU_RUN_LIMIT=$(lim) GPU_TESTS_TIMEOUT=120 GPU_TESTS=tests/kernels/test_decode_reduce_fused_gpu.py \
-  bash $G gputests 2>&1 | tail -4
+# on any host first: the GPU tests of the fused decode-attention merge and of PDL, both
+# off by default until these pass (twenty-seventh session)
+GPU_RUN_LIMIT=$(lim) GPU_TESTS_TIMEOUT=150 \
+  GPU_TESTS="tests/kernels/test_decode_reduce_fused_gpu.py tests/kernels/test_pdl_gpu.py" \
+  bash $G gputests 2>&1 | tail -6
 q() { # quantoff with offload args $2, its outputs renamed with tag $1
   GPU_RUN_LIMIT=$(lim) QUANT_FORMATS=${QF:-gptq} QUANT_OFFLOAD_ARGS="$2" bash $G quantoff 2>&1 | tail -8
   for f in $R/quant_offload*; do [ -e "$f" ] && mv "$f" "${f/quant_offload/qoff_$1}"; done; }
