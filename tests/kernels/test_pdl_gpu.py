@@ -23,6 +23,7 @@ def pdl_switch(monkeypatch):
     if not torch.cuda.is_available() or torch.cuda.get_device_capability()[0] < 9:
         pytest.skip("PDL needs an sm_90+ GPU")
     monkeypatch.delenv("XINFER_DISABLE_TRITON", raising=False)
+    monkeypatch.delenv("XINFER_PDL", raising=False)  # the switch alone decides
     from xinfer.kernels import pdl
 
     def run(call, on: bool):
