@@ -35,7 +35,8 @@ if [ ! -d "$LCP/llama.cpp" ]; then
   mkdir -p "$LCP" && tar xzf "$KIT/llama.cpp-src.tar.gz" -C "$LCP"
 fi
 if [ "${1:-}" = "--start-build" ]; then  # 242 s on 16 cores; survives this command
-  if [ ! -x "$LCP/llama.cpp/build/bin/llama-bench" ]; then
+  # (a build already started in this machine's life has its log: not a second one beside it)
+  if [ ! -x "$LCP/llama.cpp/build/bin/llama-bench" ] && [ ! -f "$LCP/build.log" ]; then
     (cd "$LCP/llama.cpp" && nohup setsid nice -n 19 bash peer-kit/build.sh < /dev/null > "$LCP/build.log" 2>&1 &)
   fi
   echo "llama.cpp unpacked in $LCP (gguf-py: $LCP/llama.cpp/gguf-py); build log $LCP/build.log"

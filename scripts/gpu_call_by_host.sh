@@ -11,6 +11,8 @@ R=/tmp/gpu_run_results; G=scripts/gpu_run.sh
 GPU_RUN_LIMIT=$(lim) HOSTCHECK_KINDS=0 bash $G hostcheck 2>&1 | tail -4
 MODE=healthy; grep -q SLOW $R/host_verdict.txt && MODE=slow; MODE=${FORCE:-$MODE}
 echo "MODE=$MODE"; echo "$MODE" > $R/mode.txt
+# a healthy host runs the llama.cpp rows below: its build (242 s) starts now, beside the tests
+[ "$MODE" = healthy ] && [ -d bench/.llamacpp_kit ] && bash bench/bench_vs_llamacpp.sh --start-build | tail -1
 # on any host first: the GPU tests of the fused decode-attention merge and of PDL, both
 # off by default until these pass (twenty-seventh session)
 GPU_RUN_LIMIT=$(lim) GPU_TESTS_TIMEOUT=150 \
