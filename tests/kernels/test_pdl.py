@@ -17,8 +17,6 @@ def test_no_pdl_options_off_the_gpu(monkeypatch):
     assert pdl.options(t) == {}
     monkeypatch.setattr(pdl, "ENABLED", True)
     assert pdl.options(t) == {}
-    monkeypatch.setenv("XINFER_PDL", "1")
-    assert pdl.options(t) == {}
 
 
 def test_xinfer_pdl_values(monkeypatch):
@@ -30,3 +28,20 @@ def test_xinfer_pdl_values(monkeypatch):
     monkeypatch.setenv("XINFER_PDL", "fast")
     with pytest.raises(UserError, match="^XINFER_PDL must be 1 or 0, got 'fast'$"):
         envs.XINFER_PDL()
+
+
+def test_engine_start_reads_xinfer_pdl(monkeypatch, tmp_path):
+    """The variable is read when an engine starts (a launch reads only the module flag); a bad
+    value stops the start with one sentence before loading."""
+    from tiny_models import make_hf_model, write_checkpoint
+
+    from xinfer import LLM
+
+    path = str(write_checkpoint(make_hf_model("mixtral"), tmp_path))
+    monkeypatch.setattr(pdl, "ENABLED", False)
+    monkeypatch.setenv("XINFER_PDL", "1")
+    LLM(path, device="cpu")
+    assert pdl.ENABLED is True
+    monkeypatch.setenv("XINFER_PDL", "sometimes")
+    with pytest.raises(UserError, match="XINFER_PDL must be 1 or 0"):
+        LLM(path, device="cpu")

@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import pytest
 import torch
-from tiny_models import make_hf_model, prompts, write_checkpoint
+from tiny_models import prompts
 
 from xinfer import LLM, SamplingParams, UserError
 from xinfer.config import OffloadConfig
@@ -22,17 +22,6 @@ from xinfer.offload.sizing import (
 )
 
 GREEDY = SamplingParams(max_tokens=8, temperature=0.0, ignore_eos=True)
-
-
-@pytest.fixture(scope="module")
-def ckpt(tmp_path_factory):
-    return str(write_checkpoint(make_hf_model("mixtral"), tmp_path_factory.mktemp("mixtral")))
-
-
-@pytest.fixture(autouse=True)
-def clean_env(monkeypatch):
-    for suffix in ("", "_RESERVE_GB", "_PROFILE"):
-        monkeypatch.delenv("XINFER_MOE_OFFLOAD" + suffix, raising=False)
 
 
 @pytest.mark.parametrize("value", ["1.5", "-0.1", "0", "abc", "0.2x", "nan"])

@@ -19,12 +19,6 @@ def ckpt(tmp_path_factory):
     return str(write_checkpoint(make_hf_model("qwen3_moe"), tmp_path_factory.mktemp("qwen3")))
 
 
-@pytest.fixture(autouse=True)
-def clean_env(monkeypatch):
-    for suffix in ("", "_RESERVE_GB", "_PROFILE"):
-        monkeypatch.delenv("XINFER_MOE_OFFLOAD" + suffix, raising=False)
-
-
 def _assert_all_resident(llm: LLM) -> None:
     manager = llm.engine.offload_manager
     layers = llm.engine.model.moe_layers()

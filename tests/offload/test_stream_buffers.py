@@ -27,17 +27,6 @@ from xinfer.offload.sizing import (
 GREEDY = SamplingParams(max_tokens=8, temperature=0.0, ignore_eos=True)
 
 
-@pytest.fixture(scope="module")
-def ckpt(tmp_path_factory):
-    return str(write_checkpoint(make_hf_model("mixtral"), tmp_path_factory.mktemp("mixtral")))
-
-
-@pytest.fixture(autouse=True)
-def clean_env(monkeypatch):
-    for suffix in ("", "_RESERVE_GB", "_PROFILE"):
-        monkeypatch.delenv("XINFER_MOE_OFFLOAD" + suffix, raising=False)
-
-
 QWEN15 = [LayerShape(60, 4, 3 * 2048 * 1408 * 2)] * 24  # Qwen1.5-MoE-A2.7B bf16: 17.3 MB
 QWEN3 = [LayerShape(128, 8, 3 * 2048 * 768 * 2)] * 48  # Qwen3-30B-A3B bf16: 9.4 MB
 

@@ -93,13 +93,15 @@ def test_kv_shortfall_names_the_start_up_steps_that_took_memory():
         "routing": 3 * gib - (150 << 20),
         "kv sizing": 3 * gib - (150 << 20),
     }
-    text = kv_shortfall_reason(free, is_offload=True)
+    text = kv_shortfall_reason(free, is_offload=True, is_auto=True)
     assert "took 0.15 GB" in text
     assert "offload 0.10 GB" in text and "routing 0.05 GB" in text
     assert "weights" not in text  # before the plan: not what the plan missed
     assert "--moe-offload-reserve-gb" in text
-    assert kv_shortfall_reason(free, is_offload=False) == ""
+    fraction = kv_shortfall_reason(free, is_offload=True, is_auto=False)
+    assert "a smaller --moe-offload fraction" in fraction and "reserve" not in fraction
+    assert kv_shortfall_reason(free, is_offload=False, is_auto=False) == ""
     small = dict(free, **{"kv sizing": 3 * gib - (8 << 20), "routing": 3 * gib})
     small["offload"] = small["state slots"] = 3 * gib
-    assert kv_shortfall_reason(small, is_offload=True) == ""
-    assert kv_shortfall_reason({"weights": gib}, is_offload=True) == ""
+    assert kv_shortfall_reason(small, is_offload=True, is_auto=True) == ""
+    assert kv_shortfall_reason({"weights": gib}, is_offload=True, is_auto=True) == ""

@@ -82,7 +82,10 @@ class Engine:
         self.config = config
         # the kernel switches are read at every call: a bad value fails here, before loading
         envs.XINFER_DISABLE_TRITON()
-        envs.XINFER_PDL()
+        if envs.XINFER_PDL():  # (a launch reads the module flag, not the variable)
+            from xinfer.kernels import pdl
+
+            pdl.ENABLED = True
         envs.XINFER_PREFILL_ATTENTION()
         self.device = torch.device(config.device)
         self.model_config = cfg = ModelConfig.from_dir(config.model)
@@ -190,7 +193,9 @@ class Engine:
             raise UserError(
                 f"the KV cache fits {num_blocks * config.cache.block_size} tokens, fewer than "
                 f"--max-model-len {self.max_model_len}; lower --max-model-len or {fix}"
-                + kv_shortfall_reason(self.startup_free, self.offload_manager is not None)
+                + kv_shortfall_reason(
+                    self.startup_free, self.offload_manager is not None, offload.is_auto
+                )
             )
         self.kv_tokens = num_blocks * config.cache.block_size
         graphs = None

@@ -122,12 +122,13 @@ def plan_num_blocks(
     return max(0, (gpu_kv_budget(engine, device) - reserved_bytes) // per_block)
 
 
-def kv_shortfall_reason(free_after: dict[str, int], is_offload: bool) -> str:
+def kv_shortfall_reason(free_after: dict[str, int], is_offload: bool, is_auto: bool) -> str:
     """What to add to the "KV cache fits fewer tokens than --max-model-len" error: where
     MoE offload sized its slots to leave one sequence's KV cache free, the GPU memory start-up
     took after that, step by step (`free_after`: free bytes after each start-up step in order,
     from "offload plan" (what the slot plan meant to leave) or "offload" to "kv sizing");
-    "" where there is nothing to say."""
+    "" where there is nothing to say. The fix it names: a larger reserve under `auto`, a
+    smaller fraction otherwise (the reserve sizes `auto` only)."""
     first = next((k for k in ("offload plan", "offload") if k in free_after), None)
     if not is_offload or first is None or "kv sizing" not in free_after:
         return ""
@@ -142,6 +143,7 @@ def kv_shortfall_reason(free_after: dict[str, int], is_offload: bool) -> str:
     ]
     return (
         f" (start-up took {taken / GIB:.2f} GB of GPU memory after MoE offload had sized its "
-        f"slots to leave room for it: {', '.join(parts)}; a larger --moe-offload-reserve-gb "
-        "leaves more)"
+        f"slots to leave room for it: {', '.join(parts)}; "
+        + ("a larger --moe-offload-reserve-gb" if is_auto else "a smaller --moe-offload fraction")
+        + " leaves more)"
     )

@@ -7,8 +7,10 @@ PDL overlaps each launch with the previous kernel's tail. Only kernels whose fir
 before they are written.
 
 Off until a GPU has shown the same bits with and without it (eager and in CUDA graphs) and
-timed it (bench/NOTES.md, twenty-seventh session): `XINFER_PDL=1`, or `ENABLED = True` here
-(`bench_decode.py --pdl`), switches it on."""
+timed it (bench/NOTES.md, twenty-seventh session): `XINFER_PDL=1` (read once, when an engine
+starts: `Engine` sets ENABLED), or `ENABLED = True` here (`bench_decode.py --pdl`), switches
+it on. `options` runs at every kernel launch: the switch is a module flag, not a variable
+read there."""
 
 from __future__ import annotations
 
@@ -16,8 +18,6 @@ import functools
 import logging
 
 import torch
-
-from xinfer import envs
 
 ENABLED = False
 logger = logging.getLogger("xinfer")
@@ -35,7 +35,7 @@ def options(t: torch.Tensor) -> dict:
     """Launch keywords for a kernel (that starts with `wait_for_producers`) on t's device:
     PDL where it is on and the GPU has it (sm_90+), else none (the kernel's default
     USE_PDL=False compiles the wait out)."""
-    if t.device.type != "cuda" or not (ENABLED or envs.XINFER_PDL()):
+    if not ENABLED or t.device.type != "cuda":
         return {}
     index = t.device.index if t.device.index is not None else torch.cuda.current_device()
     if not _hopper_or_later(index):
