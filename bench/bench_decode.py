@@ -205,7 +205,17 @@ def main() -> None:
         help="decode kernels launched with programmatic dependent launch "
         "(kernels/pdl.py ENABLED, off by default until timed)",
     )
+    ap.add_argument(
+        "--router-apart",
+        action="store_true",
+        help="the router GEMV and its top-k as two launches (the A side of an A/B against "
+        "router_launch's one launch, on by default)",
+    )
     args = ap.parse_args()
+    if args.router_apart:
+        from xinfer.kernels import router_launch
+
+        router_launch.ENABLED = False
     if args.pdl:
         from xinfer.kernels import pdl
 
@@ -231,6 +241,7 @@ def main() -> None:
         "tails": "separate" if args.separate_tails else "fused",
         "attention_merge": "fused" if args.fused_attention_merge else "apart",
         "pdl": args.pdl,
+        "router": "apart" if args.router_apart else "one launch",
     }
     hf = None
     if not args.no_hf:

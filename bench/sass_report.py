@@ -424,7 +424,23 @@ def _unpack(misses: int = 2) -> Case:
     )  # fmt: skip
 
 
+def _routing_case(fused: bool, experts: int = 128, k: int = HIDDEN) -> Case:
+    """The router's top-k (`route_topk`) or the router GEMV with its top-k in one launch
+    (`router_topk`), one token: no loop to count, the totals and registers are the report."""
+    from xinfer.kernels import moe_launch, router_launch
+
+    x = torch.zeros(1, k, dtype=torch.bfloat16)
+    w = torch.zeros(experts, k, dtype=torch.bfloat16)
+    logits = torch.zeros(1, experts, dtype=torch.bfloat16)
+    if fused:
+        return Case(lambda: router_launch.router_topk(x, w, TOP_K, True), {}, {}, {})
+    return Case(lambda: moe_launch.route_topk(logits, TOP_K, True), {}, {}, {})
+
+
 CASES: dict[str, Callable[[], Case]] = {
+    "route_topk": lambda: _routing_case(False),
+    "route_topk-e256": lambda: _routing_case(False, experts=256),
+    "router_topk": lambda: _routing_case(True),
     "linear-fp8": lambda: _quant_linear("fp8-block128"),
     "linear-gptq": lambda: _quant_linear("gptq-g128"),
     "linear-nvfp4": lambda: _quant_linear("nvfp4"),

@@ -59,6 +59,7 @@ for phase in "$@"; do
     quantres) timeout ${QUANT_TIMEOUT:-580} python3 bench/bench_quant.py --parts resident --formats ${QUANT_FORMATS:-bf16,fp8,nvfp4,gptq} ${QUANT_EXTRA:-} --out "$OUT/quant_resident" 2>&1 | tail -30 | tee "$OUT/quant_resident.txt" ;;
     # the same with a trace of four batch-1 steps per format (gzipped), for trace_summary.py
     # PDL off then on (kernels/pdl.py, XINFER_PDL), resident rows of the formats, one call
+    switches) timeout ${SWITCH_TIMEOUT:-400} python3 bench/bench_decode_switches.py --formats ${SWITCH_FORMATS:-bf16,gptq} --variants "${SWITCH_VARIANTS:-base;router-apart;pdl;merge;pdl,merge}" --out "$OUT/switches" 2>&1 | grep -v "it/s]" | tail -40 | tee "$OUT/switches.txt" ;;
     pdlab) for p in 0 1; do XINFER_PDL=$p timeout ${QUANT_TIMEOUT:-280} python3 bench/bench_quant.py --parts resident --formats ${QUANT_FORMATS:-bf16,gptq} --out "$OUT/quant_resident_pdl$p" 2>&1 | tail -12 | tee "$OUT/quant_resident_pdl$p.txt"; done ;;
     quanttrace) timeout ${QUANT_TIMEOUT:-580} python3 bench/bench_quant.py --parts resident --formats ${QUANT_FORMATS:-bf16,fp8,gptq} --trace-dir "$OUT" --out "$OUT/quant_resident_traced" 2>&1 | grep -v Capturing | tail -30 | tee "$OUT/quant_resident_traced.txt"; gzip -f "$OUT"/quant_trace_*.json ;;
     quantoff) timeout 580 python3 bench/bench_quant.py --parts offload --formats ${QUANT_FORMATS:-fp8} --offload-args="${QUANT_OFFLOAD_ARGS:-}" --out "$OUT/quant_offload" 2>&1 | tail -30 | tee "$OUT/quant_offload.txt" ;;

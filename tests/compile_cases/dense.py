@@ -228,6 +228,13 @@ def _route_topk(dtype, num_experts: int, top_k: int, renormalize: bool) -> None:
     moe_launch.route_topk(_randn(11, num_experts, dtype=dtype), top_k, renormalize)
 
 
+def _router_topk(dtype, num_experts: int, k: int, top_k: int, rows: int) -> None:
+    from xinfer.kernels import router_launch
+
+    w = _randn(num_experts, k, dtype=dtype)
+    assert router_launch.router_topk(_randn(rows, k, dtype=dtype), w, top_k, True) is not None
+
+
 def _fused_moe(dtype, tokens: int, top_k: int, use_gemv: bool, num_experts: int = 8) -> None:
     from xinfer.kernels import moe_launch
 
@@ -301,6 +308,10 @@ def _moe_cases() -> None:
     add("route_topk-bf16-e128-k8-renorm", r, _route_topk, BF16, 128, 8, True)
     add("route_topk-fp16-e60-k4", r, _route_topk, F16, 60, 4, False)
     add("route_topk-fp32-e512-k10-renorm", r, _route_topk, F32, 512, 10, True)
+    r = "router_topk_kernel"
+    add("router_topk-bf16-e128-k2048-m1", r, _router_topk, BF16, 128, 2048, 8, 1)  # split K
+    add("router_topk-bf16-e60-k2048-m16", r, _router_topk, BF16, 60, 2048, 4, 16)
+    add("router_topk-fp32-e8-k512-m3", r, _router_topk, F32, 8, 512, 2, 3)  # unsplit
 
 
 _moe_cases()

@@ -19,6 +19,7 @@ WITH_PDL = (
     "qkv_prep-bf16-hd256-decode",
     "moe-bf16-gemv-t1",
     "route_topk-bf16-e128-k8-renorm",
+    "router_topk-bf16-e128-k2048-m1",
     "quant-fp8-block128-linear-bf16-m1",
     "quant-gptq-g128-sym-linear-bf16-m1",
     "quant-gptq-g128-sym-linear-bf16-m1-pruned",

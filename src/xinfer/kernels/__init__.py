@@ -153,6 +153,19 @@ def route_topk(
     return reference.route_topk(router_logits, top_k, renormalize)
 
 
+def router_topk(
+    x: torch.Tensor, weight: torch.Tensor, top_k: int, renormalize: bool
+) -> tuple[torch.Tensor, torch.Tensor] | None:
+    """`route_topk` of the router logits x @ weight^T in one launch with the router GEMV
+    (`router_launch`), or None where that does not apply (CPU, prompt-sized batches, ...):
+    the caller then runs the router linear and `route_topk`."""
+    if use_triton(x):
+        from xinfer.kernels import router_launch
+
+        return router_launch.router_topk(x, weight, top_k, renormalize)
+    return None
+
+
 def fused_moe(
     hidden: torch.Tensor,
     topk_ids: torch.Tensor,

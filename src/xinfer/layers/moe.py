@@ -10,6 +10,7 @@ from torch import nn
 
 from xinfer import kernels
 from xinfer.host_memory import host_empty
+from xinfer.layers.linear import Linear
 from xinfer.offload.executor import ExpertExecutor, ResidentExecutor
 from xinfer.quant.assign import is_deferred
 from xinfer.quant.base import WeightFormat
@@ -84,6 +85,17 @@ class FusedMoE(nn.Module):
     def forward(self, x: torch.Tensor, router_logits: torch.Tensor) -> torch.Tensor:
         """x (T, H), router_logits (T, E) → (T, H)."""
         return self.run(x, *self.select(router_logits))
+
+    def route(self, x: torch.Tensor, gate: Linear) -> tuple[torch.Tensor, torch.Tensor]:
+        """x (T, H) → (topk_weights, topk_ids) through the router linear `gate`: its GEMV and
+        the top-k in one launch where the kernels take it (`kernels.router_topk`: a plain
+        weight, decode-sized batches, no routing hook), `select(gate(x))` otherwise."""
+        weight = gate.plain_weight(x.dtype) if self.routing is None else None
+        if weight is not None:
+            chosen = kernels.router_topk(x, weight, self.top_k, self.renormalize)
+            if chosen is not None:
+                return chosen
+        return self.select(gate(x))
 
     def select(self, router_logits: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
         """router_logits (T, E) → (topk_weights float32 (T, k), topk_ids (T, k))."""

@@ -91,7 +91,7 @@ class SparseMoeBlock(nn.Module):
     # can be one (runner/expert_merge.py): route per chunk, `experts.run`, finish per chunk.
     def route(self, x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
         """x (T, H) → the experts' choice (topk_weights, topk_ids) for `experts.run`."""
-        return self.experts.select(self.gate(x))
+        return self.experts.route(x, self.gate)
 
     def finish(self, x: torch.Tensor, routed: torch.Tensor) -> torch.Tensor:
         """The block's output from its input x and the routed experts' output."""

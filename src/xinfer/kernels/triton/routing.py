@@ -10,21 +10,13 @@ from xinfer.kernels.triton.pdl import wait_for_producers
 
 
 @triton.jit
-def route_topk_kernel(
-    logits_ptr, weights_ptr, ids_ptr,
-    num_experts, stride_lt,
-    TOP_K: tl.constexpr, RENORMALIZE: tl.constexpr,
-    BLOCK_E: tl.constexpr, BLOCK_K: tl.constexpr,
-    USE_PDL: tl.constexpr = False,
-):  # fmt: skip
-    """grid (T,): one token's row of logits. Selection runs on the float32 probabilities;
-    ties go to the lowest expert index (as torch.topk). Outputs (T, k) f32 and int32."""
-    wait_for_producers(USE_PDL)
-    tok = tl.program_id(0).to(tl.int64)
+def topk_row(x, mask, TOP_K: tl.constexpr, RENORMALIZE: tl.constexpr,
+             BLOCK_E: tl.constexpr, BLOCK_K: tl.constexpr):  # fmt: skip
+    """One token's choice from its float32 logits x (BLOCK_E,), lanes off `mask` holding
+    -inf: (weights (BLOCK_K,) f32, ids (BLOCK_K,) int32), lanes >= TOP_K zero. Selection
+    runs on the float32 probabilities; ties go to the lowest expert index (as torch.topk).
+    Shared by `route_topk_kernel` and the router GEMV's fused top-k (`router_topk`)."""
     offs = tl.arange(0, BLOCK_E)
-    mask = offs < num_experts
-    x = tl.load(logits_ptr + tok * stride_lt + offs, mask=mask, other=-float("inf"))
-    x = x.to(tl.float32)
     num = tl.exp(x - tl.max(x, axis=0))
     num = tl.where(mask, num, 0.0)
     probs = num / tl.sum(num, axis=0)
@@ -44,6 +36,25 @@ def route_topk_kernel(
         key = tl.where(offs == idx, -2.0, key)
     if RENORMALIZE:
         top_w = top_w / tl.sum(top_w, axis=0)  # lanes >= TOP_K hold 0
+    return top_w, top_i
+
+
+@triton.jit
+def route_topk_kernel(
+    logits_ptr, weights_ptr, ids_ptr,
+    num_experts, stride_lt,
+    TOP_K: tl.constexpr, RENORMALIZE: tl.constexpr,
+    BLOCK_E: tl.constexpr, BLOCK_K: tl.constexpr,
+    USE_PDL: tl.constexpr = False,
+):  # fmt: skip
+    """grid (T,): one token's row of logits (`topk_row`). Outputs (T, k) f32 and int32."""
+    wait_for_producers(USE_PDL)
+    tok = tl.program_id(0).to(tl.int64)
+    offs = tl.arange(0, BLOCK_E)
+    mask = offs < num_experts
+    x = tl.load(logits_ptr + tok * stride_lt + offs, mask=mask, other=-float("inf"))
+    top_w, top_i = topk_row(x.to(tl.float32), mask, TOP_K, RENORMALIZE, BLOCK_E, BLOCK_K)
+    offs_k = tl.arange(0, BLOCK_K)
     mask_k = offs_k < TOP_K
     tl.store(weights_ptr + tok * TOP_K + offs_k, top_w, mask=mask_k)
     tl.store(ids_ptr + tok * TOP_K + offs_k, top_i, mask=mask_k)

@@ -1,0 +1,152 @@
+"""Decode speed of one engine under each setting of the kernel switches, in one process: the
+engine is built once per format, and for each variant the switches are set and the CUDA graphs
+captured again, then batch 1 and batch 8 timed; the variants run in rounds (A B C A B C) so
+that drift shows as a spread, not as a difference.
+
+    python3 bench/bench_decode_switches.py --formats bf16,gptq \
+        --variants "base;router-apart;pdl;merge;pdl,merge" --out bench/results/switches
+
+Switches (module flags read at each launch, so a capture after setting them uses them):
+`router-apart` router_launch.ENABLED = False (the router GEMV and its top-k in two launches),
+`pdl` pdl.ENABLED (programmatic dependent launch), `merge` attn_launch.FUSED_DECODE_REDUCE
+(decode attention's merge in its last split), `tails-apart` the MoE combine and split-K
+reduce as launches of their own. `base` is the defaults. Formats as in bench_quant.py (dummy
+weights, experts and attention quantized as the public checkpoints are). Writes NAME.json and
+prints a table: median over rounds, and the spread."""
+
+from __future__ import annotations
+
+import argparse
+import gc
+import json
+import statistics
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+import torch
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "src"))
+
+from bench_decode import time_engine_decode  # noqa: E402
+from bench_quant import model_dir  # noqa: E402
+
+from xinfer import LLM  # noqa: E402
+
+
+def _flags():
+    from xinfer.kernels import attn_launch, gemv_launch, moe_launch, pdl, router_launch
+
+    return {
+        "router-apart": (router_launch, "ENABLED", False),
+        "pdl": (pdl, "ENABLED", True),
+        "merge": (attn_launch, "FUSED_DECODE_REDUCE", True),
+        "tails-apart": [(moe_launch, "FUSED_COMBINE", False),
+                        (gemv_launch, "FUSED_SPLIT_REDUCE", False)],
+    }  # fmt: skip
+
+
+def current_switches() -> dict:
+    """{(module, flag name): value} of every switch now (the defaults, read at start)."""
+    return {
+        (module, name): getattr(module, name)
+        for entry in _flags().values()
+        for module, name, _ in (entry if isinstance(entry, list) else [entry])
+    }
+
+
+def set_variant(variant: str, defaults: dict) -> None:
+    """Every switch back to its default, then those `variant` names ("a,b") flipped."""
+    for (module, name), value in defaults.items():
+        setattr(module, name, value)
+    flags = _flags()
+    for part in filter(None, variant.split(",")):
+        if part == "base":
+            continue
+        if part not in flags:
+            raise SystemExit(f"unknown switch {part!r}; known: base, {', '.join(flags)}")
+        entries = flags[part] if isinstance(flags[part], list) else [flags[part]]
+        for module, name, value in entries:
+            setattr(module, name, value)
+
+
+def recapture(llm: LLM) -> float:
+    """Drop the engine's CUDA graphs and capture them again (seconds taken)."""
+    from xinfer.runner.cuda_graph import CudaGraphRunner
+
+    runner = llm.engine.runner
+    runner.graph_runner = None
+    gc.collect()
+    torch.cuda.empty_cache()
+    t = time.perf_counter()
+    runner.graph_runner = CudaGraphRunner(runner)
+    return time.perf_counter() - t
+
+
+def build_parser() -> argparse.ArgumentParser:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    ap.add_argument("--model", default="bench/configs/qwen3_30b_a3b")
+    ap.add_argument("--formats", default="bf16")
+    ap.add_argument("--variants", default="base;router-apart;pdl;merge;pdl,merge")
+    ap.add_argument("--batches", default="1,8")
+    ap.add_argument("--rounds", type=int, default=2)
+    ap.add_argument("--steps", type=int, default=48)
+    ap.add_argument("--out", default="bench/results/switches")
+    return ap
+
+
+def main() -> None:
+    args = build_parser().parse_args()
+    variants = [v.strip() for v in args.variants.split(";") if v.strip()]
+    batches = [int(b) for b in args.batches.split(",")]
+    defaults = current_switches()
+    for variant in variants:  # an unknown switch stops the run before any engine is built
+        set_variant(variant, defaults)
+    set_variant("base", defaults)
+    result: dict = {
+        "date": time.strftime("%Y-%m-%d"),
+        "gpu": torch.cuda.get_device_name(0),
+        "model": args.model,
+        "variants": variants,
+        "rows": [],
+    }
+    with tempfile.TemporaryDirectory() as tmp:
+        for fmt in args.formats.split(","):
+            path = model_dir(Path(args.model), fmt, Path(tmp))
+            set_variant("base", defaults)
+            llm = LLM(str(path), device="cuda:0", dtype="bfloat16", load_format="dummy",
+                      max_model_len=4096, num_kv_blocks=2048, max_num_seqs=max(batches),
+                      dummy_weights_seed=0)  # fmt: skip
+            times: dict[tuple[str, int], list[float]] = {}
+            for r in range(args.rounds):
+                for variant in variants:
+                    set_variant(variant, defaults)
+                    cap = recapture(llm)
+                    for b in batches:
+                        step = time_engine_decode(llm, b, 64, args.steps)
+                        times.setdefault((variant, b), []).append(step)
+                        print(f"{fmt} round {r} {variant:>16} b{b}: {b / step:7.1f} tok/s "
+                              f"(capture {cap:.1f} s)", flush=True)  # fmt: skip
+            set_variant("base", defaults)
+            for (variant, b), steps in times.items():
+                med = statistics.median(steps)
+                result["rows"].append({
+                    "format": fmt, "variant": variant, "batch": b, "step_ms": med * 1e3,
+                    "tok_s": b / med, "steps_ms": [s * 1e3 for s in steps],
+                })  # fmt: skip
+            del llm
+            gc.collect()
+            torch.cuda.empty_cache()
+    print("\n| format | variant | batch | tok/s | step ms | spread ms |\n|---|---|---|---|---|---|")
+    for row in result["rows"]:
+        spread = max(row["steps_ms"]) - min(row["steps_ms"])
+        print(f"| {row['format']} | {row['variant']} | {row['batch']} | {row['tok_s']:.1f} | "
+              f"{row['step_ms']:.3f} | {spread:.3f} |")  # fmt: skip
+    out = Path(args.out)
+    out.parent.mkdir(parents=True, exist_ok=True)
+    out.with_suffix(".json").write_text(json.dumps(result, indent=1))
+
+
+if __name__ == "__main__":
+    main()
