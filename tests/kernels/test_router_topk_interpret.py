@@ -97,3 +97,16 @@ def test_left_to_two_launches(rl) -> None:
     assert rl.router_topk(x[:4], big, 2, True) is None
     with pytest.raises(ValueError, match="top_k"):
         rl.router_topk(x[:4], w, 9, True)
+
+
+@child_only
+def test_nan_logits_choose_real_experts(rl) -> None:
+    """A NaN in the input makes a row's logits NaN: its ids are still real experts in [0, E),
+    and the same as the two launches' (the order-preserving packed keys rank NaN with the
+    padding, before it)."""
+    x, w = _inputs("e60", 2, torch.float32, seed=3)
+    x[1, 7] = float("nan")
+    want_w, want_i = _two_launches(rl, x, w, 4, True)
+    got_w, got_i = rl.router_topk(x, w, 4, True)
+    assert torch.equal(got_i, want_i) and ((got_i >= 0) & (got_i < 60)).all()
+    assert torch.equal(_bits(got_w), _bits(want_w))

@@ -10,6 +10,13 @@ from xinfer.kernels.triton.pdl import wait_for_producers
 
 
 @triton.jit
+def _ordered(bits):
+    """float32 bits (int32) ↔ an int32 of the same order as the floats (its own inverse):
+    non-negative floats keep their bits, negative ones flip all but the sign."""
+    return bits ^ ((bits >> 31) & 0x7FFFFFFF)
+
+
+@triton.jit
 def topk_row(x, mask, TOP_K: tl.constexpr, RENORMALIZE: tl.constexpr,
              BLOCK_E: tl.constexpr, BLOCK_K: tl.constexpr):  # fmt: skip
     """One token's choice from its float32 logits x (BLOCK_E,), lanes off `mask` holding
@@ -25,15 +32,21 @@ def topk_row(x, mask, TOP_K: tl.constexpr, RENORMALIZE: tl.constexpr,
     # a real expert in [0, E) whatever the logits hold: no offload or MoE kernel can be
     # handed an id out of range.
     key = tl.where(mask & (probs == probs), probs, -1.0)
+    # one reduction a pick: the key's bits made order-preserving as a signed int, above the
+    # lane's reversed index, so that the int64 maximum is the largest key at its lowest lane
+    packed = (_ordered(key.to(tl.int32, bitcast=True)).to(tl.int64) << 32) | (
+        BLOCK_E - 1 - offs
+    ).to(tl.int64)
     offs_k = tl.arange(0, BLOCK_K)
     top_w = tl.zeros((BLOCK_K,), dtype=tl.float32)
     top_i = tl.zeros((BLOCK_K,), dtype=tl.int32)
     for j in tl.static_range(TOP_K):
-        best = tl.max(key, axis=0)
-        idx = tl.min(tl.where(key == best, offs, BLOCK_E), axis=0)
-        top_w = tl.where(offs_k == j, best, top_w)
+        best = tl.max(packed, axis=0)
+        idx = BLOCK_E - 1 - (best & 0xFFFFFFFF).to(tl.int32)
+        weight = _ordered((best >> 32).to(tl.int32)).to(tl.float32, bitcast=True)
+        top_w = tl.where(offs_k == j, weight, top_w)
         top_i = tl.where(offs_k == j, idx, top_i)
-        key = tl.where(offs == idx, -2.0, key)
+        packed = tl.where(offs == idx, -(2**63), packed)  # taken: below every lane
     if RENORMALIZE:
         top_w = top_w / tl.sum(top_w, axis=0)  # lanes >= TOP_K hold 0
     return top_w, top_i
