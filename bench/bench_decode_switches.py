@@ -10,7 +10,8 @@ Switches (module flags read at each launch, so a capture after setting them uses
 `router-apart` router_launch.ENABLED = False (the router GEMV and its top-k in two launches),
 `pdl` pdl.ENABLED (programmatic dependent launch), `merge` attn_launch.FUSED_DECODE_REDUCE
 (decode attention's merge in its last split), `tails-apart` the MoE combine and split-K
-reduce as launches of their own. `base` is the defaults. Formats as in bench_quant.py (dummy
+reduce as launches of their own, `qkv-gemv` the 5,120 x 2,048 qkv projection on the skinny
+GEMM (its table says cuBLAS). `base` is the defaults. Formats as in bench_quant.py (dummy
 weights, experts and attention quantized as the public checkpoints are). Writes NAME.json and
 prints a table: median over rounds, and the spread."""
 
@@ -35,10 +36,18 @@ from bench_quant import model_dir  # noqa: E402
 from xinfer import LLM  # noqa: E402
 
 
+# the Qwen3-30B-A3B qkv projection (5,120 x 2,048) on the skinny GEMM instead of cuBLAS
+# (7.75 µs there against ~10 for the 2026-12-02 sweep's tiles, but cuBLAS cannot take PDL)
+QKV_GEMV = [(16, None)]
+
+
 def _flags():
     from xinfer.kernels import attn_launch, gemv_launch, moe_launch, pdl, router_launch
 
+    qkv_tiles = gemv_launch.GemvConfig(block_n=32, block_k=128, num_stages=4, split_k=2)
+    QKV_GEMV[0] = (16, qkv_tiles)
     return {
+        "qkv-gemv": (gemv_launch._BY_SHAPE, (5120, 2048), list(QKV_GEMV)),
         "router-apart": (router_launch, "ENABLED", False),
         "pdl": (pdl, "ENABLED", True),
         "merge": (attn_launch, "FUSED_DECODE_REDUCE", True),
@@ -50,16 +59,30 @@ def _flags():
 def current_switches() -> dict:
     """{(module, flag name): value} of every switch now (the defaults, read at start)."""
     return {
-        (module, name): getattr(module, name)
+        (id(target), name): (target, name, _get(target, name))
         for entry in _flags().values()
-        for module, name, _ in (entry if isinstance(entry, list) else [entry])
+        for target, name, _ in (entry if isinstance(entry, list) else [entry])
     }
+
+
+def _get(target, name):
+    return target.get(name) if isinstance(target, dict) else getattr(target, name)
+
+
+def _set(target, name, value) -> None:
+    if isinstance(target, dict):
+        if value is None:
+            target.pop(name, None)
+        else:
+            target[name] = value
+    else:
+        setattr(target, name, value)
 
 
 def set_variant(variant: str, defaults: dict) -> None:
     """Every switch back to its default, then those `variant` names ("a,b") flipped."""
-    for (module, name), value in defaults.items():
-        setattr(module, name, value)
+    for target, name, value in defaults.values():
+        _set(target, name, value)
     flags = _flags()
     for part in filter(None, variant.split(",")):
         if part == "base":
@@ -67,8 +90,8 @@ def set_variant(variant: str, defaults: dict) -> None:
         if part not in flags:
             raise SystemExit(f"unknown switch {part!r}; known: base, {', '.join(flags)}")
         entries = flags[part] if isinstance(flags[part], list) else [flags[part]]
-        for module, name, value in entries:
-            setattr(module, name, value)
+        for target, name, value in entries:
+            _set(target, name, value)
 
 
 def recapture(llm: LLM) -> float:

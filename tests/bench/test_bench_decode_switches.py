@@ -8,6 +8,7 @@ import sys
 from pathlib import Path
 
 import pytest
+import torch
 from gpu_run_phases import gpu_run_args
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[2] / "bench"))
@@ -37,7 +38,11 @@ def test_a_variant_flips_its_flags_and_the_next_starts_from_the_defaults():
         assert pdl.ENABLED and not router_launch.ENABLED
         bench.set_variant("merge", defaults)
         assert attn_launch.FUSED_DECODE_REDUCE
-        assert (pdl.ENABLED, router_launch.ENABLED) == (defaults[pdl, "ENABLED"], True)
+        assert (pdl.ENABLED, router_launch.ENABLED) == (False, True)
+        bench.set_variant("qkv-gemv", defaults)
+        from xinfer.kernels import gemv_launch
+
+        assert gemv_launch.select(5120, 2048, 1, torch.bfloat16) is not None
         with pytest.raises(SystemExit, match="unknown switch"):
             bench.set_variant("pdl,fast", defaults)
     finally:
