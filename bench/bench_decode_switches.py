@@ -35,7 +35,6 @@ from bench_quant import model_dir  # noqa: E402
 
 from xinfer import LLM  # noqa: E402
 
-
 # the Qwen3-30B-A3B qkv projection (5,120 x 2,048) on the skinny GEMM instead of cuBLAS
 # (7.75 µs there against ~10 for the 2026-12-02 sweep's tiles, but cuBLAS cannot take PDL)
 QKV_GEMV = [(16, None)]
