@@ -3,9 +3,7 @@ follower process stopped) before the next starts — one TP engine per process a
 
 from __future__ import annotations
 
-import dense_models as dm
 import pytest
-import tiny_models as tm
 
 from xinfer import LLM
 
@@ -24,12 +22,3 @@ def tp_llm():
     yield make
     for llm in made:
         llm.close()
-
-
-def checkpoint(tmp_path_factory, arch: str, layout: str = "per_expert", **overrides):
-    """A tiny checkpoint of a MoE / hybrid (tiny_models) or dense (dense_models) model."""
-    if arch in dm.DENSE:
-        model = dm.make_dense(arch, seed=5, **overrides)
-    else:
-        model = tm.make_hf_model(arch, seed=5, **overrides)
-    return tm.write_checkpoint(model, tmp_path_factory.mktemp(f"tp-{arch}-{layout}"), layout)

@@ -11,7 +11,7 @@ from __future__ import annotations
 
 import pytest
 import tiny_models as tm
-from conftest import checkpoint
+from tp_checkpoints import checkpoint
 
 from xinfer import LLM, SamplingParams
 

@@ -19,7 +19,7 @@ from types import SimpleNamespace
 import httpx
 import pytest
 import uvicorn
-from conftest import SRC, start_server
+from server_process import SRC, start_server
 
 from xinfer.server.app import build_app
 from xinfer.server.launch import _run, _Server, bind_socket
