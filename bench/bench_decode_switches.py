@@ -118,6 +118,11 @@ def build_parser() -> argparse.ArgumentParser:
     return ap
 
 
+def _write(result: dict, out: Path) -> None:
+    out.parent.mkdir(parents=True, exist_ok=True)
+    out.with_suffix(".json").write_text(json.dumps(result, indent=1))
+
+
 def main() -> None:
     args = build_parser().parse_args()
     variants = [v.strip() for v in args.variants.split(";") if v.strip()]
@@ -160,14 +165,12 @@ def main() -> None:
             del llm
             gc.collect()
             torch.cuda.empty_cache()
+            _write(result, Path(args.out))  # after each format: a cut-off run keeps the first
     print("\n| format | variant | batch | tok/s | step ms | spread ms |\n|---|---|---|---|---|---|")
     for row in result["rows"]:
         spread = max(row["steps_ms"]) - min(row["steps_ms"])
         print(f"| {row['format']} | {row['variant']} | {row['batch']} | {row['tok_s']:.1f} | "
               f"{row['step_ms']:.3f} | {spread:.3f} |")  # fmt: skip
-    out = Path(args.out)
-    out.parent.mkdir(parents=True, exist_ok=True)
-    out.with_suffix(".json").write_text(json.dumps(result, indent=1))
 
 
 if __name__ == "__main__":
