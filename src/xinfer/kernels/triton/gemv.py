@@ -98,33 +98,32 @@ def gemv_kernel(
     they pass no bias and `gemv_split_reduce_kernel` follows.
     M, N and the output strides are not specialised: one compile serves every M and N."""
     wait_for_producers(USE_PDL)
-    pid_n = tl.program_id(0)
-    split = tl.program_id(1)
-    offs_m = tl.arange(0, BLOCK_M)
-    offs_n = pid_n * BLOCK_N + tl.arange(0, BLOCK_N)
-    mask_m = offs_m < M
-    mask_n = offs_n < N
-    acc = gemv_tile(
-        x_ptr, w_ptr, K, split * k_per_split, k_per_split, offs_m, offs_n, mask_m, mask_n,
-        stride_xm, stride_wn, BLOCK_M, BLOCK_N, BLOCK_K, DOT_PRECISION,
+    acc, offs_m, offs_n, mask_m, mask_n = gemv_tile(
+        x_ptr, w_ptr, M, N, K, k_per_split, stride_xm, stride_wn, BLOCK_M, BLOCK_N, BLOCK_K,
+        DOT_PRECISION,
     )  # fmt: skip
     store_split_tile(
-        acc, out_ptr, bias_ptr, final_ptr, count_ptr, pid_n, split, tl.num_programs(1), offs_m,
-        offs_n, mask_m, mask_n, stride_os, stride_om, stride_fm, HAS_BIAS, REDUCE, BLOCK_M,
-        BLOCK_N,
+        acc, out_ptr, bias_ptr, final_ptr, count_ptr, tl.program_id(0), tl.program_id(1),
+        tl.num_programs(1), offs_m, offs_n, mask_m, mask_n, stride_os, stride_om, stride_fm,
+        HAS_BIAS, REDUCE, BLOCK_M, BLOCK_N,
     )  # fmt: skip
 
 
 @triton.jit
 def gemv_tile(
-    x_ptr, w_ptr, K, k_begin, k_per_split, offs_m, offs_n, mask_m, mask_n,
-    stride_xm, stride_wn,
+    x_ptr, w_ptr, M, N, K, k_per_split, stride_xm, stride_wn,
     BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr,
     DOT_PRECISION: tl.constexpr,
 ):  # fmt: skip
-    """The float32 (BLOCK_M, BLOCK_N) tile sum of x[offs_m, k] * w[offs_n, k] over the K
-    range [k_begin, k_begin + k_per_split): `gemv_kernel`'s loop, and the router's
-    (`router_topk_kernel`), so the two give one logit the same bits."""
+    """This program's tile of a grid (N tiles, K splits): the float32 (BLOCK_M, BLOCK_N) sum
+    of x[m, k] * w[n, k] over its split's K range, and its (offs_m, offs_n, mask_m, mask_n).
+    `gemv_kernel`'s loop and the router's (`router_topk_kernel`), so the two give one logit
+    the same bits."""
+    offs_m = tl.arange(0, BLOCK_M)
+    offs_n = tl.program_id(0) * BLOCK_N + tl.arange(0, BLOCK_N)
+    mask_m = offs_m < M
+    mask_n = offs_n < N
+    k_begin = tl.program_id(1) * k_per_split
     offs_k = tl.arange(0, BLOCK_K)
     k_end = tl.minimum(K, k_begin + k_per_split)
     x_ptrs = x_ptr + offs_m[:, None] * stride_xm + (k_begin + offs_k)[None, :]  # (M, K) tile
@@ -138,7 +137,7 @@ def gemv_tile(
         acc = tl.dot(x, w, acc, input_precision=DOT_PRECISION)
         x_ptrs += BLOCK_K
         w_ptrs += BLOCK_K
-    return acc
+    return acc, offs_m, offs_n, mask_m, mask_n
 
 
 @triton.jit(do_not_specialize=["N", "stride_ps", "stride_pm", "stride_om"])

@@ -36,19 +36,14 @@ def router_topk_kernel(
     SPLIT: K is cut in splits whose float32 partials go to part (splits, M, N); otherwise
     each program stores its logits tile directly. count_ptr[0] is zero on entry and on exit."""
     wait_for_producers(USE_PDL)
-    pid_n = tl.program_id(0)
-    split = tl.program_id(1)
-    offs_m = tl.arange(0, BLOCK_M)
-    offs_n = pid_n * BLOCK_N + tl.arange(0, BLOCK_N)
-    mask_m = offs_m < M
-    mask_n = offs_n < N
-    acc = gemv_tile(
-        x_ptr, w_ptr, K, split * k_per_split, k_per_split, offs_m, offs_n, mask_m, mask_n,
-        stride_xm, stride_wn, BLOCK_M, BLOCK_N, BLOCK_K, DOT_PRECISION,
+    acc, offs_m, offs_n, mask_m, mask_n = gemv_tile(
+        x_ptr, w_ptr, M, N, K, k_per_split, stride_xm, stride_wn, BLOCK_M, BLOCK_N, BLOCK_K,
+        DOT_PRECISION,
     )  # fmt: skip
     mask = mask_m[:, None] & mask_n[None, :]
     if SPLIT:
-        dst = part_ptr + split * stride_ps + offs_m[:, None] * stride_pm + offs_n[None, :]
+        split_part = part_ptr + tl.program_id(1) * stride_ps
+        dst = split_part + offs_m[:, None] * stride_pm + offs_n[None, :]
         tl.store(dst, acc, mask=mask)
     else:
         dst = logits_ptr + offs_m[:, None] * stride_lm + offs_n[None, :]
