@@ -206,16 +206,17 @@ def main() -> None:
         "(kernels/pdl.py ENABLED, off by default until timed)",
     )
     ap.add_argument(
-        "--router-apart",
-        action="store_true",
-        help="the router GEMV and its top-k as two launches (the A side of an A/B against "
-        "router_launch's one launch, on by default)",
+        "--router",
+        choices=("apart", "one-launch"),
+        default=None,
+        help="the router GEMV and its top-k as two launches or one (router_launch.ENABLED; "
+        "default: the module's setting)",
     )
     args = ap.parse_args()
-    if args.router_apart:
-        from xinfer.kernels import router_launch
+    from xinfer.kernels import router_launch
 
-        router_launch.ENABLED = False
+    if args.router is not None:
+        router_launch.ENABLED = args.router == "one-launch"
     if args.pdl:
         from xinfer.kernels import pdl
 
@@ -241,7 +242,7 @@ def main() -> None:
         "tails": "separate" if args.separate_tails else "fused",
         "attention_merge": "fused" if args.fused_attention_merge else "apart",
         "pdl": args.pdl,
-        "router": "apart" if args.router_apart else "one launch",
+        "router": "one launch" if router_launch.ENABLED else "apart",
     }
     hf = None
     if not args.no_hf:

@@ -4,10 +4,12 @@ captured again, then batch 1 and batch 8 timed; the variants run in rounds (A B 
 that drift shows as a spread, not as a difference.
 
     python3 bench/bench_decode_switches.py --formats bf16,gptq \
-        --variants "base;router-apart;pdl;merge;pdl,merge" --out bench/results/switches
+        --variants "router-apart;router;pdl,router-apart;pdl,merge,router" \
+        --out bench/results/switches
 
 Switches (module flags read at each launch, so a capture after setting them uses them):
-`router-apart` router_launch.ENABLED = False (the router GEMV and its top-k in two launches),
+`router` / `router-apart` router_launch.ENABLED (the router GEMV and its top-k in one launch,
+or in two),
 `pdl` pdl.ENABLED (programmatic dependent launch), `merge` attn_launch.FUSED_DECODE_REDUCE
 (decode attention's merge in its last split), `tails-apart` the MoE combine and split-K
 reduce as launches of their own, `qkv-gemv` the 5,120 x 2,048 qkv projection on the skinny
@@ -47,6 +49,7 @@ def _flags():
     QKV_GEMV[0] = (16, qkv_tiles)
     return {
         "qkv-gemv": (gemv_launch._BY_SHAPE, (5120, 2048), list(QKV_GEMV)),
+        "router": (router_launch, "ENABLED", True),
         "router-apart": (router_launch, "ENABLED", False),
         "pdl": (pdl, "ENABLED", True),
         "merge": (attn_launch, "FUSED_DECODE_REDUCE", True),
@@ -110,7 +113,7 @@ def build_parser() -> argparse.ArgumentParser:
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     ap.add_argument("--model", default="bench/configs/qwen3_30b_a3b")
     ap.add_argument("--formats", default="bf16")
-    ap.add_argument("--variants", default="base;router-apart;pdl;merge;pdl,merge")
+    ap.add_argument("--variants", default="router-apart;router;pdl,router-apart;pdl,merge,router")
     ap.add_argument("--batches", default="1,8")
     ap.add_argument("--rounds", type=int, default=2)
     ap.add_argument("--steps", type=int, default=48)
