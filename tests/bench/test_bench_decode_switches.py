@@ -34,11 +34,11 @@ def test_a_variant_flips_its_flags_and_the_next_starts_from_the_defaults():
 
     defaults = bench.current_switches()
     try:
-        bench.set_variant("pdl,router-apart", defaults)
-        assert pdl.ENABLED and not router_launch.ENABLED
-        bench.set_variant("merge", defaults)
-        assert attn_launch.FUSED_DECODE_REDUCE
-        assert (pdl.ENABLED, router_launch.ENABLED) == (False, True)
+        bench.set_variant("pdl,router", defaults)
+        assert pdl.ENABLED and router_launch.ENABLED
+        bench.set_variant("merge,router-apart", defaults)
+        assert attn_launch.FUSED_DECODE_REDUCE and not router_launch.ENABLED
+        assert pdl.ENABLED == defaults[id(pdl), "ENABLED"][2]
         bench.set_variant("qkv-gemv", defaults)
         from xinfer.kernels import gemv_launch
 

@@ -157,12 +157,14 @@ def router_topk(
     x: torch.Tensor, weight: torch.Tensor, top_k: int, renormalize: bool
 ) -> tuple[torch.Tensor, torch.Tensor] | None:
     """`route_topk` of the router logits x @ weight^T in one launch with the router GEMV
-    (`router_launch`), or None where that does not apply (CPU, prompt-sized batches, ...):
-    the caller then runs the router linear and `route_topk`."""
+    (`router_launch`, while its ENABLED switch is on), or None where that does not apply
+    (CPU, prompt-sized batches, ...): the caller then runs the router linear and
+    `route_topk`."""
     if use_triton(x):
         from xinfer.kernels import router_launch
 
-        return router_launch.router_topk(x, weight, top_k, renormalize)
+        if router_launch.ENABLED:
+            return router_launch.router_topk(x, weight, top_k, renormalize)
     return None
 
 

@@ -1,10 +1,11 @@
 """Launcher of the router GEMV with its top-k in one launch (`triton/router_topk.py`): a
 decode-sized MoE layer's routing, two launches made one. No host sync: safe in CUDA graphs.
 
-When it applies (`router_topk` returns None otherwise, and the caller runs the router linear
-and `route_topk` apart): at most `gemv_launch.MAX_M` rows, x and the (E, K) weight of one
-float dtype, no bias, E at most MAX_EXPERTS, and arrival counters at hand (`arrivals`; made at
-the first call outside a CUDA graph capture). Whether it applies depends on the shapes and
+`kernels.router_topk` sends decode routing here while ENABLED is on. It applies
+(`router_topk` returns None otherwise, and the caller runs the router linear and `route_topk`
+apart) to at most `gemv_launch.MAX_M` rows, x and the (E, K) weight of one float dtype, no
+bias, E at most MAX_EXPERTS, with arrival counters at hand (`arrivals`; made at the first
+call outside a CUDA graph capture). Whether it applies depends on the shapes and
 dtype alone, never on M within M <= 16, so a row's choice does not depend on the batch.
 
 Tiles: the GEMV's table entry for (E, K) (`gemv_launch.select`), or ROUTER_CONFIG where the
@@ -20,7 +21,9 @@ import triton
 from xinfer.kernels import arrivals, gemv_launch, pdl
 from xinfer.kernels.triton import router_topk as jit
 
-ENABLED = True  # False: the router linear and route_topk in two launches (benchmarks compare)
+# off until a GPU has run `tests/kernels/test_router_topk_gpu.py` (its memory ordering) and
+# timed it (`bench/bench_decode_switches.py`); off: the router linear and route_topk apart
+ENABLED = False
 MAX_EXPERTS = 1024  # one program holds a token's logits for its top-k
 ROUTER_WARPS = 4
 ROUTER_CONFIG = gemv_launch.GemvConfig(block_n=16, block_k=256, num_stages=4, split_k=8)
@@ -31,8 +34,7 @@ def applies(x: torch.Tensor, weight: torch.Tensor) -> bool:
     """Whether `router_topk` takes x (T, K) and weight (E, K) (shapes and dtypes only)."""
     rows = x.shape[0] if x.dim() == 2 else -1
     return (
-        ENABLED
-        and 0 < rows <= gemv_launch.MAX_M
+        0 < rows <= gemv_launch.MAX_M
         and x.dtype in _DTYPES
         and weight.dtype == x.dtype
         and weight.dim() == 2
