@@ -34,6 +34,8 @@ else
   else
     q p16 "$Q --prefetch 0,2"
     q p64 "$Q --prefetch 2 --prefetch-programs 64"
+    GPU_RUN_LIMIT=$(lim) PREFETCH_PFILL=copy-engine PREFETCH_RATES=0.2 PREFETCH_BATCHES=1 \
+      PREFETCH_STEPS=64 PREFETCH_WARMUP=16 PREFETCH_DISTANCES=2 PREFETCH_TAG=_ce bash $G prefetchbench 2>&1 | tail -8
     GPU_RUN_LIMIT=$(lim) bash $G fillvariants 2>&1 | tail -12
   fi
 fi

@@ -58,10 +58,9 @@ for phase in "$@"; do
     decoderows) timeout ${QUANT_TIMEOUT:-400} python3 bench/bench_quant_kernel.py --decode-rows-sweep --formats ${QUANT_FORMATS:-fp8,gptq,nvfp4} 2>&1 | tee "$OUT/decode_rows_sweep.txt" | tail -80 ;;
     quantres) timeout ${QUANT_TIMEOUT:-580} python3 bench/bench_quant.py --parts resident --formats ${QUANT_FORMATS:-bf16,fp8,nvfp4,gptq} ${QUANT_EXTRA:-} --out "$OUT/quant_resident" 2>&1 | tail -30 | tee "$OUT/quant_resident.txt" ;;
     # the same with a trace of four batch-1 steps per format (gzipped), for trace_summary.py
-    # PDL off then on (kernels/pdl.py, XINFER_PDL), resident rows of the formats, one call
-    switches) timeout ${SWITCH_TIMEOUT:-400} python3 bench/bench_decode_switches.py --formats ${SWITCH_FORMATS:-bf16,gptq} --variants "${SWITCH_VARIANTS:-router-apart;router;pdl,router-apart;pdl,merge,router-apart;pdl,merge,router;pdl,merge,router,qkv-gemv}" --out "$OUT/switches" 2>&1 | grep -v "it/s]" | tail -40 | tee "$OUT/switches.txt" ;;
-    pdlab) for p in 0 1; do XINFER_PDL=$p timeout ${QUANT_TIMEOUT:-280} python3 bench/bench_quant.py --parts resident --formats ${QUANT_FORMATS:-bf16,gptq} --out "$OUT/quant_resident_pdl$p" 2>&1 | tail -12 | tee "$OUT/quant_resident_pdl$p.txt"; done ;;
     quanttrace) timeout ${QUANT_TIMEOUT:-580} python3 bench/bench_quant.py --parts resident --formats ${QUANT_FORMATS:-bf16,fp8,gptq} --trace-dir "$OUT" --out "$OUT/quant_resident_traced" 2>&1 | grep -v Capturing | tail -30 | tee "$OUT/quant_resident_traced.txt"; gzip -f "$OUT"/quant_trace_*.json ;;
+    # each kernel switch (router in one launch, PDL, fused merge, qkv GEMV) A/B in one process
+    switches) timeout ${SWITCH_TIMEOUT:-400} python3 bench/bench_decode_switches.py --formats ${SWITCH_FORMATS:-bf16,gptq} --variants "${SWITCH_VARIANTS:-router-apart;router;pdl,router-apart;pdl,merge,router-apart;pdl,merge,router;pdl,merge,router,qkv-gemv}" --out "$OUT/switches" 2>&1 | grep -v "it/s]" | tail -40 | tee "$OUT/switches.txt" ;;
     quantoff) timeout 580 python3 bench/bench_quant.py --parts offload --formats ${QUANT_FORMATS:-fp8} --offload-args="${QUANT_OFFLOAD_ARGS:-}" --out "$OUT/quant_offload" 2>&1 | tail -30 | tee "$OUT/quant_offload.txt" ;;
     moebench) timeout 90 python3 bench/bench_moe_kernel.py 2>&1 | tail -30 | tee "$OUT/moe_kernel.txt" ;;
     attnbench) timeout 90 python3 bench/bench_attention_kernel.py 2>&1 | tail -30 | tee "$OUT/attn_kernel.txt" ;;

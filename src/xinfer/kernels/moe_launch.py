@@ -14,7 +14,7 @@ from dataclasses import dataclass
 import torch
 import triton
 
-from xinfer.kernels import arrivals, moe_align, pdl, router_launch
+from xinfer.kernels import arrivals, moe_align, pdl
 from xinfer.kernels.triton import activation, routing
 from xinfer.kernels.triton import fused_moe as moe_jit
 
@@ -262,7 +262,7 @@ def route_topk(
     routing.route_topk_kernel[(num_tokens,)](
         logits, weights, ids, num_experts, logits.stride(0),
         TOP_K=top_k, RENORMALIZE=renormalize, BLOCK_E=block_e,
-        BLOCK_K=triton.next_power_of_2(top_k), num_warps=router_launch.ROUTER_WARPS,
+        BLOCK_K=triton.next_power_of_2(top_k), num_warps=routing.TOPK_WARPS,
         **pdl.options(logits),
     )  # fmt: skip
     return weights, ids

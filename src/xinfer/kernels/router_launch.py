@@ -9,9 +9,9 @@ call outside a CUDA graph capture). Whether it applies depends on the shapes and
 dtype alone, never on M within M <= 16, so a row's choice does not depend on the batch.
 
 Tiles: the GEMV's table entry for (E, K) (`gemv_launch.select`), or ROUTER_CONFIG where the
-table picks cuBLAS or lacks the shape. Warps: ROUTER_WARPS, those `route_topk` launches its
-top-k with, so that the fused choice equals the two launches' bit for bit (a GEMV tile's bits
-do not depend on its warps)."""
+table picks cuBLAS or lacks the shape. Warps: `routing.TOPK_WARPS`, those `route_topk`
+launches its top-k with, so that the fused choice equals the two launches' bit for bit (a
+GEMV tile's bits do not depend on its warps)."""
 
 from __future__ import annotations
 
@@ -20,12 +20,12 @@ import triton
 
 from xinfer.kernels import arrivals, gemv_launch, pdl
 from xinfer.kernels.triton import router_topk as jit
+from xinfer.kernels.triton.routing import TOPK_WARPS
 
 # off until a GPU has run `tests/kernels/test_router_topk_gpu.py` (its memory ordering) and
 # timed it (`bench/bench_decode_switches.py`); off: the router linear and route_topk apart
 ENABLED = False
 MAX_EXPERTS = 1024  # one program holds a token's logits for its top-k
-ROUTER_WARPS = 4
 ROUTER_CONFIG = gemv_launch.GemvConfig(block_n=16, block_k=256, num_stages=4, split_k=8)
 _DTYPES = (torch.bfloat16, torch.float16, torch.float32)
 
@@ -84,6 +84,6 @@ def router_topk(
         BLOCK_E=triton.next_power_of_2(num_experts),
         BLOCK_TK=triton.next_power_of_2(top_k),
         DOT_PRECISION="ieee" if x.dtype == torch.float32 else "tf32",
-        num_warps=ROUTER_WARPS, num_stages=cfg.num_stages, **pdl.options(x2),
+        num_warps=TOPK_WARPS, num_stages=cfg.num_stages, **pdl.options(x2),
     )  # fmt: skip
     return weights, ids

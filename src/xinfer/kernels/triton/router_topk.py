@@ -1,5 +1,5 @@
 """Triton kernel of a MoE layer's router GEMV with its top-k in the same launch (launched
-from `xinfer.kernels.moe_launch.router_topk`; twin: `reference.route_topk` of
+from `xinfer.kernels.router_launch.router_topk`; twin: `reference.route_topk` of
 `reference.linear`).
 
 At decode the router is a small GEMV (E x K: 128 x 2,048 for Qwen3-30B-A3B) and top-k a

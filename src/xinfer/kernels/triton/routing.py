@@ -8,6 +8,10 @@ import triton.language as tl
 
 from xinfer.kernels.triton.pdl import wait_for_producers
 
+# warps of every launch that runs `topk_row` (route_topk's and the router GEMV's): one layout,
+# so both reduce a row's probabilities in one order and choose with the same bits
+TOPK_WARPS = 4
+
 
 @triton.jit
 def _ordered(bits):
