@@ -1,0 +1,151 @@
+"""TurboQuant (MSE) KV cache: each (token, KV head) vector x of K and of V is rotated,
+y = R x, and stored as b-bit Lloyd–Max codes c of y / sigma (sigma = |y| / sqrt(D)) plus one
+float16 scale s = <y, c> / <c, c> (the least-squares fit), so y ~ s * c. Codes are packed in
+b bit-planes of D / 8 bytes (plane p holds bit p of every coordinate's index).
+
+Attention never un-rotates the cache: q is rotated once (q R^T), scores and the weighted
+sum of V are taken in rotated space, and the output is rotated back once (out R). This module
+holds the cache object and the pure-torch twin (quantize, pack, dequantize, store); the
+kernels' dispatch is `kernels/kv_turbo.py`. Reference: Zandieh et al. 2025, arXiv 2504.19874."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import torch
+
+from xinfer.kv.format import TurboQuant, check_turbo_head_dim
+from xinfer.kv.turbo_codebook import rotation, tables
+
+FP16_MAX = 65504.0
+
+
+@dataclass
+class TurboKVCache:
+    """One attention layer's TurboQuant cache. Codes (num_blocks, block_size, Hk, b * D / 8)
+    uint8 and scales (num_blocks, block_size, Hk) float16, for K and for V, all contiguous;
+    the tables are shared by every layer."""
+
+    k_codes: torch.Tensor
+    k_scales: torch.Tensor
+    v_codes: torch.Tensor
+    v_scales: torch.Tensor
+    bits: int
+    rotation: torch.Tensor  # R (D, D) in the model dtype, on the cache's device
+    centroids: torch.Tensor  # (2^b,) float32
+    boundaries: torch.Tensor  # (2^b - 1,) float64 midpoints of the centroids
+
+    @property
+    def head_dim(self) -> int:
+        return self.rotation.shape[0]
+
+    @property
+    def num_kv_heads(self) -> int:
+        return self.k_codes.shape[2]
+
+    @property
+    def block_size(self) -> int:
+        return self.k_codes.shape[1]
+
+    @property
+    def device(self) -> torch.device:
+        return self.k_codes.device
+
+    def tensors(self) -> tuple[torch.Tensor, ...]:
+        return self.k_codes, self.k_scales, self.v_codes, self.v_scales
+
+
+def allocate(
+    fmt: TurboQuant,
+    num_blocks: int,
+    block_size: int,
+    num_kv_heads: int,
+    head_dim: int,
+    dtype: torch.dtype,
+    device: torch.device,
+) -> TurboKVCache:
+    """A zeroed cache; `dtype` is the model's (the rotations run in it)."""
+    check_turbo_head_dim(head_dim, fmt)
+    centroids, boundaries = tables(head_dim, fmt.bits)
+    codes_shape = (num_blocks, block_size, num_kv_heads, fmt.code_bytes(head_dim))
+
+    def codes() -> torch.Tensor:
+        return torch.zeros(codes_shape, dtype=torch.uint8, device=device)
+
+    def scales() -> torch.Tensor:
+        return torch.zeros(codes_shape[:3], dtype=torch.float16, device=device)
+
+    return TurboKVCache(
+        codes(), scales(), codes(), scales(), fmt.bits,
+        rotation(head_dim).to(device=device, dtype=dtype),
+        centroids.to(device), boundaries.to(device),
+    )  # fmt: skip
+
+
+def quantize(
+    y: torch.Tensor, centroids: torch.Tensor, boundaries: torch.Tensor
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """Rotated rows y (..., D) → indices (..., D) int64 and scales (...) float16. Float64
+    throughout (the kernel's too), so the two agree bit for bit whatever their sum orders."""
+    y = y.double()
+    head_dim = y.shape[-1]
+    sigma = torch.sqrt((y * y).sum(-1, keepdim=True) / head_dim)
+    t = y / torch.where(sigma > 0, sigma, torch.ones_like(sigma))
+    idx = (t.unsqueeze(-1) > boundaries.to(t.device)).sum(-1)  # boundaries below t
+    c = centroids.to(y.device)[idx].double()
+    scale = (y * c).sum(-1) / (c * c).sum(-1)
+    return idx, scale.clamp(-FP16_MAX, FP16_MAX).float().half()
+
+
+def pack(idx: torch.Tensor, bits: int) -> torch.Tensor:
+    """Indices (..., D) → bit-planes (..., bits * D / 8) uint8: plane p's byte j holds bit p
+    of coordinates 8j..8j+7, coordinate 8j + i at bit i."""
+    lead, head_dim = idx.shape[:-1], idx.shape[-1]
+    octets = idx.reshape(*lead, head_dim // 8, 8)
+    weights = 1 << torch.arange(8, device=idx.device)
+    planes = [(((octets >> p) & 1) * weights).sum(-1) for p in range(bits)]
+    return torch.cat(planes, -1).to(torch.uint8)
+
+
+def unpack(codes: torch.Tensor, bits: int) -> torch.Tensor:
+    """`pack`'s inverse: (..., bits * D / 8) uint8 → indices (..., D) int64."""
+    lead, width = codes.shape[:-1], codes.shape[-1]
+    planes = codes.long().reshape(*lead, bits, width // bits, 1)
+    bit_of = (planes >> torch.arange(8, device=codes.device)) & 1  # (..., bits, D/8, 8)
+    bit_of = bit_of.reshape(*lead, bits, -1)
+    weights = (1 << torch.arange(bits, device=codes.device)).view(bits, 1)
+    return (bit_of * weights).sum(-2)
+
+
+def dequantize(
+    codes: torch.Tensor, scales: torch.Tensor, centroids: torch.Tensor, bits: int
+) -> torch.Tensor:
+    """Codes (..., b * D / 8) and scales (...) → rotated rows s * c (..., D) float32."""
+    return centroids[unpack(codes, bits)] * scales.float().unsqueeze(-1)
+
+
+def store(k_rot: torch.Tensor, v_rot: torch.Tensor, cache: TurboKVCache, slots: torch.Tensor):
+    """Quantize rotated k/v (T, Hk, D) into `cache` at flat slots (T,) = block * block_size +
+    offset; slots < 0 (padding) write nothing."""
+    valid = slots >= 0
+    flat = slots[valid].long()
+    for rows, codes, scales in ((k_rot, cache.k_codes, cache.k_scales),
+                                (v_rot, cache.v_codes, cache.v_scales)):  # fmt: skip
+        idx, scale = quantize(rows[valid], cache.centroids, cache.boundaries)
+        codes.view(-1, *codes.shape[2:])[flat] = pack(idx, cache.bits)
+        scales.view(-1, scales.shape[2])[flat] = scale
+
+
+def dense_blocks(
+    cache: TurboKVCache, block_tables: torch.Tensor, seq_lens: list[int], dtype: torch.dtype
+) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """The blocks the sequences reach, dequantized: dense rotated K and V (U, block_size,
+    Hk, D) in `dtype` and the block tables renumbered into them, for attention code that
+    reads a plain cache (the CPU twin, the flash prefill path)."""
+    bs = cache.block_size
+    reach = max(-(-n // bs) for n in seq_lens) if seq_lens else 0
+    used = torch.unique(block_tables[:, : max(reach, 1)].long())  # sorted
+    tables_new = torch.searchsorted(used, block_tables.long()).clamp_max(used.numel() - 1)
+    k = dequantize(cache.k_codes[used], cache.k_scales[used], cache.centroids, cache.bits)
+    v = dequantize(cache.v_codes[used], cache.v_scales[used], cache.centroids, cache.bits)
+    return k.to(dtype), v.to(dtype), tables_new.to(block_tables.dtype)
