@@ -9,11 +9,12 @@ import math
 import torch
 import triton
 
-from xinfer.kernels import arrivals, pdl, reference
+from xinfer.kernels import arrivals, kv_turbo_launch, pdl, reference
 from xinfer.kernels.triton import attention as attn_kernels
 from xinfer.kernels.triton.kv_cache import store_kv_kernel
 from xinfer.kernels.triton.norm import rms_norm_kernel
 from xinfer.kernels.triton.rotary import rope_kernel
+from xinfer.kv.turbo import TurboKVCache
 
 LOG2E = 1.4426950408889634
 # CPU tensors (Triton's interpreter) get small tiles, so that small tests cross tile borders;
@@ -189,18 +190,27 @@ def paged_attention(
     split_len: int | None = None,
     config: dict[str, int] | None = None,
     sliding_window: int | None = None,
+    turbo: TurboKVCache | None = None,
 ) -> torch.Tensor:
     """Decode kernel when every sequence has exactly one query (max_query_len == 1 and
     T == B; query_start_loc is then taken to be arange(B+1)), else the prefill kernel.
     Without the host-side bounds this reads them from the device (not graph-capturable).
     `config` overrides entries of the launch config (decode: `decode_config`, prefill:
     `prefill_config`); `split_len` overrides the decode SPLIT_LEN (rounded up to whole tiles).
-    `sliding_window` W: a query at position p sees keys (p - W, p] only."""
+    `sliding_window` W: a query at position p sees keys (p - W, p] only. `turbo`: a
+    TurboQuant cache whose codes are k_cache/v_cache (q and the output are in its rotated
+    space: `kernels/kv_turbo.py` rotates)."""
     if q.dim() != 3 or k_cache.dim() != 4 or k_cache.shape != v_cache.shape:
         raise ValueError(f"paged_attention: q {tuple(q.shape)}, cache {tuple(k_cache.shape)}")
     num_tokens, num_heads, head_dim = q.shape
     num_kv_heads = k_cache.shape[2]
-    if k_cache.shape[3] != head_dim or num_heads % num_kv_heads:
+    row_width = head_dim
+    if turbo is not None:
+        kv_turbo_launch.check_cache(turbo)
+        if k_cache is not turbo.k_codes or v_cache is not turbo.v_codes:
+            raise ValueError("paged_attention: with `turbo`, the caches are its codes")
+        row_width = turbo.bits * head_dim // 8
+    if k_cache.shape[3] != row_width or num_heads % num_kv_heads:
         raise ValueError(f"paged_attention: {num_heads} q heads vs {num_kv_heads} KV heads")
     num_seqs = seq_lens.shape[0]
     if block_tables.dim() != 2 or block_tables.shape[0] != num_seqs:
@@ -219,7 +229,9 @@ def paged_attention(
         max_seq_len = int(seq_lens.max())
     if sliding_window is not None and sliding_window < 1:
         raise ValueError(f"paged_attention: sliding_window {sliding_window} must be >= 1")
-    paged = (q, k_cache, v_cache, block_tables, seq_lens)
+    # the kernels' leading arguments: q, caches, turbo scales and codebook, tables, lengths
+    scales = (turbo.k_scales, turbo.v_scales, turbo.centroids) if turbo else (seq_lens,) * 3
+    paged = (q, k_cache, v_cache, *scales, block_tables, seq_lens)
     window = dict(window=sliding_window or 0, HAS_WINDOW=sliding_window is not None)
     if max_query_len == 1 and num_tokens == num_seqs:
         cfg = {**decode_config(q, head_dim, max_seq_len), **(config or {})}
@@ -232,13 +244,16 @@ def paged_attention(
 
 def _common_args(paged: tuple, out: torch.Tensor) -> tuple[tuple[int, ...], dict]:
     """Strides (q, K, V, block table, out) and the constexprs both attention kernels take."""
-    q, k_cache, v_cache, block_tables, _ = paged
+    q, k_cache, v_cache, block_tables = paged[0], paged[1], paged[2], paged[-2]
     strides = (q.stride(0), q.stride(1), *k_cache.stride()[:3], *v_cache.stride()[:3])
     strides += (block_tables.stride(0), out.stride(0), out.stride(1))
     head_dim, group = q.shape[2], q.shape[1] // k_cache.shape[2]
+    # uint8 caches are TurboQuant codes: bits * head_dim / 8 bytes a row
+    turbo_bits = k_cache.shape[3] * 8 // head_dim if k_cache.dtype == torch.uint8 else 0
     constexprs = dict(
         HEAD_DIM=head_dim, KV_BLOCK_SIZE=k_cache.shape[1], GROUP=group,
         BLOCK_D=_pow2(head_dim, 16), DOT_PRECISION="ieee" if q.dtype == torch.float32 else "tf32",
+        TURBO_BITS=turbo_bits,
     )  # fmt: skip
     return strides, constexprs
 
@@ -248,7 +263,7 @@ def _decode(paged: tuple, scale: float, max_seq_len: int, cfg: dict, window: dic
     bits depend only on the split length, not on the bound, the batch or the other rows. The
     merge runs in the decode launch's last split of each (sequence, KV head) when
     FUSED_DECODE_REDUCE is on and `arrivals` gives counters, else in `reduce_splits`."""
-    q, k_cache, block_tables, seq_lens = paged[0], paged[1], paged[3], paged[4]
+    q, k_cache, block_tables, seq_lens = paged[0], paged[1], paged[-2], paged[-1]
     num_seqs, num_heads, head_dim = q.shape
     num_kv_heads = k_cache.shape[2]
     out = torch.empty(q.shape, dtype=q.dtype, device=q.device)
@@ -300,7 +315,7 @@ def _prefill(
     window: dict,
 ) -> torch.Tensor:
     """Flash-attention tiles of BLOCK_Q tokens x GROUP heads, causal over the cached keys."""
-    q, k_cache, seq_lens = paged[0], paged[1], paged[4]
+    q, k_cache, seq_lens = paged[0], paged[1], paged[-1]
     out = torch.empty(q.shape, dtype=q.dtype, device=q.device)
     strides, constexprs = _common_args(paged, out)
     cfg["BLOCK_M"] = max(cfg["BLOCK_M"], _pow2(constexprs["GROUP"]))

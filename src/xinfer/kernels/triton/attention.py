@@ -8,13 +8,15 @@ a second kernel, `decode_reduce_kernel` — the same code (`_merge_head`), the s
 Prefill: flash-attention tiles over packed variable-length queries, rows = (token, query head
 of the group). With a sliding window W (`HAS_WINDOW`, Gemma 3's local layers) a query at
 position p sees keys (p - W, p] only: decode skips the splits before the window, prefill
-starts its key loop at the tile's first visible key and masks both edges."""
+starts its key loop at the tile's first visible key and masks both edges. With `TURBO_BITS`
+the caches hold TurboQuant codes and scales (kv/turbo.py), read by `turbo_kv_rows`."""
 
 from __future__ import annotations
 
 import triton
 import triton.language as tl
 
+from xinfer.kernels.triton.kv_turbo import turbo_kv_rows
 from xinfer.kernels.triton.pdl import wait_for_producers
 
 
@@ -28,20 +30,35 @@ def _block_ids(table_ptr, n, num_blocks, block_size: tl.constexpr):
 
 @triton.jit
 def _load_kv_rows(
-    cache_ptr, blk, n, n_mask, d, d_mask, block_size: tl.constexpr, stride_b, stride_s
-):
-    """(BLOCK_N, BLOCK_D) rows of key positions `n` held in cache blocks `blk`."""
-    ptrs = cache_ptr + blk[:, None] * stride_b + (n % block_size)[:, None] * stride_s + d[None, :]
-    return tl.load(ptrs, mask=n_mask[:, None] & d_mask[None, :], other=0.0)
+    cache_ptr, scale_ptr, centroids_ptr, blk, n, n_mask, d, d_mask, block_size: tl.constexpr,
+    stride_b, stride_s, HEAD_DIM: tl.constexpr, TURBO_BITS: tl.constexpr,
+):  # fmt: skip
+    """(BLOCK_N, BLOCK_D) rows of key positions `n` held in cache blocks `blk`. TURBO_BITS
+    > 0: a TurboQuant cache (`cache_ptr` its codes, `scale_ptr` its scales, both at the KV
+    head), read as float32 rotated rows by `turbo_kv_rows`."""
+    if TURBO_BITS > 0:
+        rows = turbo_kv_rows(
+            cache_ptr, scale_ptr, centroids_ptr, blk, n, n_mask, d, d_mask, block_size,
+            stride_b, stride_s, HEAD_DIM, TURBO_BITS,
+        )  # fmt: skip
+    else:
+        offs = blk[:, None] * stride_b + (n % block_size)[:, None] * stride_s + d[None, :]
+        rows = tl.load(cache_ptr + offs, mask=n_mask[:, None] & d_mask[None, :], other=0.0)
+    return rows
 
 
 @triton.jit
 def _load_kv_tile(
-    cache_ptr, table_ptr, n, n_mask, d, d_mask, block_size: tl.constexpr, stride_b, stride_s
-):
+    cache_ptr, scale_ptr, centroids_ptr, table_ptr, n, n_mask, d, d_mask,
+    block_size: tl.constexpr, stride_b, stride_s, HEAD_DIM: tl.constexpr,
+    TURBO_BITS: tl.constexpr,
+):  # fmt: skip
     """(BLOCK_N, BLOCK_D) rows `n` of one sequence and KV head, through its block table."""
     blk = tl.load(table_ptr + n // block_size, mask=n_mask, other=0).to(tl.int64)
-    return _load_kv_rows(cache_ptr, blk, n, n_mask, d, d_mask, block_size, stride_b, stride_s)
+    return _load_kv_rows(
+        cache_ptr, scale_ptr, centroids_ptr, blk, n, n_mask, d, d_mask, block_size, stride_b,
+        stride_s, HEAD_DIM, TURBO_BITS,
+    )  # fmt: skip
 
 
 @triton.jit
@@ -129,8 +146,11 @@ def _merge_when_last(
 @triton.jit(do_not_specialize=["num_splits", "split_len", "table_blocks", "window"])
 def decode_kernel(
     q_ptr,  # (B, Hq, D): one query token per sequence
-    k_cache_ptr,  # (num_blocks, block_size, Hk, D)
+    k_cache_ptr,  # (num_blocks, block_size, Hk, D); TURBO_BITS: codes (.., Hk, bits * D / 8)
     v_cache_ptr,
+    k_scale_ptr,  # TURBO_BITS: (num_blocks, block_size, Hk) float16 scales, else unused
+    v_scale_ptr,
+    centroids_ptr,  # TURBO_BITS: (2^bits,) float32 codebook, else unused
     block_tables_ptr,  # (B, table_blocks)
     seq_lens_ptr,  # (B,) 0 = padding row
     part_out_ptr,  # (B, Hq, num_splits, D) normalised partial outputs, in q's dtype
@@ -164,6 +184,7 @@ def decode_kernel(
     HAS_WINDOW: tl.constexpr = False,
     REDUCE: tl.constexpr = False,
     USE_PDL: tl.constexpr = False,
+    TURBO_BITS: tl.constexpr = 0,  # > 0: a TurboQuant cache of this many bits (kv/turbo.py)
 ):
     """Partial attention of one (sequence, KV head) over keys [split * split_len, +split_len)
     (fixed ranges, independent of the batch). Splits past the sequence's end, or wholly
@@ -193,15 +214,18 @@ def decode_kernel(
         acc = tl.zeros([BLOCK_G, BLOCK_D], tl.float32)
         k_base = k_cache_ptr + kv_head * stride_kh
         v_base = v_cache_ptr + kv_head * stride_vh
+        k_scales, v_scales = k_scale_ptr + kv_head, v_scale_ptr + kv_head  # TURBO_BITS only
         for n0 in range(start, end, BLOCK_N):
             n = n0 + tl.arange(0, BLOCK_N)
             n_mask = n < end
             k = _load_kv_rows(
-                k_base, blk, n, n_mask, d, d_mask, KV_BLOCK_SIZE, stride_kb, stride_ks
-            )
+                k_base, k_scales, centroids_ptr, blk, n, n_mask, d, d_mask, KV_BLOCK_SIZE,
+                stride_kb, stride_ks, HEAD_DIM, TURBO_BITS,
+            )  # fmt: skip
             v = _load_kv_rows(
-                v_base, blk, n, n_mask, d, d_mask, KV_BLOCK_SIZE, stride_vb, stride_vs
-            )
+                v_base, v_scales, centroids_ptr, blk, n, n_mask, d, d_mask, KV_BLOCK_SIZE,
+                stride_vb, stride_vs, HEAD_DIM, TURBO_BITS,
+            )  # fmt: skip
             blk = _block_ids(table, n + BLOCK_N, table_blocks, KV_BLOCK_SIZE)  # next tile's
             m_i, l_i, acc = _softmax_step(
                 q, k.to(q.dtype), v.to(q.dtype), n_mask[None, :], m_i, l_i, acc, scale_log2,
@@ -255,6 +279,9 @@ def prefill_kernel(
     q_ptr,  # (T, Hq, D) packed new tokens of all sequences
     k_cache_ptr,
     v_cache_ptr,
+    k_scale_ptr,  # TURBO_BITS only, as in decode_kernel
+    v_scale_ptr,
+    centroids_ptr,
     block_tables_ptr,
     seq_lens_ptr,  # (B,) cached tokens incl. the new ones (which are the last q_len)
     query_start_loc_ptr,  # (B+1,)
@@ -281,6 +308,7 @@ def prefill_kernel(
     BLOCK_D: tl.constexpr,
     DOT_PRECISION: tl.constexpr,
     HAS_WINDOW: tl.constexpr = False,
+    TURBO_BITS: tl.constexpr = 0,
 ):
     seq, kv_head = tl.program_id(1), tl.program_id(2)
     q_tile = tl.num_programs(0) - 1 - tl.program_id(0)  # longest (last) tiles start first
@@ -308,6 +336,7 @@ def prefill_kernel(
     table = block_tables_ptr + seq.to(tl.int64) * stride_bt
     k_base = k_cache_ptr + kv_head * stride_kh
     v_base = v_cache_ptr + kv_head * stride_vh
+    k_scales, v_scales = k_scale_ptr + kv_head, v_scale_ptr + kv_head  # TURBO_BITS only
     kv_end = tl.minimum(ctx_len + (q_tile + 1) * BLOCK_Q, seq_len)
     if HAS_WINDOW:  # from the tile's first visible key, every tile masks both edges
         full_start = tl.maximum(ctx_len + q_tile * BLOCK_Q - window + 1, 0) // BLOCK_N * BLOCK_N
@@ -319,16 +348,28 @@ def prefill_kernel(
     for n0 in range(full_start, full_end, BLOCK_N):
         n = n0 + tl.arange(0, BLOCK_N)
         n_mask = n < full_end
-        k = _load_kv_tile(k_base, table, n, n_mask, d, d_mask, KV_BLOCK_SIZE, stride_kb, stride_ks)
-        v = _load_kv_tile(v_base, table, n, n_mask, d, d_mask, KV_BLOCK_SIZE, stride_vb, stride_vs)
+        k = _load_kv_tile(
+            k_base, k_scales, centroids_ptr, table, n, n_mask, d, d_mask, KV_BLOCK_SIZE,
+            stride_kb, stride_ks, HEAD_DIM, TURBO_BITS,
+        )  # fmt: skip
+        v = _load_kv_tile(
+            v_base, v_scales, centroids_ptr, table, n, n_mask, d, d_mask, KV_BLOCK_SIZE,
+            stride_vb, stride_vs, HEAD_DIM, TURBO_BITS,
+        )  # fmt: skip
         m_i, l_i, acc = _softmax_step(
             q, k.to(q.dtype), v.to(q.dtype), all_n, m_i, l_i, acc, scale_log2, DOT_PRECISION
         )
     for n0 in range(full_end, kv_end, BLOCK_N):  # the diagonal (and the window): masked
         n = n0 + tl.arange(0, BLOCK_N)
         n_mask = n < kv_end
-        k = _load_kv_tile(k_base, table, n, n_mask, d, d_mask, KV_BLOCK_SIZE, stride_kb, stride_ks)
-        v = _load_kv_tile(v_base, table, n, n_mask, d, d_mask, KV_BLOCK_SIZE, stride_vb, stride_vs)
+        k = _load_kv_tile(
+            k_base, k_scales, centroids_ptr, table, n, n_mask, d, d_mask, KV_BLOCK_SIZE,
+            stride_kb, stride_ks, HEAD_DIM, TURBO_BITS,
+        )  # fmt: skip
+        v = _load_kv_tile(
+            v_base, v_scales, centroids_ptr, table, n, n_mask, d, d_mask, KV_BLOCK_SIZE,
+            stride_vb, stride_vs, HEAD_DIM, TURBO_BITS,
+        )  # fmt: skip
         s_mask = n_mask[None, :] & (n[None, :] <= pos[:, None])
         if HAS_WINDOW:
             s_mask = s_mask & (n[None, :] > pos[:, None] - window)

@@ -1,0 +1,95 @@
+"""TurboQuant KV cache (kv/turbo.py) in Triton: the store (one program per token and KV
+head: scale, indices and bit-planes of the rotated k and v rows, float64 like the twin, so
+both give the same bits) and the row loader the attention kernels call for `TURBO_BITS` > 0
+(bit-planes → indices → centroid table → times the row's scale)."""
+
+from __future__ import annotations
+
+import triton
+import triton.language as tl
+
+
+@triton.jit
+def _quantize_row(
+    y_ptr, codes_ptr, scale_ptr, centroids_ptr, boundaries_ptr,
+    HEAD_DIM: tl.constexpr, BITS: tl.constexpr, BLOCK_D: tl.constexpr,
+):  # fmt: skip
+    """One rotated row y (HEAD_DIM,) → BITS planes of HEAD_DIM / 8 bytes and its scale."""
+    d = tl.arange(0, BLOCK_D)
+    d_mask = d < HEAD_DIM
+    y = tl.load(y_ptr + d, mask=d_mask, other=0.0).to(tl.float64)
+    # float64 sqrt and division are IEEE round-to-nearest on the GPU (only float32's are
+    # approximate there), so these match torch's
+    sigma = tl.sqrt(tl.sum(y * y, axis=0) / HEAD_DIM)
+    t = y / tl.where(sigma > 0, sigma, 1.0)
+    idx = tl.zeros([BLOCK_D], tl.int32)
+    for j in tl.static_range((1 << BITS) - 1):  # the index = the boundaries below t
+        idx += (t > tl.load(boundaries_ptr + j)).to(tl.int32)
+    idx = tl.where(d_mask, idx, 0)
+    c = tl.where(d_mask, tl.load(centroids_ptr + idx).to(tl.float64), 0.0)
+    scale = tl.sum(y * c, axis=0) / tl.sum(c * c, axis=0)
+    scale = tl.minimum(tl.maximum(scale, -65504.0), 65504.0)
+    tl.store(scale_ptr, scale.to(tl.float32).to(tl.float16))
+    octets = tl.reshape(idx, [BLOCK_D // 8, 8])
+    bit = tl.arange(0, 8)[None, :]
+    j = tl.arange(0, BLOCK_D // 8)
+    for p in tl.static_range(BITS):
+        byte = tl.sum(((octets >> p) & 1) << bit, axis=1)
+        tl.store(codes_ptr + p * (HEAD_DIM // 8) + j, byte.to(tl.uint8), mask=j < HEAD_DIM // 8)
+
+
+@triton.jit
+def turbo_store_kernel(
+    k_ptr,  # (T, Hk, D) rotated k, model dtype
+    v_ptr,
+    k_codes_ptr,  # (num_blocks, block_size, Hk, BITS * D / 8) uint8, contiguous
+    k_scales_ptr,  # (num_blocks, block_size, Hk) float16, contiguous
+    v_codes_ptr,
+    v_scales_ptr,
+    centroids_ptr,  # (2^BITS,) float32
+    boundaries_ptr,  # (2^BITS - 1,) float64
+    slot_mapping_ptr,  # (T,) flat slot = block_id * block_size + offset; < 0: padding
+    stride_kt,
+    stride_kh,
+    stride_vt,
+    stride_vh,
+    HEAD_DIM: tl.constexpr,
+    BITS: tl.constexpr,
+    BLOCK_D: tl.constexpr,
+):
+    """grid (T, Hk): token t's k and v of one KV head into the cache at its slot."""
+    t, h = tl.program_id(0).to(tl.int64), tl.program_id(1)
+    slot = tl.load(slot_mapping_ptr + t).to(tl.int64)
+    if slot >= 0:
+        row = slot * tl.num_programs(1) + h  # (slot, head) row of the contiguous caches
+        width = BITS * (HEAD_DIM // 8)
+        _quantize_row(
+            k_ptr + t * stride_kt + h * stride_kh, k_codes_ptr + row * width,
+            k_scales_ptr + row, centroids_ptr, boundaries_ptr, HEAD_DIM, BITS, BLOCK_D,
+        )  # fmt: skip
+        _quantize_row(
+            v_ptr + t * stride_vt + h * stride_vh, v_codes_ptr + row * width,
+            v_scales_ptr + row, centroids_ptr, boundaries_ptr, HEAD_DIM, BITS, BLOCK_D,
+        )  # fmt: skip
+
+
+@triton.jit
+def turbo_kv_rows(
+    codes_ptr, scales_ptr, centroids_ptr, blk, n, n_mask, d, d_mask,
+    block_size: tl.constexpr, stride_b, stride_s,
+    HEAD_DIM: tl.constexpr, BITS: tl.constexpr,
+):  # fmt: skip
+    """(BLOCK_N, BLOCK_D) float32 dequantized rotated rows of key positions `n` in cache
+    blocks `blk`: `codes_ptr`/`scales_ptr` at the KV head's first row, codes strides
+    (stride_b, stride_s) (contiguous caches: a row's scale sits at its codes offset / width)."""
+    row = blk * stride_b + (n % block_size) * stride_s  # (BLOCK_N,) codes offsets
+    mask = n_mask[:, None] & d_mask[None, :]
+    byte_ptrs = codes_ptr + row[:, None] + (d // 8)[None, :]
+    shift = (d % 8)[None, :]
+    idx = tl.zeros(mask.shape, tl.int32)
+    for p in tl.static_range(BITS):
+        plane = tl.load(byte_ptrs + p * (HEAD_DIM // 8), mask=mask, other=0).to(tl.int32)
+        idx |= ((plane >> shift) & 1) << p
+    scale_ptrs = scales_ptr + row // (BITS * (HEAD_DIM // 8))
+    scale = tl.load(scale_ptrs, mask=n_mask, other=0.0).to(tl.float32)
+    return tl.load(centroids_ptr + idx) * scale[:, None]

@@ -1,0 +1,116 @@
+"""The TurboQuant KV-cache kernels (kernels/triton/kv_turbo.py and the attention kernels'
+`TURBO_BITS` loader) in Triton's CPU interpreter: the store gives the twin's codes and
+scales bit for bit (padding slots untouched, head dims that are not powers of two); decode
+(splits merged apart and in the launch, windows, GQA) and prefill attention on a turbo cache
+equal the reference on the cache dequantized. Attention in float32/float16 (the
+interpreter's bfloat16 tl.dot is wrong). Runs in a child pytest (interpreter_child.py)."""
+
+from __future__ import annotations
+
+from unittest import mock
+
+import pytest
+import torch
+from interpreter_child import child_only, interpreter_child_test, require_interpreted
+from turbo_cases import turbo_paged_case
+
+from xinfer.kernels import reference
+from xinfer.kv import turbo
+from xinfer.kv.format import TurboQuant
+
+pytest.importorskip("triton")
+
+test_interpreter_child = interpreter_child_test(__file__)
+TOL = {torch.float32: dict(atol=2e-5, rtol=2e-5), torch.float16: dict(atol=4e-3, rtol=4e-3)}
+
+
+@pytest.fixture(scope="module")
+def launch():
+    from xinfer.kernels import attn_launch, kv_turbo_launch
+
+    require_interpreted(kv_turbo_launch.turbo_store_kernel)
+    require_interpreted(attn_launch.attn_kernels.decode_kernel)
+    return attn_launch, kv_turbo_launch
+
+
+@child_only
+@pytest.mark.parametrize("dtype", [torch.float32, torch.float16])
+@pytest.mark.parametrize("head_dim", [16, 40])
+@pytest.mark.parametrize("bits", [3, 4])
+def test_store_equals_the_twin_bit_for_bit(launch, dtype, head_dim, bits):
+    _, store_launch = launch
+    g = torch.Generator().manual_seed(head_dim + bits)
+    k = (torch.randn(9, 3, head_dim, generator=g) * 3).to(dtype)
+    v = torch.randn(9, 3, head_dim, generator=g).to(dtype)
+    k[4] = 0  # a zero row: scale 0, no NaN
+    slots = torch.tensor([5, 0, 17, -1, 8, 30, -1, 2, 12])  # -1: padding, writes nothing
+    fmt = TurboQuant(bits)
+    got = turbo.allocate(fmt, 4, 8, 3, head_dim, dtype, k.device)
+    want = turbo.allocate(fmt, 4, 8, 3, head_dim, dtype, k.device)
+    for a, b in zip(got.tensors(), want.tensors(), strict=True):  # garbage: kept where
+        a.copy_(torch.randint(0, 200, a.shape, generator=g).to(a.dtype))  # nothing is stored
+        b.copy_(a)
+    store_launch.store(k, v, got, slots)
+    turbo.store(k, v, want, slots)
+    for a, b in zip(got.tensors(), want.tensors(), strict=True):
+        assert torch.equal(a.view(torch.uint8), b.view(torch.uint8))
+    zero_row = got.k_scales.view(-1, 3)[8]
+    assert zero_row.tolist() == [0.0, 0.0, 0.0]
+    assert torch.isfinite(got.k_scales.view(-1, 3)[slots[slots >= 0]].float()).all()
+
+
+def _attend(attn_launch, case, scale, **kwargs):
+    q, cache, tables, lens, qsl = case
+    return attn_launch.paged_attention(
+        q, cache.k_codes, cache.v_codes, tables, lens, qsl, scale, turbo=cache, **kwargs
+    )
+
+
+def _expected(case, dense, scale, window=None):
+    q, _, tables, lens, qsl = case
+    return reference.paged_attention(q, *dense, tables, lens, qsl, scale, window)
+
+
+@child_only
+@pytest.mark.parametrize("dtype", [torch.float32, torch.float16])
+@pytest.mark.parametrize("hq, hk, bits", [(2, 2, 4), (8, 2, 3), (8, 1, 4)])
+@pytest.mark.parametrize("fused", [False, True], ids=["merge-apart", "merge-in-launch"])
+@pytest.mark.parametrize("window", [None, 20])
+def test_decode_on_a_turbo_cache(launch, dtype, hq, hk, bits, fused, window):
+    attn_launch, _ = launch
+    seq_lens = [1, 17, 90, 0]  # 0: a padding row
+    case, dense = turbo_paged_case(dtype, seq_lens, None, hq, hk, bits=bits, seed=hq + bits)
+    want = _expected(case, dense, 0.17, window)
+    with mock.patch.object(attn_launch, "FUSED_DECODE_REDUCE", fused):
+        got = _attend(
+            attn_launch, case, 0.17, max_query_len=1, max_seq_len=95, split_len=32,
+            sliding_window=window,
+        )  # fmt: skip
+    torch.testing.assert_close(got, want, **TOL[dtype])
+    assert torch.count_nonzero(got[3]) == 0
+
+
+@child_only
+@pytest.mark.parametrize("dtype", [torch.float32, torch.float16])
+@pytest.mark.parametrize("hq, hk, bits", [(2, 2, 3), (8, 2, 4)])
+@pytest.mark.parametrize("window", [None, 7])
+def test_prefill_on_a_turbo_cache(launch, dtype, hq, hk, bits, window):
+    attn_launch, _ = launch
+    pairs = [(20, 20), (9, 41), (1, 23), (0, 5)]  # (new tokens, cached incl. new)
+    case, dense = turbo_paged_case(
+        dtype, [s for _, s in pairs], [q for q, _ in pairs], hq, hk, bits=bits, seed=bits
+    )
+    want = _expected(case, dense, 0.2, window)
+    got = _attend(attn_launch, case, 0.2, max_query_len=20, max_seq_len=41, sliding_window=window)
+    torch.testing.assert_close(got, want, **TOL[dtype])
+
+
+@child_only
+def test_head_dim_24_block_size_4(launch):
+    attn_launch, _ = launch
+    case, dense = turbo_paged_case(
+        torch.float32, [33, 12], [14, 1], hq=6, hk=2, head_dim=24, bits=3, block_size=4
+    )
+    want = _expected(case, dense, 0.2)
+    got = _attend(attn_launch, case, 0.2, max_query_len=14, max_seq_len=33)
+    torch.testing.assert_close(got, want, **TOL[torch.float32])
