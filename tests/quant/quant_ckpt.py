@@ -33,6 +33,8 @@ _QUANTIZED = re.compile(r"\.(q|k|v|o|gate|up|down)_proj$")
 FORMATS: dict[str, dict] = {
     "fp8": {"quant_method": "fp8", "fmt": "e4m3", "activation_scheme": "dynamic",
             "weight_block_size": [64, 64]},
+    # one weight_scale per module and static input scales (vLLM's serialized fp8)
+    "fp8-tensor": {"quant_method": "fp8", "fmt": "e4m3", "activation_scheme": "static"},
     "fp8-ct-channel": {"quant_method": "compressed-tensors", "format": "float-quantized",
                        "config_groups": {"group_0": {"targets": ["Linear"], "weights": {
                            "num_bits": 8, "type": "float", "symmetric": True,
@@ -164,6 +166,8 @@ def write_quantized(
             and not (skip and skip.search(module))
         ):
             q = {f"{module}.{k}": v.contiguous() for k, v in fmt.quantize(w).items()}
+            if qc.get("activation_scheme") == "static":  # the producer's activation scale
+                q[f"{module}.input_scale"] = torch.tensor(0.05)
             tensors.update(q)
             local = {k.rsplit(".", 1)[1]: v for k, v in q.items()}
             if reference:

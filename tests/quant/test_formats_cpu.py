@@ -65,7 +65,7 @@ def test_loaded_tensors_dequantize_to_the_published_weights(case):
     assert torch.equal(ew.fmt.dequantize(one, *ew.proj_nk("w2")), down)
 
 
-@pytest.mark.parametrize("kind", ["fp8", "fp8-ct-channel", "nvfp4", "ct-asym-g64"])
+@pytest.mark.parametrize("kind", ["fp8", "fp8-tensor", "fp8-ct-channel", "nvfp4", "ct-asym-g64"])
 def test_offload_fractions_are_byte_identical(kind, tmp_path):
     _, path = qk.write_quantized("qwen3_moe", kind, tmp_path / kind, seed=2, num_experts=16)
     prompts = tm.prompts(3, seed=4)
@@ -182,7 +182,7 @@ def test_mismatched_checkpoints_are_refused(kind, edit, message, tmp_path):
         ("gptq", {"desc_act": True}, r"desc_act \(act-order\) are not supported"),
         ("gptq", {"bits": 8}, r"GPTQ with 8 bits is not supported"),
         ("awq", {"version": "gemv"}, r"AWQ version 'gemv' is not supported"),
-        ("fp8", {"weight_block_size": None}, r"without weight_block_size"),
+        ("fp8", {"weight_block_size": [64]}, r"weight_block_size must be two positive"),
         ("ct", {"format": "marlin-24"}, r"format 'marlin-24' is not supported"),
     ],
 )

@@ -1,7 +1,8 @@
 """FP8 formats. Block (`quant_method: fp8`, DeepSeek-V3 / Qwen3-FP8 style): e4m3 weights
 (N, K) with one float32 `weight_scale_inv` per `weight_block_size` block (default 128 x 128),
 shape (ceil(N/bn), ceil(K/bk)); W = weight * weight_scale_inv (the name is historical: it
-multiplies). Per channel / per tensor (`Fp8Scaled`: ModelOpt FP8, compressed-tensors
+multiplies); without `weight_block_size`, one float32 `weight_scale` per module (vLLM's
+serialized fp8). Per channel / per tensor (`Fp8Scaled`: that, ModelOpt FP8, compressed-tensors
 float-quantized): a `weight_scale` per row (N, 1) or one per module, kept per row so that
 merged parts keep their own. Activations stay in the model dtype (weight-only): static
 input scales are read past, with a note."""
@@ -145,14 +146,11 @@ def parse_config(qc: dict[str, Any], hf: dict[str, Any], act_dtype: torch.dtype)
     if fmt != "e4m3":
         raise UserError(f"FP8 checkpoints with fmt {fmt!r} are not supported (only e4m3)")
     block = qc.get("weight_block_size")
-    if block is None:
-        raise UserError(
-            "FP8 checkpoints without weight_block_size (per-tensor scales) are not supported; "
-            "xinfer reads block-scaled FP8 (weight_block_size [128, 128])"
-        )
-    if len(block) != 2 or min(block) < 1:
+    if block is not None and (len(block) != 2 or min(block) < 1):
         raise UserError(f"FP8 weight_block_size must be two positive sizes, got {block}")
     if qc.get("activation_scheme", "dynamic") != "dynamic":
         logger.info("FP8 checkpoint: static activation scales are not used (weight-only)")
     ignore = ModuleMatcher(tuple(qc.get("modules_to_not_convert") or ()), "substring")
+    if block is None:  # one `weight_scale` a module (vLLM's and llm-compressor's older fp8)
+        return QuantConfig("fp8", Fp8Scaled(per_tensor=True), ignore)
     return QuantConfig("fp8", Fp8Block(int(block[0]), int(block[1])), ignore)
