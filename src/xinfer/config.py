@@ -13,6 +13,7 @@ from typing import Any
 import torch
 
 from xinfer.errors import UserError
+from xinfer.kv.format import KVDtype, TurboQuant, kv_bytes_per_head
 from xinfer.parallel.devices import ParallelConfig
 from xinfer.routing.config import RoutingConfig
 
@@ -39,24 +40,27 @@ def parse_dtype(value: str | torch.dtype | None) -> torch.dtype | None:
     return _DTYPES[value]
 
 
-_KV_DTYPES = {
+_KV_DTYPES: dict[str, KVDtype | None] = {
     "auto": None,
     "bf16": torch.bfloat16,
     "bfloat16": torch.bfloat16,
     "fp16": torch.float16,
     "float16": torch.float16,
     "fp8": torch.float8_e4m3fn,  # half of bf16's bytes; e4m3 without scales, saturating
+    "turbo4": TurboQuant(4),  # 4-bit codes of rotated K/V + a scale: ~3.9x fewer than bf16
+    "turbo3": TurboQuant(3),  # ~5.1x
 }
 
 
-def parse_kv_dtype(value: str | None) -> torch.dtype | None:
-    """`--kvcache-dtype`: None/"auto" = the model dtype; bf16, fp16 or fp8 (e4m3)."""
+def parse_kv_dtype(value: str | None) -> KVDtype | None:
+    """`--kvcache-dtype`: None/"auto" = the model dtype; bf16, fp16, fp8 (e4m3), or a
+    TurboQuant format (turbo4, turbo3; kv/format.py), which is not a torch dtype."""
     if value is None:
         return None
     if value not in _KV_DTYPES:
         raise UserError(
-            f"--kvcache-dtype {value!r} is not supported; use auto, bf16, fp16 or fp8 "
-            "(turbo4/turbo3 are not implemented yet)"
+            f"--kvcache-dtype {value!r} is not supported; use auto, bf16, fp16, fp8, turbo4 "
+            "or turbo3"
         )
     return _KV_DTYPES[value]
 
@@ -181,9 +185,10 @@ class ModelConfig:
         elem = torch.empty((), dtype=dtype).element_size()
         return 3 * self.hidden_size * self.moe_intermediate_size * elem
 
-    def kv_bytes_per_token(self, dtype: torch.dtype) -> int:
-        elem = torch.empty((), dtype=dtype).element_size()
-        return 2 * len(self.kv_layer_ids) * self.num_kv_heads * self.head_dim * elem
+    def kv_bytes_per_token(self, dtype: KVDtype) -> int:
+        """K and V of every KV layer; a TurboQuant format counts its codes and scales."""
+        per_head = kv_bytes_per_head(dtype, self.head_dim)
+        return 2 * len(self.kv_layer_ids) * self.num_kv_heads * per_head
 
     def state_bytes_per_seq(self, dtype: torch.dtype) -> int:
         """Bytes of per-request recurrent state (linear-attention layers); 0 for a model
@@ -232,7 +237,7 @@ class ModelConfig:
 class CacheConfig:
     block_size: int = 16
     num_blocks: int | None = None  # None = sized by the engine from free memory
-    kv_dtype: torch.dtype | None = None  # None = model dtype
+    kv_dtype: KVDtype | None = None  # None = model dtype; a torch dtype or TurboQuant
     gpu_memory_utilization: float = 0.90
 
     def __post_init__(self) -> None:

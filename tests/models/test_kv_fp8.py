@@ -55,5 +55,5 @@ def test_fp8_cache_logits_close_to_full_precision(tmp_path):
 
 def test_unknown_kv_dtype_is_a_user_error():
     assert parse_kv_dtype("fp8") == torch.float8_e4m3fn
-    with pytest.raises(UserError, match="turbo4"):
-        parse_kv_dtype("turbo4")
+    with pytest.raises(UserError, match="use auto, bf16, fp16, fp8, turbo4 or turbo3"):
+        parse_kv_dtype("turbo5")

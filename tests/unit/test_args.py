@@ -115,7 +115,7 @@ def test_unknown_llm_keyword_names_the_closest_option():
         (dict(enforce_eager="yes"), "must be true or false"),
         (dict(load_format="pt"), "--load-format must be one of auto, dummy"),
         (dict(dtype="int3"), "unknown dtype"),
-        (dict(kv_cache_dtype="turbo4"), "turbo4"),
+        (dict(kv_cache_dtype="int4"), "fp8, turbo4 or turbo3"),
         (dict(moe_offload=1.5), r"\(0, 1\]"),
         (dict(device="cpu,0"), "tensor parallelism needs one kind"),
         (dict(isq="q3k"), "--isq must be one of q8_0, q4k, q6k, q4_0"),

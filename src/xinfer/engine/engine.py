@@ -226,6 +226,7 @@ class Engine:
             state_dtype=self.dtype,
             state_copies=self.state_copies,
             layer_hooks=self.offload_manager.layer_streamer if self.offload_manager else None,
+            model_dtype=self.dtype,
         )
         phase_done("runner")  # KV cache and, on a GPU, the decode graphs' capture
         self.allocator = BlockAllocator(

@@ -13,6 +13,7 @@ import torch
 
 from xinfer.config import EngineConfig, ModelConfig
 from xinfer.errors import UserError
+from xinfer.kv.format import KVDtype
 
 GIB = 1 << 30
 _CPU_MAX_KV_BYTES = 2 * GIB
@@ -85,7 +86,7 @@ def gpu_kv_budget(engine: EngineConfig, device: torch.device) -> int:
 def min_free_gpu_bytes(
     cfg: ModelConfig,
     engine: EngineConfig,
-    kv_dtype: torch.dtype,
+    kv_dtype: KVDtype,
     max_model_len: int,
     state_bytes_per_seq: int = 0,
 ) -> int:
@@ -106,7 +107,7 @@ def plan_num_blocks(
     cfg: ModelConfig,
     engine: EngineConfig,
     device: torch.device,
-    kv_dtype: torch.dtype,
+    kv_dtype: KVDtype,
     max_model_len: int,
     reserved_bytes: int = 0,
 ) -> int:

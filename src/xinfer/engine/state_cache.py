@@ -15,6 +15,7 @@ from torch import nn
 from xinfer.config import EngineConfig, ModelConfig
 from xinfer.engine.memory import GIB, gpu_kv_budget
 from xinfer.errors import UserError
+from xinfer.kv.format import KVDtype
 
 logger = logging.getLogger("xinfer")
 
@@ -48,7 +49,7 @@ def plan_state_slots(
     engine: EngineConfig,
     device: torch.device,
     state_dtype: torch.dtype,
-    kv_dtype: torch.dtype,
+    kv_dtype: KVDtype,
     max_model_len: int,
     copies: int = 1,
 ) -> int:

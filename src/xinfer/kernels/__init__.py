@@ -11,6 +11,7 @@ import torch
 
 from xinfer import envs
 from xinfer.kernels import reference
+from xinfer.kv.turbo import TurboKVCache
 
 if TYPE_CHECKING:
     from xinfer.quant.base import WeightFormat
@@ -189,15 +190,28 @@ def fused_moe(
 def store_kv(
     k: torch.Tensor,
     v: torch.Tensor,
-    k_cache: torch.Tensor,
-    v_cache: torch.Tensor,
+    k_cache: torch.Tensor | TurboKVCache,
+    v_cache: torch.Tensor | None,
     slot_mapping: torch.Tensor,
 ) -> None:
+    """k, v (T, Hk, D) into the caches at `slot_mapping`; a `TurboKVCache` (with v_cache
+    None) takes both, quantized (`kernels/kv_turbo.py`)."""
+    if isinstance(k_cache, TurboKVCache):
+        from xinfer.kernels import kv_turbo
+
+        return kv_turbo.store_kv(k, v, _sole(k_cache, v_cache), slot_mapping)
     if use_triton(k):
         from xinfer.kernels import attn_launch
 
         return attn_launch.store_kv(k, v, k_cache, v_cache, slot_mapping)
     reference.store_kv(k, v, k_cache, v_cache, slot_mapping)
+
+
+def _sole(cache: TurboKVCache, v_cache: torch.Tensor | None) -> TurboKVCache:
+    """A turbo cache holds K and V: its callers pass None for v_cache."""
+    if v_cache is not None:
+        raise ValueError("a TurboKVCache holds both K and V: pass v_cache=None")
+    return cache
 
 
 def qkv_prep(
@@ -206,15 +220,24 @@ def qkv_prep(
     v: torch.Tensor,
     positions: torch.Tensor,
     cos_sin_cache: torch.Tensor,
-    k_cache: torch.Tensor,
-    v_cache: torch.Tensor,
+    k_cache: torch.Tensor | TurboKVCache,
+    v_cache: torch.Tensor | None,
     slot_mapping: torch.Tensor,
     q_norm_weight: torch.Tensor | None = None,
     k_norm_weight: torch.Tensor | None = None,
     eps: float = 0.0,
 ) -> torch.Tensor:
     """Per-head q/k RMSNorm (with weights), RoPE and the KV-cache store in one launch on the
-    GPU: `rms_norm`, `apply_rope`, `store_kv` fused. Returns the roped q (T, Hq, D)."""
+    GPU: `rms_norm`, `apply_rope`, `store_kv` fused. Returns the roped q (T, Hq, D). A
+    `TurboKVCache` (v_cache None) runs `kernels/kv_turbo.py`'s version."""
+    if isinstance(k_cache, TurboKVCache):
+        from xinfer.kernels import kv_turbo
+
+        turbo = _sole(k_cache, v_cache)
+        return kv_turbo.qkv_prep(
+            q, k, v, positions, cos_sin_cache, turbo, slot_mapping, q_norm_weight,
+            k_norm_weight, eps,
+        )  # fmt: skip
     num_tokens, _, head_dim = q.shape
     if k.shape != v.shape or k.shape[0] != num_tokens or k.shape[2] != head_dim:
         raise ValueError(f"qkv_prep: q {tuple(q.shape)}, k {tuple(k.shape)}, v disagree")
@@ -237,8 +260,8 @@ def qkv_prep(
 
 def paged_attention(
     q: torch.Tensor,
-    k_cache: torch.Tensor,
-    v_cache: torch.Tensor,
+    k_cache: torch.Tensor | TurboKVCache,
+    v_cache: torch.Tensor | None,
     block_tables: torch.Tensor,
     seq_lens: torch.Tensor,
     query_start_loc: torch.Tensor,
@@ -249,9 +272,17 @@ def paged_attention(
 ) -> torch.Tensor:
     """`max_query_len`/`max_seq_len` are host-side bounds that let the GPU path pick its
     decode or prefill kernel and grid without reading device memory. `sliding_window` W:
-    a query at position p sees keys in (p - W, p] only (Gemma 3's local layers)."""
+    a query at position p sees keys in (p - W, p] only (Gemma 3's local layers). A
+    `TurboKVCache` (v_cache None) runs `kernels/kv_turbo.py`'s version."""
     if sliding_window is not None and max_seq_len is not None and max_seq_len <= sliding_window:
         sliding_window = None  # every key is inside the window
+    if isinstance(k_cache, TurboKVCache):
+        from xinfer.kernels import kv_turbo
+
+        return kv_turbo.paged_attention(
+            q, _sole(k_cache, v_cache), block_tables, seq_lens, query_start_loc, scale,
+            max_query_len=max_query_len, max_seq_len=max_seq_len, sliding_window=sliding_window,
+        )  # fmt: skip
     if use_triton(q):
         from xinfer.kernels import attn_flash, attn_launch
 

@@ -8,6 +8,7 @@ import torch
 from torch import nn
 
 from xinfer import kernels
+from xinfer.kv.turbo import TurboKVCache
 from xinfer.layers.norm import RMSNorm
 from xinfer.runner.forward_context import get_forward_context
 
@@ -25,14 +26,20 @@ class PagedAttention(nn.Module):
         self.num_heads, self.num_kv_heads, self.head_dim = num_heads, num_kv_heads, head_dim
         self.scale = scale
         self.sliding_window = sliding_window  # keys within the last W positions only
-        self.k_cache: torch.Tensor | None = None  # (num_blocks, block_size, Hk, D)
+        # (num_blocks, block_size, Hk, D) each, or a TurboKVCache holding both (v_cache None)
+        self.k_cache: torch.Tensor | TurboKVCache | None = None
         self.v_cache: torch.Tensor | None = None
 
-    def bind_kv_cache(self, k_cache: torch.Tensor, v_cache: torch.Tensor) -> None:
+    def bind_kv_cache(
+        self, k_cache: torch.Tensor | TurboKVCache, v_cache: torch.Tensor | None = None
+    ) -> None:
+        """Two tensors, or one `TurboKVCache` (kv/turbo.py) for K and V."""
+        if isinstance(k_cache, TurboKVCache) != (v_cache is None):
+            raise ValueError("bind_kv_cache: a K and a V tensor, or one TurboKVCache")
         self.k_cache, self.v_cache = k_cache, v_cache
 
-    def _caches(self) -> tuple[torch.Tensor, torch.Tensor]:
-        if self.k_cache is None or self.v_cache is None:
+    def _caches(self) -> tuple[torch.Tensor | TurboKVCache, torch.Tensor | None]:
+        if self.k_cache is None:
             raise RuntimeError("KV cache is not bound; the model runner allocates it")
         return self.k_cache, self.v_cache
 

@@ -22,6 +22,9 @@ from xinfer.config import ModelConfig
 from xinfer.engine.request import TokenLogprob
 from xinfer.engine.scheduler import ScheduledRequest, SchedulerOutput
 from xinfer.engine.state_cache import bind_state_caches
+from xinfer.kv import turbo
+from xinfer.kv.format import KVDtype, TurboQuant
+from xinfer.kv.turbo import TurboKVCache
 from xinfer.models.moe_decoder import MoeForCausalLM
 from xinfer.runner.forward_context import ForwardContext, forward_context
 from xinfer.runner.prompt_pass import LayerHooks, PromptPassRunner
@@ -80,6 +83,32 @@ class HostBatch:
         return self.max_query_len == 1
 
 
+def _allocate_kv_caches(
+    model: MoeForCausalLM,
+    cfg: ModelConfig,
+    kv_dtype: KVDtype,
+    model_dtype: torch.dtype | None,
+    num_blocks: int,
+    block_size: int,
+    device: torch.device,
+) -> list[tuple[torch.Tensor, torch.Tensor] | TurboKVCache]:
+    """Each attention layer's cache, bound to it: a (K, V) pair of tensors (num_blocks,
+    block_size, Hk, D) in `kv_dtype`, or one `TurboKVCache` for a TurboQuant format."""
+    caches: list = []
+    shape = (num_blocks, block_size, cfg.num_kv_heads, cfg.head_dim)
+    for attn in model.attention_layers():
+        if isinstance(kv_dtype, TurboQuant):
+            cache = turbo.allocate(kv_dtype, *shape, model_dtype or torch.float32, device)
+            attn.bind_kv_cache(cache)
+            caches.append(cache)
+            continue
+        k = torch.zeros(shape, dtype=kv_dtype, device=device)
+        v = torch.zeros(shape, dtype=kv_dtype, device=device)
+        attn.bind_kv_cache(k, v)
+        caches.append((k, v))
+    return caches
+
+
 @dataclass
 class StepInputs:
     input_ids: torch.Tensor  # (T,)
@@ -96,7 +125,7 @@ class ModelRunner:
         device: torch.device,
         num_blocks: int,
         block_size: int,
-        kv_dtype: torch.dtype,
+        kv_dtype: KVDtype,
         max_model_len: int,
         max_num_seqs: int = 64,
         graph_runner_factory=None,
@@ -107,6 +136,7 @@ class ModelRunner:
         state_dtype: torch.dtype | None = None,
         state_copies: int = 1,
         layer_hooks: LayerHooks | None = None,
+        model_dtype: torch.dtype | None = None,
     ) -> None:
         """`graph_runner_factory(runner)` builds the CUDA-graph runner (None: eager only);
         `is_graph_safe(batch_size)` says whether every layer can run that decode batch
@@ -117,7 +147,8 @@ class ModelRunner:
         look-ahead); `observer` (the routing recorder) hears `after_forward(request_ids,
         positions, query_start_loc)` after each forward, `pass_chunk(ctx, request_id, start,
         n)` for each chunk of a prompt pass and `end_pass()` after its last slice, and
-        `after_step()` once a step's tokens are read."""
+        `after_step()` once a step's tokens are read. `kv_dtype` a TurboQuant format:
+        each layer gets a `TurboKVCache` whose rotations run in `model_dtype`."""
         self.model, self.cfg, self.device = model, cfg, device
         self.block_size, self.max_model_len = block_size, max_model_len
         self.max_num_seqs = max_num_seqs
@@ -125,16 +156,14 @@ class ModelRunner:
         self.max_blocks_per_seq = -(-max_model_len // block_size)
         self.request_slots = RequestSlots(request_row_capacity(max_num_seqs))
         self.observer = observer
-        shape = (num_blocks, block_size, cfg.num_kv_heads, cfg.head_dim)
-        self.kv_caches = []
-        for attn in model.attention_layers():
-            k = torch.zeros(shape, dtype=kv_dtype, device=device)
-            v = torch.zeros(shape, dtype=kv_dtype, device=device)
-            attn.bind_kv_cache(k, v)
-            self.kv_caches.append((k, v))
-        self.state_caches = bind_state_caches(
-            model, num_state_slots, state_dtype or kv_dtype, device, state_copies
+        model_dtype = model_dtype or (kv_dtype if isinstance(kv_dtype, torch.dtype) else None)
+        self.kv_caches = _allocate_kv_caches(
+            model, cfg, kv_dtype, model_dtype, num_blocks, block_size, device
         )
+        self.state_caches = bind_state_caches(
+            model, num_state_slots, state_dtype or model_dtype or torch.float32, device,
+            state_copies,
+        )  # fmt: skip
         self.state_copies = state_copies
         self.graph_runner = graph_runner_factory(self) if graph_runner_factory else None
         self.look_ahead_enabled = look_ahead
