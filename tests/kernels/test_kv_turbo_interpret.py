@@ -2,7 +2,8 @@
 `TURBO_BITS` loader) in Triton's CPU interpreter: the store gives the twin's codes and
 scales bit for bit (padding slots untouched, head dims that are not powers of two); decode
 (splits merged apart and in the launch, windows, GQA) and prefill attention on a turbo cache
-equal the reference on the cache dequantized. Attention in float32/float16 (the
+equal the reference on the cache dequantized; the whole `kernels` path as CUDA runs it
+(staging, rotations, store, attention) equals the twin's. Attention in float32/float16 (the
 interpreter's bfloat16 tl.dot is wrong). Runs in a child pytest (interpreter_child.py)."""
 
 from __future__ import annotations
@@ -114,3 +115,41 @@ def test_head_dim_24_block_size_4(launch):
     want = _expected(case, dense, 0.2)
     got = _attend(attn_launch, case, 0.2, max_query_len=14, max_seq_len=33)
     torch.testing.assert_close(got, want, **TOL[torch.float32])
+
+
+@child_only
+def test_the_kernels_path_on_triton_equals_the_twin(launch, monkeypatch, bits=3):
+    """`kernels.qkv_prep` + `paged_attention` with a TurboKVCache as CUDA runs them (the
+    fused norm + RoPE kernel into the staging buffer, the rotations, the store kernel, the
+    attention kernel) against the CPU twin's path: the same codes but where RoPE's last bit
+    moves a coordinate across a boundary, and outputs within float32 noise."""
+    from xinfer import kernels
+
+    g = torch.Generator().manual_seed(bits)
+    hq, hk, head_dim, num_tokens = 4, 2, 32, 21
+    q, k, v = (torch.randn(num_tokens, h, head_dim, generator=g) for h in (hq, hk, hk))
+    norms = [torch.rand(head_dim, generator=g) + 0.5 for _ in range(2)]
+    cos_sin = torch.randn(64, head_dim, generator=g)
+    positions = torch.arange(num_tokens)
+    slots = torch.arange(num_tokens) + 16  # blocks 1 and 2 of a sequence
+    slots[-1] = -1  # padding
+    tables = torch.tensor([[1, 2, 0]], dtype=torch.int32)
+    lens = torch.tensor([num_tokens - 1], dtype=torch.int32)
+    qsl = torch.tensor([0, num_tokens - 1], dtype=torch.int32)
+    runs = []
+    for on_triton in (False, True):
+        monkeypatch.setattr(kernels, "use_triton", lambda t, on=on_triton: on)
+        cache = turbo.allocate(TurboQuant(bits), 4, 16, hk, head_dim, torch.float32, k.device)
+        q_rope = kernels.qkv_prep(q, k, v, positions, cos_sin, cache, None, slots, *norms, 1e-6)
+        out = kernels.paged_attention(
+            q_rope[:-1], cache, None, tables, lens, qsl, 0.2, max_query_len=20, max_seq_len=20
+        )
+        runs.append((cache, out))
+    (twin, want), (tri, got) = runs
+    torch.testing.assert_close(got, want, atol=1e-4, rtol=1e-4)
+    same = (tri.k_codes == twin.k_codes).float().mean() * (
+        tri.v_codes == twin.v_codes
+    ).float().mean()
+    assert same > 0.99
+    torch.testing.assert_close(tri.k_scales, twin.k_scales, atol=1e-3, rtol=1e-3)
+    assert torch.equal(tri.v_scales, twin.v_scales)  # v is not normed or roped: same bits
