@@ -51,7 +51,8 @@ def _nibbles(word: torch.Tensor, i: int) -> torch.Tensor:
 
 def gptq(t: dict, group: int, zero_offset: int = 1) -> torch.Tensor:
     """AutoGPTQ: qweight (K/8, N) packed along K, qzeros (K/g, N/8) along N, scales
-    (K/g, N); W[n, k] = (q - (z + 1)) * s with the v1 checkpoint's zero offset."""
+    (K/g, N), g_idx (K,) the group of each input channel (act-order: not contiguous);
+    W[n, k] = (q[k, n] - (z[g_idx[k], n] + 1)) * s[g_idx[k], n] with the v1 zero offset."""
     qw, qz, s = t["qweight"], t["qzeros"], t["scales"].float()
     k, n = qw.shape[0] * 8, qw.shape[1]
     q = torch.empty(k, n)

@@ -50,6 +50,12 @@ FORMATS: dict[str, dict] = {
              "sym": True, "checkpoint_format": "gptq"},
     "gptq-asym-g32": {"quant_method": "gptq", "bits": 4, "group_size": 32, "desc_act": False,
                       "sym": False, "checkpoint_format": "gptq"},
+    # act-order (desc_act): a random column order per module, shared by q/k/v and by the
+    # gate/up of one MLP or expert (GPTQ orders by the inputs, which those share)
+    "gptq-actorder": {"quant_method": "gptq", "bits": 4, "group_size": 128, "desc_act": True,
+                      "sym": True, "checkpoint_format": "gptq"},
+    "gptq-actorder-asym-g32": {"quant_method": "gptq", "bits": 4, "group_size": 32,
+                               "desc_act": True, "sym": False, "checkpoint_format": "gptq"},
     "awq": {"quant_method": "awq", "bits": 4, "group_size": 64, "zero_point": True,
             "version": "gemm"},
     "ct": {"quant_method": "compressed-tensors", "format": "pack-quantized",
@@ -123,6 +129,11 @@ def reference_dequant(kind: str, qc: dict, t: dict[str, torch.Tensor], n: int, k
     return PackedQuantizationCompressor.decompress(t, scheme)["weight"]
 
 
+def _input_key(module: str) -> str:
+    """Modules of one input (q/k/v; gate/up of an MLP or expert) share a key."""
+    return re.sub(r"\.(gate|up)_proj$", ".gate_up", re.sub(r"\.[qkv]_proj$", ".qkv", module))
+
+
 def write_quantized(
     arch: str,
     kind: str,
@@ -158,6 +169,8 @@ def write_quantized(
     if hf.config.tie_word_embeddings:
         full.pop("lm_head.weight", None)
     tensors, floats = {}, {}
+    orders: dict[str, torch.Tensor] = {}  # act-order: input key → column order
+    gen = torch.Generator().manual_seed(1000 + seed)
     for name, w in per_module_weights(full).items():
         module = name.removesuffix(".weight")
         if (
@@ -165,7 +178,12 @@ def write_quantized(
             and quantized.search(module)
             and not (skip and skip.search(module))
         ):
-            q = {f"{module}.{k}": v.contiguous() for k, v in fmt.quantize(w).items()}
+            options = {}
+            if getattr(fmt, "act_order", False):
+                key = _input_key(module)
+                orders.setdefault(key, torch.randperm(w.shape[1], generator=gen))
+                options["perm"] = orders[key]
+            q = {f"{module}.{k}": v.contiguous() for k, v in fmt.quantize(w, **options).items()}
             if qc.get("activation_scheme") == "static":  # the producer's activation scale
                 q[f"{module}.input_scale"] = torch.tensor(0.05)
             tensors.update(q)

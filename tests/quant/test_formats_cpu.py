@@ -18,7 +18,11 @@ from xinfer import LLM, SamplingParams
 from xinfer.errors import UserError
 
 GREEDY = SamplingParams(temperature=0, max_tokens=24, ignore_eos=True)
-CASES = [(kind, "qwen3_moe") for kind in qk.FORMATS] + [("nvfp4", "qwen2_moe"), ("ct", "qwen2_moe")]
+CASES = [(kind, "qwen3_moe") for kind in qk.FORMATS] + [
+    ("nvfp4", "qwen2_moe"),
+    ("ct", "qwen2_moe"),
+    ("gptq-actorder-asym-g32", "qwen2_moe"),  # a shared expert: its gate/up share an order
+]
 
 
 @pytest.fixture(scope="module", params=CASES, ids=lambda c: f"{c[0]}-{c[1]}")
@@ -65,7 +69,9 @@ def test_loaded_tensors_dequantize_to_the_published_weights(case):
     assert torch.equal(ew.fmt.dequantize(one, *ew.proj_nk("w2")), down)
 
 
-@pytest.mark.parametrize("kind", ["fp8", "fp8-tensor", "fp8-ct-channel", "nvfp4", "ct-asym-g64"])
+@pytest.mark.parametrize(
+    "kind", ["fp8", "fp8-tensor", "fp8-ct-channel", "nvfp4", "ct-asym-g64", "gptq-actorder"]
+)
 def test_offload_fractions_are_byte_identical(kind, tmp_path):
     _, path = qk.write_quantized("qwen3_moe", kind, tmp_path / kind, seed=2, num_experts=16)
     prompts = tm.prompts(3, seed=4)
@@ -131,6 +137,16 @@ def _edit(path, fn) -> None:
 
 
 L0, E = "model.layers.0.", "model.layers.0.mlp.experts."
+
+
+def _act_order_g_idx(k: int, group: int, seed: int) -> torch.Tensor:
+    """A valid act-order g_idx (each group `group` channels) in a random order."""
+    perm = torch.randperm(k, generator=torch.Generator().manual_seed(seed))
+    g_idx = torch.empty(k, dtype=torch.int32)
+    g_idx[perm] = (torch.arange(k) // group).to(torch.int32)
+    return g_idx
+
+
 MISMATCHES = [
     (
         "fp8",
@@ -157,7 +173,26 @@ MISMATCHES = [
     (
         "gptq",
         lambda t: t.update({L0 + "self_attn.q_proj.g_idx": torch.randperm(128).to(torch.int32)}),
-        r"act-order g_idx \(desc_act\)",
+        r"act-order g_idx but its quantization_config says desc_act: false",
+    ),
+    (  # groups of 31 and 33 channels: the sorted layout's one scale per 32 cannot hold them
+        "gptq-actorder-asym-g32",
+        lambda t: t[L0 + "self_attn.o_proj.g_idx"].copy_(
+            (torch.arange(128) + 1).clamp(max=127) // 32
+        ),
+        r"GPTQ g_idx puts 31 input channels in scale group 0 where group_size is 32",
+    ),
+    (
+        "gptq-actorder-asym-g32",
+        lambda t: t.update({L0 + "self_attn.k_proj.g_idx": _act_order_g_idx(128, 32, seed=9)}),
+        r"'model\.layers\.0\.self_attn\.[qkv]_proj\.g_idx' differs from the g_idx of the "
+        r"projections merged with it into model\.layers\.0\.self_attn\.qkv_proj",
+    ),
+    (
+        "gptq-actorder-asym-g32",
+        lambda t: t.update({E + "2.up_proj.g_idx": _act_order_g_idx(128, 32, seed=9)}),
+        r"'model\.layers\.0\.mlp\.experts\.2\.(gate|up)_proj\.g_idx' differs from the g_idx of "
+        r"the projections merged with it into model\.layers\.0\.mlp\.experts\.w13 of expert 2",
     ),
     (
         "awq",
@@ -179,7 +214,6 @@ def test_mismatched_checkpoints_are_refused(kind, edit, message, tmp_path):
 @pytest.mark.parametrize(
     "kind,change,message",
     [
-        ("gptq", {"desc_act": True}, r"desc_act \(act-order\) are not supported"),
         ("gptq", {"bits": 8}, r"GPTQ with 8 bits is not supported"),
         ("awq", {"version": "gemv"}, r"AWQ version 'gemv' is not supported"),
         ("fp8", {"weight_block_size": [64]}, r"weight_block_size must be two positive"),

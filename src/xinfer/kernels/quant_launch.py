@@ -204,6 +204,8 @@ def linear(
     to take `quant_prefill` (default: from PREFILL_MIN_ROWS rows); `tiles`: the in-register
     kernel's."""
     kw = fmt.kernel_weights(tensors, k)
+    if kw.perm is not None:
+        raise NotImplementedError("act-order int4 weights have no GPU kernels yet")
     x2 = x.reshape(-1, k)
     if x2.stride(-1) != 1:
         x2 = x2.contiguous()
@@ -329,6 +331,8 @@ def fused_moe(
     hidden_dim = hidden.shape[1]
     num_pairs = num_tokens * top_k
     kw13, kw2 = fmt.kernel_weights(w13, hidden_dim), fmt.kernel_weights(w2, inter)
+    if kw13.perm is not None or kw2.perm is not None:
+        raise NotImplementedError("act-order int4 weights have no GPU kernels yet")
     if use_gemv is None:
         use_gemv = num_pairs <= moe_launch.MAX_GEMV_PAIRS
     if dequant is None:

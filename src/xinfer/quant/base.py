@@ -42,7 +42,9 @@ class KernelWeights:
     """What the shared quantized kernels (`kernels/quant_launch.py`) read of one weight (or
     one `[E, ...]` expert set): `fmt_code` selects the tile decoder of
     `kernels/triton/quant_dequant.py`; `w`, `s`, `z` are the packed weight, its scales and the
-    optional third tensor; scales cover `scale_bn` rows x `scale_bk` columns each."""
+    optional third tensor; scales cover `scale_bn` rows x `scale_bk` columns each. `perm`
+    (K,), or (E, K) for an expert set: an act-order weight's column order (`quant/act_order.py`):
+    column j of `w` multiplies x[perm[j]], so the kernels load x through it; None: x as it lies."""
 
     fmt_code: int
     w: torch.Tensor
@@ -51,6 +53,7 @@ class KernelWeights:
     scale_bn: int = 1
     scale_bk: int = 1
     has_zero: bool = False
+    perm: torch.Tensor | None = None
 
 
 def expert_key(proj: str, name: str) -> str:
@@ -97,6 +100,23 @@ class WeightFormat(ABC):
         fills, shaped as `tensor_specs(n, k)`. Raises UserError when it does not match the
         declared format (dtype, shape). May return {} for tensors that are only checked."""
 
+    def finish_loading(
+        self, tensors: dict[str, torch.Tensor], n: int, k: int, sharded: bool
+    ) -> None:
+        """After every checkpoint tensor of one (N, K) weight was converted into `tensors`:
+        the work that needs several of them at once, in place (act-order int4 sorts its
+        codes by g_idx). `sharded`: the tensors are a tensor-parallel rank's share. Default:
+        nothing."""
+        return None
+
+    def finish_experts(
+        self, w13: dict[str, torch.Tensor], w2: dict[str, torch.Tensor], hidden: int,
+        inter: int, sharded: bool,
+    ) -> None:  # fmt: skip
+        """`finish_loading` of a routed-expert layer's `[E, ...]` sets (keyed by this format's
+        names), which may also move work between the two projections. Default: nothing."""
+        return None
+
     def expert_specs(self, num_experts: int, n: int, k: int) -> dict[str, TensorSpec]:
         return {
             name: TensorSpec((num_experts, *s.shape), s.dtype, s.n_block, s.k_block)
@@ -135,12 +155,13 @@ class WeightFormat(ABC):
         """Our quantizer: a float (N, K) weight → checkpoint tensors in the producer's exact
         on-disk layout (what `convert` reads). Used by tests, dummy weights and ISQ."""
 
-    def engine_tensors(self, weight: torch.Tensor) -> dict[str, torch.Tensor]:
-        """A float (N, K) weight → engine tensors (quantize, then convert)."""
+    def engine_tensors(self, weight: torch.Tensor, **options) -> dict[str, torch.Tensor]:
+        """A float (N, K) weight → engine tensors (quantize with `options`, convert, finish)."""
         n, k = weight.shape
         out: dict[str, torch.Tensor] = {}
-        for name, t in self.quantize(weight).items():
+        for name, t in self.quantize(weight, **options).items():
             out.update(self.convert(name, t, n, k))
+        self.finish_loading(out, n, k, sharded=False)
         return out
 
     def reference_linear(

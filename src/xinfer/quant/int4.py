@@ -1,7 +1,9 @@
 """The engine's int4 weight-only layout, shared by GPTQ, AWQ and compressed-tensors
 `pack-quantized` (each converts its own checkpoint packing into it at load):
 `qweight` (N, K/2) uint8 codes 0..15 (even k in the low nibble), `scales` (N, K/g) and,
-when asymmetric, `zeros` (N, K/g) uint8 codes (symmetric: 8). W = (q - z) * s."""
+when asymmetric, `zeros` (N, K/g) uint8 codes (symmetric: 8). W = (q - z) * s. Act-order
+checkpoints (`act_order`) add `perm` (K,): the codes are sorted by scale group at load and
+column j of that layout is input channel perm[j] (`quant/act_order.py`)."""
 
 from __future__ import annotations
 
@@ -9,6 +11,7 @@ from dataclasses import dataclass
 
 import torch
 
+from xinfer.quant import act_order
 from xinfer.quant.base import KernelWeights, SharedKernelFormat, TensorSpec
 from xinfer.quant.checks import cdiv
 from xinfer.quant.packing import unpack_nibbles
@@ -18,12 +21,15 @@ SYM_ZERO = 8
 
 @dataclass(frozen=True, repr=False)
 class Int4Grouped(SharedKernelFormat):
-    """`group_size` 0 means one group per row (per-channel scales)."""
+    """`group_size` 0 means one group per row (per-channel scales). `act_order`: the
+    checkpoint's groups are given by a g_idx; the engine keeps the codes sorted by group and
+    `perm` (K,), and a routed expert's w2 perm folded into its w13 rows (`finish_experts`)."""
 
     group_size: int = 128
     has_zero: bool = False
     scale_dtype: torch.dtype = torch.float16
     producer: str = "int4"
+    act_order: bool = False
     # prefill-sized expert calls in registers: Qwen3-30B-A3B MoE at 2,048 tokens (GPTQ g128)
     # 2,259.7 µs against 3,187.5 dequantized (H100, 2026-12-05); NVFP4 keeps the dequantized
     # route (3,829.4 against 4,368.4 in registers)
@@ -49,7 +55,8 @@ class Int4Grouped(SharedKernelFormat):
     @property
     def name(self) -> str:  # type: ignore[override]
         kind = "asym" if self.has_zero else "sym"
-        return f"{self.producer}-int4-g{self.group_size or 'row'}-{kind}"
+        order = "-actorder" if self.act_order else ""
+        return f"{self.producer}-int4-g{self.group_size or 'row'}-{kind}{order}"
 
     def group(self, k: int) -> int:
         return self.group_size or k
@@ -62,6 +69,8 @@ class Int4Grouped(SharedKernelFormat):
         }
         if self.has_zero:
             specs["zeros"] = TensorSpec((n, cdiv(k, g)), torch.uint8, n_block=1, k_block=g)
+        if self.act_order:  # no N dim: one perm for every row (and every merged part)
+            specs["perm"] = TensorSpec((k,), act_order.perm_dtype(k), n_block=None, k_block=1)
         return specs
 
     def dequantize(self, tensors: dict[str, torch.Tensor], n: int, k: int) -> torch.Tensor:
@@ -72,7 +81,38 @@ class Int4Grouped(SharedKernelFormat):
             z = tensors["zeros"].float().repeat_interleave(g, dim=1)[:, :k]
         else:
             z = torch.full_like(q, SYM_ZERO)
-        return (q - z) * s
+        w = (q - z) * s
+        return act_order.unsort_columns(w, tensors["perm"]) if "perm" in tensors else w
+
+    def finish_loading(self, tensors, n, k, sharded):
+        if self.act_order:
+            act_order.check_perm(tensors["perm"], k, sharded, self.producer)
+            act_order.sort_columns(tensors["qweight"], tensors["perm"])
+
+    def finish_experts(self, w13, w2, hidden, inter, sharded):
+        if not self.act_order:
+            return
+        for e in range(w13["qweight"].shape[0]):
+            one13 = {name: t[e] for name, t in w13.items()}
+            self.finish_loading(one13, 2 * inter, hidden, sharded)
+            self.finish_loading({name: t[e] for name, t in w2.items()}, hidden, inter, sharded)
+            act_order.fold_down_perm(one13, w2["perm"][e], inter)
+
+    def reference_moe(self, hidden, topk_ids, topk_weights, w13, w2, inter, w2_fmt=None):
+        # act-order: w2's perm is folded into w13's rows, so w2 runs in its sorted order
+        w2 = {name: t for name, t in w2.items() if name != "perm"}
+        return super().reference_moe(hidden, topk_ids, topk_weights, w13, w2, inter, w2_fmt)
+
+    def triton_moe(self, hidden, topk_ids, topk_weights, w13, w2, inter, max_ids=None):
+        w2 = {name: t for name, t in w2.items() if name != "perm"}  # folded (reference_moe)
+        return super().triton_moe(hidden, topk_ids, topk_weights, w13, w2, inter, max_ids)
+
+    def dummy(self, n, k, generator, std):
+        if not self.act_order:
+            return super().dummy(n, k, generator, std)
+        w = torch.empty(n, k, dtype=torch.float32, device=generator.device)
+        perm = torch.randperm(k, generator=generator, device=generator.device)
+        return self.engine_tensors(w.normal_(0, std, generator=generator), perm=perm)
 
     def quantize_codes(self, weight: torch.Tensor):
         """Round-to-nearest group quantization of (N, K) → (codes (N, K) 0..15 uint8,
@@ -93,4 +133,5 @@ class Int4Grouped(SharedKernelFormat):
 
     def kernel_weights(self, tensors, k):
         w, s, z = tensors["qweight"], tensors["scales"], tensors.get("zeros")
-        return KernelWeights(2, w, s, z, 1, self.group(k), self.has_zero)
+        perm = tensors.get("perm")  # absent: plain, or an expert's folded w2 (reference_moe)
+        return KernelWeights(2, w, s, z, 1, self.group(k), self.has_zero, perm)

@@ -1,8 +1,9 @@
 """Fills a model's parameters and expert tensors from a stream of (checkpoint name, tensor).
 Tensors of linear and expert layers go through the layer's weight format (`convert` turns
 each checkpoint tensor into the format's engine tensors, into the rows of its part); the
-rest are copied as they are. Missing, unexpected and mis-shaped tensors are reported in one
-clear error that names the checkpoint's format."""
+rest are copied as they are; once all are in, each format finishes what needs several of a
+weight's tensors at once (`finish_loading`). Missing, unexpected and mis-shaped tensors are
+reported in one clear error that names the checkpoint's format."""
 
 from __future__ import annotations
 
@@ -155,8 +156,9 @@ def load_weights(
                     engine = _convert(fmt, t.kind, src, n, k, ckpt_name)
                 else:
                     engine = shard.convert(t, fmt, src, n, k, ckpt_name, _convert)
-                _copy(views, engine, ckpt_name)
                 got = report.loaded.setdefault(f"{target}.{t.kind}", set())
+                _check_shared(fmt, views, engine, n, k, _other_parts(got, key, t), ckpt_name)
+                _copy(views, engine, ckpt_name)
                 if t.proj is None:
                     got.add(key)
                 elif t.proj == "w13" and t.half is None:  # a fused gate|up tensor
@@ -175,7 +177,44 @@ def load_weights(
         _copy({"w": targets[t.name]}, {"w": tensor}, ckpt_name)
         report.loaded.setdefault(t.name, set()).add(None)
     _check_complete(model, targets, report)
+    _finish(model, sharded=shard is not None)
     return report
+
+
+def _other_parts(got: set, key, t: Target) -> str | None:
+    """The weight this tensor's part belongs to, when another of its parts (merged projection,
+    expert half) already gave the same checkpoint name (None: the first)."""
+    if t.proj is None:
+        return t.module if any(p != key for p in got) else None
+    if any(e == key and h != t.half for e, h in got):
+        return f"{t.module}.{t.proj} of expert {key}"
+    return None
+
+
+def _check_shared(fmt, views, engine, n: int, k: int, weight: str | None, ckpt_name: str):
+    """An engine tensor without an N dim (an act-order weight's `perm`) is one for every part
+    of a merged weight: a later part must give the value the earlier ones gave."""
+    if weight is None:
+        return
+    specs = fmt.tensor_specs(n, k)
+    for ename, src in engine.items():
+        if specs[ename].n_block is None and not torch.equal(views[ename], src.to(views[ename])):
+            raise UserError(
+                f"checkpoint tensor {ckpt_name!r} differs from the {ckpt_name.rsplit('.', 1)[-1]} "
+                f"of the projections merged with it into {weight}; xinfer merges q/k/v and "
+                "gate/up (one input) only where they share it, so this checkpoint is not supported"
+            )
+
+
+def _finish(model: nn.Module, sharded: bool) -> None:
+    """Each formatted layer's `finish_loading` (in place, after every tensor is in)."""
+    for module in model.modules():
+        if _is_linear(module):
+            module.weight_format.finish_loading(
+                module.weight_tensors(), module.out_features, module.in_features, sharded
+            )
+        elif _is_expert_layer(module):
+            module.expert_weights.finish_loading(module.expert_tensors, sharded)
 
 
 def _required(
