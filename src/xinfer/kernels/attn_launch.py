@@ -205,6 +205,8 @@ def paged_attention(
     num_tokens, num_heads, head_dim = q.shape
     num_kv_heads = k_cache.shape[2]
     row_width = head_dim
+    if (k_cache.dtype == torch.uint8) != (turbo is not None):
+        raise ValueError("paged_attention: uint8 caches are TurboQuant codes, given with `turbo`")
     if turbo is not None:
         kv_turbo_launch.check_cache(turbo)
         if k_cache is not turbo.k_codes or v_cache is not turbo.v_codes:
