@@ -25,6 +25,8 @@ def _formats() -> dict:
         "gptq-g128-sym": GptqInt4(group_size=128, has_zero=False),
         "gptq-g128-asym": GptqInt4(group_size=128, has_zero=True),
         "gptq-per-row-sym": GptqInt4(group_size=0, has_zero=False),
+        # act-order: x loaded through the weight's perm (HAS_PERM), w13 per expert
+        "gptq-g128-asym-actorder": GptqInt4(group_size=128, has_zero=True, act_order=True),
         "awq-g128": AwqInt4(group_size=128, has_zero=True),
         "ct-g32-asym-bf16": PackQuantizedInt4(32, True, torch.bfloat16),
         "nvfp4": Nvfp4(),
@@ -78,7 +80,10 @@ def _quant_moe(name: str, dtype, tokens: int, use_gemv: bool, dequant=None,
     hidden_dim, inter, top_k = _quant_k(name) // 2, 384 if "96" in name else 256, 8
     fmt = _formats()[name]
     w13 = _quant_weights(name, 2 * inter, hidden_dim, num_experts)
-    w2 = _quant_weights(name, hidden_dim, inter, num_experts)
+    # (act-order: the format folds w2's perm into w13's rows and drops it before the kernels)
+    w2 = {
+        n: t for n, t in _quant_weights(name, hidden_dim, inter, num_experts).items() if n != "perm"
+    }
     weights, ids = _routing(num_experts, top_k, True)(tokens)
     tiles = None
     if factored is not None or joined:
@@ -143,7 +148,7 @@ def _quant_cases() -> None:
         add(f"quant-{name}-moe-fp32-grouped-registers", Q_GROUPED, _quant_moe, name, F32, 40,
             False, dequant=False)  # fmt: skip
 
-    for name in ("fp8-block128", "nvfp4", "gptq-g128-sym"):  # masked loads (EVEN false)
+    for name in ("fp8-block128", "nvfp4", "gptq-g128-sym", "gptq-g128-asym-actorder"):  # EVEN false
         add(f"quant-{name}-linear-bf16-m2-ragged", Q_SPLIT, _quant_linear, name, BF16, 2,
             ragged=True)  # fmt: skip
         add(f"quant-{name}-linear-bf16-m2-one-row", Q_SPLIT_ONE, _quant_linear, name, BF16, 2,

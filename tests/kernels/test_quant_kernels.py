@@ -26,11 +26,18 @@ FORMATS = {
     "awq": AwqInt4(group_size=128, has_zero=True),
     "ct-g32": PackQuantizedInt4(32, False, torch.bfloat16),
     "nvfp4": Nvfp4(),
+    # act-order: x loaded through each weight's perm (a random order per weight and expert)
+    "gptq-actorder": GptqInt4(group_size=128, has_zero=True, act_order=True),
 }
 
 
 def _weights(fmt, n, k, seed, count=None):
     return random_weights(fmt, n, k, seed, count, DEV)
+
+
+def _down(fmt, n, k, seed, count):
+    """An expert set's w2 as the kernels take it: act-order folds its perm into w13's rows."""
+    return {m: t for m, t in _weights(fmt, n, k, seed, count).items() if m != "perm"}
 
 
 def _close(out, ref, what):
@@ -89,7 +96,7 @@ def test_one_row_pruned_build_matches_the_batch(name, n, k, monkeypatch):
 def test_fused_moe_matches_twin_and_ignores_slots(name, tokens):
     fmt, num_experts, top_k, hidden_dim, inter = FORMATS[name], 16, 8, 2048, 768
     w13 = _weights(fmt, 2 * inter, hidden_dim, seed=2, count=num_experts)
-    w2 = _weights(fmt, hidden_dim, inter, seed=3, count=num_experts)
+    w2 = _down(fmt, hidden_dim, inter, seed=3, count=num_experts)
     hidden = torch.randn(tokens, hidden_dim, device=DEV, dtype=torch.bfloat16)
     logits = torch.randn(tokens, num_experts, device=DEV)
     weights, ids = reference.route_topk(logits, top_k, True)
@@ -112,7 +119,7 @@ def test_fused_moe_matches_twin_and_ignores_slots(name, tokens):
 def test_kernels_replay_in_cuda_graphs(name):
     fmt, num_experts, hidden_dim, inter = FORMATS[name], 16, 2048, 768
     w13 = _weights(fmt, 2 * inter, hidden_dim, seed=4, count=num_experts)
-    w2 = _weights(fmt, hidden_dim, inter, seed=5, count=num_experts)
+    w2 = _down(fmt, hidden_dim, inter, seed=5, count=num_experts)
     lin = _weights(fmt, 5120, hidden_dim, seed=6)
     hidden = torch.randn(8, hidden_dim, device=DEV, dtype=torch.bfloat16)
     weights, ids = reference.route_topk(torch.randn(8, num_experts, device=DEV), 8, True)
@@ -133,3 +140,18 @@ def test_kernels_replay_in_cuda_graphs(name):
     graph.replay()
     eager = step()
     assert torch.equal(static[0], eager[0]) and torch.equal(static[1], eager[1])
+
+
+@pytest.mark.parametrize("n,k", [(5120, 2048), (2048, 4096)])
+@pytest.mark.parametrize("m", [1, 3, 8])
+def test_act_order_linear_equals_the_plain_kernel_on_sorted_x(n, k, m):
+    """The decode kernels' x loaded through perm: the bits of the plain int4 kernel on the
+    sorted codes with x's columns permuted beforehand."""
+    fmt = FORMATS["gptq-actorder"]
+    plain = GptqInt4(group_size=128, has_zero=True)
+    tensors = _weights(fmt, n, k, seed=7)
+    x = torch.randn(m, k, device=DEV, dtype=torch.bfloat16)
+    sorted_x = x[:, tensors["perm"].long()].contiguous()
+    codes = {name: t for name, t in tensors.items() if name != "perm"}
+    out = ql.linear(x, fmt, tensors, None, n, k)
+    assert torch.equal(out, ql.linear(sorted_x, plain, codes, None, n, k))

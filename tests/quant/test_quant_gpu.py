@@ -14,7 +14,7 @@ pytestmark = pytest.mark.gpu
 PARAMS = SamplingParams(max_tokens=32, temperature=0.0, ignore_eos=True)
 
 
-@pytest.mark.parametrize("kind", ["fp8", "nvfp4", "gptq", "awq", "ct-asym-g64"])
+@pytest.mark.parametrize("kind", ["fp8", "nvfp4", "gptq", "awq", "ct-asym-g64", "gptq-actorder"])
 def test_offload_graph_equals_eager_equals_resident(kind, tmp_path):
     _, path = qk.write_quantized(
         "qwen3_moe", kind, tmp_path / kind, seed=1, reference=False, num_experts=16
@@ -36,7 +36,7 @@ def test_offload_graph_equals_eager_equals_resident(kind, tmp_path):
         assert graphed == base, (kind, frac)
 
 
-@pytest.mark.parametrize("kind", ["fp8", "nvfp4", "gptq", "ct"])
+@pytest.mark.parametrize("kind", ["fp8", "nvfp4", "gptq", "ct", "gptq-actorder-asym-g32"])
 def test_dummy_weights_in_each_format_generate(kind, tmp_path):
     _, path = qk.write_quantized("qwen3_moe", kind, tmp_path / kind, reference=False)
     llm = LLM(str(path), device="cuda:0", dtype="bfloat16", load_format="dummy",

@@ -167,6 +167,14 @@ def _args(kw: KernelWeights, expert_dim: bool) -> tuple:
     return (kw.w, kw.s, z), (kw.w.stride(0), kw.s.stride(0), z.stride(0) if z.dim() > 1 else 1)
 
 
+def _perm_args(kw: KernelWeights, expert_dim: bool) -> tuple:
+    """(perm, its expert stride) of an act-order weight (`kw.perm`: the kernels' HAS_PERM);
+    otherwise the scales stand in, never read."""
+    if kw.perm is None:
+        return kw.s, 0
+    return kw.perm, kw.perm.stride(0) if expert_dim else 0
+
+
 def words(kw: KernelWeights, block_k: int, k: int) -> bool:
     """Whether the GEMVs may read `kw`'s 4-bit codes as 32-bit words (`load_raw_words`):
     groups of whole words and every row (and expert) starting on a 4-byte boundary."""
@@ -204,8 +212,6 @@ def linear(
     to take `quant_prefill` (default: from PREFILL_MIN_ROWS rows); `tiles`: the in-register
     kernel's."""
     kw = fmt.kernel_weights(tensors, k)
-    if kw.perm is not None:
-        raise NotImplementedError("act-order int4 weights have no GPU kernels yet")
     x2 = x.reshape(-1, k)
     if x2.stride(-1) != 1:
         x2 = x2.contiguous()
@@ -224,10 +230,10 @@ def linear(
     sk, grid = _split(x2, out, tiles, bias)
     (w, s, z), (swn, ssn, szn) = _args(kw, expert_dim=False)
     jit.quant_linear_kernel[grid](
-        x2, w, s, z, sk.bias(bias, s), sk.part, out, sk.counters,
+        x2, w, s, z, _perm_args(kw, False)[0], sk.bias(bias, s), sk.part, out, sk.counters,
         m, n, k, sk.k_per_split,
         x2.stride(0), swn, ssn, szn, *sk.part_strides, out.stride(0),
-        **_fmt_kw(kw), HAS_BIAS=sk.fuse_bias,
+        **_fmt_kw(kw), HAS_PERM=kw.perm is not None, HAS_BIAS=sk.fuse_bias,
         BLOCK_M=tiles.block_m, BLOCK_N=tiles.block_n, BLOCK_K=tiles.block_k,
         GROUP_T=group_t(kw, tiles.block_k, k),
         DOT_PRECISION=_precision(x.dtype), REDUCE=sk.reduce, num_warps=tiles.num_warps,
@@ -260,12 +266,13 @@ def _gemv_linear(x2, kw: KernelWeights, bias, out, tiles: QuantTiles) -> None:
     (w, s, z), (swn, ssn, szn) = _args(kw, expert_dim=False)
     factored = FACTORED if tiles.factored is None else tiles.factored
     args = (
-        x2, w, s, z, sk.bias(bias, s), sk.part, out, sk.counters,
+        x2, w, s, z, _perm_args(kw, False)[0], sk.bias(bias, s), sk.part, out, sk.counters,
         m, n, k, sk.k_per_split,
         x2.stride(0), swn, ssn, szn, *sk.part_strides, out.stride(0),
     )  # fmt: skip
+    perm = {"HAS_PERM": True} if kw.perm is not None else {}  # plain: the kernels as they were
     consts = dict(
-        **_fmt_kw(kw), PACKED=packed(kw), HAS_BIAS=sk.fuse_bias, BLOCK_N=tiles.block_n,
+        **_fmt_kw(kw), **perm, PACKED=packed(kw), HAS_BIAS=sk.fuse_bias, BLOCK_N=tiles.block_n,
         BLOCK_K=tiles.block_k, GROUP_T=group_t(kw, tiles.block_k, k), REDUCE=sk.reduce,
         EVEN=even(n, k, tiles.block_n, tiles.block_k), num_warps=tiles.num_warps,
         **pdl.options(x2),
@@ -331,8 +338,8 @@ def fused_moe(
     hidden_dim = hidden.shape[1]
     num_pairs = num_tokens * top_k
     kw13, kw2 = fmt.kernel_weights(w13, hidden_dim), fmt.kernel_weights(w2, inter)
-    if kw13.perm is not None or kw2.perm is not None:
-        raise NotImplementedError("act-order int4 weights have no GPU kernels yet")
+    if kw2.perm is not None:
+        raise ValueError("fused_moe: w2 takes no perm (act-order folds it into w13's rows)")
     if use_gemv is None:
         use_gemv = num_pairs <= moe_launch.MAX_GEMV_PAIRS
     if dequant is None:
@@ -351,14 +358,16 @@ def fused_moe(
     inter_buf = hidden.new_empty(num_pairs, inter)  # (T*k, I)
     y = hidden.new_empty(num_pairs, hidden_dim)  # (T*k, H) unweighted expert outputs
     (a13, s13), (a2, s2) = _args(kw13, True), _args(kw2, True)
+    p13, sp13 = _perm_args(kw13, True)
+    perm13 = {"HAS_PERM": True} if kw13.perm is not None else {}
     if use_gemv:
         t = tiles or gemv_tiles(fmt, kw13)
         factored = FACTORED if t.factored is None else t.factored
         grid = (num_pairs, triton.cdiv(inter, t.block_n))
         jit.quant_moe_gate_up_gemv_kernel[grid](
-            hidden, topk_ids, *a13, inter_buf, hidden_dim, inter,
-            hidden.stride(0), *s13, inter_buf.stride(0),
-            **_fmt_kw(kw13), PACKED=packed(kw13), TOP_K=top_k, BLOCK_N=t.block_n,
+            hidden, topk_ids, *a13, p13, inter_buf, hidden_dim, inter,
+            hidden.stride(0), *s13, sp13, inter_buf.stride(0),
+            **_fmt_kw(kw13), **perm13, PACKED=packed(kw13), TOP_K=top_k, BLOCK_N=t.block_n,
             BLOCK_K=t.block_k, GROUP_T=group_t(kw13, t.block_k, hidden_dim),
             FACTORED=factored, WORDS=words(kw13, t.block_k, hidden_dim),
             EVEN=even(inter, hidden_dim, t.block_n, t.block_k), JOINED=t.joined,
@@ -389,10 +398,10 @@ def fused_moe(
                       num_stages=t.num_stages)  # fmt: skip
         grid = (block_ids.numel() * triton.cdiv(inter, t.block_n),)
         jit.quant_moe_gate_up_grouped_kernel[grid](
-            hidden, sorted_pairs, block_ids, num_rows, *a13, inter_buf,
+            hidden, sorted_pairs, block_ids, num_rows, *a13, p13, inter_buf,
             num_pairs, hidden_dim, inter,
-            hidden.stride(0), *s13, inter_buf.stride(0),
-            **_fmt_kw(kw13), TOP_K=top_k, GROUP_T=group_t(kw13, t.block_k, hidden_dim),
+            hidden.stride(0), *s13, sp13, inter_buf.stride(0),
+            **_fmt_kw(kw13), **perm13, TOP_K=top_k, GROUP_T=group_t(kw13, t.block_k, hidden_dim),
             **common,
         )  # fmt: skip
         grid = (block_ids.numel() * triton.cdiv(hidden_dim, t.block_n),)

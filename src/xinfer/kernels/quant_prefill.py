@@ -61,17 +61,19 @@ def dequantize(
     """Experts first .. first + len(out) of the `[E, ...]` set `kw` (N, K each) → `out`
     (count, N, K), contiguous rows, in its dtype; given `ids` (int32, contiguous), experts
     ids[first + j] → out[j] instead, a negative id skipped (its rows of `out` left as they
-    are)."""
+    are). An act-order set (`kw.perm` (E, K)) is written in input-channel order."""
     count = out.shape[0]
     if count == 0 or n == 0 or k == 0:
         return out
     z = kw.z if kw.z is not None else kw.s
+    p = kw.perm if kw.perm is not None else kw.s  # (never read without a perm)
+    perm = {"HAS_PERM": True} if kw.perm is not None else {}
     grid = (triton.cdiv(n, BLOCK_N), triton.cdiv(k, BLOCK_K), count)
     jit.dequant_kernel[grid](
-        kw.w, kw.s, z, ids if ids is not None else kw.s, out,
+        kw.w, kw.s, z, p, ids if ids is not None else kw.s, out,
         first, n, k,
         kw.w.stride(0), kw.w.stride(1), kw.s.stride(0), kw.s.stride(1),
-        z.stride(0), z.stride(1), out.stride(0), out.stride(1),
+        z.stride(0), z.stride(1), p.stride(0), out.stride(0), out.stride(1), **perm,
         FMT=kw.fmt_code, SCALE_BN=kw.scale_bn, SCALE_BK=kw.scale_bk, HAS_ZERO=kw.has_zero,
         GATHER=ids is not None, BLOCK_N=BLOCK_N, BLOCK_K=BLOCK_K,
         GROUP_T=group_t(kw, BLOCK_K, k), num_warps=4,
@@ -80,7 +82,8 @@ def dequantize(
 
 
 def dequantize_weight(kw: KernelWeights, n: int, k: int, dtype: torch.dtype) -> torch.Tensor:
-    """One (N, K) weight → its dense copy in `dtype` (an expert set of one)."""
+    """One (N, K) weight → its dense copy in `dtype` (an expert set of one), in its stored
+    column order (an act-order weight's: sorted by group)."""
     one = KernelWeights(
         kw.fmt_code, kw.w.unsqueeze(0), kw.s.unsqueeze(0),
         None if kw.z is None else kw.z.unsqueeze(0), kw.scale_bn, kw.scale_bk, kw.has_zero,
@@ -91,7 +94,11 @@ def dequantize_weight(kw: KernelWeights, n: int, k: int, dtype: torch.dtype) -> 
 
 def linear(x2: torch.Tensor, kw: KernelWeights, bias: torch.Tensor | None, n: int, k: int):
     """x2 (M, K) @ W^T (+ bias) → (M, N): W dequantized to x2's dtype, then the linear of
-    the unquantized model."""
+    the unquantized model. An act-order weight stays in its sorted column order and x2's
+    columns follow it (M x K gathered once, not N x K scattered): the twin's values, summed
+    in another order over K."""
+    if kw.perm is not None:
+        x2 = x2.index_select(1, kw.perm.long())
     return kernels.linear(x2, dequantize_weight(kw, n, k, x2.dtype), bias)
 
 

@@ -38,16 +38,18 @@ def expert_of(ids_ptr, first, j, GATHER: tl.constexpr):
 
 @triton.jit(do_not_specialize=["first"])
 def dequant_kernel(
-    w_ptr, s_ptr, z_ptr, ids_ptr, out_ptr,
+    w_ptr, s_ptr, z_ptr, p_ptr, ids_ptr, out_ptr,
     first, N, K,
-    stride_we, stride_wn, stride_se, stride_sn, stride_ze, stride_zn, stride_oe, stride_on,
+    stride_we, stride_wn, stride_se, stride_sn, stride_ze, stride_zn, stride_pe, stride_oe,
+    stride_on,
     FMT: tl.constexpr, SCALE_BN: tl.constexpr, SCALE_BK: tl.constexpr, HAS_ZERO: tl.constexpr,
     GATHER: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr,
-    GROUP_T: tl.constexpr,
+    GROUP_T: tl.constexpr, HAS_PERM: tl.constexpr = False,
 ):  # fmt: skip
     """grid (cdiv(N, BLOCK_N), cdiv(K, BLOCK_K), count): out[j] = dequant(W[first + j]) for
     the `count` experts from `first`; GATHER: out[j] = dequant(W[ids[first + j]]) (`ids`
-    int32), a negative id skipped, its rows of `out` left as they are."""
+    int32), a negative id skipped, its rows of `out` left as they are. HAS_PERM (act-order
+    int4): stored column c is written to column perm[c] (the input-channel order)."""
     pid_n = tl.program_id(0)
     pid_k = tl.program_id(1)
     j = tl.program_id(2).to(tl.int64)
@@ -63,5 +65,9 @@ def dequant_kernel(
         offs_n, pid_k * BLOCK_K, mask_n, K, stride_wn, stride_sn, stride_zn,
         FMT, SCALE_BN, SCALE_BK, HAS_ZERO, BLOCK_K, GROUP_T,
     )  # fmt: skip
-    out_ptrs = out_ptr + j * stride_oe + offs_n.to(tl.int64)[:, None] * stride_on + offs_k[None, :]
+    if HAS_PERM:  # a scattered store: stored column c is input channel perm[c]
+        cols = tl.load(p_ptr + e * stride_pe + offs_k, mask=mask_k, other=0).to(tl.int32)
+    else:
+        cols = offs_k
+    out_ptrs = out_ptr + j * stride_oe + offs_n.to(tl.int64)[:, None] * stride_on + cols[None, :]
     tl.store(out_ptrs, w.to(out_ptr.dtype.element_ty), mask=mask_n[:, None] & mask_k[None, :])

@@ -5,7 +5,12 @@ routed-expert MLP as GEMV kernels over (token, k) pairs for decode and grouped G
 rows sorted by expert for prefill. Weights are read in their stored bytes and dequantized
 in registers by `quant_dequant.load_weight_tile`, then rounded to the activation dtype as
 the twins do (they dequantize to it before multiplying). Experts and slots are addressed
-only through `ids`, so an expert's bits do not depend on where it is held."""
+only through `ids`, so an expert's bits do not depend on where it is held.
+
+HAS_PERM (act-order int4, `quant/act_order.py`): the weight's column j multiplies x[perm[j]],
+so x is loaded through `p_ptr` (a gathered load of the small, cached activations); without
+it `p_ptr` is never read and the kernels are the plain ones. The down projections take no
+perm (an expert's w2 order is folded into its gate/up rows at load)."""
 
 from __future__ import annotations
 
@@ -26,12 +31,27 @@ from xinfer.kernels.triton.quant_dequant import (
 
 
 @triton.jit
-def _x_tile(x_row, ks, k_end, EVEN: tl.constexpr):
-    """The activations of x row `x_row` at columns `ks` (the weight tile's full shape)."""
-    if EVEN:
-        x = tl.load(x_row + ks)
+def _x_cols(p_ptr, ks, k_end, EVEN: tl.constexpr, HAS_PERM: tl.constexpr):
+    """Where x holds the input of the weight's columns `ks`: `ks` itself, or with HAS_PERM
+    perm[ks] (int32; masked columns 0)."""
+    if HAS_PERM:
+        if EVEN:
+            xk = tl.load(p_ptr + ks).to(tl.int32)
+        else:
+            xk = tl.load(p_ptr + ks, mask=ks < k_end, other=0).to(tl.int32)
     else:
-        x = tl.load(x_row + ks, mask=ks < k_end, other=0.0)
+        xk = ks
+    return xk
+
+
+@triton.jit
+def _x_tile(x_row, xk, ks, k_end, EVEN: tl.constexpr):
+    """The activations of x row `x_row` for the weight's columns `ks` (the tile's full shape),
+    found at `xk` (`_x_cols`)."""
+    if EVEN:
+        x = tl.load(x_row + xk)
+    else:
+        x = tl.load(x_row + xk, mask=ks < k_end, other=0.0)
     return x.to(tl.float32)
 
 
@@ -104,11 +124,12 @@ def _pair_step(
 
 @triton.jit
 def _row_dot(
-    x_ptr, w_ptr, s_ptr, z_ptr, offs_n, mask_n, row_offset, row_offset2, k_begin, k_dim,
+    x_ptr, w_ptr, s_ptr, z_ptr, p_ptr, offs_n, mask_n, row_offset, row_offset2, k_begin, k_dim,
     stride_wn, stride_sn, stride_zn,
     FMT: tl.constexpr, SCALE_BN: tl.constexpr, SCALE_BK: tl.constexpr, HAS_ZERO: tl.constexpr,
     PACKED: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr, GROUP_T: tl.constexpr,
     FACTORED: tl.constexpr, WORDS: tl.constexpr, EVEN: tl.constexpr, PAIR: tl.constexpr,
+    HAS_PERM: tl.constexpr,
 ):  # fmt: skip
     """A pair of (BLOCK_N,) float32 sums: x[k_begin:k_dim] · dequant(W[row_offset + offs_n,
     k_begin:k_dim]) (k_begin a multiple of BLOCK_K: a split of a linear's K, else 0), and with
@@ -135,7 +156,9 @@ def _row_dot(
     barriers (sm_90 SASS, `bench/sass_report.py --cases linear-nvfp4`).
 
     EVEN (N and the K range whole tiles: `quant_launch.even`): the word and FP8 paths load
-    codes and x without masks (NVFP4 linear's loop 148 → ~125 instructions)."""
+    codes and x without masks (NVFP4 linear's loop 148 → ~125 instructions).
+
+    HAS_PERM: x is read through `p_ptr` (`_x_cols`), once for both tiles of a PAIR."""
     dtype = x_ptr.dtype.element_ty
     rows = offs_n + row_offset
     rows2 = offs_n + row_offset2
@@ -149,7 +172,8 @@ def _row_dot(
             acc = tl.zeros((BLOCK_N, BLOCK_K // GROUP_T, GROUP_T), dtype=tl.float32)
         acc2 = acc
         for k0 in range(k_begin, k_dim, BLOCK_K):
-            x = _x_tile(x_ptr, k0 + cols, k_dim, EVEN)
+            ks = k0 + cols
+            x = _x_tile(x_ptr, _x_cols(p_ptr, ks, k_dim, EVEN, HAS_PERM), ks, k_dim, EVEN)
             acc = _col_step(
                 acc, x, w_ptr, s_ptr, z_ptr, rows, k0, mask_n, k_dim, stride_wn, stride_sn,
                 stride_zn, dtype, FMT, SCALE_BN, SCALE_BK, HAS_ZERO, PACKED, BLOCK_K, GROUP_T,
@@ -171,8 +195,10 @@ def _row_dot(
         for k0 in range(k_begin, k_dim, BLOCK_K):
             ke = k0 + pcols
             mask_p = ke < k_dim  # K is even for 4-bit formats: the odd column follows
-            xe = tl.load(x_ptr + ke, mask=mask_p, other=0.0).to(tl.float32)[None, :, :]
-            xo = tl.load(x_ptr + ke + 1, mask=mask_p, other=0.0).to(tl.float32)[None, :, :]
+            xe_at = _x_cols(p_ptr, ke, k_dim, False, HAS_PERM)
+            xo_at = _x_cols(p_ptr, ke + 1, k_dim, False, HAS_PERM)
+            xe = tl.load(x_ptr + xe_at, mask=mask_p, other=0.0).to(tl.float32)[None, :, :]
+            xo = tl.load(x_ptr + xo_at, mask=mask_p, other=0.0).to(tl.float32)[None, :, :]
             acc = _pair_step(
                 acc, xe, xo, w_ptr, s_ptr, z_ptr, rows, k0, mask_n, k_dim, stride_wn, stride_sn,
                 stride_zn, dtype, FMT, SCALE_BK, HAS_ZERO, BLOCK_K, GROUP_T, FACTORED,
@@ -192,12 +218,13 @@ def _row_dot(
 
 @triton.jit(do_not_specialize=["M", "stride_os"])
 def quant_linear_kernel(
-    x_ptr, w_ptr, s_ptr, z_ptr, bias_ptr, out_ptr, final_ptr, count_ptr,
+    x_ptr, w_ptr, s_ptr, z_ptr, p_ptr, bias_ptr, out_ptr, final_ptr, count_ptr,
     M, N, K, k_per_split,
     stride_xm, stride_wn, stride_sn, stride_zn, stride_os, stride_om, stride_fm,
     FMT: tl.constexpr, SCALE_BN: tl.constexpr, SCALE_BK: tl.constexpr, HAS_ZERO: tl.constexpr,
     HAS_BIAS: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr,
     GROUP_T: tl.constexpr, DOT_PRECISION: tl.constexpr, REDUCE: tl.constexpr,
+    HAS_PERM: tl.constexpr = False,
 ):  # fmt: skip
     """grid (cdiv(M, BLOCK_M), cdiv(N, BLOCK_N), splits): out[split] = x @ dequant(w)^T over
     the split's K range [split * k_per_split, +k_per_split) (+ bias). Split-K launches pass a
@@ -220,7 +247,8 @@ def quant_linear_kernel(
     for k0 in range(k_begin, k_end, BLOCK_K):
         ks = k0 + offs_k
         mask_k = ks < k_end
-        x_ptrs = x_ptr + offs_m.to(tl.int64)[:, None] * stride_xm + ks[None, :]
+        xk = _x_cols(p_ptr, ks, k_end, False, HAS_PERM)
+        x_ptrs = x_ptr + offs_m.to(tl.int64)[:, None] * stride_xm + xk[None, :]
         x = tl.load(x_ptrs, mask=mask_m[:, None] & mask_k[None, :], other=0.0)
         w = load_weight_tile(
             w_ptr, s_ptr, z_ptr, offs_n, k0, mask_n, k_end, stride_wn, stride_sn, stride_zn,
@@ -236,14 +264,14 @@ def quant_linear_kernel(
 
 @triton.jit(do_not_specialize=["M", "stride_os"])
 def quant_linear_gemv_kernel(
-    x_ptr, w_ptr, s_ptr, z_ptr, bias_ptr, out_ptr, final_ptr, count_ptr,
+    x_ptr, w_ptr, s_ptr, z_ptr, p_ptr, bias_ptr, out_ptr, final_ptr, count_ptr,
     M, N, K, k_per_split,
     stride_xm, stride_wn, stride_sn, stride_zn, stride_os, stride_om, stride_fm,
     FMT: tl.constexpr, SCALE_BN: tl.constexpr, SCALE_BK: tl.constexpr, HAS_ZERO: tl.constexpr,
     PACKED: tl.constexpr, HAS_BIAS: tl.constexpr, BLOCK_N: tl.constexpr,
     BLOCK_K: tl.constexpr, GROUP_T: tl.constexpr, FACTORED: tl.constexpr, REDUCE: tl.constexpr,
     WORDS: tl.constexpr, EVEN: tl.constexpr,
-    USE_PDL: tl.constexpr = False,
+    USE_PDL: tl.constexpr = False, HAS_PERM: tl.constexpr = False,
 ):  # fmt: skip
     """grid (M, cdiv(N, BLOCK_N), splits), the decode linear without `tl.dot`: a program
     multiplies one x row by BLOCK_N rows of the weight over its split's K range
@@ -261,9 +289,9 @@ def quant_linear_gemv_kernel(
     k_begin = split * k_per_split
     k_end = tl.minimum(K, k_begin + k_per_split)
     acc, _ = _row_dot(
-        x_ptr + m.to(tl.int64) * stride_xm, w_ptr, s_ptr, z_ptr, offs_n, mask_n, 0, 0, k_begin,
-        k_end, stride_wn, stride_sn, stride_zn, FMT, SCALE_BN, SCALE_BK, HAS_ZERO, PACKED,
-        BLOCK_N, BLOCK_K, GROUP_T, FACTORED, WORDS, EVEN, False,
+        x_ptr + m.to(tl.int64) * stride_xm, w_ptr, s_ptr, z_ptr, p_ptr, offs_n, mask_n, 0, 0,
+        k_begin, k_end, stride_wn, stride_sn, stride_zn, FMT, SCALE_BN, SCALE_BK, HAS_ZERO,
+        PACKED, BLOCK_N, BLOCK_K, GROUP_T, FACTORED, WORDS, EVEN, False, HAS_PERM,
     )  # fmt: skip
     offs_m = m + tl.arange(0, 1)
     store_split_tile(
@@ -275,14 +303,14 @@ def quant_linear_gemv_kernel(
 
 @triton.jit(do_not_specialize=["M", "stride_os"])
 def quant_linear_rows_kernel(
-    x_ptr, w_ptr, s_ptr, z_ptr, bias_ptr, out_ptr, final_ptr, count_ptr,
+    x_ptr, w_ptr, s_ptr, z_ptr, p_ptr, bias_ptr, out_ptr, final_ptr, count_ptr,
     M, N, K, k_per_split,
     stride_xm, stride_wn, stride_sn, stride_zn, stride_os, stride_om, stride_fm,
     FMT: tl.constexpr, SCALE_BN: tl.constexpr, SCALE_BK: tl.constexpr, HAS_ZERO: tl.constexpr,
     PACKED: tl.constexpr, HAS_BIAS: tl.constexpr, BLOCK_N: tl.constexpr,
     BLOCK_K: tl.constexpr, GROUP_T: tl.constexpr, REDUCE: tl.constexpr, EVEN: tl.constexpr,
     ROWS: tl.constexpr = 4,
-    USE_PDL: tl.constexpr = False,
+    USE_PDL: tl.constexpr = False, HAS_PERM: tl.constexpr = False,
 ):  # fmt: skip
     """grid (cdiv(M, 4), cdiv(N, BLOCK_N), splits): the GEMV form for four rows of x a
     program: each weight tile is decoded once (FP8 codes, or 4-bit words: `load_raw_words`)
@@ -313,14 +341,15 @@ def quant_linear_rows_kernel(
             FMT, SCALE_BN, SCALE_BK, HAS_ZERO, PACKED, BLOCK_K, GROUP_T, EVEN,
         )  # fmt: skip
         ks = k0 + cols
-        acc0 += tl.sum(v * _x_tile(x0, ks, k_end, EVEN), axis=2) * sc
+        xk = _x_cols(p_ptr, ks, k_end, EVEN, HAS_PERM)  # read once for the four rows
+        acc0 += tl.sum(v * _x_tile(x0, xk, ks, k_end, EVEN), axis=2) * sc
         if ROWS > 1:
             if m0 + 1 < M:
-                acc1 += tl.sum(v * _x_tile(x0 + stride_xm, ks, k_end, EVEN), axis=2) * sc
+                acc1 += tl.sum(v * _x_tile(x0 + stride_xm, xk, ks, k_end, EVEN), axis=2) * sc
             if m0 + 2 < M:
-                acc2 += tl.sum(v * _x_tile(x0 + 2 * stride_xm, ks, k_end, EVEN), axis=2) * sc
+                acc2 += tl.sum(v * _x_tile(x0 + 2 * stride_xm, xk, ks, k_end, EVEN), axis=2) * sc
             if m0 + 3 < M:
-                acc3 += tl.sum(v * _x_tile(x0 + 3 * stride_xm, ks, k_end, EVEN), axis=2) * sc
+                acc3 += tl.sum(v * _x_tile(x0 + 3 * stride_xm, xk, ks, k_end, EVEN), axis=2) * sc
     y = four_rows(tl.sum(acc0, axis=1), tl.sum(acc1, axis=1), tl.sum(acc2, axis=1),
                   tl.sum(acc3, axis=1))  # fmt: skip
     offs_m = m0 + tl.arange(0, 4)
@@ -333,14 +362,15 @@ def quant_linear_rows_kernel(
 
 @triton.jit
 def quant_moe_gate_up_gemv_kernel(
-    x_ptr, ids_ptr, w_ptr, s_ptr, z_ptr, inter_ptr,
+    x_ptr, ids_ptr, w_ptr, s_ptr, z_ptr, p_ptr, inter_ptr,
     hidden_dim, inter_dim,
-    stride_xt, stride_we, stride_wn, stride_se, stride_sn, stride_ze, stride_zn, stride_it,
+    stride_xt, stride_we, stride_wn, stride_se, stride_sn, stride_ze, stride_zn, stride_pe,
+    stride_it,
     FMT: tl.constexpr, SCALE_BN: tl.constexpr, SCALE_BK: tl.constexpr, HAS_ZERO: tl.constexpr,
     PACKED: tl.constexpr, TOP_K: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr,
     GROUP_T: tl.constexpr, FACTORED: tl.constexpr, WORDS: tl.constexpr, EVEN: tl.constexpr,
     JOINED: tl.constexpr,
-    USE_PDL: tl.constexpr = False,
+    USE_PDL: tl.constexpr = False, HAS_PERM: tl.constexpr = False,
 ):  # fmt: skip
     """grid (T*k, cdiv(I, BLOCK_N)): inter[pair, n] = silu(x·W13[e, n]) * (x·W13[e, I + n]);
     JOINED reads the gate and up tiles in one loop (half the dependent iterations), otherwise
@@ -353,23 +383,24 @@ def quant_moe_gate_up_gemv_kernel(
     offs_n = pid_n * BLOCK_N + tl.arange(0, BLOCK_N)
     mask_n = offs_n < inter_dim
     w_e, s_e, z_e = w_ptr + e * stride_we, s_ptr + e * stride_se, z_ptr + e * stride_ze
+    p_e = p_ptr + e * stride_pe
     x_row = x_ptr + tok * stride_xt
     if JOINED:  # gate and up tiles in one loop
         g, u = _row_dot(
-            x_row, w_e, s_e, z_e, offs_n, mask_n, 0, inter_dim, 0, hidden_dim, stride_wn,
+            x_row, w_e, s_e, z_e, p_e, offs_n, mask_n, 0, inter_dim, 0, hidden_dim, stride_wn,
             stride_sn, stride_zn, FMT, SCALE_BN, SCALE_BK, HAS_ZERO, PACKED, BLOCK_N, BLOCK_K,
-            GROUP_T, FACTORED, WORDS, EVEN, True,
+            GROUP_T, FACTORED, WORDS, EVEN, True, HAS_PERM,
         )  # fmt: skip
     else:
         g, _ = _row_dot(
-            x_row, w_e, s_e, z_e, offs_n, mask_n, 0, 0, 0, hidden_dim, stride_wn, stride_sn,
+            x_row, w_e, s_e, z_e, p_e, offs_n, mask_n, 0, 0, 0, hidden_dim, stride_wn, stride_sn,
             stride_zn, FMT, SCALE_BN, SCALE_BK, HAS_ZERO, PACKED, BLOCK_N, BLOCK_K, GROUP_T,
-            FACTORED, WORDS, EVEN, False,
+            FACTORED, WORDS, EVEN, False, HAS_PERM,
         )  # fmt: skip
         u, _ = _row_dot(
-            x_row, w_e, s_e, z_e, offs_n, mask_n, inter_dim, 0, 0, hidden_dim, stride_wn,
+            x_row, w_e, s_e, z_e, p_e, offs_n, mask_n, inter_dim, 0, 0, hidden_dim, stride_wn,
             stride_sn, stride_zn, FMT, SCALE_BN, SCALE_BK, HAS_ZERO, PACKED, BLOCK_N, BLOCK_K,
-            GROUP_T, FACTORED, WORDS, EVEN, False,
+            GROUP_T, FACTORED, WORDS, EVEN, False, HAS_PERM,
         )  # fmt: skip
     h = _silu_mul(g, u, inter_ptr.dtype.element_ty)
     tl.store(inter_ptr + pair.to(tl.int64) * stride_it + offs_n, h, mask=mask_n)
@@ -397,9 +428,9 @@ def quant_moe_down_gemv_kernel(
     mask_n = offs_n < hidden_dim
     w_e, s_e, z_e = w_ptr + e * stride_we, s_ptr + e * stride_se, z_ptr + e * stride_ze
     y, _ = _row_dot(
-        inter_ptr + pair * stride_it, w_e, s_e, z_e, offs_n, mask_n, 0, 0, 0, inter_dim,
+        inter_ptr + pair * stride_it, w_e, s_e, z_e, w_e, offs_n, mask_n, 0, 0, 0, inter_dim,
         stride_wn, stride_sn, stride_zn, FMT, SCALE_BN, SCALE_BK, HAS_ZERO, PACKED, BLOCK_N,
-        BLOCK_K, GROUP_T, FACTORED, WORDS, EVEN, False,
+        BLOCK_K, GROUP_T, FACTORED, WORDS, EVEN, False, False,
     )  # fmt: skip
     tl.store(y_ptr + pair * stride_yt + offs_n, y.to(y_ptr.dtype.element_ty), mask=mask_n)
     if COMBINE:
@@ -411,12 +442,13 @@ def quant_moe_down_gemv_kernel(
 
 @triton.jit
 def quant_moe_gate_up_grouped_kernel(
-    x_ptr, sorted_pairs_ptr, block_ids_ptr, num_rows_ptr, w_ptr, s_ptr, z_ptr, inter_ptr,
+    x_ptr, sorted_pairs_ptr, block_ids_ptr, num_rows_ptr, w_ptr, s_ptr, z_ptr, p_ptr, inter_ptr,
     num_pairs, hidden_dim, inter_dim,
-    stride_xt, stride_we, stride_wn, stride_se, stride_sn, stride_ze, stride_zn, stride_it,
+    stride_xt, stride_we, stride_wn, stride_se, stride_sn, stride_ze, stride_zn, stride_pe,
+    stride_it,
     FMT: tl.constexpr, SCALE_BN: tl.constexpr, SCALE_BK: tl.constexpr, HAS_ZERO: tl.constexpr,
     TOP_K: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr,
-    GROUP_T: tl.constexpr, DOT_PRECISION: tl.constexpr,
+    GROUP_T: tl.constexpr, DOT_PRECISION: tl.constexpr, HAS_PERM: tl.constexpr = False,
 ):  # fmt: skip
     """grid (max_blocks * cdiv(I, BLOCK_N),): one BLOCK_M tile of rows sharing one id."""
     live, e, pairs, mask_m, offs_n, mask_n = moe_block(
@@ -427,13 +459,15 @@ def quant_moe_gate_up_grouped_kernel(
     toks = (pairs // TOP_K).to(tl.int64)
     offs_k = tl.arange(0, BLOCK_K)
     w_e, s_e, z_e = w_ptr + e * stride_we, s_ptr + e * stride_se, z_ptr + e * stride_ze
+    p_e = p_ptr + e * stride_pe
     dtype = x_ptr.dtype.element_ty
     acc_g = tl.zeros((BLOCK_M, BLOCK_N), dtype=tl.float32)
     acc_u = tl.zeros((BLOCK_M, BLOCK_N), dtype=tl.float32)
     for k0 in range(0, hidden_dim, BLOCK_K):
         ks = k0 + offs_k
         mask_k = ks < hidden_dim
-        a_ptrs = x_ptr + toks[:, None] * stride_xt + ks[None, :]
+        xk = _x_cols(p_e, ks, hidden_dim, False, HAS_PERM)
+        a_ptrs = x_ptr + toks[:, None] * stride_xt + xk[None, :]
         a = tl.load(a_ptrs, mask=mask_m[:, None] & mask_k[None, :], other=0.0)
         wg = load_weight_tile(
             w_e, s_e, z_e, offs_n, k0, mask_n, hidden_dim, stride_wn, stride_sn, stride_zn,
