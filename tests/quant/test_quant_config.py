@@ -71,3 +71,19 @@ def test_modelopt_side_file_is_read(plain_ckpt, tmp_path):
 )
 def test_ignore_lists_match_the_producers_way(style, pattern, name, hit):
     assert ModuleMatcher((pattern,), style).matches(name) is hit
+
+
+@pytest.mark.parametrize("actorder", [None, "weight", "static", "group", "dynamic"])
+def test_compressed_tensors_actorder(actorder):
+    """`weight` (alias `static`) keeps groups contiguous: the plain int4 format; `group`
+    (alias `dynamic`) stores a weight_g_idx, which is refused with one sentence."""
+    from xinfer.quant.compressed_tensors import parse_config
+
+    weights = {"num_bits": 4, "type": "int", "symmetric": True, "strategy": "group",
+               "group_size": 128, "actorder": actorder}  # fmt: skip
+    qc = {"format": "pack-quantized", "config_groups": {"g": {"weights": weights}}}
+    if actorder in ("group", "dynamic"):
+        with pytest.raises(UserError, match=r"actorder: group \(a weight_g_idx\) are not"):
+            parse_config(qc, {}, None)
+        return
+    assert parse_config(qc, {}, None).fmt.name == "ct-int4-g128-sym"

@@ -113,8 +113,12 @@ def parse_config(qc: dict[str, Any], hf: dict[str, Any], act_dtype: torch.dtype)
     strategy = w.get("strategy", "group")
     if strategy not in ("group", "channel"):
         raise UserError(f"compressed-tensors weight strategy {strategy!r} is not supported")
-    if w.get("actorder") not in (None, "static"):
-        raise UserError("compressed-tensors checkpoints with activation ordering are not supported")
+    # `weight` (alias `static`) orders the calibration only: groups stay contiguous, no g_idx
+    if w.get("actorder") not in (None, False, "weight", "static"):
+        raise UserError(
+            "compressed-tensors checkpoints with actorder: group (a weight_g_idx) are not "
+            "supported; use one quantized with actorder: weight"
+        )
     group = int(w.get("group_size") or 0) if strategy == "group" else 0
     if strategy == "group" and group not in (32, 64, 128):
         raise UserError(f"compressed-tensors group_size {group} is not supported (32, 64, 128)")

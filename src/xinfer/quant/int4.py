@@ -108,6 +108,8 @@ class Int4Grouped(SharedKernelFormat):
         return super().triton_moe(hidden, topk_ids, topk_weights, w13, w2, inter, max_ids)
 
     def dummy(self, n, k, generator, std):
+        # act-order: a random column order, so benchmarks pay the gather (an expert's w2 perm
+        # is left unfolded: its weights are random either way)
         if not self.act_order:
             return super().dummy(n, k, generator, std)
         w = torch.empty(n, k, dtype=torch.float32, device=generator.device)
