@@ -1,6 +1,6 @@
-"""Launchers of the quantized-format kernels (`triton/quant_gemm.py`): `linear` and
-`fused_moe` for any format that describes its tensors as `KernelWeights`. Called through
-`xinfer.kernels.format_linear` / `format_moe` on CUDA tensors (and by the tests on CPU
+"""Launchers of the quantized-format kernels (`triton/quant_gemm.py`, `triton/quant_moe.py`):
+`linear` and `fused_moe` for any format that describes its tensors as `KernelWeights`. Called
+through `xinfer.kernels.format_linear` / `format_moe` on CUDA tensors (and by the tests on CPU
 tensors under TRITON_INTERPRET=1). No host sync: safe in CUDA graphs. Linears of at least
 PREFILL_MIN_ROWS rows, and expert calls of at least PREFILL_MIN_PAIRS pairs in a format that
 asks for it (`dequant_experts_in_prefill`), take `quant_prefill` (dequantize to the
@@ -24,6 +24,7 @@ from xinfer import kernels
 from xinfer.kernels import gemv_launch, moe_align, moe_launch, pdl, quant_prefill
 from xinfer.kernels.quant_groups import group_t, packed
 from xinfer.kernels.triton import quant_gemm as jit
+from xinfer.kernels.triton import quant_moe as moe_jit
 from xinfer.quant.base import KernelWeights, WeightFormat
 
 DECODE_M = gemv_launch.DECODE_ROWS  # linears with at most this many rows: the decode tile
@@ -364,7 +365,7 @@ def fused_moe(
         t = tiles or gemv_tiles(fmt, kw13)
         factored = FACTORED if t.factored is None else t.factored
         grid = (num_pairs, triton.cdiv(inter, t.block_n))
-        jit.quant_moe_gate_up_gemv_kernel[grid](
+        moe_jit.quant_moe_gate_up_gemv_kernel[grid](
             hidden, topk_ids, *a13, p13, inter_buf, hidden_dim, inter,
             hidden.stride(0), *s13, sp13, inter_buf.stride(0),
             **_fmt_kw(kw13), **perm13, PACKED=packed(kw13), TOP_K=top_k, BLOCK_N=t.block_n,
@@ -377,7 +378,7 @@ def fused_moe(
         grid = (num_pairs, triton.cdiv(hidden_dim, down_n))
         down_k = min(t.block_k, triton.next_power_of_2(inter))
         counters, fused = moe_launch.combine_tail(out, down_n)
-        jit.quant_moe_down_gemv_kernel[grid](
+        moe_jit.quant_moe_down_gemv_kernel[grid](
             inter_buf, topk_ids, *a2, y, topk_weights, out, counters, hidden_dim, inter,
             inter_buf.stride(0), *s2, y.stride(0), out.stride(0),
             **_fmt_kw(kw2), PACKED=packed(kw2), BLOCK_N=down_n,
@@ -397,7 +398,7 @@ def fused_moe(
                       DOT_PRECISION=_precision(hidden.dtype), num_warps=t.num_warps,
                       num_stages=t.num_stages)  # fmt: skip
         grid = (block_ids.numel() * triton.cdiv(inter, t.block_n),)
-        jit.quant_moe_gate_up_grouped_kernel[grid](
+        moe_jit.quant_moe_gate_up_grouped_kernel[grid](
             hidden, sorted_pairs, block_ids, num_rows, *a13, p13, inter_buf,
             num_pairs, hidden_dim, inter,
             hidden.stride(0), *s13, sp13, inter_buf.stride(0),
@@ -405,7 +406,7 @@ def fused_moe(
             **common,
         )  # fmt: skip
         grid = (block_ids.numel() * triton.cdiv(hidden_dim, t.block_n),)
-        jit.quant_moe_down_grouped_kernel[grid](
+        moe_jit.quant_moe_down_grouped_kernel[grid](
             inter_buf, sorted_pairs, block_ids, num_rows, *a2, y,
             num_pairs, hidden_dim, inter,
             inter_buf.stride(0), *s2, y.stride(0),

@@ -1,4 +1,4 @@
-"""The prologue of the grouped (prefill) MoE kernels of `fused_moe`, `quant_gemm` and
+"""The prologue of the grouped (prefill) MoE kernels of `fused_moe`, `quant_moe` and
 `gguf_gemm`: which tile of rows sorted by id (`moe_align.align_pairs`) and which tile of
 output columns a program owns, the rows' (token, k) pairs and the tile's id.
 
