@@ -4,7 +4,7 @@ dtype around the kernels (graph-capturable), the Triton kernels on CUDA, the twi
 
 - store: k_rot = k R^T, v_rot = v R^T, then the turbo store kernel (codes and scales).
 - qkv_prep: the fused norm + RoPE kernel writes k and v into a dense staging buffer (one
-  block of one slot per token), then `store` quantizes them into the cache.
+  block of one slot per token), then both are rotated in one matmul and stored.
 - attention: q_rot = q R^T, the paged kernels read the codes (`TURBO_BITS`), out = out_rot R.
   The long-prompt flash path (`attn_flash`) gets the sequence's blocks dequantized."""
 
@@ -30,8 +30,14 @@ def store_kv(k: torch.Tensor, v: torch.Tensor, cache: TurboKVCache, slots: torch
     if slots.shape != (k.shape[0],):
         raise ValueError("store_kv: slot_mapping must be (T,)")
     rot_t = cache.rotation.t()
-    k_rot, v_rot = k.to(rot_t.dtype) @ rot_t, v.to(rot_t.dtype) @ rot_t  # (T, Hk, D)
-    if _on_triton(k):
+    _store_rotated(k.to(rot_t.dtype) @ rot_t, v.to(rot_t.dtype) @ rot_t, cache, slots)
+
+
+def _store_rotated(
+    k_rot: torch.Tensor, v_rot: torch.Tensor, cache: TurboKVCache, slots: torch.Tensor
+) -> None:
+    """Rotated k, v (T, Hk, D) quantized into the cache: the store kernel, or its twin."""
+    if _on_triton(k_rot):
         from xinfer.kernels import kv_turbo_launch
 
         return kv_turbo_launch.store(k_rot, v_rot, cache, slots)
@@ -61,7 +67,9 @@ def qkv_prep(
         q, k, v, positions, cos_sin_cache, staging[0], staging[1], every,
         q_norm_weight, k_norm_weight, eps,
     )  # fmt: skip
-    store_kv(staging[0, :, 0], staging[1, :, 0], cache, slot_mapping)
+    rot = cache.rotation
+    kv_rot = staging[:, :, 0].to(rot.dtype) @ rot.t()  # K and V rotated in one matmul
+    _store_rotated(kv_rot[0], kv_rot[1], cache, slot_mapping)
     return q_out
 
 

@@ -48,17 +48,23 @@ def _load_kv_rows(
 
 
 @triton.jit
-def _load_kv_tile(
-    cache_ptr, scale_ptr, centroids_ptr, table_ptr, n, n_mask, d, d_mask,
-    block_size: tl.constexpr, stride_b, stride_s, HEAD_DIM: tl.constexpr,
-    TURBO_BITS: tl.constexpr,
+def _load_kv_tiles(
+    k_base, v_base, k_scales, v_scales, centroids_ptr, table_ptr, n, n_mask, d, d_mask,
+    block_size: tl.constexpr, stride_kb, stride_ks, stride_vb, stride_vs,
+    HEAD_DIM: tl.constexpr, TURBO_BITS: tl.constexpr,
 ):  # fmt: skip
-    """(BLOCK_N, BLOCK_D) rows `n` of one sequence and KV head, through its block table."""
+    """The (BLOCK_N, BLOCK_D) K and V rows `n` of one sequence and KV head, through its block
+    table (read once for both)."""
     blk = tl.load(table_ptr + n // block_size, mask=n_mask, other=0).to(tl.int64)
-    return _load_kv_rows(
-        cache_ptr, scale_ptr, centroids_ptr, blk, n, n_mask, d, d_mask, block_size, stride_b,
-        stride_s, HEAD_DIM, TURBO_BITS,
+    k = _load_kv_rows(
+        k_base, k_scales, centroids_ptr, blk, n, n_mask, d, d_mask, block_size, stride_kb,
+        stride_ks, HEAD_DIM, TURBO_BITS,
     )  # fmt: skip
+    v = _load_kv_rows(
+        v_base, v_scales, centroids_ptr, blk, n, n_mask, d, d_mask, block_size, stride_vb,
+        stride_vs, HEAD_DIM, TURBO_BITS,
+    )  # fmt: skip
+    return k, v
 
 
 @triton.jit
@@ -348,13 +354,9 @@ def prefill_kernel(
     for n0 in range(full_start, full_end, BLOCK_N):
         n = n0 + tl.arange(0, BLOCK_N)
         n_mask = n < full_end
-        k = _load_kv_tile(
-            k_base, k_scales, centroids_ptr, table, n, n_mask, d, d_mask, KV_BLOCK_SIZE,
-            stride_kb, stride_ks, HEAD_DIM, TURBO_BITS,
-        )  # fmt: skip
-        v = _load_kv_tile(
-            v_base, v_scales, centroids_ptr, table, n, n_mask, d, d_mask, KV_BLOCK_SIZE,
-            stride_vb, stride_vs, HEAD_DIM, TURBO_BITS,
+        k, v = _load_kv_tiles(
+            k_base, v_base, k_scales, v_scales, centroids_ptr, table, n, n_mask, d, d_mask,
+            KV_BLOCK_SIZE, stride_kb, stride_ks, stride_vb, stride_vs, HEAD_DIM, TURBO_BITS,
         )  # fmt: skip
         m_i, l_i, acc = _softmax_step(
             q, k.to(q.dtype), v.to(q.dtype), all_n, m_i, l_i, acc, scale_log2, DOT_PRECISION
@@ -362,13 +364,9 @@ def prefill_kernel(
     for n0 in range(full_end, kv_end, BLOCK_N):  # the diagonal (and the window): masked
         n = n0 + tl.arange(0, BLOCK_N)
         n_mask = n < kv_end
-        k = _load_kv_tile(
-            k_base, k_scales, centroids_ptr, table, n, n_mask, d, d_mask, KV_BLOCK_SIZE,
-            stride_kb, stride_ks, HEAD_DIM, TURBO_BITS,
-        )  # fmt: skip
-        v = _load_kv_tile(
-            v_base, v_scales, centroids_ptr, table, n, n_mask, d, d_mask, KV_BLOCK_SIZE,
-            stride_vb, stride_vs, HEAD_DIM, TURBO_BITS,
+        k, v = _load_kv_tiles(
+            k_base, v_base, k_scales, v_scales, centroids_ptr, table, n, n_mask, d, d_mask,
+            KV_BLOCK_SIZE, stride_kb, stride_ks, stride_vb, stride_vs, HEAD_DIM, TURBO_BITS,
         )  # fmt: skip
         s_mask = n_mask[None, :] & (n[None, :] <= pos[:, None])
         if HAS_WINDOW:
