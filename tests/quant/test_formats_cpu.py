@@ -211,6 +211,25 @@ def test_mismatched_checkpoints_are_refused(kind, edit, message, tmp_path):
         LLM(str(path), device="cpu", dtype="float32")
 
 
+def test_act_order_under_tensor_parallelism_is_refused_before_loading(tmp_path):
+    """A rank's K share would cut through act-order's scale groups: the format says so and
+    the loader refuses in one sentence before any weight is allocated or read."""
+    from xinfer.config import ModelConfig
+    from xinfer.parallel import group
+    from xinfer.runner.model_loader import quant_config
+
+    _, path = qk.write_quantized("qwen3_moe", "gptq-actorder", tmp_path / "ao", reference=False)
+    cfg = ModelConfig.from_dir(path)
+    assert quant_config(path, cfg, torch.float32).fmt.name.startswith("gptq")  # one device
+    previous = group.current_group()
+    group.set_current_group(object())  # any group: a tensor-parallel rank
+    try:
+        with pytest.raises(UserError, match=r"cannot be split for tensor parallelism yet"):
+            quant_config(path, cfg, torch.float32)
+    finally:
+        group.set_current_group(previous)
+
+
 @pytest.mark.parametrize(
     "kind,change,message",
     [

@@ -43,14 +43,8 @@ def perm_from_g_idx(g_idx: torch.Tensor, k: int, group: int, producer: str) -> t
     return torch.argsort(g, stable=True).to(perm_dtype(k))
 
 
-def check_perm(perm: torch.Tensor, k: int, sharded: bool, producer: str) -> None:
-    """Refuse a tensor-parallel share (its K split cuts through the groups) and a perm that is
-    not a permutation of 0..K-1 (no g_idx was loaded into it)."""
-    if sharded:
-        raise UserError(
-            f"act-order {producer} checkpoints cannot be split for tensor parallelism yet; "
-            "run them on one device"
-        )
+def check_perm(perm: torch.Tensor, k: int) -> None:
+    """Refuse a perm that is not a permutation of 0..K-1 (no g_idx was loaded into it)."""
     seen = torch.zeros(k, dtype=torch.int32, device=perm.device)
     seen.index_add_(0, perm.long().clamp(0, k - 1), torch.ones_like(perm, dtype=torch.int32))
     if not bool((seen == 1).all()):

@@ -100,19 +100,21 @@ class WeightFormat(ABC):
         fills, shaped as `tensor_specs(n, k)`. Raises UserError when it does not match the
         declared format (dtype, shape). May return {} for tensors that are only checked."""
 
-    def finish_loading(
-        self, tensors: dict[str, torch.Tensor], n: int, k: int, sharded: bool
-    ) -> None:
+    @property
+    def splits_for_tensor_parallel(self) -> bool:
+        """Whether a rank may hold a share of this format's weights (`model_loader` refuses
+        tensor parallelism before loading where not)."""
+        return True
+
+    def finish_loading(self, tensors: dict[str, torch.Tensor], n: int, k: int) -> None:
         """After every checkpoint tensor of one (N, K) weight was converted into `tensors`:
         the work that needs several of them at once, in place (act-order int4 sorts its
-        codes by g_idx). `sharded`: the tensors are a tensor-parallel rank's share. Default:
-        nothing."""
+        codes by g_idx). Default: nothing."""
         return None
 
     def finish_experts(
-        self, w13: dict[str, torch.Tensor], w2: dict[str, torch.Tensor], hidden: int,
-        inter: int, sharded: bool,
-    ) -> None:  # fmt: skip
+        self, w13: dict[str, torch.Tensor], w2: dict[str, torch.Tensor], hidden: int, inter: int
+    ) -> None:
         """`finish_loading` of a routed-expert layer's `[E, ...]` sets (keyed by this format's
         names), which may also move work between the two projections. Default: nothing."""
         return None
@@ -161,7 +163,7 @@ class WeightFormat(ABC):
         out: dict[str, torch.Tensor] = {}
         for name, t in self.quantize(weight, **options).items():
             out.update(self.convert(name, t, n, k))
-        self.finish_loading(out, n, k, sharded=False)
+        self.finish_loading(out, n, k)
         return out
 
     def reference_linear(

@@ -44,14 +44,14 @@ class ExpertWeights:
         """Bytes of one expert as stored (what a slot fill moves)."""
         return sum(self.proj_fmt(p).weight_bytes(*self.proj_nk(p)) for p in ("w13", "w2"))
 
-    def finish_loading(self, tensors: dict[str, torch.Tensor], sharded: bool) -> None:
+    def finish_loading(self, tensors: dict[str, torch.Tensor]) -> None:
         """The format's `finish_experts` on the loaded `[E, ...]` set, in place (a pair of
         formats, as GGUF's, converts each tensor on its own: nothing to finish)."""
         if self.w2_fmt not in (None, self.fmt):
             return
         w13 = _proj_set(tensors, "w13", self.fmt.tensor_specs(*self.proj_nk("w13")))
         w2 = _proj_set(tensors, "w2", self.fmt.tensor_specs(*self.proj_nk("w2")))
-        self.fmt.finish_experts(w13, w2, self.hidden_size, self.intermediate_size, sharded)
+        self.fmt.finish_experts(w13, w2, self.hidden_size, self.intermediate_size)
 
     def __call__(
         self,

@@ -84,18 +84,22 @@ class Int4Grouped(SharedKernelFormat):
         w = (q - z) * s
         return act_order.unsort_columns(w, tensors["perm"]) if "perm" in tensors else w
 
-    def finish_loading(self, tensors, n, k, sharded):
+    @property
+    def splits_for_tensor_parallel(self) -> bool:
+        return not self.act_order  # a K split would cut through the scale groups
+
+    def finish_loading(self, tensors, n, k):
         if self.act_order:
-            act_order.check_perm(tensors["perm"], k, sharded, self.producer)
+            act_order.check_perm(tensors["perm"], k)
             act_order.sort_columns(tensors["qweight"], tensors["perm"])
 
-    def finish_experts(self, w13, w2, hidden, inter, sharded):
+    def finish_experts(self, w13, w2, hidden, inter):
         if not self.act_order:
             return
         for e in range(w13["qweight"].shape[0]):
             one13 = {name: t[e] for name, t in w13.items()}
-            self.finish_loading(one13, 2 * inter, hidden, sharded)
-            self.finish_loading({name: t[e] for name, t in w2.items()}, hidden, inter, sharded)
+            self.finish_loading(one13, 2 * inter, hidden)
+            self.finish_loading({name: t[e] for name, t in w2.items()}, hidden, inter)
             act_order.fold_down_perm(one13, w2["perm"][e], inter)
 
     def reference_moe(self, hidden, topk_ids, topk_weights, w13, w2, inter, w2_fmt=None):

@@ -73,6 +73,11 @@ def quant_config(
         return isq
     if quant is None:
         return None
+    if current_group() is not None and not quant.fmt.splits_for_tensor_parallel:
+        raise UserError(
+            f"{quant.fmt.name} checkpoints cannot be split for tensor parallelism yet; run them "
+            "on one device (one --d)"
+        )
     return quant.renamed(get_model_class(cfg.architecture).checkpoint_renames)
 
 

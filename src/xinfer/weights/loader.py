@@ -177,7 +177,7 @@ def load_weights(
         _copy({"w": targets[t.name]}, {"w": tensor}, ckpt_name)
         report.loaded.setdefault(t.name, set()).add(None)
     _check_complete(model, targets, report)
-    _finish(model, sharded=shard is not None)
+    _finish(model)
     return report
 
 
@@ -206,15 +206,15 @@ def _check_shared(fmt, views, engine, n: int, k: int, weight: str | None, ckpt_n
             )
 
 
-def _finish(model: nn.Module, sharded: bool) -> None:
+def _finish(model: nn.Module) -> None:
     """Each formatted layer's `finish_loading` (in place, after every tensor is in)."""
     for module in model.modules():
         if _is_linear(module):
             module.weight_format.finish_loading(
-                module.weight_tensors(), module.out_features, module.in_features, sharded
+                module.weight_tensors(), module.out_features, module.in_features
             )
         elif _is_expert_layer(module):
-            module.expert_weights.finish_loading(module.expert_tensors, sharded)
+            module.expert_weights.finish_loading(module.expert_tensors)
 
 
 def _required(
