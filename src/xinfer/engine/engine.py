@@ -82,10 +82,9 @@ class Engine:
         self.config = config
         # the kernel switches are read at every call: a bad value fails here, before loading
         envs.XINFER_DISABLE_TRITON()
-        if envs.XINFER_PDL():  # (a launch reads the module flag, not the variable)
-            from xinfer.kernels import pdl
+        from xinfer.kernels import pdl  # (a launch reads the module flag, not the variable)
 
-            pdl.ENABLED = True
+        pdl.ENABLED = envs.XINFER_PDL()
         envs.XINFER_PREFILL_ATTENTION()
         self.device = torch.device(config.device)
         self.model_config = cfg = ModelConfig.from_dir(config.model)

@@ -158,13 +158,13 @@ def router_topk(
     x: torch.Tensor, weight: torch.Tensor, top_k: int, renormalize: bool
 ) -> tuple[torch.Tensor, torch.Tensor] | None:
     """`route_topk` of the router logits x @ weight^T in one launch with the router GEMV
-    (`router_launch`, while its ENABLED switch is on), or None where that does not apply
-    (CPU, prompt-sized batches, ...): the caller then runs the router linear and
-    `route_topk`."""
+    (`router_launch`, while its ENABLED switch is on, for at most its MAX_ROWS rows), or None
+    where that does not apply (CPU, wider batches, ...): the caller then runs the router
+    linear and `route_topk`."""
     if use_triton(x):
         from xinfer.kernels import router_launch
 
-        if router_launch.ENABLED:
+        if router_launch.ENABLED and x.shape[0] <= router_launch.MAX_ROWS:
             return router_launch.router_topk(x, weight, top_k, renormalize)
     return None
 

@@ -6,10 +6,11 @@ PDL overlaps each launch with the previous kernel's tail. Only kernels whose fir
 `wait_for_producers` may take these options: one that does not could read its inputs
 before they are written.
 
-Off until a GPU has shown the same bits with and without it (eager and in CUDA graphs) and
-timed it (bench/NOTES.md, twenty-seventh session): `XINFER_PDL=1` (read once, when an engine
-starts: `Engine` sets ENABLED), or `ENABLED = True` here (`bench_decode.py --pdl`), switches
-it on. `options` runs at every kernel launch: the switch is a module flag, not a variable
+On by default since the thirtieth session: the H100 showed the same bits with and without it
+(eager and in CUDA graphs, tests/kernels/test_pdl_gpu.py) and +7.4% (bf16) / +8.7% (GPTQ)
+batch-1 decode on the Qwen3-30B-A3B shape (bench/bench_decode_switches.py). `XINFER_PDL=0`
+(read once, when an engine starts: `Engine` sets ENABLED) or `ENABLED = False` here switches
+it off. `options` runs at every kernel launch: the switch is a module flag, not a variable
 read there."""
 
 from __future__ import annotations
@@ -19,7 +20,7 @@ import logging
 
 import torch
 
-ENABLED = False
+ENABLED = True
 logger = logging.getLogger("xinfer")
 
 

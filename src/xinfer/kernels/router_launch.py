@@ -1,7 +1,8 @@
 """Launcher of the router GEMV with its top-k in one launch (`triton/router_topk.py`): a
 decode-sized MoE layer's routing, two launches made one. No host sync: safe in CUDA graphs.
 
-`kernels.router_topk` sends decode routing here while ENABLED is on. It applies
+`kernels.router_topk` sends decode routing of at most MAX_ROWS rows here while ENABLED is
+on. It applies
 (`router_topk` returns None otherwise, and the caller runs the router linear and `route_topk`
 apart) to at most `gemv_launch.MAX_M` rows, x and the (E, K) weight of one float dtype, no
 bias, E at most MAX_EXPERTS, with arrival counters at hand (`arrivals`; made at the first
@@ -22,9 +23,13 @@ from xinfer.kernels import arrivals, gemv_launch, pdl
 from xinfer.kernels.triton import router_topk as jit
 from xinfer.kernels.triton.routing import TOPK_WARPS
 
-# off until a GPU has run `tests/kernels/test_router_topk_gpu.py` (its memory ordering) and
-# timed it (`bench/bench_decode_switches.py`); off: the router linear and route_topk apart
-ENABLED = False
+# on: the H100 ran `tests/kernels/test_router_topk_gpu.py` (the two launches' bits) and
+# `bench/bench_decode_switches.py` (thirtieth session): +1.6% (bf16) / +1.7% (GPTQ) batch-1
+# decode, but -7% / -5% at batch 8 (one program a row does the top-k after the GEMV), so
+# `kernels.router_topk` sends it calls of at most MAX_ROWS rows. The choice by rows cannot
+# change a row's bits: the one launch has the two launches' bits. Off: always apart.
+ENABLED = True
+MAX_ROWS = 1
 MAX_EXPERTS = 1024  # one program holds a token's logits for its top-k
 ROUTER_CONFIG = gemv_launch.GemvConfig(block_n=16, block_k=256, num_stages=4, split_k=8)
 _DTYPES = (torch.bfloat16, torch.float16, torch.float32)
