@@ -1,6 +1,6 @@
-"""Compile cases: the TurboQuant KV cache — its store kernel and the attention kernels
-reading turbo3/turbo4 codes (decode with the merge apart and in the launch, prefill,
-windows, head sizes 64/128/256)."""
+"""Compile cases: the TurboQuant KV cache — its store kernel, the rotation kernel, and the
+attention kernels reading turbo3/turbo4 codes (decode with the merge apart and in the
+launch, prefill, windows, head sizes 64/128/256)."""
 
 from __future__ import annotations
 
@@ -24,6 +24,14 @@ def _store(dtype, bits: int, hk: int = 4, head_dim: int = 128) -> None:
     k, v = _randn(37, hk, head_dim, dtype=dtype), _randn(37, hk, head_dim, dtype=dtype)
     slots = torch.randperm(320, generator=_gen())[:37]
     kv_turbo_launch.store(k, v, _cache(bits, hk, head_dim, dtype=dtype), slots)
+
+
+def _rotate(dtype, head_dim: int, transposed: bool) -> None:
+    from xinfer.kernels import kv_turbo_launch
+    from xinfer.kv.turbo_codebook import rotation
+
+    rot = rotation(head_dim).to(dtype)
+    kv_turbo_launch.rotate(_randn(37, 4, head_dim, dtype=dtype), rot.t() if transposed else rot)
 
 
 def _attention(dtype, decode: bool, bits: int, hq: int, hk: int, head_dim: int,
@@ -55,6 +63,10 @@ def _cases() -> None:
         add(f"turbo{bits}-store-bf16-hd128", store, _store, BF16, bits)
     add("turbo4-store-fp16-hd80", store, _store, F16, 4, hk=8, head_dim=80)
     add("turbo3-store-fp32-hd256", store, _store, F32, 3, hk=2, head_dim=256)
+    rotate = "rotate_rows_kernel"
+    add("turbo-rotate-bf16-hd128-rt", rotate, _rotate, BF16, 128, True)
+    add("turbo-rotate-fp16-hd80-r", rotate, _rotate, F16, 80, False)
+    add("turbo-rotate-fp32-hd256-rt", rotate, _rotate, F32, 256, True)
     decode, prefill = "decode_kernel decode_reduce_kernel", "prefill_kernel"
     for bits in (4, 3):  # (the bits change the loader's plane loop)
         add(f"turbo{bits}-decode-bf16-hd128-g4", decode, _attention, BF16, True, bits, 32, 8, 128)

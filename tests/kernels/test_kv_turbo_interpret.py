@@ -3,8 +3,9 @@
 scales bit for bit (padding slots untouched, head dims that are not powers of two); decode
 (splits merged apart and in the launch, windows, GQA) and prefill attention on a turbo cache
 equal the reference on the cache dequantized; the whole `kernels` path as CUDA runs it
-(staging, rotations, store, attention) equals the twin's. Attention in float32/float16 (the
-interpreter's bfloat16 tl.dot is wrong). Runs in a child pytest (interpreter_child.py)."""
+(staging, rotations, store, attention) equals the twin's; the rotation kernel equals the
+matmul. Attention in float32/float16 (the interpreter's bfloat16 tl.dot is wrong). Runs in a
+child pytest (interpreter_child.py)."""
 
 from __future__ import annotations
 
@@ -152,4 +153,22 @@ def test_the_kernels_path_on_triton_equals_the_twin(launch, monkeypatch, bits=3)
     ).float().mean()
     assert same > 0.99
     torch.testing.assert_close(tri.k_scales, twin.k_scales, atol=1e-3, rtol=1e-3)
-    assert torch.equal(tri.v_scales, twin.v_scales)  # v is not normed or roped: same bits
+    torch.testing.assert_close(tri.v_scales, twin.v_scales, atol=1e-3, rtol=1e-3)
+
+
+@child_only
+@pytest.mark.parametrize("dtype", [torch.float32, torch.float16])
+@pytest.mark.parametrize("head_dim", [16, 40, 128])
+def test_rotation_kernel_is_the_matmul(launch, dtype, head_dim):
+    """`kv_turbo_launch.rotate` (rows times R^T as a transposed view, and times R; a row
+    count that is not a multiple of the 16-row tile) within rounding of the float64
+    product."""
+    from xinfer.kv.turbo_codebook import rotation
+
+    _, turbo_launch = launch
+    rot = rotation(head_dim).to(dtype)
+    x = torch.randn(37, 3, head_dim, generator=torch.Generator().manual_seed(head_dim)).to(dtype)
+    for m in (rot.t(), rot):
+        got = turbo_launch.rotate(x, m)
+        assert got.shape == x.shape and got.dtype == dtype
+        torch.testing.assert_close(got, (x.double() @ m.double()).to(dtype), **TOL[dtype])

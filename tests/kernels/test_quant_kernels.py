@@ -28,6 +28,7 @@ FORMATS = {
     "nvfp4": Nvfp4(),
     # act-order: x loaded through each weight's perm (a random order per weight and expert)
     "gptq-actorder": GptqInt4(group_size=128, has_zero=True, act_order=True),
+    "gptq-actorder-sym": GptqInt4(group_size=128, has_zero=False, act_order=True),
 }
 
 

@@ -1,10 +1,11 @@
 """The kernel entry points for a TurboQuant KV cache (`kv/turbo.py`), which
-`xinfer.kernels` hands a `TurboKVCache` to: the two rotations as plain matmuls in the model
-dtype around the kernels (graph-capturable), the Triton kernels on CUDA, the twin elsewhere.
+`xinfer.kernels` hands a `TurboKVCache` to: the rotations around the kernels in the model
+dtype (`_rotate`: on CUDA a kernel whose row bits do not depend on the batch, not a cuBLAS
+matmul; graph-capturable), the Triton kernels on CUDA, the twin elsewhere.
 
 - store: k_rot = k R^T, v_rot = v R^T, then the turbo store kernel (codes and scales).
 - qkv_prep: the fused norm + RoPE kernel writes k and v into a dense staging buffer (one
-  block of one slot per token), then both are rotated in one matmul and stored.
+  block of one slot per token), then both are rotated in one launch and stored.
 - attention: q_rot = q R^T, the paged kernels read the codes (`TURBO_BITS`), out = out_rot R.
   The long-prompt flash path (`attn_flash`) gets the sequence's blocks dequantized."""
 
@@ -30,7 +31,18 @@ def store_kv(k: torch.Tensor, v: torch.Tensor, cache: TurboKVCache, slots: torch
     if slots.shape != (k.shape[0],):
         raise ValueError("store_kv: slot_mapping must be (T,)")
     rot_t = cache.rotation.t()
-    _store_rotated(k.to(rot_t.dtype) @ rot_t, v.to(rot_t.dtype) @ rot_t, cache, slots)
+    _store_rotated(_rotate(k, rot_t), _rotate(v, rot_t), cache, slots)
+
+
+def _rotate(x: torch.Tensor, m: torch.Tensor) -> torch.Tensor:
+    """x (..., D) @ m (D, D) in m's dtype (the model's): `kv_turbo_launch.rotate` on CUDA (a
+    row's bits independent of the other rows), a matmul elsewhere (the twin)."""
+    x = x.to(m.dtype)
+    if _on_triton(x):
+        from xinfer.kernels import kv_turbo_launch
+
+        return kv_turbo_launch.rotate(x, m)
+    return x @ m
 
 
 def _store_rotated(
@@ -68,7 +80,7 @@ def qkv_prep(
         q_norm_weight, k_norm_weight, eps,
     )  # fmt: skip
     rot = cache.rotation
-    kv_rot = staging[:, :, 0].to(rot.dtype) @ rot.t()  # K and V rotated in one matmul
+    kv_rot = _rotate(staging[:, :, 0], rot.t())  # K and V rotated in one launch
     _store_rotated(kv_rot[0], kv_rot[1], cache, slot_mapping)
     return q_out
 
@@ -88,7 +100,7 @@ def paged_attention(
     if q.dim() != 3 or q.shape[2] != cache.head_dim or q.shape[1] % cache.num_kv_heads:
         raise ValueError(f"paged_attention: q {tuple(q.shape)} does not fit the turbo cache")
     rot = cache.rotation
-    q_rot = q.to(rot.dtype) @ rot.t()  # (T, Hq, D)
+    q_rot = _rotate(q, rot.t())  # (T, Hq, D)
     if _on_triton(q):
         from xinfer.kernels import attn_flash, attn_launch
 
@@ -108,4 +120,4 @@ def paged_attention(
         out_rot = reference.paged_attention(
             q_rot, k, v, tables, seq_lens, query_start_loc, scale, sliding_window
         )
-    return (out_rot @ rot).to(q.dtype)
+    return _rotate(out_rot, rot).to(q.dtype)

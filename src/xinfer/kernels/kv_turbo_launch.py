@@ -1,13 +1,17 @@
-"""Triton launcher of the TurboQuant KV store (`triton/kv_turbo.py`): shape, dtype and
-layout checks, then one program per (token, KV head). `kernels/kv_turbo.py` calls it on
-CUDA; it also runs on CPU tensors under `TRITON_INTERPRET=1` (the interpreter tests)."""
+"""Triton launchers of the TurboQuant KV cache: the store (`triton/kv_turbo.py`: shape, dtype
+and layout checks, then one program per (token, KV head)) and the rotations
+(`triton/rotate.py`: rows times R or R^T with the same tiles whatever the row count, so a
+row's bits do not depend on the batch). `kernels/kv_turbo.py` calls them on CUDA; they also
+run on CPU tensors under `TRITON_INTERPRET=1` (the interpreter tests)."""
 
 from __future__ import annotations
 
 import torch
 import triton
 
+from xinfer.kernels import pdl
 from xinfer.kernels.triton.kv_turbo import turbo_store_kernel
+from xinfer.kernels.triton.rotate import BLOCK_R, rotate_rows_kernel
 from xinfer.kv.turbo import TurboKVCache
 
 
@@ -45,3 +49,27 @@ def store(
         HEAD_DIM=head_dim, BITS=cache.bits, BLOCK_D=triton.next_power_of_2(head_dim),
         num_warps=1 if head_dim <= 128 else 2,
     )  # fmt: skip
+
+
+def rotate(x: torch.Tensor, m: torch.Tensor) -> torch.Tensor:
+    """x (..., D) @ m (D, D) in x's dtype, float32 accumulation; m may be a transposed view
+    (R.t()). x and m share a float dtype."""
+    d = m.shape[0]
+    if m.shape != (d, d) or x.shape[-1] != d or d > 256:
+        raise ValueError(f"rotate: x {tuple(x.shape)} and m {tuple(m.shape)} do not fit")
+    if x.dtype != m.dtype:
+        raise ValueError(f"rotate: x is {x.dtype}, the rotation {m.dtype}")
+    x2 = x.reshape(-1, d)
+    if x2.stride(-1) != 1:
+        x2 = x2.contiguous()
+    out = torch.empty(x.shape, dtype=x.dtype, device=x.device)
+    rows = x2.shape[0]
+    if rows:
+        block_n = min(64, triton.next_power_of_2(d))
+        rotate_rows_kernel[(triton.cdiv(rows, BLOCK_R), triton.cdiv(d, block_n))](
+            x2, m, out, rows, x2.stride(0), m.stride(0), m.stride(1), d,
+            D=d, BLOCK_N=block_n, BLOCK_K=min(64, triton.next_power_of_2(d)),
+            DOT_PRECISION="ieee" if x.dtype == torch.float32 else "tf32",
+            num_warps=4, **pdl.options(x),
+        )  # fmt: skip
+    return out
