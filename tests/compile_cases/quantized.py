@@ -153,6 +153,12 @@ def _quant_cases() -> None:
             ragged=True)  # fmt: skip
         add(f"quant-{name}-linear-bf16-m2-one-row", Q_SPLIT_ONE, _quant_linear, name, BF16, 2,
             rows=1)  # fmt: skip
+    # act-order linears and prefill expert GEMMs gather x into the codes' order first
+    act = "gptq-g128-asym-actorder"
+    add(f"quant-{act}-linear-bf16-m4-permuted", "permute_columns_kernel", _quant_linear, act,
+        BF16, 4)  # fmt: skip
+    add(f"quant-{act}-moe-bf16-grouped-permuted", "permute_pair_rows_kernel", _quant_moe, act,
+        BF16, 40, False, dequant=False)  # fmt: skip
     for name in ("fp8-block128", "nvfp4", "gptq-g128-asym"):  # gate and up in one loop
         add(f"quant-{name}-moe-bf16-gemv-joined", Q_GEMV, _quant_moe, name, BF16, 2, True,
             joined=True)  # fmt: skip

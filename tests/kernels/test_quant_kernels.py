@@ -146,13 +146,15 @@ def test_kernels_replay_in_cuda_graphs(name):
 @pytest.mark.parametrize("n,k", [(5120, 2048), (2048, 4096)])
 @pytest.mark.parametrize("m", [1, 3, 8])
 def test_act_order_linear_equals_the_plain_kernel_on_sorted_x(n, k, m):
-    """The decode kernels' x loaded through perm: the bits of the plain int4 kernel on the
-    sorted codes with x's columns permuted beforehand."""
+    """The decode kernels' x loaded through perm: the plain int4 kernel's result on the
+    sorted codes with x's columns permuted beforehand, to float32 rounding (not its bits:
+    with PDL on, the H100 build contracts a few multiply-adds differently with the gather)."""
     fmt = FORMATS["gptq-actorder"]
     plain = GptqInt4(group_size=128, has_zero=True)
     tensors = _weights(fmt, n, k, seed=7)
     x = torch.randn(m, k, device=DEV, dtype=torch.bfloat16)
     sorted_x = x[:, tensors["perm"].long()].contiguous()
     codes = {name: t for name, t in tensors.items() if name != "perm"}
-    out = ql.linear(x, fmt, tensors, None, n, k)
-    assert torch.equal(out, ql.linear(sorted_x, plain, codes, None, n, k))
+    out = ql.linear(x, fmt, tensors, None, n, k).float()
+    want = ql.linear(sorted_x, plain, codes, None, n, k).float()
+    assert (out - want).norm() / want.norm() < 2e-3

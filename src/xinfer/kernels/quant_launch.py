@@ -15,6 +15,7 @@ and the same arithmetic whatever the other rows)."""
 
 from __future__ import annotations
 
+import dataclasses
 from dataclasses import dataclass
 
 import torch
@@ -23,6 +24,7 @@ import triton
 from xinfer import kernels
 from xinfer.kernels import gemv_launch, moe_align, moe_launch, pdl, quant_prefill
 from xinfer.kernels.quant_groups import group_t, packed
+from xinfer.kernels.triton import permute as jit_permute
 from xinfer.kernels.triton import quant_gemm as jit
 from xinfer.kernels.triton import quant_moe as moe_jit
 from xinfer.quant.base import KernelWeights, WeightFormat
@@ -168,12 +170,12 @@ def _args(kw: KernelWeights, expert_dim: bool) -> tuple:
     return (kw.w, kw.s, z), (kw.w.stride(0), kw.s.stride(0), z.stride(0) if z.dim() > 1 else 1)
 
 
-def _perm_args(kw: KernelWeights, expert_dim: bool) -> tuple:
-    """(perm, its expert stride) of an act-order weight (`kw.perm`: the kernels' HAS_PERM);
-    otherwise the scales stand in, never read."""
+def _perm_args(kw: KernelWeights) -> tuple:
+    """(perm, its expert stride) of an act-order expert set (`kw.perm` (E, K): the MoE GEMV's
+    HAS_PERM), or a placeholder the kernel never reads."""
     if kw.perm is None:
         return kw.s, 0
-    return kw.perm, kw.perm.stride(0) if expert_dim else 0
+    return kw.perm, kw.perm.stride(0)
 
 
 def words(kw: KernelWeights, block_k: int, k: int) -> bool:
@@ -193,6 +195,34 @@ def even(n: int, k: int, block_n: int, block_k: int) -> bool:
     """Whether a GEMV's tiles cover its (N, K) whole (K splits are whole tiles too): its loads
     of codes and activations need no masks (EVEN)."""
     return n % block_n == 0 and k % block_k == 0
+
+
+def permute_columns(x2: torch.Tensor, perm: torch.Tensor) -> torch.Tensor:
+    """x2 (M, K) → out[m, j] = x2[m, perm[j]] (`triton/permute.py`)."""
+    m, k = x2.shape
+    out = torch.empty_like(x2)
+    if m and k:
+        block = min(1024, triton.next_power_of_2(k))
+        jit_permute.permute_columns_kernel[(m, triton.cdiv(k, block))](
+            x2, perm, out, k, x2.stride(0), out.stride(0), BLOCK_K=block, **pdl.options(x2)
+        )
+    return out
+
+
+def permute_pair_rows(
+    hidden: torch.Tensor, topk_ids: torch.Tensor, perm: torch.Tensor, out: torch.Tensor
+) -> torch.Tensor:
+    """out (T*k, H): row p = hidden[p // k] in the column order of expert topk_ids[p]'s
+    w13 (`perm` (E, H)); the routed experts' prefill GEMM then reads it with TOP_K 1. `out`
+    may be the call's expert-output buffer (written only after the gate/up GEMM read it)."""
+    pairs, k = topk_ids.numel(), hidden.shape[1]
+    if pairs and k:
+        block = min(1024, triton.next_power_of_2(k))
+        jit_permute.permute_pair_rows_kernel[(pairs, triton.cdiv(k, block))](
+            hidden, topk_ids, perm, out, k, hidden.stride(0), perm.stride(0), out.stride(0),
+            TOP_K=topk_ids.shape[1], BLOCK_K=block,
+        )  # fmt: skip
+    return out
 
 
 def _fmt_kw(kw: KernelWeights) -> dict:
@@ -221,6 +251,8 @@ def linear(
         return x.new_empty(*x.shape[:-1], n)
     if m >= PREFILL_MIN_ROWS if dequant is None else dequant:
         return quant_prefill.linear(x2, kw, bias, n, k).view(*x.shape[:-1], n)
+    if kw.perm is not None:  # act-order: x in the codes' column order, then the plain kernels
+        x2, kw = permute_columns(x2, kw.perm), dataclasses.replace(kw, perm=None)
     out = x.new_empty(m, n)
     tiles = tiles or linear_tiles(m, x.dtype, kw, k, fmt)
     if tiles.block_m in (1, 4):
@@ -231,10 +263,10 @@ def linear(
     sk, grid = _split(x2, out, tiles, bias)
     (w, s, z), (swn, ssn, szn) = _args(kw, expert_dim=False)
     jit.quant_linear_kernel[grid](
-        x2, w, s, z, _perm_args(kw, False)[0], sk.bias(bias, s), sk.part, out, sk.counters,
+        x2, w, s, z, sk.bias(bias, s), sk.part, out, sk.counters,
         m, n, k, sk.k_per_split,
         x2.stride(0), swn, ssn, szn, *sk.part_strides, out.stride(0),
-        **_fmt_kw(kw), HAS_PERM=kw.perm is not None, HAS_BIAS=sk.fuse_bias,
+        **_fmt_kw(kw), HAS_BIAS=sk.fuse_bias,
         BLOCK_M=tiles.block_m, BLOCK_N=tiles.block_n, BLOCK_K=tiles.block_k,
         GROUP_T=group_t(kw, tiles.block_k, k),
         DOT_PRECISION=_precision(x.dtype), REDUCE=sk.reduce, num_warps=tiles.num_warps,
@@ -267,13 +299,12 @@ def _gemv_linear(x2, kw: KernelWeights, bias, out, tiles: QuantTiles) -> None:
     (w, s, z), (swn, ssn, szn) = _args(kw, expert_dim=False)
     factored = FACTORED if tiles.factored is None else tiles.factored
     args = (
-        x2, w, s, z, _perm_args(kw, False)[0], sk.bias(bias, s), sk.part, out, sk.counters,
+        x2, w, s, z, sk.bias(bias, s), sk.part, out, sk.counters,
         m, n, k, sk.k_per_split,
         x2.stride(0), swn, ssn, szn, *sk.part_strides, out.stride(0),
     )  # fmt: skip
-    perm = {"HAS_PERM": True} if kw.perm is not None else {}  # plain: the kernels as they were
     consts = dict(
-        **_fmt_kw(kw), **perm, PACKED=packed(kw), HAS_BIAS=sk.fuse_bias, BLOCK_N=tiles.block_n,
+        **_fmt_kw(kw), PACKED=packed(kw), HAS_BIAS=sk.fuse_bias, BLOCK_N=tiles.block_n,
         BLOCK_K=tiles.block_k, GROUP_T=group_t(kw, tiles.block_k, k), REDUCE=sk.reduce,
         EVEN=even(n, k, tiles.block_n, tiles.block_k), num_warps=tiles.num_warps,
         **pdl.options(x2),
@@ -359,9 +390,9 @@ def fused_moe(
     inter_buf = hidden.new_empty(num_pairs, inter)  # (T*k, I)
     y = hidden.new_empty(num_pairs, hidden_dim)  # (T*k, H) unweighted expert outputs
     (a13, s13), (a2, s2) = _args(kw13, True), _args(kw2, True)
-    p13, sp13 = _perm_args(kw13, True)
-    perm13 = {"HAS_PERM": True} if kw13.perm is not None else {}
     if use_gemv:
+        p13, sp13 = _perm_args(kw13)  # act-order: x loaded through perm (HAS_PERM)
+        perm13 = {"HAS_PERM": True} if kw13.perm is not None else {}
         t = tiles or gemv_tiles(fmt, kw13)
         factored = FACTORED if t.factored is None else t.factored
         grid = (num_pairs, triton.cdiv(inter, t.block_n))
@@ -397,12 +428,15 @@ def fused_moe(
         common = dict(BLOCK_M=t.block_m, BLOCK_N=t.block_n, BLOCK_K=t.block_k,
                       DOT_PRECISION=_precision(hidden.dtype), num_warps=t.num_warps,
                       num_stages=t.num_stages)  # fmt: skip
+        x13, x13_top_k = hidden, top_k
+        if kw13.perm is not None:  # act-order: a row a pair in its expert's order, in y
+            x13, x13_top_k = permute_pair_rows(hidden, topk_ids, kw13.perm, y), 1
         grid = (block_ids.numel() * triton.cdiv(inter, t.block_n),)
         moe_jit.quant_moe_gate_up_grouped_kernel[grid](
-            hidden, sorted_pairs, block_ids, num_rows, *a13, p13, inter_buf,
+            x13, sorted_pairs, block_ids, num_rows, *a13, inter_buf,
             num_pairs, hidden_dim, inter,
-            hidden.stride(0), *s13, sp13, inter_buf.stride(0),
-            **_fmt_kw(kw13), **perm13, TOP_K=top_k, GROUP_T=group_t(kw13, t.block_k, hidden_dim),
+            x13.stride(0), *s13, inter_buf.stride(0),
+            **_fmt_kw(kw13), TOP_K=x13_top_k, GROUP_T=group_t(kw13, t.block_k, hidden_dim),
             **common,
         )  # fmt: skip
         grid = (block_ids.numel() * triton.cdiv(hidden_dim, t.block_n),)

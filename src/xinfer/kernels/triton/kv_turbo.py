@@ -81,15 +81,22 @@ def turbo_kv_rows(
 ):  # fmt: skip
     """(BLOCK_N, BLOCK_D) float32 dequantized rotated rows of key positions `n` in cache
     blocks `blk`: `codes_ptr`/`scales_ptr` at the KV head's first row, codes strides
-    (stride_b, stride_s) (contiguous caches: a row's scale sits at its codes offset / width)."""
+    (stride_b, stride_s) (contiguous caches: a row's scale sits at its codes offset / width).
+    Each plane is read as a (BLOCK_N, BLOCK_D / 8) tile of whole bytes (a row's bytes are
+    contiguous: vector loads), its 8 bits spread along a third axis, the index built from
+    the planes and the tile reshaped so that coordinate d = byte * 8 + bit; columns past
+    HEAD_DIM get index 0 (their q and output columns are masked by the caller)."""
+    BLOCK_B: tl.constexpr = d.shape[0] // 8
     row = blk * stride_b + (n % block_size) * stride_s  # (BLOCK_N,) codes offsets
-    mask = n_mask[:, None] & d_mask[None, :]
-    byte_ptrs = codes_ptr + row[:, None] + (d // 8)[None, :]
-    shift = (d % 8)[None, :]
-    idx = tl.zeros(mask.shape, tl.int32)
+    byte = tl.arange(0, BLOCK_B)
+    byte_mask = n_mask[:, None] & (byte < HEAD_DIM // 8)[None, :]
+    byte_ptrs = codes_ptr + row[:, None] + byte[None, :]
+    bit = tl.arange(0, 8)[None, None, :]
+    idx = tl.zeros((n.shape[0], BLOCK_B, 8), tl.int32)
     for p in tl.static_range(BITS):
-        plane = tl.load(byte_ptrs + p * (HEAD_DIM // 8), mask=mask, other=0).to(tl.int32)
-        idx |= ((plane >> shift) & 1) << p
+        plane = tl.load(byte_ptrs + p * (HEAD_DIM // 8), mask=byte_mask, other=0).to(tl.int32)
+        idx |= ((plane[:, :, None] >> bit) & 1) << p
+    idx = tl.reshape(idx, (n.shape[0], d.shape[0]))
     scale_ptrs = scales_ptr + row // (BITS * (HEAD_DIM // 8))
     scale = tl.load(scale_ptrs, mask=n_mask, other=0.0).to(tl.float32)
     return tl.load(centroids_ptr + idx) * scale[:, None]

@@ -5,10 +5,10 @@ with the routed-expert kernels of `quant_moe.py` (`_row_dot`). Weights are read 
 stored bytes and dequantized in registers by `quant_dequant.load_weight_tile`, then rounded
 to the activation dtype as the twins do (they dequantize to it before multiplying).
 
-HAS_PERM (act-order int4, `quant/act_order.py`): the weight's column j multiplies x[perm[j]],
-so x is loaded through `p_ptr` (a gathered load of the small, cached activations); without
-it `p_ptr` is never read and the kernels are the plain ones. The down projections take no
-perm (an expert's w2 order is folded into its gate/up rows at load)."""
+Act-order int4 (`quant/act_order.py`): the weight's column j multiplies x[perm[j]]. The
+linears take x already gathered into that order (`triton/permute.py`); `_row_dot` (the MoE
+GEMV's) loads x through `p_ptr` with HAS_PERM (`_x_cols`). Down projections take no perm (an
+expert's w2 order is folded into its gate/up rows at load)."""
 
 from __future__ import annotations
 
@@ -214,13 +214,12 @@ def _row_dot(
 
 @triton.jit(do_not_specialize=["M", "stride_os"])
 def quant_linear_kernel(
-    x_ptr, w_ptr, s_ptr, z_ptr, p_ptr, bias_ptr, out_ptr, final_ptr, count_ptr,
+    x_ptr, w_ptr, s_ptr, z_ptr, bias_ptr, out_ptr, final_ptr, count_ptr,
     M, N, K, k_per_split,
     stride_xm, stride_wn, stride_sn, stride_zn, stride_os, stride_om, stride_fm,
     FMT: tl.constexpr, SCALE_BN: tl.constexpr, SCALE_BK: tl.constexpr, HAS_ZERO: tl.constexpr,
     HAS_BIAS: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr,
     GROUP_T: tl.constexpr, DOT_PRECISION: tl.constexpr, REDUCE: tl.constexpr,
-    HAS_PERM: tl.constexpr = False,
 ):  # fmt: skip
     """grid (cdiv(M, BLOCK_M), cdiv(N, BLOCK_N), splits): out[split] = x @ dequant(w)^T over
     the split's K range [split * k_per_split, +k_per_split) (+ bias). Split-K launches pass a
@@ -243,8 +242,7 @@ def quant_linear_kernel(
     for k0 in range(k_begin, k_end, BLOCK_K):
         ks = k0 + offs_k
         mask_k = ks < k_end
-        xk = _x_cols(p_ptr, ks, k_end, False, HAS_PERM)
-        x_ptrs = x_ptr + offs_m.to(tl.int64)[:, None] * stride_xm + xk[None, :]
+        x_ptrs = x_ptr + offs_m.to(tl.int64)[:, None] * stride_xm + ks[None, :]
         x = tl.load(x_ptrs, mask=mask_m[:, None] & mask_k[None, :], other=0.0)
         w = load_weight_tile(
             w_ptr, s_ptr, z_ptr, offs_n, k0, mask_n, k_end, stride_wn, stride_sn, stride_zn,
@@ -260,14 +258,14 @@ def quant_linear_kernel(
 
 @triton.jit(do_not_specialize=["M", "stride_os"])
 def quant_linear_gemv_kernel(
-    x_ptr, w_ptr, s_ptr, z_ptr, p_ptr, bias_ptr, out_ptr, final_ptr, count_ptr,
+    x_ptr, w_ptr, s_ptr, z_ptr, bias_ptr, out_ptr, final_ptr, count_ptr,
     M, N, K, k_per_split,
     stride_xm, stride_wn, stride_sn, stride_zn, stride_os, stride_om, stride_fm,
     FMT: tl.constexpr, SCALE_BN: tl.constexpr, SCALE_BK: tl.constexpr, HAS_ZERO: tl.constexpr,
     PACKED: tl.constexpr, HAS_BIAS: tl.constexpr, BLOCK_N: tl.constexpr,
     BLOCK_K: tl.constexpr, GROUP_T: tl.constexpr, FACTORED: tl.constexpr, REDUCE: tl.constexpr,
     WORDS: tl.constexpr, EVEN: tl.constexpr,
-    USE_PDL: tl.constexpr = False, HAS_PERM: tl.constexpr = False,
+    USE_PDL: tl.constexpr = False,
 ):  # fmt: skip
     """grid (M, cdiv(N, BLOCK_N), splits), the decode linear without `tl.dot`: a program
     multiplies one x row by BLOCK_N rows of the weight over its split's K range
@@ -285,9 +283,9 @@ def quant_linear_gemv_kernel(
     k_begin = split * k_per_split
     k_end = tl.minimum(K, k_begin + k_per_split)
     acc, _ = _row_dot(
-        x_ptr + m.to(tl.int64) * stride_xm, w_ptr, s_ptr, z_ptr, p_ptr, offs_n, mask_n, 0, 0,
+        x_ptr + m.to(tl.int64) * stride_xm, w_ptr, s_ptr, z_ptr, x_ptr, offs_n, mask_n, 0, 0,
         k_begin, k_end, stride_wn, stride_sn, stride_zn, FMT, SCALE_BN, SCALE_BK, HAS_ZERO,
-        PACKED, BLOCK_N, BLOCK_K, GROUP_T, FACTORED, WORDS, EVEN, False, HAS_PERM,
+        PACKED, BLOCK_N, BLOCK_K, GROUP_T, FACTORED, WORDS, EVEN, False, False,
     )  # fmt: skip
     offs_m = m + tl.arange(0, 1)
     store_split_tile(
@@ -299,14 +297,14 @@ def quant_linear_gemv_kernel(
 
 @triton.jit(do_not_specialize=["M", "stride_os"])
 def quant_linear_rows_kernel(
-    x_ptr, w_ptr, s_ptr, z_ptr, p_ptr, bias_ptr, out_ptr, final_ptr, count_ptr,
+    x_ptr, w_ptr, s_ptr, z_ptr, bias_ptr, out_ptr, final_ptr, count_ptr,
     M, N, K, k_per_split,
     stride_xm, stride_wn, stride_sn, stride_zn, stride_os, stride_om, stride_fm,
     FMT: tl.constexpr, SCALE_BN: tl.constexpr, SCALE_BK: tl.constexpr, HAS_ZERO: tl.constexpr,
     PACKED: tl.constexpr, HAS_BIAS: tl.constexpr, BLOCK_N: tl.constexpr,
     BLOCK_K: tl.constexpr, GROUP_T: tl.constexpr, REDUCE: tl.constexpr, EVEN: tl.constexpr,
     ROWS: tl.constexpr = 4,
-    USE_PDL: tl.constexpr = False, HAS_PERM: tl.constexpr = False,
+    USE_PDL: tl.constexpr = False,
 ):  # fmt: skip
     """grid (cdiv(M, 4), cdiv(N, BLOCK_N), splits): the GEMV form for four rows of x a
     program: each weight tile is decoded once (FP8 codes, or 4-bit words: `load_raw_words`)
@@ -337,15 +335,14 @@ def quant_linear_rows_kernel(
             FMT, SCALE_BN, SCALE_BK, HAS_ZERO, PACKED, BLOCK_K, GROUP_T, EVEN,
         )  # fmt: skip
         ks = k0 + cols
-        xk = _x_cols(p_ptr, ks, k_end, EVEN, HAS_PERM)  # read once for the four rows
-        acc0 += tl.sum(v * _x_tile(x0, xk, ks, k_end, EVEN), axis=2) * sc
+        acc0 += tl.sum(v * _x_tile(x0, ks, ks, k_end, EVEN), axis=2) * sc
         if ROWS > 1:
             if m0 + 1 < M:
-                acc1 += tl.sum(v * _x_tile(x0 + stride_xm, xk, ks, k_end, EVEN), axis=2) * sc
+                acc1 += tl.sum(v * _x_tile(x0 + stride_xm, ks, ks, k_end, EVEN), axis=2) * sc
             if m0 + 2 < M:
-                acc2 += tl.sum(v * _x_tile(x0 + 2 * stride_xm, xk, ks, k_end, EVEN), axis=2) * sc
+                acc2 += tl.sum(v * _x_tile(x0 + 2 * stride_xm, ks, ks, k_end, EVEN), axis=2) * sc
             if m0 + 3 < M:
-                acc3 += tl.sum(v * _x_tile(x0 + 3 * stride_xm, xk, ks, k_end, EVEN), axis=2) * sc
+                acc3 += tl.sum(v * _x_tile(x0 + 3 * stride_xm, ks, ks, k_end, EVEN), axis=2) * sc
     y = four_rows(tl.sum(acc0, axis=1), tl.sum(acc1, axis=1), tl.sum(acc2, axis=1),
                   tl.sum(acc3, axis=1))  # fmt: skip
     offs_m = m0 + tl.arange(0, 4)

@@ -2,8 +2,9 @@
 `xinfer.kernels.quant_launch`): GEMV kernels over (token, k) pairs for decode, on the row
 loop of the linears (`quant_gemm._row_dot`), and grouped GEMMs over rows sorted by expert
 for prefill. Experts and slots are addressed only through `ids`, so an expert's bits do not
-depend on where it is held. HAS_PERM (act-order int4): the gate/up kernels load x through
-the expert's perm; the down projections take none (folded into gate/up's rows at load)."""
+depend on where it is held. Act-order int4: the gate/up GEMV loads x through the expert's
+perm (HAS_PERM); the grouped gate/up GEMM takes rows already gathered into that order
+(`triton/permute.py`); the down projections take none (folded into gate/up's rows at load)."""
 
 from __future__ import annotations
 
@@ -14,7 +15,7 @@ from xinfer.kernels.triton.fused_moe import _silu_mul, combine_when_last
 from xinfer.kernels.triton.moe_blocks import moe_block
 from xinfer.kernels.triton.pdl import wait_for_producers
 from xinfer.kernels.triton.quant_dequant import load_weight_tile
-from xinfer.kernels.triton.quant_gemm import _row_dot, _x_cols
+from xinfer.kernels.triton.quant_gemm import _row_dot
 
 
 @triton.jit
@@ -99,15 +100,16 @@ def quant_moe_down_gemv_kernel(
 
 @triton.jit
 def quant_moe_gate_up_grouped_kernel(
-    x_ptr, sorted_pairs_ptr, block_ids_ptr, num_rows_ptr, w_ptr, s_ptr, z_ptr, p_ptr, inter_ptr,
+    x_ptr, sorted_pairs_ptr, block_ids_ptr, num_rows_ptr, w_ptr, s_ptr, z_ptr, inter_ptr,
     num_pairs, hidden_dim, inter_dim,
-    stride_xt, stride_we, stride_wn, stride_se, stride_sn, stride_ze, stride_zn, stride_pe,
-    stride_it,
+    stride_xt, stride_we, stride_wn, stride_se, stride_sn, stride_ze, stride_zn, stride_it,
     FMT: tl.constexpr, SCALE_BN: tl.constexpr, SCALE_BK: tl.constexpr, HAS_ZERO: tl.constexpr,
     TOP_K: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr,
-    GROUP_T: tl.constexpr, DOT_PRECISION: tl.constexpr, HAS_PERM: tl.constexpr = False,
+    GROUP_T: tl.constexpr, DOT_PRECISION: tl.constexpr,
 ):  # fmt: skip
-    """grid (max_blocks * cdiv(I, BLOCK_N),): one BLOCK_M tile of rows sharing one id."""
+    """grid (max_blocks * cdiv(I, BLOCK_N),): one BLOCK_M tile of rows sharing one id; x row
+    pair // TOP_K (act-order codes: a row a pair already in its expert's column order,
+    `triton/permute.py`, with TOP_K 1)."""
     live, e, pairs, mask_m, offs_n, mask_n = moe_block(
         sorted_pairs_ptr, block_ids_ptr, num_rows_ptr, num_pairs, inter_dim, BLOCK_M, BLOCK_N
     )
@@ -116,15 +118,13 @@ def quant_moe_gate_up_grouped_kernel(
     toks = (pairs // TOP_K).to(tl.int64)
     offs_k = tl.arange(0, BLOCK_K)
     w_e, s_e, z_e = w_ptr + e * stride_we, s_ptr + e * stride_se, z_ptr + e * stride_ze
-    p_e = p_ptr + e * stride_pe
     dtype = x_ptr.dtype.element_ty
     acc_g = tl.zeros((BLOCK_M, BLOCK_N), dtype=tl.float32)
     acc_u = tl.zeros((BLOCK_M, BLOCK_N), dtype=tl.float32)
     for k0 in range(0, hidden_dim, BLOCK_K):
         ks = k0 + offs_k
         mask_k = ks < hidden_dim
-        xk = _x_cols(p_e, ks, hidden_dim, False, HAS_PERM)
-        a_ptrs = x_ptr + toks[:, None] * stride_xt + xk[None, :]
+        a_ptrs = x_ptr + toks[:, None] * stride_xt + ks[None, :]
         a = tl.load(a_ptrs, mask=mask_m[:, None] & mask_k[None, :], other=0.0)
         wg = load_weight_tile(
             w_e, s_e, z_e, offs_n, k0, mask_n, hidden_dim, stride_wn, stride_sn, stride_zn,
