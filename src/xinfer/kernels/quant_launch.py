@@ -22,9 +22,8 @@ import torch
 import triton
 
 from xinfer import kernels
-from xinfer.kernels import gemv_launch, moe_align, moe_launch, pdl, quant_prefill
+from xinfer.kernels import gemv_launch, moe_align, moe_launch, pdl, permute_launch, quant_prefill
 from xinfer.kernels.quant_groups import group_t, packed
-from xinfer.kernels.triton import permute as jit_permute
 from xinfer.kernels.triton import quant_gemm as jit
 from xinfer.kernels.triton import quant_moe as moe_jit
 from xinfer.quant.base import KernelWeights, WeightFormat
@@ -197,34 +196,6 @@ def even(n: int, k: int, block_n: int, block_k: int) -> bool:
     return n % block_n == 0 and k % block_k == 0
 
 
-def permute_columns(x2: torch.Tensor, perm: torch.Tensor) -> torch.Tensor:
-    """x2 (M, K) → out[m, j] = x2[m, perm[j]] (`triton/permute.py`)."""
-    m, k = x2.shape
-    out = torch.empty_like(x2)
-    if m and k:
-        block = min(1024, triton.next_power_of_2(k))
-        jit_permute.permute_columns_kernel[(m, triton.cdiv(k, block))](
-            x2, perm, out, k, x2.stride(0), out.stride(0), BLOCK_K=block, **pdl.options(x2)
-        )
-    return out
-
-
-def permute_pair_rows(
-    hidden: torch.Tensor, topk_ids: torch.Tensor, perm: torch.Tensor, out: torch.Tensor
-) -> torch.Tensor:
-    """out (T*k, H): row p = hidden[p // k] in the column order of expert topk_ids[p]'s
-    w13 (`perm` (E, H)); the routed experts' prefill GEMM then reads it with TOP_K 1. `out`
-    may be the call's expert-output buffer (written only after the gate/up GEMM read it)."""
-    pairs, k = topk_ids.numel(), hidden.shape[1]
-    if pairs and k:
-        block = min(1024, triton.next_power_of_2(k))
-        jit_permute.permute_pair_rows_kernel[(pairs, triton.cdiv(k, block))](
-            hidden, topk_ids, perm, out, k, hidden.stride(0), perm.stride(0), out.stride(0),
-            TOP_K=topk_ids.shape[1], BLOCK_K=block,
-        )  # fmt: skip
-    return out
-
-
 def _fmt_kw(kw: KernelWeights) -> dict:
     return dict(FMT=kw.fmt_code, SCALE_BN=kw.scale_bn, SCALE_BK=kw.scale_bk, HAS_ZERO=kw.has_zero)
 
@@ -252,7 +223,7 @@ def linear(
     if m >= PREFILL_MIN_ROWS if dequant is None else dequant:
         return quant_prefill.linear(x2, kw, bias, n, k).view(*x.shape[:-1], n)
     if kw.perm is not None:  # act-order: x in the codes' column order, then the plain kernels
-        x2, kw = permute_columns(x2, kw.perm), dataclasses.replace(kw, perm=None)
+        x2, kw = permute_launch.columns(x2, kw.perm), dataclasses.replace(kw, perm=None)
     out = x.new_empty(m, n)
     tiles = tiles or linear_tiles(m, x.dtype, kw, k, fmt)
     if tiles.block_m in (1, 4):
@@ -430,7 +401,7 @@ def fused_moe(
                       num_stages=t.num_stages)  # fmt: skip
         x13, x13_top_k = hidden, top_k
         if kw13.perm is not None:  # act-order: a row a pair in its expert's order, in y
-            x13, x13_top_k = permute_pair_rows(hidden, topk_ids, kw13.perm, y), 1
+            x13, x13_top_k = permute_launch.pair_rows(hidden, topk_ids, kw13.perm, y), 1
         grid = (block_ids.numel() * triton.cdiv(inter, t.block_n),)
         moe_jit.quant_moe_gate_up_grouped_kernel[grid](
             x13, sorted_pairs, block_ids, num_rows, *a13, inter_buf,

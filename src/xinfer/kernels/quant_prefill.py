@@ -41,7 +41,7 @@ import torch
 import triton
 
 from xinfer import kernels
-from xinfer.kernels import moe_launch
+from xinfer.kernels import moe_launch, permute_launch
 from xinfer.kernels.quant_groups import group_t
 from xinfer.kernels.triton import quant_dequant_kernel as jit
 from xinfer.quant.base import KernelWeights
@@ -98,7 +98,7 @@ def linear(x2: torch.Tensor, kw: KernelWeights, bias: torch.Tensor | None, n: in
     columns follow it (M x K gathered once, not N x K scattered): the twin's values, summed
     in another order over K."""
     if kw.perm is not None:
-        x2 = x2.index_select(1, kw.perm.long())
+        x2 = permute_launch.columns(x2, kw.perm)
     return kernels.linear(x2, dequantize_weight(kw, n, k, x2.dtype), bias)
 
 
