@@ -266,7 +266,47 @@ def _routing_case(fused: bool, experts: int = 128, k: int = HIDDEN) -> Case:
     return Case(lambda: moe_launch.route_topk(logits, TOP_K, True), {}, {}, {})
 
 
+def _decode_attention(cache: str, ctx: int = 8192, batch: int = 1) -> Case:
+    """Decode attention on the Qwen3-30B-A3B attention shape (32 q / 4 KV heads, head_dim
+    128, block 16) at `ctx` keys: a dense bf16 cache or a turbo3/turbo4 one. A loop
+    iteration reads BLOCK_N keys' K and V rows (the "weights": 2 x BLOCK_N x 128)."""
+    from unittest import mock
+
+    from xinfer.kernels import attn_launch as al
+    from xinfer.kv import turbo
+    from xinfer.kv.format import TurboQuant
+
+    hq, hk, d, block = 32, 4, 128, 16
+    blocks = batch * math.ceil(ctx / block)
+    q = torch.zeros(batch, hq, d, dtype=torch.bfloat16)
+    tables = torch.arange(blocks, dtype=torch.int32).view(batch, -1)
+    lens = torch.full((batch,), ctx, dtype=torch.int32)
+    qsl = torch.arange(batch + 1, dtype=torch.int32)
+    if cache == "bf16":
+        k = torch.zeros(blocks, block, hk, d, dtype=torch.bfloat16)
+        kv, extra = (k, k), {}
+    else:
+        tc = turbo.allocate(TurboQuant(int(cache[-1])), blocks, block, hk, d, torch.bfloat16,
+                            torch.device("cpu"))  # fmt: skip
+        kv, extra = (tc.k_codes, tc.v_codes), {"turbo": tc}
+
+    def launch():
+        with mock.patch.object(al, "SMALL_INTERPRETER_TILES", False):
+            al.paged_attention(q, *kv, tables, lens, qsl, d**-0.5, max_query_len=1,
+                               max_seq_len=ctx, **extra)  # fmt: skip
+
+    with mock.patch.object(al, "SMALL_INTERPRETER_TILES", False):
+        block_n = al.decode_config(q, d, ctx)["BLOCK_N"]
+    keys = batch * ctx * hk
+    row_bytes = 2 * d if cache == "bf16" else int(cache[-1]) * d // 8 + 2
+    return Case(launch, {"decode_kernel": 2 * block_n * d}, {"decode_kernel": 2 * keys * d},
+                {"decode_kernel": 2 * keys * row_bytes})  # fmt: skip
+
+
 CASES: dict[str, Callable[[], Case]] = {
+    "attn-decode-bf16": lambda: _decode_attention("bf16"),
+    "attn-decode-turbo4": lambda: _decode_attention("turbo4"),
+    "attn-decode-turbo3": lambda: _decode_attention("turbo3"),
     "route_topk": lambda: _routing_case(False),
     "route_topk-e256": lambda: _routing_case(False, experts=256),
     "router_topk": lambda: _routing_case(True),
