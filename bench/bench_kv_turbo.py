@@ -7,7 +7,14 @@ rotations. `store` rows time one decode token's `kernels.qkv_prep` (norm-free Ro
 for turbo: staging, the K|V rotation and the quantizing store). KV bytes read a call (codes
 and scales as stored) and GB/s beside them.
 
-    python3 bench/bench_kv_turbo.py [--batches 1,8] [--contexts 8192,32768] [--out r.json]"""
+`--variants` (turbo caches only; `;`-separated, each a `,`-joined set, `base` the defaults):
+`shuffle` (the centroid lookup by warp shuffles: `attn_launch.TURBO_LOOKUP_SHUFFLE`),
+`stagesN`, `splitN`, `blockN`, `warpsN` (`attn_launch.TURBO_DECODE_CONFIG`); each turbo row
+is timed once per variant, checked first against the default variant's output.
+
+    python3 bench/bench_kv_turbo.py [--batches 1,8] [--contexts 8192,32768] [--out r.json]
+    python3 bench/bench_kv_turbo.py --kinds turbo4 --variants "base;shuffle;stages2;split64"
+"""
 
 from __future__ import annotations
 
@@ -24,6 +31,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "src"))
 from cuda_timing import cuda_seconds  # noqa: E402
 
 from xinfer import kernels  # noqa: E402
+from xinfer.kernels import attn_launch  # noqa: E402
 from xinfer.kv import turbo  # noqa: E402
 from xinfer.kv.format import TurboQuant  # noqa: E402
 
@@ -66,7 +74,30 @@ def _graph_seconds(calls: list, iters: int = 20) -> float:
     return cuda_seconds(graph.replay, iters) / len(calls)
 
 
-def decode_row(kind: str, batch: int, ctx: int) -> dict:
+_CONFIG_KEYS = {"stages": "num_stages", "split": "SPLIT_LEN", "block": "BLOCK_N",
+                "warps": "num_warps"}  # fmt: skip
+
+
+def set_variant(variant: str) -> None:
+    """The turbo switches of `variant` (see the docstring); `base` leaves the defaults."""
+    attn_launch.TURBO_LOOKUP_SHUFFLE = False
+    attn_launch.TURBO_DECODE_CONFIG = None
+    cfg = {}
+    for part in (p.strip() for p in variant.split(",") if p.strip() and p.strip() != "base"):
+        if part == "shuffle":
+            attn_launch.TURBO_LOOKUP_SHUFFLE = True
+            continue
+        key = next((k for k in _CONFIG_KEYS if part.startswith(k) and part[len(k):].isdigit()),
+                   None)  # fmt: skip
+        if key is None:
+            raise SystemExit(f"unknown variant part {part!r}")
+        cfg[_CONFIG_KEYS[key]] = int(part[len(key) :])
+    if cfg:
+        base = dict(attn_launch.DECODE_CONFIGS[-1][1])  # the row of contexts from 8k on
+        attn_launch.TURBO_DECODE_CONFIG = {**base, **cfg}
+
+
+def decode_row(kind: str, batch: int, ctx: int, variant: str = "base") -> dict:
     blocks_per_seq = math.ceil(ctx / BLOCK)
     num_blocks = batch * blocks_per_seq
     nbytes = _kv_bytes(kind, batch * ctx)
@@ -81,10 +112,16 @@ def decode_row(kind: str, batch: int, ctx: int) -> dict:
         lambda k=k, v=v: kernels.paged_attention(q, k, v, tables, lens, qsl, scale, 1, ctx)
         for k, v in caches
     ]
+    set_variant("base")
+    want = calls[0]()
+    set_variant(variant)
+    got = calls[0]()
+    torch.testing.assert_close(got, want, atol=2e-2, rtol=2e-2)
     sec = _graph_seconds(calls)
+    set_variant("base")
     del caches, calls
     torch.cuda.empty_cache()
-    return dict(kind=kind, what="decode", batch=batch, ctx=ctx, us=sec * 1e6,
+    return dict(kind=kind, what="decode", variant=variant, batch=batch, ctx=ctx, us=sec * 1e6,
                 kv_mb=nbytes / 1e6, gbs=nbytes / sec / 1e9)  # fmt: skip
 
 
@@ -107,8 +144,13 @@ def main() -> None:
     ap.add_argument("--kinds", default="bf16,fp8,turbo4,turbo3")
     ap.add_argument("--batches", default="1,8")
     ap.add_argument("--contexts", default="8192,32768")
+    ap.add_argument("--variants", default="base")
     ap.add_argument("--out", default=None)
     args = ap.parse_args()
+    variants = [v.strip() for v in args.variants.split(";") if v.strip()]
+    for v in variants:  # a typo stops the run before anything is timed
+        set_variant(v)
+    set_variant("base")
     kinds = args.kinds.split(",")
     batches = [int(b) for b in args.batches.split(",")]
     rows = []
@@ -116,13 +158,15 @@ def main() -> None:
         for batch in batches:
             rows.append(store_row(kind, batch))
             for ctx in (int(c) for c in args.contexts.split(",")):
-                rows.append(decode_row(kind, batch, ctx))
-                print(rows[-1], flush=True)
-    print("| cache | batch | context | µs a layer | KV MB | GB/s |\n|---|---|---|---|---|---|")
+                for variant in variants if kind.startswith("turbo") else ["base"]:
+                    rows.append(decode_row(kind, batch, ctx, variant))
+                    print(rows[-1], flush=True)
+    print("| cache | variant | batch | context | µs a layer | KV MB | GB/s |")
+    print("|---|---|---|---|---|---|---|")
     for r in rows:
         if r["what"] == "decode":
-            print(f"| {r['kind']} | {r['batch']} | {r['ctx']} | {r['us']:.1f} | "
-                  f"{r['kv_mb']:.1f} | {r['gbs']:.0f} |")  # fmt: skip
+            print(f"| {r['kind']} | {r['variant']} | {r['batch']} | {r['ctx']} | "
+                  f"{r['us']:.1f} | {r['kv_mb']:.1f} | {r['gbs']:.0f} |")  # fmt: skip
     print("| cache | batch | qkv prep + store µs |\n|---|---|---|")
     for r in rows:
         if r["what"] == "store":

@@ -35,7 +35,7 @@ def _rotate(dtype, head_dim: int, transposed: bool) -> None:
 
 
 def _attention(dtype, decode: bool, bits: int, hq: int, hk: int, head_dim: int,
-               window=None, fused: bool = False) -> None:  # fmt: skip
+               window=None, fused: bool = False, shuffle: bool = False) -> None:  # fmt: skip
     from xinfer.kernels import attn_launch
 
     seq_lens = [300, 17, 1000]
@@ -49,6 +49,7 @@ def _attention(dtype, decode: bool, bits: int, hq: int, hk: int, head_dim: int,
     with (
         mock.patch.object(attn_launch, "SMALL_INTERPRETER_TILES", False),
         mock.patch.object(attn_launch, "FUSED_DECODE_REDUCE", fused),
+        mock.patch.object(attn_launch, "TURBO_LOOKUP_SHUFFLE", shuffle),
     ):
         attn_launch.paged_attention(
             q, cache.k_codes, cache.v_codes, tables.to(torch.int32), lens, qsl, head_dim**-0.5,
@@ -77,6 +78,11 @@ def _cases() -> None:
     add("turbo4-prefill-bf16-hd256-g2-window", prefill, _attention, BF16, False, 4, 8, 4, 256,
         1024)  # fmt: skip
     add("turbo3-decode-fp16-hd64-g8", decode, _attention, F16, True, 3, 16, 2, 64)
+    # the centroid lookup by shuffles (`attn_launch.TURBO_LOOKUP_SHUFFLE`)
+    add("turbo4-decode-bf16-hd128-g4-shuffle", decode, _attention, BF16, True, 4, 32, 8, 128,
+        shuffle=True)  # fmt: skip
+    add("turbo3-prefill-bf16-hd128-g4-shuffle", prefill, _attention, BF16, False, 3, 32, 8, 128,
+        shuffle=True)  # fmt: skip
 
 
 _cases()

@@ -75,6 +75,24 @@ def test_decode_on_a_turbo_cache(launch, dtype, bits, fused, window):
     torch.testing.assert_close(got, want, **TOL[dtype])
 
 
+@pytest.mark.parametrize("bits", [4, 3])
+def test_lookup_by_shuffles_gives_the_same_attention(launch, bits):
+    """`attn_launch.TURBO_LOOKUP_SHUFFLE` (the centroid table in registers, `tl.gather`):
+    decode and prefill at real sizes within the tolerance of the reference, as the default."""
+    attn_launch, _ = launch
+    case, dense = turbo_paged_case(torch.bfloat16, [1, 3000, 777], None, 32, 8, 128, bits,
+                                   seed=bits, device=DEV)  # fmt: skip
+    with mock.patch.object(attn_launch, "TURBO_LOOKUP_SHUFFLE", True):
+        got = _attend(attn_launch, case, 0.088, max_query_len=1, max_seq_len=4096)
+    torch.testing.assert_close(got, _expected(case, dense, 0.088), **TOL[torch.bfloat16])
+    pairs = [(700, 700), (90, 1500)]
+    case, dense = turbo_paged_case(torch.bfloat16, [s for _, s in pairs], [q for q, _ in pairs],
+                                   32, 8, 128, bits, seed=5, device=DEV)  # fmt: skip
+    with mock.patch.object(attn_launch, "TURBO_LOOKUP_SHUFFLE", True):
+        got = _attend(attn_launch, case, 0.088, max_query_len=700, max_seq_len=1500)
+    torch.testing.assert_close(got, _expected(case, dense, 0.088), **TOL[torch.bfloat16])
+
+
 @pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16])
 @pytest.mark.parametrize("window", [None, 300])
 def test_prefill_on_a_turbo_cache(launch, dtype, window):

@@ -108,6 +108,23 @@ def test_prefill_on_a_turbo_cache(launch, dtype, hq, hk, bits, window):
 
 
 @child_only
+@pytest.mark.parametrize("bits", [4, 3])
+def test_lookup_by_shuffles_gives_the_same_attention(launch, bits):
+    """`attn_launch.TURBO_LOOKUP_SHUFFLE`: the centroid table in registers, looked up with
+    `tl.gather`, in decode and prefill: the reference on the dequantized cache, as the
+    lookup by loads gives."""
+    attn_launch, _ = launch
+    case, dense = turbo_paged_case(torch.float32, [17, 90], [1, 1], 8, 2, bits=bits, seed=bits)
+    with mock.patch.object(attn_launch, "TURBO_LOOKUP_SHUFFLE", True):
+        got = _attend(attn_launch, case, 0.17, max_query_len=1, max_seq_len=95, split_len=32)
+    torch.testing.assert_close(got, _expected(case, dense, 0.17), **TOL[torch.float32])
+    case, dense = turbo_paged_case(torch.float32, [30, 12], [30, 5], 4, 2, bits=bits, seed=9)
+    with mock.patch.object(attn_launch, "TURBO_LOOKUP_SHUFFLE", True):
+        got = _attend(attn_launch, case, 0.17, max_query_len=30, max_seq_len=30)
+    torch.testing.assert_close(got, _expected(case, dense, 0.17), **TOL[torch.float32])
+
+
+@child_only
 def test_head_dim_24_block_size_4(launch):
     attn_launch, _ = launch
     case, dense = turbo_paged_case(

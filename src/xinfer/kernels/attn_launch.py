@@ -133,6 +133,15 @@ DECODE_CONFIGS: tuple[tuple[int, dict[str, int]], ...] = (
     (4096, dict(SPLIT_LEN=64, BLOCK_N=32, num_warps=4, num_stages=3)),
     (8192, dict(SPLIT_LEN=128, BLOCK_N=32, num_warps=4, num_stages=3)),
 )
+# TurboQuant caches: the loader's centroid lookup by warp shuffles from a table in registers
+# (True) or by a load of the cached table a coordinate (False). Offline SASS (thirtieth
+# session): 2,313 against 2,471 instructions a decode loop; not yet timed, so off
+# (`bench/bench_kv_turbo.py --variants` times both). Either has the same values.
+TURBO_LOOKUP_SHUFFLE = False
+# TurboQuant caches' decode launch config, where not None: replaces DECODE_CONFIGS' row
+# (its keys: SPLIT_LEN, BLOCK_N, num_warps, num_stages). The turbo loop is latency-bound
+# (39 µs at 8k against a 9.7 µs issue floor, H100); this is the knob to time.
+TURBO_DECODE_CONFIG: dict[str, int] | None = None
 # Splits merged per step of the decode merge. Fixed: the merge's summation order (so the
 # bits) then depends on the launch config row (split length, warps) only, not on the number
 # of splits.
@@ -236,7 +245,8 @@ def paged_attention(
     paged = (q, k_cache, v_cache, *scales, block_tables, seq_lens)
     window = dict(window=sliding_window or 0, HAS_WINDOW=sliding_window is not None)
     if max_query_len == 1 and num_tokens == num_seqs:
-        cfg = {**decode_config(q, head_dim, max_seq_len), **(config or {})}
+        turbo_cfg = TURBO_DECODE_CONFIG if turbo is not None and q.is_cuda else None
+        cfg = {**decode_config(q, head_dim, max_seq_len), **(turbo_cfg or {}), **(config or {})}
         if split_len:
             cfg["SPLIT_LEN"] = split_len
         return _decode(paged, scale, max_seq_len, cfg, window)
@@ -255,7 +265,7 @@ def _common_args(paged: tuple, out: torch.Tensor) -> tuple[tuple[int, ...], dict
     constexprs = dict(
         HEAD_DIM=head_dim, KV_BLOCK_SIZE=k_cache.shape[1], GROUP=group,
         BLOCK_D=_pow2(head_dim, 16), DOT_PRECISION="ieee" if q.dtype == torch.float32 else "tf32",
-        TURBO_BITS=turbo_bits,
+        TURBO_BITS=turbo_bits, TURBO_SHUFFLE=bool(turbo_bits) and TURBO_LOOKUP_SHUFFLE,
     )  # fmt: skip
     return strides, constexprs
 

@@ -32,6 +32,7 @@ def _block_ids(table_ptr, n, num_blocks, block_size: tl.constexpr):
 def _load_kv_rows(
     cache_ptr, scale_ptr, centroids_ptr, blk, n, n_mask, d, d_mask, block_size: tl.constexpr,
     stride_b, stride_s, HEAD_DIM: tl.constexpr, TURBO_BITS: tl.constexpr,
+    TURBO_SHUFFLE: tl.constexpr,
 ):  # fmt: skip
     """(BLOCK_N, BLOCK_D) rows of key positions `n` held in cache blocks `blk`. TURBO_BITS
     > 0: a TurboQuant cache (`cache_ptr` its codes, `scale_ptr` its scales, both at the KV
@@ -39,7 +40,7 @@ def _load_kv_rows(
     if TURBO_BITS > 0:
         rows = turbo_kv_rows(
             cache_ptr, scale_ptr, centroids_ptr, blk, n, n_mask, d, d_mask, block_size,
-            stride_b, stride_s, HEAD_DIM, TURBO_BITS,
+            stride_b, stride_s, HEAD_DIM, TURBO_BITS, TURBO_SHUFFLE,
         )  # fmt: skip
     else:
         offs = blk[:, None] * stride_b + (n % block_size)[:, None] * stride_s + d[None, :]
@@ -51,18 +52,18 @@ def _load_kv_rows(
 def _load_kv_tiles(
     k_base, v_base, k_scales, v_scales, centroids_ptr, table_ptr, n, n_mask, d, d_mask,
     block_size: tl.constexpr, stride_kb, stride_ks, stride_vb, stride_vs,
-    HEAD_DIM: tl.constexpr, TURBO_BITS: tl.constexpr,
+    HEAD_DIM: tl.constexpr, TURBO_BITS: tl.constexpr, TURBO_SHUFFLE: tl.constexpr,
 ):  # fmt: skip
     """The (BLOCK_N, BLOCK_D) K and V rows `n` of one sequence and KV head, through its block
     table (read once for both)."""
     blk = tl.load(table_ptr + n // block_size, mask=n_mask, other=0).to(tl.int64)
     k = _load_kv_rows(
         k_base, k_scales, centroids_ptr, blk, n, n_mask, d, d_mask, block_size, stride_kb,
-        stride_ks, HEAD_DIM, TURBO_BITS,
+        stride_ks, HEAD_DIM, TURBO_BITS, TURBO_SHUFFLE,
     )  # fmt: skip
     v = _load_kv_rows(
         v_base, v_scales, centroids_ptr, blk, n, n_mask, d, d_mask, block_size, stride_vb,
-        stride_vs, HEAD_DIM, TURBO_BITS,
+        stride_vs, HEAD_DIM, TURBO_BITS, TURBO_SHUFFLE,
     )  # fmt: skip
     return k, v
 
@@ -191,6 +192,7 @@ def decode_kernel(
     REDUCE: tl.constexpr = False,
     USE_PDL: tl.constexpr = False,
     TURBO_BITS: tl.constexpr = 0,  # > 0: a TurboQuant cache of this many bits (kv/turbo.py)
+    TURBO_SHUFFLE: tl.constexpr = False,  # its centroid lookup by shuffles (`turbo_kv_rows`)
 ):
     """Partial attention of one (sequence, KV head) over keys [split * split_len, +split_len)
     (fixed ranges, independent of the batch). Splits past the sequence's end, or wholly
@@ -226,11 +228,11 @@ def decode_kernel(
             n_mask = n < end
             k = _load_kv_rows(
                 k_base, k_scales, centroids_ptr, blk, n, n_mask, d, d_mask, KV_BLOCK_SIZE,
-                stride_kb, stride_ks, HEAD_DIM, TURBO_BITS,
+                stride_kb, stride_ks, HEAD_DIM, TURBO_BITS, TURBO_SHUFFLE,
             )  # fmt: skip
             v = _load_kv_rows(
                 v_base, v_scales, centroids_ptr, blk, n, n_mask, d, d_mask, KV_BLOCK_SIZE,
-                stride_vb, stride_vs, HEAD_DIM, TURBO_BITS,
+                stride_vb, stride_vs, HEAD_DIM, TURBO_BITS, TURBO_SHUFFLE,
             )  # fmt: skip
             blk = _block_ids(table, n + BLOCK_N, table_blocks, KV_BLOCK_SIZE)  # next tile's
             m_i, l_i, acc = _softmax_step(
@@ -315,6 +317,7 @@ def prefill_kernel(
     DOT_PRECISION: tl.constexpr,
     HAS_WINDOW: tl.constexpr = False,
     TURBO_BITS: tl.constexpr = 0,
+    TURBO_SHUFFLE: tl.constexpr = False,
 ):
     seq, kv_head = tl.program_id(1), tl.program_id(2)
     q_tile = tl.num_programs(0) - 1 - tl.program_id(0)  # longest (last) tiles start first
@@ -357,6 +360,7 @@ def prefill_kernel(
         k, v = _load_kv_tiles(
             k_base, v_base, k_scales, v_scales, centroids_ptr, table, n, n_mask, d, d_mask,
             KV_BLOCK_SIZE, stride_kb, stride_ks, stride_vb, stride_vs, HEAD_DIM, TURBO_BITS,
+            TURBO_SHUFFLE,
         )  # fmt: skip
         m_i, l_i, acc = _softmax_step(
             q, k.to(q.dtype), v.to(q.dtype), all_n, m_i, l_i, acc, scale_log2, DOT_PRECISION
@@ -367,6 +371,7 @@ def prefill_kernel(
         k, v = _load_kv_tiles(
             k_base, v_base, k_scales, v_scales, centroids_ptr, table, n, n_mask, d, d_mask,
             KV_BLOCK_SIZE, stride_kb, stride_ks, stride_vb, stride_vs, HEAD_DIM, TURBO_BITS,
+            TURBO_SHUFFLE,
         )  # fmt: skip
         s_mask = n_mask[None, :] & (n[None, :] <= pos[:, None])
         if HAS_WINDOW:

@@ -77,7 +77,7 @@ def turbo_store_kernel(
 def turbo_kv_rows(
     codes_ptr, scales_ptr, centroids_ptr, blk, n, n_mask, d, d_mask,
     block_size: tl.constexpr, stride_b, stride_s,
-    HEAD_DIM: tl.constexpr, BITS: tl.constexpr,
+    HEAD_DIM: tl.constexpr, BITS: tl.constexpr, SHUFFLE: tl.constexpr = False,
 ):  # fmt: skip
     """(BLOCK_N, BLOCK_D) float32 dequantized rotated rows of key positions `n` in cache
     blocks `blk`: `codes_ptr`/`scales_ptr` at the KV head's first row, codes strides
@@ -99,4 +99,10 @@ def turbo_kv_rows(
     idx = tl.reshape(idx, (n.shape[0], d.shape[0]))
     scale_ptrs = scales_ptr + row // (BITS * (HEAD_DIM // 8))
     scale = tl.load(scale_ptrs, mask=n_mask, other=0.0).to(tl.float32)
-    return tl.load(centroids_ptr + idx) * scale[:, None]
+    if SHUFFLE:  # the table in registers, looked up with `tl.gather` (warp shuffles)
+        table = tl.load(centroids_ptr + tl.arange(0, 1 << BITS))
+        table = tl.broadcast_to(table[None, :], (n.shape[0], 1 << BITS))
+        values = tl.gather(table, idx, axis=1)
+    else:  # a load of the (cached) table a coordinate
+        values = tl.load(centroids_ptr + idx)
+    return values * scale[:, None]
