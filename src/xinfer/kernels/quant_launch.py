@@ -6,6 +6,9 @@ PREFILL_MIN_ROWS rows, and expert calls of at least PREFILL_MIN_PAIRS pairs in a
 asks for it (`dequant_experts_in_prefill`), take `quant_prefill` (dequantize to the
 activation dtype, then the bf16 kernels) unless `dequant=False` asks for the in-register
 GEMMs; smaller ones (decode), and the other formats' expert calls, dequantize in registers.
+Act-order int4 weights (a `perm`): linears and the grouped expert GEMMs take x gathered into
+the codes' column order first (`permute_launch`) and run the plain kernels; the MoE GEMV
+loads x through the perm (HAS_PERM).
 
 Determinism: tile sizes depend only on (M bucket, N, K, dtype) for linears and on
 (T*k bucket, H, I, dtype) for experts, never on ids, so an expert's bits do not depend on
