@@ -51,9 +51,12 @@ def test_pack_unpack_round_trip(bits):
     codes = turbo.pack(idx, bits)
     assert codes.shape == (5, 3, bits * 5) and codes.dtype == torch.uint8
     assert torch.equal(turbo.unpack(codes, bits), idx)
-    # plane p, byte j, bit i is bit p of coordinate 8j + i
     one = torch.zeros(1, 16, dtype=torch.long)
     one[0, 9] = 0b101 if bits == 3 else 0b1001
+    if bits == 4:  # two a byte: coordinate 9 in byte 4's high nibble
+        assert turbo.pack(one, bits).view(-1).tolist() == [0, 0, 0, 0, 0x90, 0, 0, 0]
+        return
+    # plane p, byte j, bit i is bit p of coordinate 8j + i
     planes = turbo.pack(one, bits).view(bits, 2)
     assert planes[0].tolist() == [0, 2] and planes[bits - 1].tolist() == [0, 2]
     assert planes[1].tolist() == [0, 0]

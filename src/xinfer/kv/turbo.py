@@ -1,7 +1,10 @@
 """TurboQuant (MSE) KV cache: each (token, KV head) vector x of K and of V is rotated,
 y = R x, and stored as b-bit Lloyd–Max codes c of y / sigma (sigma = |y| / sqrt(D)) plus one
-float16 scale s = <y, c> / <c, c> (the least-squares fit), so y ~ s * c. Codes are packed in
-b bit-planes of D / 8 bytes (plane p holds bit p of every coordinate's index).
+float16 scale s = <y, c> / <c, c> (the least-squares fit), so y ~ s * c. 4-bit codes are
+packed two a byte (coordinate 2j in byte j's low nibble, 2j + 1 in its high one); 3-bit codes
+in 3 bit-planes of D / 8 bytes (plane p holds bit p of every coordinate's index). Either is
+b * D / 8 bytes a row; nibbles because the attention kernels unpack them in two instructions
+a coordinate, where planes took ~28 (SASS, thirtieth session).
 
 Attention never un-rotates the cache: q is rotated once (q R^T), scores and the weighted
 sum of V are taken in rotated space, and the output is rotated back once (out R). This module
@@ -98,9 +101,13 @@ def quantize(
 
 
 def pack(idx: torch.Tensor, bits: int) -> torch.Tensor:
-    """Indices (..., D) → bit-planes (..., bits * D / 8) uint8: plane p's byte j holds bit p
-    of coordinates 8j..8j+7, coordinate 8j + i at bit i."""
+    """Indices (..., D) → codes (..., bits * D / 8) uint8. 4 bits: byte j holds coordinate 2j
+    in its low nibble and 2j + 1 in its high one. 3 bits: bit-planes, plane p's byte j holds
+    bit p of coordinates 8j..8j+7, coordinate 8j + i at bit i."""
     lead, head_dim = idx.shape[:-1], idx.shape[-1]
+    if bits == 4:
+        pairs = idx.reshape(*lead, head_dim // 2, 2)
+        return (pairs[..., 0] | (pairs[..., 1] << 4)).to(torch.uint8)
     octets = idx.reshape(*lead, head_dim // 8, 8)
     weights = 1 << torch.arange(8, device=idx.device)
     planes = [(((octets >> p) & 1) * weights).sum(-1) for p in range(bits)]
@@ -110,6 +117,9 @@ def pack(idx: torch.Tensor, bits: int) -> torch.Tensor:
 def unpack(codes: torch.Tensor, bits: int) -> torch.Tensor:
     """`pack`'s inverse: (..., bits * D / 8) uint8 → indices (..., D) int64."""
     lead, width = codes.shape[:-1], codes.shape[-1]
+    if bits == 4:
+        nibbles = codes.long()
+        return torch.stack((nibbles & 15, nibbles >> 4), -1).reshape(*lead, 2 * width)
     planes = codes.long().reshape(*lead, bits, width // bits, 1)
     bit_of = (planes >> torch.arange(8, device=codes.device)) & 1  # (..., bits, D/8, 8)
     bit_of = bit_of.reshape(*lead, bits, -1)

@@ -1,7 +1,8 @@
 """TurboQuant KV cache (kv/turbo.py) in Triton: the store (one program per token and KV
-head: scale, indices and bit-planes of the rotated k and v rows, float64 like the twin, so
+head: scale, indices and packed codes of the rotated k and v rows, float64 like the twin, so
 both give the same bits) and the row loader the attention kernels call for `TURBO_BITS` > 0
-(bit-planes → indices → centroid table → times the row's scale)."""
+(codes → indices → centroid table → times the row's scale). Codes as `kv/turbo.pack` lays
+them out: 4 bits two a byte (low nibble first), 3 bits in bit-planes."""
 
 from __future__ import annotations
 
@@ -14,7 +15,7 @@ def _quantize_row(
     y_ptr, codes_ptr, scale_ptr, centroids_ptr, boundaries_ptr,
     HEAD_DIM: tl.constexpr, BITS: tl.constexpr, BLOCK_D: tl.constexpr,
 ):  # fmt: skip
-    """One rotated row y (HEAD_DIM,) → BITS planes of HEAD_DIM / 8 bytes and its scale."""
+    """One rotated row y (HEAD_DIM,) → its BITS * HEAD_DIM / 8 bytes of codes and its scale."""
     d = tl.arange(0, BLOCK_D)
     d_mask = d < HEAD_DIM
     y = tl.load(y_ptr + d, mask=d_mask, other=0.0).to(tl.float64)
@@ -30,12 +31,19 @@ def _quantize_row(
     scale = tl.sum(y * c, axis=0) / tl.sum(c * c, axis=0)
     scale = tl.minimum(tl.maximum(scale, -65504.0), 65504.0)
     tl.store(scale_ptr, scale.to(tl.float32).to(tl.float16))
-    octets = tl.reshape(idx, [BLOCK_D // 8, 8])
-    bit = tl.arange(0, 8)[None, :]
-    j = tl.arange(0, BLOCK_D // 8)
-    for p in tl.static_range(BITS):
-        byte = tl.sum(((octets >> p) & 1) << bit, axis=1)
-        tl.store(codes_ptr + p * (HEAD_DIM // 8) + j, byte.to(tl.uint8), mask=j < HEAD_DIM // 8)
+    if BITS == 4:  # two a byte, coordinate 2j in byte j's low nibble
+        pairs = tl.reshape(idx, [BLOCK_D // 2, 2])
+        byte = tl.sum(pairs << (4 * tl.arange(0, 2))[None, :], axis=1)
+        j = tl.arange(0, BLOCK_D // 2)
+        tl.store(codes_ptr + j, byte.to(tl.uint8), mask=j < HEAD_DIM // 2)
+    else:  # bit-planes
+        octets = tl.reshape(idx, [BLOCK_D // 8, 8])
+        bit = tl.arange(0, 8)[None, :]
+        j = tl.arange(0, BLOCK_D // 8)
+        for p in tl.static_range(BITS):
+            byte = tl.sum(((octets >> p) & 1) << bit, axis=1)
+            tl.store(codes_ptr + p * (HEAD_DIM // 8) + j, byte.to(tl.uint8),
+                     mask=j < HEAD_DIM // 8)  # fmt: skip
 
 
 @triton.jit
@@ -82,21 +90,30 @@ def turbo_kv_rows(
     """(BLOCK_N, BLOCK_D) float32 dequantized rotated rows of key positions `n` in cache
     blocks `blk`: `codes_ptr`/`scales_ptr` at the KV head's first row, codes strides
     (stride_b, stride_s) (contiguous caches: a row's scale sits at its codes offset / width).
-    Each plane is read as a (BLOCK_N, BLOCK_D / 8) tile of whole bytes (a row's bytes are
-    contiguous: vector loads), its 8 bits spread along a third axis, the index built from
-    the planes and the tile reshaped so that coordinate d = byte * 8 + bit; columns past
-    HEAD_DIM get index 0 (their q and output columns are masked by the caller)."""
-    BLOCK_B: tl.constexpr = d.shape[0] // 8
+    A row's bytes are contiguous, so they load as vectors: 4-bit codes as a (BLOCK_N,
+    BLOCK_D / 2) tile whose low and high nibbles are joined (coordinate 2j + h); 3-bit codes
+    one plane at a time as (BLOCK_N, BLOCK_D / 8) tiles, the bits spread along a third axis
+    and reshaped (coordinate 8j + i). Columns past HEAD_DIM get index 0 (their q and output
+    columns are masked by the caller). SHUFFLE: the centroid table in registers, looked up
+    with `tl.gather`, instead of a load of the cached table a coordinate."""
     row = blk * stride_b + (n % block_size) * stride_s  # (BLOCK_N,) codes offsets
-    byte = tl.arange(0, BLOCK_B)
-    byte_mask = n_mask[:, None] & (byte < HEAD_DIM // 8)[None, :]
-    byte_ptrs = codes_ptr + row[:, None] + byte[None, :]
-    bit = tl.arange(0, 8)[None, None, :]
-    idx = tl.zeros((n.shape[0], BLOCK_B, 8), tl.int32)
-    for p in tl.static_range(BITS):
-        plane = tl.load(byte_ptrs + p * (HEAD_DIM // 8), mask=byte_mask, other=0).to(tl.int32)
-        idx |= ((plane[:, :, None] >> bit) & 1) << p
-    idx = tl.reshape(idx, (n.shape[0], d.shape[0]))
+    if BITS == 4:  # two a byte: the low and high nibbles joined, coordinate 2j + h
+        half = tl.arange(0, d.shape[0] // 2)
+        half_mask = n_mask[:, None] & (half < HEAD_DIM // 2)[None, :]
+        pairs = tl.load(codes_ptr + row[:, None] + half[None, :], mask=half_mask, other=0)
+        pairs = pairs.to(tl.int32)
+        idx = tl.reshape(tl.join(pairs & 15, pairs >> 4), (n.shape[0], d.shape[0]))
+    else:  # bit-planes: each read as whole bytes, the bits spread along a third axis
+        BLOCK_B: tl.constexpr = d.shape[0] // 8
+        byte = tl.arange(0, BLOCK_B)
+        byte_mask = n_mask[:, None] & (byte < HEAD_DIM // 8)[None, :]
+        byte_ptrs = codes_ptr + row[:, None] + byte[None, :]
+        bit = tl.arange(0, 8)[None, None, :]
+        idx = tl.zeros((n.shape[0], BLOCK_B, 8), tl.int32)
+        for p in tl.static_range(BITS):
+            plane = tl.load(byte_ptrs + p * (HEAD_DIM // 8), mask=byte_mask, other=0)
+            idx |= ((plane.to(tl.int32)[:, :, None] >> bit) & 1) << p
+        idx = tl.reshape(idx, (n.shape[0], d.shape[0]))
     scale_ptrs = scales_ptr + row // (BITS * (HEAD_DIM // 8))
     scale = tl.load(scale_ptrs, mask=n_mask, other=0.0).to(tl.float32)
     if SHUFFLE:  # the table in registers, looked up with `tl.gather` (warp shuffles)
