@@ -2,9 +2,11 @@
 y = R x, and stored as b-bit Lloyd–Max codes c of y / sigma (sigma = |y| / sqrt(D)) plus one
 float16 scale s = <y, c> / <c, c> (the least-squares fit), so y ~ s * c. 4-bit codes are
 packed two a byte (coordinate 2j in byte j's low nibble, 2j + 1 in its high one); 3-bit codes
-in 3 bit-planes of D / 8 bytes (plane p holds bit p of every coordinate's index). Either is
-b * D / 8 bytes a row; nibbles because the attention kernels unpack them in two instructions
-a coordinate, where planes took ~28 (SASS, thirtieth session).
+as their low two bits four a byte (D / 4 bytes, coordinate 4j + i at bits 2i, 2i + 1 of byte
+j) then their high bit eight a byte (D / 8 bytes, coordinate 8j + i at bit i). Either is
+b * D / 8 bytes a row, laid out so that the attention kernels read a row's bytes as vectors
+and unpack them in a few instructions a coordinate (bit-planes took ~28: SASS, thirtieth
+session).
 
 Attention never un-rotates the cache: q is rotated once (q R^T), scores and the weighted
 sum of V are taken in rotated space, and the output is rotated back once (out R). This module
@@ -102,29 +104,32 @@ def quantize(
 
 def pack(idx: torch.Tensor, bits: int) -> torch.Tensor:
     """Indices (..., D) → codes (..., bits * D / 8) uint8. 4 bits: byte j holds coordinate 2j
-    in its low nibble and 2j + 1 in its high one. 3 bits: bit-planes, plane p's byte j holds
-    bit p of coordinates 8j..8j+7, coordinate 8j + i at bit i."""
+    in its low nibble and 2j + 1 in its high one. 3 bits: D / 4 bytes of low bit pairs
+    (coordinate 4j + i at bits 2i, 2i + 1 of byte j), then D / 8 bytes of high bits
+    (coordinate 8j + i at bit i of byte j)."""
     lead, head_dim = idx.shape[:-1], idx.shape[-1]
     if bits == 4:
         pairs = idx.reshape(*lead, head_dim // 2, 2)
         return (pairs[..., 0] | (pairs[..., 1] << 4)).to(torch.uint8)
-    octets = idx.reshape(*lead, head_dim // 8, 8)
-    weights = 1 << torch.arange(8, device=idx.device)
-    planes = [(((octets >> p) & 1) * weights).sum(-1) for p in range(bits)]
-    return torch.cat(planes, -1).to(torch.uint8)
+    if bits != 3:
+        raise ValueError(f"turbo codes are 3 or 4 bits, not {bits}")
+    shifts = torch.arange(4, device=idx.device) * 2
+    low = ((idx & 3).reshape(*lead, head_dim // 4, 4) << shifts).sum(-1)
+    high = (((idx >> 2) & 1).reshape(*lead, head_dim // 8, 8) << torch.arange(8, device=idx.device)).sum(-1)
+    return torch.cat((low, high), -1).to(torch.uint8)
 
 
 def unpack(codes: torch.Tensor, bits: int) -> torch.Tensor:
     """`pack`'s inverse: (..., bits * D / 8) uint8 → indices (..., D) int64."""
     lead, width = codes.shape[:-1], codes.shape[-1]
+    b = codes.long()
     if bits == 4:
-        nibbles = codes.long()
-        return torch.stack((nibbles & 15, nibbles >> 4), -1).reshape(*lead, 2 * width)
-    planes = codes.long().reshape(*lead, bits, width // bits, 1)
-    bit_of = (planes >> torch.arange(8, device=codes.device)) & 1  # (..., bits, D/8, 8)
-    bit_of = bit_of.reshape(*lead, bits, -1)
-    weights = (1 << torch.arange(bits, device=codes.device)).view(bits, 1)
-    return (bit_of * weights).sum(-2)
+        return torch.stack((b & 15, b >> 4), -1).reshape(*lead, 2 * width)
+    head_dim = width * 8 // 3
+    low, high = b[..., : head_dim // 4], b[..., head_dim // 4 :]
+    low = (low.unsqueeze(-1) >> (torch.arange(4, device=b.device) * 2)) & 3
+    high = (high.unsqueeze(-1) >> torch.arange(8, device=b.device)) & 1
+    return low.reshape(*lead, head_dim) | (high.reshape(*lead, head_dim) << 2)
 
 
 def dequantize(

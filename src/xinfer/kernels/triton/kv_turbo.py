@@ -2,7 +2,8 @@
 head: scale, indices and packed codes of the rotated k and v rows, float64 like the twin, so
 both give the same bits) and the row loader the attention kernels call for `TURBO_BITS` > 0
 (codes → indices → centroid table → times the row's scale). Codes as `kv/turbo.pack` lays
-them out: 4 bits two a byte (low nibble first), 3 bits in bit-planes."""
+them out: 4 bits two a byte (low nibble first), 3 bits as low bit pairs four a byte then
+high bits eight a byte."""
 
 from __future__ import annotations
 
@@ -36,14 +37,15 @@ def _quantize_row(
         byte = tl.sum(pairs << (4 * tl.arange(0, 2))[None, :], axis=1)
         j = tl.arange(0, BLOCK_D // 2)
         tl.store(codes_ptr + j, byte.to(tl.uint8), mask=j < HEAD_DIM // 2)
-    else:  # bit-planes
-        octets = tl.reshape(idx, [BLOCK_D // 8, 8])
-        bit = tl.arange(0, 8)[None, :]
+    else:  # 3 bits: the low bit pairs four a byte, then the high bits eight a byte
+        quads = tl.reshape(idx & 3, [BLOCK_D // 4, 4])
+        low = tl.sum(quads << (2 * tl.arange(0, 4))[None, :], axis=1)
+        j = tl.arange(0, BLOCK_D // 4)
+        tl.store(codes_ptr + j, low.to(tl.uint8), mask=j < HEAD_DIM // 4)
+        octets = tl.reshape((idx >> 2) & 1, [BLOCK_D // 8, 8])
+        high = tl.sum(octets << tl.arange(0, 8)[None, :], axis=1)
         j = tl.arange(0, BLOCK_D // 8)
-        for p in tl.static_range(BITS):
-            byte = tl.sum(((octets >> p) & 1) << bit, axis=1)
-            tl.store(codes_ptr + p * (HEAD_DIM // 8) + j, byte.to(tl.uint8),
-                     mask=j < HEAD_DIM // 8)  # fmt: skip
+        tl.store(codes_ptr + HEAD_DIM // 4 + j, high.to(tl.uint8), mask=j < HEAD_DIM // 8)
 
 
 @triton.jit
@@ -92,8 +94,7 @@ def turbo_kv_rows(
     (stride_b, stride_s) (contiguous caches: a row's scale sits at its codes offset / width).
     A row's bytes are contiguous, so they load as vectors: 4-bit codes as a (BLOCK_N,
     BLOCK_D / 2) tile whose low and high nibbles are joined (coordinate 2j + h); 3-bit codes
-    one plane at a time as (BLOCK_N, BLOCK_D / 8) tiles, the bits spread along a third axis
-    and reshaped (coordinate 8j + i). Columns past HEAD_DIM get index 0 (their q and output
+    as a tile of low bit pairs and one of high bits, each unpacked by nested joins. Columns past HEAD_DIM get index 0 (their q and output
     columns are masked by the caller). SHUFFLE: the centroid table in registers, looked up
     with `tl.gather`, instead of a load of the cached table a coordinate."""
     row = blk * stride_b + (n % block_size) * stride_s  # (BLOCK_N,) codes offsets
@@ -103,17 +104,21 @@ def turbo_kv_rows(
         pairs = tl.load(codes_ptr + row[:, None] + half[None, :], mask=half_mask, other=0)
         pairs = pairs.to(tl.int32)
         idx = tl.reshape(tl.join(pairs & 15, pairs >> 4), (n.shape[0], d.shape[0]))
-    else:  # bit-planes: each read as whole bytes, the bits spread along a third axis
-        BLOCK_B: tl.constexpr = d.shape[0] // 8
-        byte = tl.arange(0, BLOCK_B)
-        byte_mask = n_mask[:, None] & (byte < HEAD_DIM // 8)[None, :]
-        byte_ptrs = codes_ptr + row[:, None] + byte[None, :]
-        bit = tl.arange(0, 8)[None, None, :]
-        idx = tl.zeros((n.shape[0], BLOCK_B, 8), tl.int32)
-        for p in tl.static_range(BITS):
-            plane = tl.load(byte_ptrs + p * (HEAD_DIM // 8), mask=byte_mask, other=0)
-            idx |= ((plane.to(tl.int32)[:, :, None] >> bit) & 1) << p
-        idx = tl.reshape(idx, (n.shape[0], d.shape[0]))
+    else:  # 3 bits: low bit pairs (coordinate 4j + i), then high bits (8j + i), joined
+        quad = tl.arange(0, d.shape[0] // 4)
+        q_mask = n_mask[:, None] & (quad < HEAD_DIM // 4)[None, :]
+        c = tl.load(codes_ptr + row[:, None] + quad[None, :], mask=q_mask, other=0).to(tl.int32)
+        low = tl.join(tl.join(c & 3, (c >> 4) & 3), tl.join((c >> 2) & 3, (c >> 6) & 3))
+        octet = tl.arange(0, d.shape[0] // 8)
+        o_mask = n_mask[:, None] & (octet < HEAD_DIM // 8)[None, :]
+        h = tl.load(codes_ptr + row[:, None] + HEAD_DIM // 4 + octet[None, :], mask=o_mask,
+                    other=0).to(tl.int32)  # fmt: skip
+        high = tl.join(
+            tl.join(tl.join(h & 1, (h >> 4) & 1), tl.join((h >> 2) & 1, (h >> 6) & 1)),
+            tl.join(tl.join((h >> 1) & 1, (h >> 5) & 1), tl.join((h >> 3) & 1, (h >> 7) & 1)),
+        )  # [.., a, b, c] = bit 4a + 2b + c (a join's new axis is last)
+        low = tl.reshape(low, (n.shape[0], d.shape[0]))
+        idx = low | (tl.reshape(high, (n.shape[0], d.shape[0])) << 2)
     scale_ptrs = scales_ptr + row // (BITS * (HEAD_DIM // 8))
     scale = tl.load(scale_ptrs, mask=n_mask, other=0.0).to(tl.float32)
     if SHUFFLE:  # the table in registers, looked up with `tl.gather` (warp shuffles)
