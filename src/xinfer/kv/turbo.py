@@ -113,9 +113,9 @@ def pack(idx: torch.Tensor, bits: int) -> torch.Tensor:
         return (pairs[..., 0] | (pairs[..., 1] << 4)).to(torch.uint8)
     if bits != 3:
         raise ValueError(f"turbo codes are 3 or 4 bits, not {bits}")
-    shifts = torch.arange(4, device=idx.device) * 2
-    low = ((idx & 3).reshape(*lead, head_dim // 4, 4) << shifts).sum(-1)
-    high = (((idx >> 2) & 1).reshape(*lead, head_dim // 8, 8) << torch.arange(8, device=idx.device)).sum(-1)
+    shifts = torch.arange(8, device=idx.device)
+    low = ((idx & 3).reshape(*lead, head_dim // 4, 4) << (2 * shifts[:4])).sum(-1)
+    high = (((idx >> 2) & 1).reshape(*lead, head_dim // 8, 8) << shifts).sum(-1)
     return torch.cat((low, high), -1).to(torch.uint8)
 
 

@@ -94,9 +94,10 @@ def turbo_kv_rows(
     (stride_b, stride_s) (contiguous caches: a row's scale sits at its codes offset / width).
     A row's bytes are contiguous, so they load as vectors: 4-bit codes as a (BLOCK_N,
     BLOCK_D / 2) tile whose low and high nibbles are joined (coordinate 2j + h); 3-bit codes
-    as a tile of low bit pairs and one of high bits, each unpacked by nested joins. Columns past HEAD_DIM get index 0 (their q and output
-    columns are masked by the caller). SHUFFLE: the centroid table in registers, looked up
-    with `tl.gather`, instead of a load of the cached table a coordinate."""
+    as a tile of low bit pairs and one of high bits, each unpacked by nested joins. Columns
+    past HEAD_DIM get index 0 (their q and output columns are masked by the caller).
+    SHUFFLE: the centroid table in registers, looked up with `tl.gather`, instead of a load
+    of the cached table a coordinate."""
     row = blk * stride_b + (n % block_size) * stride_s  # (BLOCK_N,) codes offsets
     if BITS == 4:  # two a byte: the low and high nibbles joined, coordinate 2j + h
         half = tl.arange(0, d.shape[0] // 2)
