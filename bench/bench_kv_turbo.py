@@ -139,14 +139,18 @@ def store_row(kind: str, batch: int) -> dict:
     return dict(kind=kind, what="store", batch=batch, us=sec * 1e6)
 
 
-def main() -> None:
+def build_parser() -> argparse.ArgumentParser:
     ap = argparse.ArgumentParser()
     ap.add_argument("--kinds", default="bf16,fp8,turbo4,turbo3")
     ap.add_argument("--batches", default="1,8")
     ap.add_argument("--contexts", default="8192,32768")
     ap.add_argument("--variants", default="base")
     ap.add_argument("--out", default=None)
-    args = ap.parse_args()
+    return ap
+
+
+def main() -> None:
+    args = build_parser().parse_args()
     variants = [v.strip() for v in args.variants.split(";") if v.strip()]
     for v in variants:  # a typo stops the run before anything is timed
         set_variant(v)

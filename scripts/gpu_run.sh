@@ -64,6 +64,8 @@ for phase in "$@"; do
     quantoff) timeout 580 python3 bench/bench_quant.py --parts offload --formats ${QUANT_FORMATS:-fp8} --offload-args="${QUANT_OFFLOAD_ARGS:-}" --out "$OUT/quant_offload" 2>&1 | tail -30 | tee "$OUT/quant_offload.txt" ;;
     moebench) timeout 90 python3 bench/bench_moe_kernel.py 2>&1 | tail -30 | tee "$OUT/moe_kernel.txt" ;;
     attnbench) timeout 90 python3 bench/bench_attention_kernel.py 2>&1 | tail -30 | tee "$OUT/attn_kernel.txt" ;;
+    # decode attention on bf16 / fp8 / turbo caches, the turbo switches A/B (bench_kv_turbo.py)
+    turbobench) timeout ${TURBO_TIMEOUT:-300} python3 bench/bench_kv_turbo.py --kinds ${TURBO_KINDS:-bf16,turbo4,turbo3} --variants "${TURBO_VARIANTS:-base;shuffle;block16;shuffle,block16;stages2}" --out "$OUT/kv_turbo.json" 2>&1 | grep -v "^{" | tail -60 | tee "$OUT/kv_turbo.txt" ;;
     # the host first: fill kernel and copy engine rates (SLOW HOST line), by kind of pinned
     # memory unless HOSTCHECK_KINDS=0
     hostcheck) timeout 60 python3 bench/offload_bench/bandwidth.py 2>&1 | tee "$OUT/host_bandwidth.json" | tail -3
