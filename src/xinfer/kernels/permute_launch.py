@@ -28,13 +28,13 @@ def pair_rows(
     hidden: torch.Tensor, topk_ids: torch.Tensor, perm: torch.Tensor, out: torch.Tensor
 ) -> torch.Tensor:
     """out (T*k, H): row p = hidden[p // k] in the column order of expert topk_ids[p]'s
-    w13 (`perm` (E, H)); the routed experts' prefill GEMM then reads it with TOP_K 1. `out`
-    may be the call's expert-output buffer (written only after the gate/up GEMM read it)."""
+    w13 (`perm` (E, H)); the routed experts' gate/up kernels then read it with TOP_K 1. `out`
+    may be the call's expert-output buffer (written only after the gate/up kernel read it)."""
     pairs, k = topk_ids.numel(), hidden.shape[1]
     if pairs and k:
         block = min(1024, triton.next_power_of_2(k))
         jit.permute_pair_rows_kernel[(pairs, triton.cdiv(k, block))](
             hidden, topk_ids, perm, out, k, hidden.stride(0), perm.stride(0), out.stride(0),
-            TOP_K=topk_ids.shape[1], BLOCK_K=block,
+            TOP_K=topk_ids.shape[1], BLOCK_K=block, **pdl.options(hidden),
         )  # fmt: skip
     return out

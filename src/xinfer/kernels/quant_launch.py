@@ -6,9 +6,9 @@ PREFILL_MIN_ROWS rows, and expert calls of at least PREFILL_MIN_PAIRS pairs in a
 asks for it (`dequant_experts_in_prefill`), take `quant_prefill` (dequantize to the
 activation dtype, then the bf16 kernels) unless `dequant=False` asks for the in-register
 GEMMs; smaller ones (decode), and the other formats' expert calls, dequantize in registers.
-Act-order int4 weights (a `perm`): linears and the grouped expert GEMMs take x gathered into
-the codes' column order first (`permute_launch`) and run the plain kernels; the MoE GEMV
-loads x through the perm (HAS_PERM).
+Act-order int4 weights (a `perm`): linears and the expert kernels take x gathered into the
+codes' column order first (`permute_launch`; for the experts one row a pair, read with TOP_K
+1) and run the plain kernels.
 
 Determinism: tile sizes depend only on (M bucket, N, K, dtype) for linears and on
 (T*k bucket, H, I, dtype) for experts, never on ids, so an expert's bits do not depend on
@@ -170,14 +170,6 @@ def _args(kw: KernelWeights, expert_dim: bool) -> tuple:
             z.stride(0), z.stride(1),
         )  # fmt: skip
     return (kw.w, kw.s, z), (kw.w.stride(0), kw.s.stride(0), z.stride(0) if z.dim() > 1 else 1)
-
-
-def _perm_args(kw: KernelWeights) -> tuple:
-    """(perm, its expert stride) of an act-order expert set (`kw.perm` (E, K): the MoE GEMV's
-    HAS_PERM), or a placeholder the kernel never reads."""
-    if kw.perm is None:
-        return kw.s, 0
-    return kw.perm, kw.perm.stride(0)
 
 
 def words(kw: KernelWeights, block_k: int, k: int) -> bool:
@@ -364,16 +356,17 @@ def fused_moe(
     inter_buf = hidden.new_empty(num_pairs, inter)  # (T*k, I)
     y = hidden.new_empty(num_pairs, hidden_dim)  # (T*k, H) unweighted expert outputs
     (a13, s13), (a2, s2) = _args(kw13, True), _args(kw2, True)
+    x13, x13_top_k = hidden, top_k
+    if kw13.perm is not None:  # act-order: a row a pair in its expert's order, in y
+        x13, x13_top_k = permute_launch.pair_rows(hidden, topk_ids, kw13.perm, y), 1
     if use_gemv:
-        p13, sp13 = _perm_args(kw13)  # act-order: x loaded through perm (HAS_PERM)
-        perm13 = {"HAS_PERM": True} if kw13.perm is not None else {}
         t = tiles or gemv_tiles(fmt, kw13)
         factored = FACTORED if t.factored is None else t.factored
         grid = (num_pairs, triton.cdiv(inter, t.block_n))
         moe_jit.quant_moe_gate_up_gemv_kernel[grid](
-            hidden, topk_ids, *a13, p13, inter_buf, hidden_dim, inter,
-            hidden.stride(0), *s13, sp13, inter_buf.stride(0),
-            **_fmt_kw(kw13), **perm13, PACKED=packed(kw13), TOP_K=top_k, BLOCK_N=t.block_n,
+            x13, topk_ids, *a13, inter_buf, hidden_dim, inter,
+            x13.stride(0), *s13, inter_buf.stride(0),
+            **_fmt_kw(kw13), PACKED=packed(kw13), TOP_K=x13_top_k, BLOCK_N=t.block_n,
             BLOCK_K=t.block_k, GROUP_T=group_t(kw13, t.block_k, hidden_dim),
             FACTORED=factored, WORDS=words(kw13, t.block_k, hidden_dim),
             EVEN=even(inter, hidden_dim, t.block_n, t.block_k), JOINED=t.joined,
@@ -402,9 +395,6 @@ def fused_moe(
         common = dict(BLOCK_M=t.block_m, BLOCK_N=t.block_n, BLOCK_K=t.block_k,
                       DOT_PRECISION=_precision(hidden.dtype), num_warps=t.num_warps,
                       num_stages=t.num_stages)  # fmt: skip
-        x13, x13_top_k = hidden, top_k
-        if kw13.perm is not None:  # act-order: a row a pair in its expert's order, in y
-            x13, x13_top_k = permute_launch.pair_rows(hidden, topk_ids, kw13.perm, y), 1
         grid = (block_ids.numel() * triton.cdiv(inter, t.block_n),)
         moe_jit.quant_moe_gate_up_grouped_kernel[grid](
             x13, sorted_pairs, block_ids, num_rows, *a13, inter_buf,

@@ -5,10 +5,10 @@ with the routed-expert kernels of `quant_moe.py` (`_row_dot`). Weights are read 
 stored bytes and dequantized in registers by `quant_dequant.load_weight_tile`, then rounded
 to the activation dtype as the twins do (they dequantize to it before multiplying).
 
-Act-order int4 (`quant/act_order.py`): the weight's column j multiplies x[perm[j]]. The
-linears take x already gathered into that order (`triton/permute.py`); `_row_dot` (the MoE
-GEMV's) loads x through `p_ptr` with HAS_PERM (`_x_cols`). Down projections take no perm (an
-expert's w2 order is folded into its gate/up rows at load)."""
+Act-order int4 (`quant/act_order.py`): the weight's column j multiplies x[perm[j]]; these
+kernels take x already gathered into that order (`triton/permute.py`), so they are the plain
+ones. Down projections take no perm (an expert's w2 order is folded into its gate/up rows at
+load)."""
 
 from __future__ import annotations
 
@@ -27,27 +27,12 @@ from xinfer.kernels.triton.quant_dequant import (
 
 
 @triton.jit
-def _x_cols(p_ptr, ks, k_end, EVEN: tl.constexpr, HAS_PERM: tl.constexpr):
-    """Where x holds the input of the weight's columns `ks`: `ks` itself, or with HAS_PERM
-    perm[ks] (int32; masked columns 0)."""
-    if HAS_PERM:
-        if EVEN:
-            xk = tl.load(p_ptr + ks).to(tl.int32)
-        else:
-            xk = tl.load(p_ptr + ks, mask=ks < k_end, other=0).to(tl.int32)
-    else:
-        xk = ks
-    return xk
-
-
-@triton.jit
-def _x_tile(x_row, xk, ks, k_end, EVEN: tl.constexpr):
-    """The activations of x row `x_row` for the weight's columns `ks` (the tile's full shape),
-    found at `xk` (`_x_cols`)."""
+def _x_tile(x_row, ks, k_end, EVEN: tl.constexpr):
+    """The activations of x row `x_row` for the weight's columns `ks` (the tile's full shape)."""
     if EVEN:
-        x = tl.load(x_row + xk)
+        x = tl.load(x_row + ks)
     else:
-        x = tl.load(x_row + xk, mask=ks < k_end, other=0.0)
+        x = tl.load(x_row + ks, mask=ks < k_end, other=0.0)
     return x.to(tl.float32)
 
 
@@ -120,12 +105,11 @@ def _pair_step(
 
 @triton.jit
 def _row_dot(
-    x_ptr, w_ptr, s_ptr, z_ptr, p_ptr, offs_n, mask_n, row_offset, row_offset2, k_begin, k_dim,
+    x_ptr, w_ptr, s_ptr, z_ptr, offs_n, mask_n, row_offset, row_offset2, k_begin, k_dim,
     stride_wn, stride_sn, stride_zn,
     FMT: tl.constexpr, SCALE_BN: tl.constexpr, SCALE_BK: tl.constexpr, HAS_ZERO: tl.constexpr,
     PACKED: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr, GROUP_T: tl.constexpr,
     FACTORED: tl.constexpr, WORDS: tl.constexpr, EVEN: tl.constexpr, PAIR: tl.constexpr,
-    HAS_PERM: tl.constexpr,
 ):  # fmt: skip
     """A pair of (BLOCK_N,) float32 sums: x[k_begin:k_dim] · dequant(W[row_offset + offs_n,
     k_begin:k_dim]) (k_begin a multiple of BLOCK_K: a split of a linear's K, else 0), and with
@@ -152,9 +136,7 @@ def _row_dot(
     barriers (sm_90 SASS, `bench/sass_report.py --cases linear-nvfp4`).
 
     EVEN (N and the K range whole tiles: `quant_launch.even`): the word and FP8 paths load
-    codes and x without masks (NVFP4 linear's loop 148 → ~125 instructions).
-
-    HAS_PERM: x is read through `p_ptr` (`_x_cols`), once for both tiles of a PAIR."""
+    codes and x without masks (NVFP4 linear's loop 148 → ~125 instructions)."""
     dtype = x_ptr.dtype.element_ty
     rows = offs_n + row_offset
     rows2 = offs_n + row_offset2
@@ -169,7 +151,7 @@ def _row_dot(
         acc2 = acc
         for k0 in range(k_begin, k_dim, BLOCK_K):
             ks = k0 + cols
-            x = _x_tile(x_ptr, _x_cols(p_ptr, ks, k_dim, EVEN, HAS_PERM), ks, k_dim, EVEN)
+            x = _x_tile(x_ptr, ks, k_dim, EVEN)
             acc = _col_step(
                 acc, x, w_ptr, s_ptr, z_ptr, rows, k0, mask_n, k_dim, stride_wn, stride_sn,
                 stride_zn, dtype, FMT, SCALE_BN, SCALE_BK, HAS_ZERO, PACKED, BLOCK_K, GROUP_T,
@@ -191,10 +173,8 @@ def _row_dot(
         for k0 in range(k_begin, k_dim, BLOCK_K):
             ke = k0 + pcols
             mask_p = ke < k_dim  # K is even for 4-bit formats: the odd column follows
-            xe_at = _x_cols(p_ptr, ke, k_dim, False, HAS_PERM)
-            xo_at = _x_cols(p_ptr, ke + 1, k_dim, False, HAS_PERM)
-            xe = tl.load(x_ptr + xe_at, mask=mask_p, other=0.0).to(tl.float32)[None, :, :]
-            xo = tl.load(x_ptr + xo_at, mask=mask_p, other=0.0).to(tl.float32)[None, :, :]
+            xe = tl.load(x_ptr + ke, mask=mask_p, other=0.0).to(tl.float32)[None, :, :]
+            xo = tl.load(x_ptr + ke + 1, mask=mask_p, other=0.0).to(tl.float32)[None, :, :]
             acc = _pair_step(
                 acc, xe, xo, w_ptr, s_ptr, z_ptr, rows, k0, mask_n, k_dim, stride_wn, stride_sn,
                 stride_zn, dtype, FMT, SCALE_BK, HAS_ZERO, BLOCK_K, GROUP_T, FACTORED,
@@ -283,9 +263,9 @@ def quant_linear_gemv_kernel(
     k_begin = split * k_per_split
     k_end = tl.minimum(K, k_begin + k_per_split)
     acc, _ = _row_dot(
-        x_ptr + m.to(tl.int64) * stride_xm, w_ptr, s_ptr, z_ptr, x_ptr, offs_n, mask_n, 0, 0,
+        x_ptr + m.to(tl.int64) * stride_xm, w_ptr, s_ptr, z_ptr, offs_n, mask_n, 0, 0,
         k_begin, k_end, stride_wn, stride_sn, stride_zn, FMT, SCALE_BN, SCALE_BK, HAS_ZERO,
-        PACKED, BLOCK_N, BLOCK_K, GROUP_T, FACTORED, WORDS, EVEN, False, False,
+        PACKED, BLOCK_N, BLOCK_K, GROUP_T, FACTORED, WORDS, EVEN, False,
     )  # fmt: skip
     offs_m = m + tl.arange(0, 1)
     store_split_tile(
@@ -335,14 +315,14 @@ def quant_linear_rows_kernel(
             FMT, SCALE_BN, SCALE_BK, HAS_ZERO, PACKED, BLOCK_K, GROUP_T, EVEN,
         )  # fmt: skip
         ks = k0 + cols
-        acc0 += tl.sum(v * _x_tile(x0, ks, ks, k_end, EVEN), axis=2) * sc
+        acc0 += tl.sum(v * _x_tile(x0, ks, k_end, EVEN), axis=2) * sc
         if ROWS > 1:
             if m0 + 1 < M:
-                acc1 += tl.sum(v * _x_tile(x0 + stride_xm, ks, ks, k_end, EVEN), axis=2) * sc
+                acc1 += tl.sum(v * _x_tile(x0 + stride_xm, ks, k_end, EVEN), axis=2) * sc
             if m0 + 2 < M:
-                acc2 += tl.sum(v * _x_tile(x0 + 2 * stride_xm, ks, ks, k_end, EVEN), axis=2) * sc
+                acc2 += tl.sum(v * _x_tile(x0 + 2 * stride_xm, ks, k_end, EVEN), axis=2) * sc
             if m0 + 3 < M:
-                acc3 += tl.sum(v * _x_tile(x0 + 3 * stride_xm, ks, ks, k_end, EVEN), axis=2) * sc
+                acc3 += tl.sum(v * _x_tile(x0 + 3 * stride_xm, ks, k_end, EVEN), axis=2) * sc
     y = four_rows(tl.sum(acc0, axis=1), tl.sum(acc1, axis=1), tl.sum(acc2, axis=1),
                   tl.sum(acc3, axis=1))  # fmt: skip
     offs_m = m0 + tl.arange(0, 4)

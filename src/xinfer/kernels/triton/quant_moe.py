@@ -2,9 +2,9 @@
 `xinfer.kernels.quant_launch`): GEMV kernels over (token, k) pairs for decode, on the row
 loop of the linears (`quant_gemm._row_dot`), and grouped GEMMs over rows sorted by expert
 for prefill. Experts and slots are addressed only through `ids`, so an expert's bits do not
-depend on where it is held. Act-order int4: the gate/up GEMV loads x through the expert's
-perm (HAS_PERM); the grouped gate/up GEMM takes rows already gathered into that order
-(`triton/permute.py`); the down projections take none (folded into gate/up's rows at load)."""
+depend on where it is held. Act-order int4: the gate/up kernels take x rows already gathered
+into each pair's expert order (`triton/permute.py`, with TOP_K 1); the down projections take
+none (folded into gate/up's rows at load)."""
 
 from __future__ import annotations
 
@@ -20,17 +20,17 @@ from xinfer.kernels.triton.quant_gemm import _row_dot
 
 @triton.jit
 def quant_moe_gate_up_gemv_kernel(
-    x_ptr, ids_ptr, w_ptr, s_ptr, z_ptr, p_ptr, inter_ptr,
+    x_ptr, ids_ptr, w_ptr, s_ptr, z_ptr, inter_ptr,
     hidden_dim, inter_dim,
-    stride_xt, stride_we, stride_wn, stride_se, stride_sn, stride_ze, stride_zn, stride_pe,
-    stride_it,
+    stride_xt, stride_we, stride_wn, stride_se, stride_sn, stride_ze, stride_zn, stride_it,
     FMT: tl.constexpr, SCALE_BN: tl.constexpr, SCALE_BK: tl.constexpr, HAS_ZERO: tl.constexpr,
     PACKED: tl.constexpr, TOP_K: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr,
     GROUP_T: tl.constexpr, FACTORED: tl.constexpr, WORDS: tl.constexpr, EVEN: tl.constexpr,
     JOINED: tl.constexpr,
-    USE_PDL: tl.constexpr = False, HAS_PERM: tl.constexpr = False,
+    USE_PDL: tl.constexpr = False,
 ):  # fmt: skip
-    """grid (T*k, cdiv(I, BLOCK_N)): inter[pair, n] = silu(x·W13[e, n]) * (x·W13[e, I + n]);
+    """grid (T*k, cdiv(I, BLOCK_N)): inter[pair, n] = silu(x·W13[e, n]) * (x·W13[e, I + n])
+    with x row pair // TOP_K (act-order codes: rows gathered a pair, TOP_K 1);
     JOINED reads the gate and up tiles in one loop (half the dependent iterations), otherwise
     one loop after the other. Each sum's arithmetic is the same: same bits."""
     wait_for_producers(USE_PDL)
@@ -41,24 +41,23 @@ def quant_moe_gate_up_gemv_kernel(
     offs_n = pid_n * BLOCK_N + tl.arange(0, BLOCK_N)
     mask_n = offs_n < inter_dim
     w_e, s_e, z_e = w_ptr + e * stride_we, s_ptr + e * stride_se, z_ptr + e * stride_ze
-    p_e = p_ptr + e * stride_pe
     x_row = x_ptr + tok * stride_xt
     if JOINED:  # gate and up tiles in one loop
         g, u = _row_dot(
-            x_row, w_e, s_e, z_e, p_e, offs_n, mask_n, 0, inter_dim, 0, hidden_dim, stride_wn,
+            x_row, w_e, s_e, z_e, offs_n, mask_n, 0, inter_dim, 0, hidden_dim, stride_wn,
             stride_sn, stride_zn, FMT, SCALE_BN, SCALE_BK, HAS_ZERO, PACKED, BLOCK_N, BLOCK_K,
-            GROUP_T, FACTORED, WORDS, EVEN, True, HAS_PERM,
+            GROUP_T, FACTORED, WORDS, EVEN, True,
         )  # fmt: skip
     else:
         g, _ = _row_dot(
-            x_row, w_e, s_e, z_e, p_e, offs_n, mask_n, 0, 0, 0, hidden_dim, stride_wn, stride_sn,
+            x_row, w_e, s_e, z_e, offs_n, mask_n, 0, 0, 0, hidden_dim, stride_wn, stride_sn,
             stride_zn, FMT, SCALE_BN, SCALE_BK, HAS_ZERO, PACKED, BLOCK_N, BLOCK_K, GROUP_T,
-            FACTORED, WORDS, EVEN, False, HAS_PERM,
+            FACTORED, WORDS, EVEN, False,
         )  # fmt: skip
         u, _ = _row_dot(
-            x_row, w_e, s_e, z_e, p_e, offs_n, mask_n, inter_dim, 0, 0, hidden_dim, stride_wn,
+            x_row, w_e, s_e, z_e, offs_n, mask_n, inter_dim, 0, 0, hidden_dim, stride_wn,
             stride_sn, stride_zn, FMT, SCALE_BN, SCALE_BK, HAS_ZERO, PACKED, BLOCK_N, BLOCK_K,
-            GROUP_T, FACTORED, WORDS, EVEN, False, HAS_PERM,
+            GROUP_T, FACTORED, WORDS, EVEN, False,
         )  # fmt: skip
     h = _silu_mul(g, u, inter_ptr.dtype.element_ty)
     tl.store(inter_ptr + pair.to(tl.int64) * stride_it + offs_n, h, mask=mask_n)
@@ -86,9 +85,9 @@ def quant_moe_down_gemv_kernel(
     mask_n = offs_n < hidden_dim
     w_e, s_e, z_e = w_ptr + e * stride_we, s_ptr + e * stride_se, z_ptr + e * stride_ze
     y, _ = _row_dot(
-        inter_ptr + pair * stride_it, w_e, s_e, z_e, w_e, offs_n, mask_n, 0, 0, 0, inter_dim,
+        inter_ptr + pair * stride_it, w_e, s_e, z_e, offs_n, mask_n, 0, 0, 0, inter_dim,
         stride_wn, stride_sn, stride_zn, FMT, SCALE_BN, SCALE_BK, HAS_ZERO, PACKED, BLOCK_N,
-        BLOCK_K, GROUP_T, FACTORED, WORDS, EVEN, False, False,
+        BLOCK_K, GROUP_T, FACTORED, WORDS, EVEN, False,
     )  # fmt: skip
     tl.store(y_ptr + pair * stride_yt + offs_n, y.to(y_ptr.dtype.element_ty), mask=mask_n)
     if COMBINE:
