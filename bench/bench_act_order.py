@@ -1,4 +1,4 @@
-"""Act-order GPTQ (desc_act: x loaded through each weight's perm) against plain GPTQ on the
+"""Act-order GPTQ (desc_act: x gathered through each weight's perm) against plain GPTQ on the
 same shapes and codes, on one GPU: decode linears (qkv 5120 x 2048, o_proj 2048 x 4096 at 1
 and 8 rows), prefill linears (2,048 rows), the routed experts of Qwen3-30B-A3B (H 2048, I 768,
 128 experts, top 8) at 1, 8 and 2,048 tokens. Each act-order result is first checked against

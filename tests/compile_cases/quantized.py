@@ -25,7 +25,7 @@ def _formats() -> dict:
         "gptq-g128-sym": GptqInt4(group_size=128, has_zero=False),
         "gptq-g128-asym": GptqInt4(group_size=128, has_zero=True),
         "gptq-per-row-sym": GptqInt4(group_size=0, has_zero=False),
-        # act-order: x loaded through the weight's perm (HAS_PERM), w13 per expert
+        # act-order: x gathered into the weight's perm order first, w13 per expert
         "gptq-g128-asym-actorder": GptqInt4(group_size=128, has_zero=True, act_order=True),
         "awq-g128": AwqInt4(group_size=128, has_zero=True),
         "ct-g32-asym-bf16": PackQuantizedInt4(32, True, torch.bfloat16),

@@ -1,10 +1,11 @@
-"""Act-order int4 (GPTQ desc_act: `perm`, x loaded through it) in the quantized kernels, run
-by Triton's CPU interpreter: every kernel that reads a perm (decode GEMV one-row and
-four-row, in both code reads, the dot-tile linear, the MoE gate/up GEMV and grouped GEMM,
-the dequant kernel) equals the format's twin, and a weight with a perm gives exactly the
-bits of the plain int4 kernel on its sorted codes with x's columns permuted beforehand (the
-gather is the only change; without a perm the kernels are the plain ones, which
-test_quant_kernels_interpret.py checks against their twins).
+"""Act-order int4 (GPTQ desc_act: `perm`, x gathered through it) in the quantized kernels,
+run by Triton's CPU interpreter: every path that takes a perm (decode GEMV one-row and
+four-row, in both code reads, the dot-tile linear, the MoE gate/up GEMV and grouped GEMM —
+each after `permute_launch`'s gather — and the dequant kernel) equals the format's twin, and
+a weight with a perm gives exactly the bits of the plain int4 kernel on its sorted codes
+with x's columns permuted beforehand (the gather is the only change; without a perm the
+kernels are the plain ones, which test_quant_kernels_interpret.py checks against their
+twins).
 
 Runs in a child pytest with TRITON_INTERPRET=1 (see interpreter_child.py)."""
 
