@@ -26,7 +26,7 @@ FORMATS = {
     "awq": AwqInt4(group_size=128, has_zero=True),
     "ct-g32": PackQuantizedInt4(32, False, torch.bfloat16),
     "nvfp4": Nvfp4(),
-    # act-order: x gathered into each weight's perm order first (a random order per weight and expert)
+    # act-order: x gathered into each weight's perm order first (random per weight and expert)
     "gptq-actorder": GptqInt4(group_size=128, has_zero=True, act_order=True),
     "gptq-actorder-sym": GptqInt4(group_size=128, has_zero=False, act_order=True),
 }
