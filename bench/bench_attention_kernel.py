@@ -31,6 +31,7 @@ from pathlib import Path
 
 import torch
 import torch.nn.functional as F
+from cuda_timing import calls_graph_seconds as graph_timed  # noqa: E402
 from cuda_timing import cuda_seconds as timed  # noqa: E402
 from cuda_timing import device_copy_bandwidth
 
@@ -65,21 +66,6 @@ def parse_args() -> argparse.Namespace:
     p.add_argument("--sweep-iters", type=int, default=10, help="graph replays per sweep timing")
     p.add_argument("--sweep-prefill", action="store_true", help="only sweep the prefill tiles")
     return p.parse_args()
-
-
-def graph_timed(calls: list, iters: int) -> float:
-    """Mean seconds per call when `calls` are replayed back to back in one CUDA graph."""
-    stream = torch.cuda.Stream()
-    stream.wait_stream(torch.cuda.current_stream())
-    with torch.cuda.stream(stream):
-        for fn in calls:
-            fn()  # compile outside the capture
-    torch.cuda.current_stream().wait_stream(stream)
-    graph = torch.cuda.CUDAGraph()
-    with torch.cuda.graph(graph):
-        for fn in calls:
-            fn()
-    return timed(graph.replay, iters) / len(calls)
 
 
 def paged_case(a, seq_lens: list[int], query_lens: list[int], layers: int = 1):

@@ -28,7 +28,7 @@ import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "src"))
-from cuda_timing import cuda_seconds  # noqa: E402
+from cuda_timing import calls_graph_seconds  # noqa: E402
 
 from xinfer import kernels  # noqa: E402
 from xinfer.kernels import attn_launch  # noqa: E402
@@ -58,20 +58,6 @@ def _cache(kind: str, num_blocks: int):
 def _kv_bytes(kind: str, tokens: int) -> int:
     row = {"bf16": 2 * D, "fp8": D}.get(kind) or (int(kind[-1]) * D // 8 + 2)
     return 2 * tokens * HK * row
-
-
-def _graph_seconds(calls: list, iters: int = 20) -> float:
-    stream = torch.cuda.Stream()
-    stream.wait_stream(torch.cuda.current_stream())
-    with torch.cuda.stream(stream):
-        for fn in calls:
-            fn()
-    torch.cuda.current_stream().wait_stream(stream)
-    graph = torch.cuda.CUDAGraph()
-    with torch.cuda.graph(graph):
-        for fn in calls:
-            fn()
-    return cuda_seconds(graph.replay, iters) / len(calls)
 
 
 _CONFIG_KEYS = {"stages": "num_stages", "split": "SPLIT_LEN", "block": "BLOCK_N",
@@ -117,7 +103,7 @@ def decode_row(kind: str, batch: int, ctx: int, variant: str = "base") -> dict:
     set_variant(variant)
     got = calls[0]()
     torch.testing.assert_close(got, want, atol=2e-2, rtol=2e-2)
-    sec = _graph_seconds(calls)
+    sec = calls_graph_seconds(calls, 20)
     set_variant("base")
     del caches, calls
     torch.cuda.empty_cache()
@@ -133,8 +119,8 @@ def store_row(kind: str, batch: int) -> dict:
     positions = torch.arange(batch, device=DEV) + 100
     cos_sin = torch.randn(4096, D, device=DEV)
     slots = torch.arange(batch, device=DEV) * 3
-    sec = _graph_seconds(
-        [lambda: kernels.qkv_prep(q, k, v, positions, cos_sin, k_cache, v_cache, slots)] * 8
+    sec = calls_graph_seconds(
+        [lambda: kernels.qkv_prep(q, k, v, positions, cos_sin, k_cache, v_cache, slots)] * 8, 20
     )
     return dict(kind=kind, what="store", batch=batch, us=sec * 1e6)
 

@@ -47,6 +47,23 @@ def cuda_graph_seconds(fn, iters: int, calls_per_graph: int = 20) -> float:
     return start.elapsed_time(end) / 1e3 / (reps * calls_per_graph)
 
 
+def calls_graph_seconds(calls: list, iters: int) -> float:
+    """Mean seconds per call when `calls` (distinct, capturable: e.g. one a layer's cache, so
+    L2 does not serve the next) are replayed back to back in one CUDA graph; each runs once
+    eagerly first (compiles)."""
+    stream = torch.cuda.Stream()
+    stream.wait_stream(torch.cuda.current_stream())
+    with torch.cuda.stream(stream):
+        for fn in calls:
+            fn()  # compile outside the capture
+    torch.cuda.current_stream().wait_stream(stream)
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(graph):
+        for fn in calls:
+            fn()
+    return cuda_seconds(graph.replay, iters) / len(calls)
+
+
 def device_copy_bandwidth(device: torch.device | str = "cuda", gib: float = 1.0) -> float:
     """Bytes read + written per second by a device-to-device copy of `gib` GiB."""
     a = torch.randn(int(gib * (1 << 30)) // 2, dtype=torch.bfloat16, device=device)

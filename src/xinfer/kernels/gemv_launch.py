@@ -44,7 +44,7 @@ C = GemvConfig
 GEMV_TABLE: dict[tuple[int, int, int], GemvConfig | None] = {
     # Qwen3-30B-A3B: qkv, o_proj, router
     # qkv: cuBLAS 7.75 µs at one row against ~10 here (2026-12-02 sweep), but cuBLAS cannot
-    # take PDL: with PDL on, whole-step decode measured +0.3% (b1) / +2.0% (b8) on this tile
+    # take PDL: with PDL on, whole-step decode measured +0.3% (b1) / +2.1% (b8) on this tile
     (5120, 2048, 16): C(block_n=32, block_k=128, num_warps=4, num_stages=4, split_k=2),
     (2048, 4096, 16): C(block_n=32, block_k=128, num_warps=4, num_stages=4, split_k=4),
     (128, 2048, 16): C(block_n=16, block_k=256, num_warps=4, num_stages=4, split_k=8),

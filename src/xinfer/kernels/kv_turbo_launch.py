@@ -66,7 +66,7 @@ def rotate(x: torch.Tensor, m: torch.Tensor) -> torch.Tensor:
     rows = x2.shape[0]
     if rows:
         block_n = min(64, triton.next_power_of_2(d))
-        rotate_rows_kernel[(triton.cdiv(rows, BLOCK_R), triton.cdiv(d, block_n))](
+        rotate_rows_kernel[(triton.cdiv(rows, BLOCK_R.value), triton.cdiv(d, block_n))](
             x2, m, out, rows, x2.stride(0), m.stride(0), m.stride(1), d,
             D=d, BLOCK_N=block_n, BLOCK_K=min(64, triton.next_power_of_2(d)),
             DOT_PRECISION="ieee" if x.dtype == torch.float32 else "tf32",

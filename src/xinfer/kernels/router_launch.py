@@ -2,12 +2,11 @@
 decode-sized MoE layer's routing, two launches made one. No host sync: safe in CUDA graphs.
 
 `kernels.router_topk` sends decode routing of at most MAX_ROWS rows here while ENABLED is
-on. It applies
-(`router_topk` returns None otherwise, and the caller runs the router linear and `route_topk`
-apart) to at most `gemv_launch.MAX_M` rows, x and the (E, K) weight of one float dtype, no
-bias, E at most MAX_EXPERTS, with arrival counters at hand (`arrivals`; made at the first
-call outside a CUDA graph capture). Whether it applies depends on the shapes and
-dtype alone, never on M within M <= 16, so a row's choice does not depend on the batch.
+on. It applies (`router_topk` returns None otherwise, and the caller runs the router linear
+and `route_topk` apart) to at most `gemv_launch.MAX_M` rows, x and the (E, K) weight of one
+float dtype, no bias, E at most MAX_EXPERTS, with arrival counters at hand (`arrivals`; made
+at the first call outside a CUDA graph capture). Which path a row takes may depend on the
+batch (MAX_ROWS), its bits do not: the one launch has the two launches' bits.
 
 Tiles: the GEMV's table entry for (E, K) (`gemv_launch.select`), or ROUTER_CONFIG where the
 table picks cuBLAS or lacks the shape. Warps: `routing.TOPK_WARPS`, those `route_topk`

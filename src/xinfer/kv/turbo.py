@@ -125,6 +125,8 @@ def unpack(codes: torch.Tensor, bits: int) -> torch.Tensor:
     b = codes.long()
     if bits == 4:
         return torch.stack((b & 15, b >> 4), -1).reshape(*lead, 2 * width)
+    if bits != 3:
+        raise ValueError(f"turbo codes are 3 or 4 bits, not {bits}")
     head_dim = width * 8 // 3
     low, high = b[..., : head_dim // 4], b[..., head_dim // 4 :]
     low = (low.unsqueeze(-1) >> (torch.arange(4, device=b.device) * 2)) & 3

@@ -16,7 +16,7 @@ import triton.language as tl
 
 from xinfer.kernels.triton.pdl import wait_for_producers
 
-BLOCK_R = 16  # rows a program (tl.dot's smallest M)
+BLOCK_R: tl.constexpr = tl.constexpr(16)  # rows a program (tl.dot's smallest M), fixed
 
 
 @triton.jit
@@ -26,14 +26,14 @@ def rotate_rows_kernel(
     D: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr,
     DOT_PRECISION: tl.constexpr, USE_PDL: tl.constexpr = False,
 ):  # fmt: skip
-    """grid (cdiv(rows, 16), cdiv(D, BLOCK_N)): out[r, n] = sum_k x[r, k] M[k, n]."""
+    """grid (cdiv(rows, BLOCK_R), cdiv(D, BLOCK_N)): out[r, n] = sum_k x[r, k] M[k, n]."""
     wait_for_producers(USE_PDL)
-    r = tl.program_id(0) * 16 + tl.arange(0, 16)
+    r = tl.program_id(0) * BLOCK_R + tl.arange(0, BLOCK_R)
     n = tl.program_id(1) * BLOCK_N + tl.arange(0, BLOCK_N)
     mask_r = r < rows
     mask_n = n < D
     x_rows = x_ptr + r.to(tl.int64)[:, None] * stride_x
-    acc = tl.zeros((16, BLOCK_N), dtype=tl.float32)
+    acc = tl.zeros((BLOCK_R, BLOCK_N), dtype=tl.float32)
     for k0 in tl.static_range(0, D, BLOCK_K):
         ks = k0 + tl.arange(0, BLOCK_K)
         x = tl.load(x_rows + ks[None, :], mask=mask_r[:, None] & (ks[None, :] < D), other=0.0)
