@@ -115,8 +115,12 @@ def test_lookup_by_shuffles_gives_the_same_attention(launch, bits):
     lookup by loads gives."""
     attn_launch, _ = launch
     case, dense = turbo_paged_case(torch.float32, [17, 90], [1, 1], 8, 2, bits=bits, seed=bits)
-    with mock.patch.object(attn_launch, "TURBO_LOOKUP_SHUFFLE", True):
+    q, cache, tables, lens, _ = case
+    paged = (q, cache.k_codes, cache.v_codes, tables, lens)
+    with mock.patch.object(attn_launch, "TURBO_LOOKUP_SHUFFLE", True):  # the switch reaches
+        assert attn_launch._common_args(paged, q)[1]["TURBO_SHUFFLE"] is True  # the kernels
         got = _attend(attn_launch, case, 0.17, max_query_len=1, max_seq_len=95, split_len=32)
+    assert attn_launch._common_args(paged, q)[1]["TURBO_SHUFFLE"] is False
     torch.testing.assert_close(got, _expected(case, dense, 0.17), **TOL[torch.float32])
     case, dense = turbo_paged_case(torch.float32, [30, 12], [30, 5], 4, 2, bits=bits, seed=9)
     with mock.patch.object(attn_launch, "TURBO_LOOKUP_SHUFFLE", True):
@@ -170,6 +174,7 @@ def test_the_kernels_path_on_triton_equals_the_twin(launch, monkeypatch, bits=3)
     ).float().mean()
     assert same > 0.99
     torch.testing.assert_close(tri.k_scales, twin.k_scales, atol=1e-3, rtol=1e-3)
+    # v's rotation: the kernel's float32 dot against the twin's matmul, not the same bits
     torch.testing.assert_close(tri.v_scales, twin.v_scales, atol=1e-3, rtol=1e-3)
 
 
