@@ -13,7 +13,9 @@ or in two),
 `pdl` pdl.ENABLED (programmatic dependent launch), `merge` attn_launch.FUSED_DECODE_REDUCE
 (decode attention's merge in its last split), `tails-apart` the MoE combine and split-K
 reduce as launches of their own, `qkv-gemv` the 5,120 x 2,048 qkv projection on the skinny
-GEMM (its table says cuBLAS). `base` is the defaults. Formats as in bench_quant.py (dummy
+GEMM (its table says cuBLAS), `half2-off` quant_launch.HALF2_ZERO off (the int4 zero
+subtracted per code in float32), `vec1` quant_launch.MOE_WORD_VEC 1 (the 4-bit MoE GEMV
+loading one word a thread). `base` is the defaults. Formats as in bench_quant.py (dummy
 weights, experts and attention quantized as the public checkpoints are). Writes NAME.json and
 prints a table: median over rounds, and the spread."""
 
@@ -43,7 +45,14 @@ QKV_GEMV = [(16, None)]
 
 
 def _flags():
-    from xinfer.kernels import attn_launch, gemv_launch, moe_launch, pdl, router_launch
+    from xinfer.kernels import (
+        attn_launch,
+        gemv_launch,
+        moe_launch,
+        pdl,
+        quant_launch,
+        router_launch,
+    )
 
     qkv_tiles = gemv_launch.GemvConfig(block_n=32, block_k=128, num_stages=4, split_k=2)
     QKV_GEMV[0] = (16, qkv_tiles)
@@ -55,6 +64,8 @@ def _flags():
         "merge": (attn_launch, "FUSED_DECODE_REDUCE", True),
         "tails-apart": [(moe_launch, "FUSED_COMBINE", False),
                         (gemv_launch, "FUSED_SPLIT_REDUCE", False)],
+        "half2-off": (quant_launch, "HALF2_ZERO", False),
+        "vec1": (quant_launch, "MOE_WORD_VEC", 1),
     }  # fmt: skip
 
 

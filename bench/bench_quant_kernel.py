@@ -264,6 +264,9 @@ def decode_rows_sweep(name, fmt, n, k) -> None:
 
     rows = []
     candidates = [*itertools.product((8, 16, 32), (d,), (4, 8)), (16, 2 * d, 4), (32, 2 * d, 4)]
+    # K in one or two steps (a program's loads all in flight at once: the loop's loads are
+    # not pipelined, so each step waits for its own)
+    candidates += [(8, 4 * d, 4), (16, 4 * d, 8), (16, 8 * d, 8)]
     for bn, bk, nw in candidates:
         one, four = ql.QuantTiles(1, bn, bk, nw), ql.QuantTiles(4, bn, bk, nw)
         try:

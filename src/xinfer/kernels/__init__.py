@@ -5,6 +5,7 @@ Every caller in the engine goes through these functions, never through Triton di
 from __future__ import annotations
 
 import functools
+import os
 from typing import TYPE_CHECKING
 
 import torch
@@ -28,6 +29,12 @@ def has_triton() -> bool:
 
 def use_triton(t: torch.Tensor) -> bool:
     return t.is_cuda and has_triton() and not envs.XINFER_DISABLE_TRITON()
+
+
+def inline_asm() -> bool:
+    """Whether Triton kernels may use inline PTX: everywhere but Triton's CPU interpreter
+    (no inline assembly there; the kernels then take plain operations of the same results)."""
+    return os.environ.get("TRITON_INTERPRET", "0") != "1"
 
 
 def linear(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None = None) -> torch.Tensor:

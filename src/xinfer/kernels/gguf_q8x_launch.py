@@ -13,11 +13,10 @@ the expert; K splits and tiles come from the shapes alone."""
 
 from __future__ import annotations
 
-import os
-
 import torch
 import triton
 
+from xinfer import kernels
 from xinfer.kernels import gemv_launch, moe_launch
 from xinfer.kernels.triton import gguf_q8x as jit
 from xinfer.quant.gguf_blocks import BlockType
@@ -30,12 +29,6 @@ NUM_WARPS = 4  # of every q8x program
 # bench/sweep_q8x.py on an H100 (2026-12-05): MoE best at 2 warps, 16 down rows (34.3 µs, float
 # GEMV 31.9); qkv linear best at 1 warp, 8 rows (9.2 µs, float one-row 11.2). Not adopted:
 # the switches are off, and smaller tiles mean more interpreter programs in CI.
-
-
-def _asm() -> bool:
-    """dp4a and mul.rn as inline PTX, except in Triton's CPU interpreter (no inline assembly
-    there: shifts and multiplies with the same results)."""
-    return os.environ.get("TRITON_INTERPRET", "0") != "1"
 
 
 _TYPES = ("Q4_K", "Q8_0", "Q6_K")  # Q4_K rows read as 4-byte words, the others by halves
@@ -93,7 +86,7 @@ def fused_moe(
     num_pairs, hidden_dim = num_tokens * top_k, hidden.shape[1]
     if num_pairs == 0:
         return out
-    asm = _asm()
+    asm = kernels.inline_asm()
     iw = torch.empty(num_pairs, inter // 4, dtype=torch.int32, device=hidden.device)
     idd = torch.empty(num_pairs, inter // 32, dtype=torch.float32, device=hidden.device)
     iss = torch.empty_like(idd)
@@ -135,8 +128,8 @@ def linear(
     jit.q8x_linear_kernel[(m, n_tiles, splits)](
         x2, w, wx, sk.bias(bias, x2), sk.part, out, sk.counters, m, n, k, k_per_split,
         x2.stride(0), swn, *sk.part_strides, out.stride(0),
-        HAS_BIAS=sk.fuse_bias, BLOCK_N=LINEAR_BLOCK_N, REDUCE=sk.reduce, WTYPE=wtype, ASM=_asm(),
-        num_warps=NUM_WARPS,
+        HAS_BIAS=sk.fuse_bias, BLOCK_N=LINEAR_BLOCK_N, REDUCE=sk.reduce, WTYPE=wtype,
+        ASM=kernels.inline_asm(), num_warps=NUM_WARPS,
     )  # fmt: skip
     sk.finish(bias, out)
     return out

@@ -93,6 +93,21 @@ ONE_ROW_PRUNED = True
 # thirteenth session), µs at 1 / 8 tokens: FP8 20.0 → 17.4 / 116.4 → 102.4, NVFP4 26.8 →
 # 23.6 / 162.7 → 145.0 (GPTQ: quant/int4.py). False: never.
 JOINED = True
+# int4 words (GPTQ, AWQ, compressed-tensors): each code's fp16 (1024 + code) less (1024 +
+# zero) two codes an instruction (`sub.f16x2`, inline PTX), instead of a float32 subtraction
+# a code; both are exact, so the bits do not change. sm_90 SASS (`bench/sass_report.py`,
+# 2026-12-07): the one-row GPTQ linear's loop 509 → 473 instructions. The interpreter takes
+# the float32 subtraction (`kernels.inline_asm`). False: always the float32 subtraction.
+HALF2_ZERO = True
+# The MoE GEMV reads 4-bit codes as four 32-bit words (16 bytes) a thread where the weights
+# allow it (`word_vec`), not one word: a quarter of the load instructions, and a group's
+# sum mostly within a thread (shuffles 64 → 8 a program). sm_90 SASS of the GPTQ MoE GEMV
+# (2026-12-07, with HALF2_ZERO), instructions a call executes at the H200's issue rate:
+# gate/up 8.2 → 6.1 µs, down 4.4 → 3.7 (a layout conversion of x through shared memory
+# once a program added). The decode linears keep one word (their loop converts x every
+# step: 473 → 506). Other bits than one word (another order of the sums), the same for
+# every slot and batch. 1: one word a thread.
+MOE_WORD_VEC = 4
 
 
 @dataclass(frozen=True)
@@ -106,6 +121,7 @@ class QuantTiles:
     factored: bool | None = None  # MoE GEMV: scale group sums, not weights (None: FACTORED)
     split_programs: int | None = None  # decode linears' split-K target (None: the default)
     joined: bool = False  # MoE GEMV: the gate and up tiles read in one loop, not two
+    word_vec: int = 1  # MoE GEMV: 4-bit words a thread loads at once (`word_vec`)
 
 
 def _decode_block_k(kw: KernelWeights) -> int:
@@ -122,6 +138,7 @@ def gemv_tiles(fmt: WeightFormat, kw13: KernelWeights) -> QuantTiles:
     return QuantTiles(
         block_m=1, block_n=8, block_k=fmt.moe_gemv_block_k or _decode_block_k(kw13),
         num_warps=8, down_block_n=16, joined=JOINED and fmt.moe_gemv_joined,
+        word_vec=MOE_WORD_VEC,
     )  # fmt: skip
 
 
@@ -183,6 +200,23 @@ def words(kw: KernelWeights, block_k: int, k: int) -> bool:
         and all(st % 4 == 0 for st in w.stride()[:-1])
         and w.data_ptr() % 4 == 0
     )
+
+
+def word_vec(kw: KernelWeights, block_k: int, k: int, vec: int) -> int:
+    """How many 32-bit words of 4-bit codes a GEMV thread loads at once: `vec` where the
+    words (`words`) come in aligned runs of `vec` (a group whole runs, every row and expert
+    and the base on a 4·vec-byte boundary), else 1. From the shapes, strides and base, which
+    are alike for a format's every expert set and slot cache (each its own allocation)."""
+    w = kw.w
+    if vec <= 1 or not words(kw, block_k, k):
+        return 1
+    aligned = all(st % (4 * vec) == 0 for st in w.stride()[:-1]) and w.data_ptr() % (4 * vec) == 0
+    return vec if aligned and group_t(kw, block_k, k) % (8 * vec) == 0 else 1
+
+
+def half2(kw: KernelWeights) -> bool:
+    """Whether the int4 word decode subtracts the zero two codes at once (HALF2_ZERO)."""
+    return HALF2_ZERO and kw.fmt_code == 2 and packed(kw) and kernels.inline_asm()
 
 
 def even(n: int, k: int, block_n: int, block_k: int) -> bool:
@@ -273,7 +307,7 @@ def _gemv_linear(x2, kw: KernelWeights, bias, out, tiles: QuantTiles) -> None:
         **_fmt_kw(kw), PACKED=packed(kw), HAS_BIAS=sk.fuse_bias, BLOCK_N=tiles.block_n,
         BLOCK_K=tiles.block_k, GROUP_T=group_t(kw, tiles.block_k, k), REDUCE=sk.reduce,
         EVEN=even(n, k, tiles.block_n, tiles.block_k), num_warps=tiles.num_warps,
-        **pdl.options(x2),
+        HALF2=half2(kw), **pdl.options(x2),
     )  # fmt: skip
     if tiles.block_m == 4:
         if not (factored and rows_tiles_fit(kw, tiles.block_k, k)):
@@ -370,6 +404,7 @@ def fused_moe(
             BLOCK_K=t.block_k, GROUP_T=group_t(kw13, t.block_k, hidden_dim),
             FACTORED=factored, WORDS=words(kw13, t.block_k, hidden_dim),
             EVEN=even(inter, hidden_dim, t.block_n, t.block_k), JOINED=t.joined,
+            WORD_VEC=word_vec(kw13, t.block_k, hidden_dim, t.word_vec), HALF2=half2(kw13),
             num_warps=t.num_warps, **pdl.options(hidden),
         )  # fmt: skip
         down_n = t.down_block_n or t.block_n
@@ -382,8 +417,9 @@ def fused_moe(
             **_fmt_kw(kw2), PACKED=packed(kw2), BLOCK_N=down_n,
             BLOCK_K=down_k, GROUP_T=group_t(kw2, down_k, inter), FACTORED=factored,
             TOP_K=top_k, COMBINE=fused, WORDS=words(kw2, down_k, inter),
-            EVEN=even(hidden_dim, inter, down_n, down_k), num_warps=t.num_warps,
-            **pdl.options(hidden),
+            EVEN=even(hidden_dim, inter, down_n, down_k),
+            WORD_VEC=word_vec(kw2, down_k, inter, t.word_vec), HALF2=half2(kw2),
+            num_warps=t.num_warps, **pdl.options(hidden),
         )  # fmt: skip
     else:
         fused = False

@@ -197,11 +197,21 @@ def _half_hi(bits):
 
 
 @triton.jit
+def _sub_f16x2(a, b):
+    """The two fp16 halves of int32 words a less those of b (`sub.f16x2`: one instruction for
+    two codes; exact for the int4 decode, whose halves are 1024 + code and 1024 + zero)."""
+    return tl.inline_asm_elementwise(
+        "sub.f16x2 $0, $1, $2;", "=r,r,r", [a, b], dtype=tl.int32, is_pure=True, pack=1
+    )
+
+
+@triton.jit
 def load_raw_words(
     w_ptr, s_ptr, z_ptr, offs_n, k0, mask_n, k_dim,
     stride_wn, stride_sn, stride_zn,
     FMT: tl.constexpr, SCALE_BK: tl.constexpr, HAS_ZERO: tl.constexpr,
     BLOCK_K: tl.constexpr, GROUP_T: tl.constexpr, EVEN: tl.constexpr = False,
+    WORD_VEC: tl.constexpr = 1, HALF2: tl.constexpr = False,
 ):  # fmt: skip
     """4-bit formats (FMT 2, 3) by 32-bit words of 8 codes (GROUP_T a multiple of 8, rows and
     `w_ptr` 4-byte aligned: the launcher checks): the codes' values (BLOCK_N, BLOCK_K //
@@ -219,7 +229,7 @@ def load_raw_words(
     woffs = offs_n[:, None, None] * (stride_wn // 4) + wcols[None, :, :]
     # one word a thread (contiguity 1): the eight values of a word then lie in one thread as
     # the activations' 16-byte loads do, and the product needs no layout conversion
-    woffs = tl.max_contiguous(woffs, [1, 1, 1])
+    woffs = tl.max_contiguous(tl.multiple_of(woffs, [1, 1, WORD_VEC]), [1, 1, WORD_VEC])
     if EVEN:
         word = tl.load(wp + woffs)
     else:
@@ -228,7 +238,17 @@ def load_raw_words(
         s_ptr, z_ptr, offs_n, k0, mask_n, k_dim, stride_sn, stride_zn,
         FMT, 1, SCALE_BK, HAS_ZERO, BLOCK_K, GROUP_T,
     )  # fmt: skip
-    if FMT == 2:
+    if FMT == 2 and HALF2:
+        zz = ((z.to(tl.int32) + 0x6400) * 0x00010001)[:, :, None]
+        b0 = _sub_f16x2((word & 0x000F000F) | 0x64006400, zz)
+        b1 = _sub_f16x2(((word >> 4) & 0x000F000F) | 0x64006400, zz)
+        b2 = _sub_f16x2(((word >> 8) & 0x000F000F) | 0x64006400, zz)
+        b3 = _sub_f16x2(((word >> 12) & 0x000F000F) | 0x64006400, zz)
+        x0 = tl.join(_half_lo(b0), _half_hi(b0))
+        x1 = tl.join(_half_lo(b1), _half_hi(b1))
+        x2 = tl.join(_half_lo(b2), _half_hi(b2))
+        x3 = tl.join(_half_lo(b3), _half_hi(b3))
+    elif FMT == 2:
         off = (z + 1024.0)[:, :, None]
         b0 = (word & 0x000F000F) | 0x64006400
         b1 = ((word >> 4) & 0x000F000F) | 0x64006400

@@ -41,13 +41,15 @@ def _decoded_tile(
     w_ptr, s_ptr, z_ptr, rows, k0, mask_n, k_end, stride_wn, stride_sn, stride_zn,
     FMT: tl.constexpr, SCALE_BN: tl.constexpr, SCALE_BK: tl.constexpr, HAS_ZERO: tl.constexpr,
     PACKED: tl.constexpr, BLOCK_K: tl.constexpr, GROUP_T: tl.constexpr, EVEN: tl.constexpr,
+    WORD_VEC: tl.constexpr, HALF2: tl.constexpr,
 ):  # fmt: skip
     """(codes' values, scales) of a tile in column order: 4-bit codes by words
-    (`load_raw_words`: the caller checked `quant_launch.words`), FP8 codes as they lie."""
+    (`load_raw_words`: the caller checked `quant_launch.words`, and `word_vec` for WORD_VEC),
+    FP8 codes as they lie."""
     if PACKED:
         v, sc = load_raw_words(
             w_ptr, s_ptr, z_ptr, rows, k0, mask_n, k_end, stride_wn, stride_sn, stride_zn,
-            FMT, SCALE_BK, HAS_ZERO, BLOCK_K, GROUP_T, EVEN,
+            FMT, SCALE_BK, HAS_ZERO, BLOCK_K, GROUP_T, EVEN, WORD_VEC, HALF2,
         )  # fmt: skip
     else:
         v, sc = load_raw_tile3(
@@ -62,14 +64,14 @@ def _col_step(
     acc, x, w_ptr, s_ptr, z_ptr, rows, k0, mask_n, k_dim, stride_wn, stride_sn, stride_zn, dtype,
     FMT: tl.constexpr, SCALE_BN: tl.constexpr, SCALE_BK: tl.constexpr, HAS_ZERO: tl.constexpr,
     PACKED: tl.constexpr, BLOCK_K: tl.constexpr, GROUP_T: tl.constexpr,
-    FACTORED: tl.constexpr, EVEN: tl.constexpr,
+    FACTORED: tl.constexpr, EVEN: tl.constexpr, WORD_VEC: tl.constexpr, HALF2: tl.constexpr,
 ):  # fmt: skip
     """One step of `_row_dot`'s column-order path: `acc` plus the group sums (FACTORED,
     (BLOCK_N, groups)) or the products (BLOCK_N, groups, GROUP_T) of a tile with x (its full
     shape)."""
     v, sc = _decoded_tile(
         w_ptr, s_ptr, z_ptr, rows, k0, mask_n, k_dim, stride_wn, stride_sn, stride_zn,
-        FMT, SCALE_BN, SCALE_BK, HAS_ZERO, PACKED, BLOCK_K, GROUP_T, EVEN,
+        FMT, SCALE_BN, SCALE_BK, HAS_ZERO, PACKED, BLOCK_K, GROUP_T, EVEN, WORD_VEC, HALF2,
     )  # fmt: skip
     if FACTORED:
         acc += tl.sum(v * x, axis=2) * sc
@@ -110,6 +112,7 @@ def _row_dot(
     FMT: tl.constexpr, SCALE_BN: tl.constexpr, SCALE_BK: tl.constexpr, HAS_ZERO: tl.constexpr,
     PACKED: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr, GROUP_T: tl.constexpr,
     FACTORED: tl.constexpr, WORDS: tl.constexpr, EVEN: tl.constexpr, PAIR: tl.constexpr,
+    WORD_VEC: tl.constexpr = 1, HALF2: tl.constexpr = False,
 ):  # fmt: skip
     """A pair of (BLOCK_N,) float32 sums: x[k_begin:k_dim] · dequant(W[row_offset + offs_n,
     k_begin:k_dim]) (k_begin a multiple of BLOCK_K: a split of a linear's K, else 0), and with
@@ -155,13 +158,13 @@ def _row_dot(
             acc = _col_step(
                 acc, x, w_ptr, s_ptr, z_ptr, rows, k0, mask_n, k_dim, stride_wn, stride_sn,
                 stride_zn, dtype, FMT, SCALE_BN, SCALE_BK, HAS_ZERO, PACKED, BLOCK_K, GROUP_T,
-                FACTORED, EVEN,
+                FACTORED, EVEN, WORD_VEC, HALF2,
             )  # fmt: skip
             if PAIR:
                 acc2 = _col_step(
                     acc2, x, w_ptr, s_ptr, z_ptr, rows2, k0, mask_n, k_dim, stride_wn, stride_sn,
                     stride_zn, dtype, FMT, SCALE_BN, SCALE_BK, HAS_ZERO, PACKED, BLOCK_K,
-                    GROUP_T, FACTORED, EVEN,
+                    GROUP_T, FACTORED, EVEN, WORD_VEC, HALF2,
                 )  # fmt: skip
     else:  # 4-bit codes by bytes
         pcols = g[:, None] * GROUP_T + 2 * tl.arange(0, GROUP_T // 2)[None, :]  # even columns
@@ -245,7 +248,7 @@ def quant_linear_gemv_kernel(
     PACKED: tl.constexpr, HAS_BIAS: tl.constexpr, BLOCK_N: tl.constexpr,
     BLOCK_K: tl.constexpr, GROUP_T: tl.constexpr, FACTORED: tl.constexpr, REDUCE: tl.constexpr,
     WORDS: tl.constexpr, EVEN: tl.constexpr,
-    USE_PDL: tl.constexpr = False,
+    USE_PDL: tl.constexpr = False, HALF2: tl.constexpr = False,
 ):  # fmt: skip
     """grid (M, cdiv(N, BLOCK_N), splits), the decode linear without `tl.dot`: a program
     multiplies one x row by BLOCK_N rows of the weight over its split's K range
@@ -265,7 +268,7 @@ def quant_linear_gemv_kernel(
     acc, _ = _row_dot(
         x_ptr + m.to(tl.int64) * stride_xm, w_ptr, s_ptr, z_ptr, offs_n, mask_n, 0, 0,
         k_begin, k_end, stride_wn, stride_sn, stride_zn, FMT, SCALE_BN, SCALE_BK, HAS_ZERO,
-        PACKED, BLOCK_N, BLOCK_K, GROUP_T, FACTORED, WORDS, EVEN, False,
+        PACKED, BLOCK_N, BLOCK_K, GROUP_T, FACTORED, WORDS, EVEN, False, 1, HALF2,
     )  # fmt: skip
     offs_m = m + tl.arange(0, 1)
     store_split_tile(
@@ -284,7 +287,7 @@ def quant_linear_rows_kernel(
     PACKED: tl.constexpr, HAS_BIAS: tl.constexpr, BLOCK_N: tl.constexpr,
     BLOCK_K: tl.constexpr, GROUP_T: tl.constexpr, REDUCE: tl.constexpr, EVEN: tl.constexpr,
     ROWS: tl.constexpr = 4,
-    USE_PDL: tl.constexpr = False,
+    USE_PDL: tl.constexpr = False, HALF2: tl.constexpr = False,
 ):  # fmt: skip
     """grid (cdiv(M, 4), cdiv(N, BLOCK_N), splits): the GEMV form for four rows of x a
     program: each weight tile is decoded once (FP8 codes, or 4-bit words: `load_raw_words`)
@@ -312,7 +315,7 @@ def quant_linear_rows_kernel(
     for k0 in range(k_begin, k_end, BLOCK_K):
         v, sc = _decoded_tile(
             w_ptr, s_ptr, z_ptr, offs_n, k0, mask_n, k_end, stride_wn, stride_sn, stride_zn,
-            FMT, SCALE_BN, SCALE_BK, HAS_ZERO, PACKED, BLOCK_K, GROUP_T, EVEN,
+            FMT, SCALE_BN, SCALE_BK, HAS_ZERO, PACKED, BLOCK_K, GROUP_T, EVEN, 1, HALF2,
         )  # fmt: skip
         ks = k0 + cols
         acc0 += tl.sum(v * _x_tile(x0, ks, k_end, EVEN), axis=2) * sc
