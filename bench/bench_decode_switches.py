@@ -15,7 +15,8 @@ or in two),
 reduce as launches of their own, `qkv-gemv` the 5,120 x 2,048 qkv projection on the skinny
 GEMM (its table says cuBLAS), `half2-off` quant_launch.HALF2_ZERO off (the int4 zero
 subtracted per code in float32), `vec1` quant_launch.MOE_WORD_VEC 1 (the 4-bit MoE GEMV
-loading one word a thread). `base` is the defaults. Formats as in bench_quant.py (dummy
+loading one word a thread), `chunk-off` quant_launch.CHUNK_SUMS off (each group's sum
+across the threads every step). `base` is the defaults. Formats as in bench_quant.py (dummy
 weights, experts and attention quantized as the public checkpoints are). Writes NAME.json and
 prints a table: median over rounds, and the spread."""
 
@@ -66,6 +67,7 @@ def _flags():
                         (gemv_launch, "FUSED_SPLIT_REDUCE", False)],
         "half2-off": (quant_launch, "HALF2_ZERO", False),
         "vec1": (quant_launch, "MOE_WORD_VEC", 1),
+        "chunk-off": (quant_launch, "CHUNK_SUMS", False),
     }  # fmt: skip
 
 

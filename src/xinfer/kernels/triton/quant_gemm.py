@@ -37,6 +37,40 @@ def _x_tile(x_row, ks, k_end, EVEN: tl.constexpr):
 
 
 @triton.jit
+def _sums_zeros(BLOCK_N: tl.constexpr, G: tl.constexpr, GROUP_T: tl.constexpr,
+                CHUNK: tl.constexpr):  # fmt: skip
+    """The accumulator of `_scaled_sums`: (BLOCK_N, G), or (BLOCK_N, G, GROUP_T // CHUNK)."""
+    if CHUNK == 0:
+        return tl.zeros((BLOCK_N, G), dtype=tl.float32)
+    else:
+        return tl.zeros((BLOCK_N, G, GROUP_T // CHUNK), dtype=tl.float32)
+
+
+@triton.jit
+def _scaled_sums(p, sc, CHUNK: tl.constexpr):
+    """A tile's products p (BLOCK_N, G, GROUP_T) with x, summed and scaled (sc (BLOCK_N, G)):
+    CHUNK 0, each group's sum across the tile (threads exchange partial sums every step);
+    CHUNK c, sums of c neighbouring columns (a 4-bit word's eight: in one thread), each
+    scaled, kept per chunk across the steps and summed once at the end (`_sums_total`)."""
+    if CHUNK == 0:
+        return tl.sum(p, axis=2) * sc
+    else:
+        BN: tl.constexpr = p.shape[0]
+        G: tl.constexpr = p.shape[1]
+        T: tl.constexpr = p.shape[2]
+        return tl.sum(tl.reshape(p, (BN, G, T // CHUNK, CHUNK)), axis=3) * sc[:, :, None]
+
+
+@triton.jit
+def _sums_total(acc, CHUNK: tl.constexpr):
+    """(BLOCK_N,) float32: a `_scaled_sums` accumulator summed over its groups (and chunks)."""
+    if CHUNK == 0:
+        return tl.sum(acc, axis=1)
+    else:
+        return tl.sum(tl.sum(acc, axis=2), axis=1)
+
+
+@triton.jit
 def _decoded_tile(
     w_ptr, s_ptr, z_ptr, rows, k0, mask_n, k_end, stride_wn, stride_sn, stride_zn,
     FMT: tl.constexpr, SCALE_BN: tl.constexpr, SCALE_BK: tl.constexpr, HAS_ZERO: tl.constexpr,
@@ -65,16 +99,17 @@ def _col_step(
     FMT: tl.constexpr, SCALE_BN: tl.constexpr, SCALE_BK: tl.constexpr, HAS_ZERO: tl.constexpr,
     PACKED: tl.constexpr, BLOCK_K: tl.constexpr, GROUP_T: tl.constexpr,
     FACTORED: tl.constexpr, EVEN: tl.constexpr, WORD_VEC: tl.constexpr, HALF2: tl.constexpr,
+    CHUNK: tl.constexpr,
 ):  # fmt: skip
-    """One step of `_row_dot`'s column-order path: `acc` plus the group sums (FACTORED,
-    (BLOCK_N, groups)) or the products (BLOCK_N, groups, GROUP_T) of a tile with x (its full
+    """One step of `_row_dot`'s column-order path: `acc` plus the scaled sums (FACTORED,
+    `_scaled_sums`) or the products (BLOCK_N, groups, GROUP_T) of a tile with x (its full
     shape)."""
     v, sc = _decoded_tile(
         w_ptr, s_ptr, z_ptr, rows, k0, mask_n, k_dim, stride_wn, stride_sn, stride_zn,
         FMT, SCALE_BN, SCALE_BK, HAS_ZERO, PACKED, BLOCK_K, GROUP_T, EVEN, WORD_VEC, HALF2,
     )  # fmt: skip
     if FACTORED:
-        acc += tl.sum(v * x, axis=2) * sc
+        acc += _scaled_sums(v * x, sc, CHUNK)
     else:  # each weight rounded to x's dtype, as the twin (load_weight_tile3's v * s)
         acc += (v * sc[:, :, None]).to(dtype).to(tl.float32) * x
     return acc
@@ -112,7 +147,7 @@ def _row_dot(
     FMT: tl.constexpr, SCALE_BN: tl.constexpr, SCALE_BK: tl.constexpr, HAS_ZERO: tl.constexpr,
     PACKED: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr, GROUP_T: tl.constexpr,
     FACTORED: tl.constexpr, WORDS: tl.constexpr, EVEN: tl.constexpr, PAIR: tl.constexpr,
-    WORD_VEC: tl.constexpr = 1, HALF2: tl.constexpr = False,
+    WORD_VEC: tl.constexpr = 1, HALF2: tl.constexpr = False, CHUNK: tl.constexpr = 0,
 ):  # fmt: skip
     """A pair of (BLOCK_N,) float32 sums: x[k_begin:k_dim] · dequant(W[row_offset + offs_n,
     k_begin:k_dim]) (k_begin a multiple of BLOCK_K: a split of a linear's K, else 0), and with
@@ -148,7 +183,7 @@ def _row_dot(
         cols = g[:, None] * GROUP_T + tl.arange(0, GROUP_T)[None, :]
         cols = cols[None, :, :] + tl.zeros((BLOCK_N, 1, 1), tl.int32)  # x at the tile's shape
         if FACTORED:
-            acc = tl.zeros((BLOCK_N, BLOCK_K // GROUP_T), dtype=tl.float32)
+            acc = _sums_zeros(BLOCK_N, BLOCK_K // GROUP_T, GROUP_T, CHUNK)
         else:
             acc = tl.zeros((BLOCK_N, BLOCK_K // GROUP_T, GROUP_T), dtype=tl.float32)
         acc2 = acc
@@ -158,13 +193,13 @@ def _row_dot(
             acc = _col_step(
                 acc, x, w_ptr, s_ptr, z_ptr, rows, k0, mask_n, k_dim, stride_wn, stride_sn,
                 stride_zn, dtype, FMT, SCALE_BN, SCALE_BK, HAS_ZERO, PACKED, BLOCK_K, GROUP_T,
-                FACTORED, EVEN, WORD_VEC, HALF2,
+                FACTORED, EVEN, WORD_VEC, HALF2, CHUNK,
             )  # fmt: skip
             if PAIR:
                 acc2 = _col_step(
                     acc2, x, w_ptr, s_ptr, z_ptr, rows2, k0, mask_n, k_dim, stride_wn, stride_sn,
                     stride_zn, dtype, FMT, SCALE_BN, SCALE_BK, HAS_ZERO, PACKED, BLOCK_K,
-                    GROUP_T, FACTORED, EVEN, WORD_VEC, HALF2,
+                    GROUP_T, FACTORED, EVEN, WORD_VEC, HALF2, CHUNK,
                 )  # fmt: skip
     else:  # 4-bit codes by bytes
         pcols = g[:, None] * GROUP_T + 2 * tl.arange(0, GROUP_T // 2)[None, :]  # even columns
@@ -188,7 +223,9 @@ def _row_dot(
                     stride_sn, stride_zn, dtype, FMT, SCALE_BK, HAS_ZERO, BLOCK_K, GROUP_T,
                     FACTORED,
                 )  # fmt: skip
-    if FACTORED:
+    if FACTORED and (WORDS or not PACKED):
+        out, out2 = _sums_total(acc, CHUNK), _sums_total(acc2, CHUNK)
+    elif FACTORED:
         out, out2 = tl.sum(acc, axis=1), tl.sum(acc2, axis=1)
     else:
         out, out2 = tl.sum(tl.sum(acc, axis=2), axis=1), tl.sum(tl.sum(acc2, axis=2), axis=1)
@@ -248,7 +285,7 @@ def quant_linear_gemv_kernel(
     PACKED: tl.constexpr, HAS_BIAS: tl.constexpr, BLOCK_N: tl.constexpr,
     BLOCK_K: tl.constexpr, GROUP_T: tl.constexpr, FACTORED: tl.constexpr, REDUCE: tl.constexpr,
     WORDS: tl.constexpr, EVEN: tl.constexpr,
-    USE_PDL: tl.constexpr = False, HALF2: tl.constexpr = False,
+    USE_PDL: tl.constexpr = False, HALF2: tl.constexpr = False, CHUNK: tl.constexpr = 0,
 ):  # fmt: skip
     """grid (M, cdiv(N, BLOCK_N), splits), the decode linear without `tl.dot`: a program
     multiplies one x row by BLOCK_N rows of the weight over its split's K range
@@ -268,7 +305,7 @@ def quant_linear_gemv_kernel(
     acc, _ = _row_dot(
         x_ptr + m.to(tl.int64) * stride_xm, w_ptr, s_ptr, z_ptr, offs_n, mask_n, 0, 0,
         k_begin, k_end, stride_wn, stride_sn, stride_zn, FMT, SCALE_BN, SCALE_BK, HAS_ZERO,
-        PACKED, BLOCK_N, BLOCK_K, GROUP_T, FACTORED, WORDS, EVEN, False, 1, HALF2,
+        PACKED, BLOCK_N, BLOCK_K, GROUP_T, FACTORED, WORDS, EVEN, False, 1, HALF2, CHUNK,
     )  # fmt: skip
     offs_m = m + tl.arange(0, 1)
     store_split_tile(
@@ -287,7 +324,7 @@ def quant_linear_rows_kernel(
     PACKED: tl.constexpr, HAS_BIAS: tl.constexpr, BLOCK_N: tl.constexpr,
     BLOCK_K: tl.constexpr, GROUP_T: tl.constexpr, REDUCE: tl.constexpr, EVEN: tl.constexpr,
     ROWS: tl.constexpr = 4,
-    USE_PDL: tl.constexpr = False, HALF2: tl.constexpr = False,
+    USE_PDL: tl.constexpr = False, HALF2: tl.constexpr = False, CHUNK: tl.constexpr = 0,
 ):  # fmt: skip
     """grid (cdiv(M, 4), cdiv(N, BLOCK_N), splits): the GEMV form for four rows of x a
     program: each weight tile is decoded once (FP8 codes, or 4-bit words: `load_raw_words`)
@@ -308,26 +345,26 @@ def quant_linear_rows_kernel(
     cols = g[:, None] * GROUP_T + tl.arange(0, GROUP_T)[None, :]
     cols = cols[None, :, :] + tl.zeros((BLOCK_N, 1, 1), tl.int32)  # x at the tile's shape
     x0 = x_ptr + m0.to(tl.int64) * stride_xm
-    acc0 = tl.zeros((BLOCK_N, BLOCK_K // GROUP_T), dtype=tl.float32)
-    acc1 = tl.zeros((BLOCK_N, BLOCK_K // GROUP_T), dtype=tl.float32)
-    acc2 = tl.zeros((BLOCK_N, BLOCK_K // GROUP_T), dtype=tl.float32)
-    acc3 = tl.zeros((BLOCK_N, BLOCK_K // GROUP_T), dtype=tl.float32)
+    acc0 = _sums_zeros(BLOCK_N, BLOCK_K // GROUP_T, GROUP_T, CHUNK)
+    acc1 = _sums_zeros(BLOCK_N, BLOCK_K // GROUP_T, GROUP_T, CHUNK)
+    acc2 = _sums_zeros(BLOCK_N, BLOCK_K // GROUP_T, GROUP_T, CHUNK)
+    acc3 = _sums_zeros(BLOCK_N, BLOCK_K // GROUP_T, GROUP_T, CHUNK)
     for k0 in range(k_begin, k_end, BLOCK_K):
         v, sc = _decoded_tile(
             w_ptr, s_ptr, z_ptr, offs_n, k0, mask_n, k_end, stride_wn, stride_sn, stride_zn,
             FMT, SCALE_BN, SCALE_BK, HAS_ZERO, PACKED, BLOCK_K, GROUP_T, EVEN, 1, HALF2,
         )  # fmt: skip
         ks = k0 + cols
-        acc0 += tl.sum(v * _x_tile(x0, ks, k_end, EVEN), axis=2) * sc
+        acc0 += _scaled_sums(v * _x_tile(x0, ks, k_end, EVEN), sc, CHUNK)
         if ROWS > 1:
             if m0 + 1 < M:
-                acc1 += tl.sum(v * _x_tile(x0 + stride_xm, ks, k_end, EVEN), axis=2) * sc
+                acc1 += _scaled_sums(v * _x_tile(x0 + stride_xm, ks, k_end, EVEN), sc, CHUNK)
             if m0 + 2 < M:
-                acc2 += tl.sum(v * _x_tile(x0 + 2 * stride_xm, ks, k_end, EVEN), axis=2) * sc
+                acc2 += _scaled_sums(v * _x_tile(x0 + 2 * stride_xm, ks, k_end, EVEN), sc, CHUNK)
             if m0 + 3 < M:
-                acc3 += tl.sum(v * _x_tile(x0 + 3 * stride_xm, ks, k_end, EVEN), axis=2) * sc
-    y = four_rows(tl.sum(acc0, axis=1), tl.sum(acc1, axis=1), tl.sum(acc2, axis=1),
-                  tl.sum(acc3, axis=1))  # fmt: skip
+                acc3 += _scaled_sums(v * _x_tile(x0 + 3 * stride_xm, ks, k_end, EVEN), sc, CHUNK)
+    y = four_rows(_sums_total(acc0, CHUNK), _sums_total(acc1, CHUNK), _sums_total(acc2, CHUNK),
+                  _sums_total(acc3, CHUNK))  # fmt: skip
     offs_m = m0 + tl.arange(0, 4)
     store_split_tile(
         y, out_ptr, bias_ptr, final_ptr, count_ptr, (m0 // 4) * tl.num_programs(1) + pid_n,

@@ -28,6 +28,7 @@ def quant_moe_gate_up_gemv_kernel(
     GROUP_T: tl.constexpr, FACTORED: tl.constexpr, WORDS: tl.constexpr, EVEN: tl.constexpr,
     JOINED: tl.constexpr,
     USE_PDL: tl.constexpr = False, WORD_VEC: tl.constexpr = 1, HALF2: tl.constexpr = False,
+    CHUNK: tl.constexpr = 0,
 ):  # fmt: skip
     """grid (T*k, cdiv(I, BLOCK_N)): inter[pair, n] = silu(x·W13[e, n]) * (x·W13[e, I + n])
     with x row pair // TOP_K (act-order codes: rows gathered a pair, TOP_K 1);
@@ -46,18 +47,18 @@ def quant_moe_gate_up_gemv_kernel(
         g, u = _row_dot(
             x_row, w_e, s_e, z_e, offs_n, mask_n, 0, inter_dim, 0, hidden_dim, stride_wn,
             stride_sn, stride_zn, FMT, SCALE_BN, SCALE_BK, HAS_ZERO, PACKED, BLOCK_N, BLOCK_K,
-            GROUP_T, FACTORED, WORDS, EVEN, True, WORD_VEC, HALF2,
+            GROUP_T, FACTORED, WORDS, EVEN, True, WORD_VEC, HALF2, CHUNK,
         )  # fmt: skip
     else:
         g, _ = _row_dot(
             x_row, w_e, s_e, z_e, offs_n, mask_n, 0, 0, 0, hidden_dim, stride_wn, stride_sn,
             stride_zn, FMT, SCALE_BN, SCALE_BK, HAS_ZERO, PACKED, BLOCK_N, BLOCK_K, GROUP_T,
-            FACTORED, WORDS, EVEN, False, WORD_VEC, HALF2,
+            FACTORED, WORDS, EVEN, False, WORD_VEC, HALF2, CHUNK,
         )  # fmt: skip
         u, _ = _row_dot(
             x_row, w_e, s_e, z_e, offs_n, mask_n, inter_dim, 0, 0, hidden_dim, stride_wn,
             stride_sn, stride_zn, FMT, SCALE_BN, SCALE_BK, HAS_ZERO, PACKED, BLOCK_N, BLOCK_K,
-            GROUP_T, FACTORED, WORDS, EVEN, False, WORD_VEC, HALF2,
+            GROUP_T, FACTORED, WORDS, EVEN, False, WORD_VEC, HALF2, CHUNK,
         )  # fmt: skip
     h = _silu_mul(g, u, inter_ptr.dtype.element_ty)
     tl.store(inter_ptr + pair.to(tl.int64) * stride_it + offs_n, h, mask=mask_n)
@@ -74,6 +75,7 @@ def quant_moe_down_gemv_kernel(
     FACTORED: tl.constexpr, TOP_K: tl.constexpr, COMBINE: tl.constexpr, WORDS: tl.constexpr,
     EVEN: tl.constexpr,
     USE_PDL: tl.constexpr = False, WORD_VEC: tl.constexpr = 1, HALF2: tl.constexpr = False,
+    CHUNK: tl.constexpr = 0,
 ):  # fmt: skip
     """grid (T*k, cdiv(H, BLOCK_N)): y[pair, n] = inter[pair]·W2[e, n] in the dtype; with
     COMBINE the last of a token's programs sums its pairs into out (`combine_when_last`)."""
@@ -87,7 +89,7 @@ def quant_moe_down_gemv_kernel(
     y, _ = _row_dot(
         inter_ptr + pair * stride_it, w_e, s_e, z_e, offs_n, mask_n, 0, 0, 0, inter_dim,
         stride_wn, stride_sn, stride_zn, FMT, SCALE_BN, SCALE_BK, HAS_ZERO, PACKED, BLOCK_N,
-        BLOCK_K, GROUP_T, FACTORED, WORDS, EVEN, False, WORD_VEC, HALF2,
+        BLOCK_K, GROUP_T, FACTORED, WORDS, EVEN, False, WORD_VEC, HALF2, CHUNK,
     )  # fmt: skip
     tl.store(y_ptr + pair * stride_yt + offs_n, y.to(y_ptr.dtype.element_ty), mask=mask_n)
     if COMBINE:
