@@ -214,3 +214,106 @@ def test_q4_k_head_tile_matches_twin_and_keeps_row_bits() -> None:
     batch = fmt.triton_linear(x, {"weight": raw}, None, n, k)
     _close(batch, fmt.reference_linear(x, {"weight": raw}, None, n, k))
     assert torch.equal(fmt.triton_linear(x[3:4], {"weight": raw}, None, n, k)[0], batch[3])
+
+
+# --- the Q4_K word path (gguf_launch.Q4K_WORDS: factored sums, not the twin's bits) --------
+
+
+def test_q4k_words_are_the_default_decode_tiles() -> None:
+    """Q4_K decode GEMVs (MoE and the decode linear) default to the word tiles, and the
+    weights these tests draw (fresh allocations) allow them."""
+    fmt = GGUFFormat("Q4_K")
+    assert gl.Q4K_WORDS
+    assert gl.gemv_tiles(torch.bfloat16, fmt.btype).words
+    assert gl.linear_tiles(1, torch.bfloat16, fmt.btype, 5120).words
+    assert gl.q4k_words(_raw("Q4_K", 64, 2048, seed=40, experts=2), fmt.btype, 2048)
+
+
+@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16])
+@pytest.mark.parametrize("num_tokens", [1, 5])
+def test_q4k_words_moe_matches_twin_and_the_byte_path(dtype, num_tokens, monkeypatch) -> None:
+    """Qwen3-30B-A3B's expert shapes (H 2048, I 768: down K = 3 super-blocks) in Q4_K: the
+    word path within the twin's tolerance as the byte path is; a token's bits alike alone
+    and in the batch."""
+    x, ids, weights, w13, w2, inter = _moe("Q4_K", "Q4_K", num_tokens, seed=41)
+    x = x.to(dtype)
+    fmt = GGUFFormat("Q4_K")
+    bt = fmt.btype
+    assert gl.q4k_words(w13, bt, x.shape[1]) and gl.q4k_words(w2, bt, inter)
+    ref = fmt.reference_moe(x, ids, weights, {"weight": w13}, {"weight": w2}, inter, fmt)
+    out = gl.fused_moe(x, ids, weights, w13, bt, w2, bt, inter)
+    _close(out, ref)
+    last = num_tokens - 1
+    alone = gl.fused_moe(x[last:], ids[last:], weights[last:], w13, bt, w2, bt, inter)
+    assert torch.equal(alone[0], out[last])
+    monkeypatch.setattr(gl, "Q4K_WORDS", False)
+    _close(gl.fused_moe(x, ids, weights, w13, bt, w2, bt, inter), ref)
+
+
+@pytest.mark.parametrize("n,k", [(2056, 2048), (2048, 4096)])  # an N tail; K split in programs
+def test_q4k_words_linear_matches_twin_and_keeps_row_bits(n, k) -> None:
+    """The decode linear's word path: within the twin's tolerance; a row's bits alike in
+    batches of 1 (the one-row build), 3, 8 and 16."""
+    fmt = GGUFFormat("Q4_K")
+    raw = _raw("Q4_K", n, k, seed=42)
+    assert gl.q4k_words(raw, fmt.btype, k)
+    g = torch.Generator(device=DEV).manual_seed(43)
+    x = (torch.randn(16, k, device=DEV, generator=g) * 0.5).to(torch.bfloat16)
+    bias = torch.randn(n, device=DEV, generator=g).to(torch.bfloat16)
+    full = fmt.triton_linear(x, {"weight": raw}, bias, n, k)
+    _close(full, fmt.reference_linear(x, {"weight": raw}, bias, n, k))
+    for m in (1, 3, 8):
+        assert torch.equal(fmt.triton_linear(x[:m], {"weight": raw}, bias, n, k), full[:m])
+
+
+def test_q4k_words_expert_bits_do_not_depend_on_the_slot() -> None:
+    x, ids, weights, w13, w2, inter = _moe("Q4_K", "Q4_K", 3, seed=44)
+    bt = GGUFFormat("Q4_K").btype
+    base = gl.fused_moe(x, ids, weights, w13, bt, w2, bt, inter)
+    slot_of = torch.randperm(24, device=DEV)[:16]
+    s13 = torch.zeros(24, *w13.shape[1:], dtype=torch.uint8, device=DEV)
+    s2 = torch.zeros(24, *w2.shape[1:], dtype=torch.uint8, device=DEV)
+    s13[slot_of], s2[slot_of] = w13, w2
+    assert gl.q4k_words(s13, bt, x.shape[1]) and gl.q4k_words(s2, bt, inter)
+    out = gl.fused_moe(x, slot_of[ids.long()].int(), weights, s13, bt, s2, bt, inter)
+    assert torch.equal(out, base)
+
+
+def test_q4k_words_graph_replays_the_kernels() -> None:
+    x, ids, weights, w13, w2, inter = _moe("Q4_K", "Q4_K", 1, seed=45)
+    bt = GGUFFormat("Q4_K").btype
+    qkv = _raw("Q4_K", 5120, 2048, seed=46)
+    run = lambda: (  # noqa: E731
+        gl.fused_moe(x, ids, weights, w13, bt, w2, bt, inter),
+        gl.linear(x, qkv, bt, None, 5120, 2048),
+    )
+    eager = run()
+    stream = torch.cuda.Stream()
+    with torch.cuda.stream(stream):
+        run()
+    torch.cuda.synchronize()
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(graph):
+        captured = run()
+    x.mul_(1.5)
+    graph.replay()
+    torch.cuda.synchronize()
+    again = run()
+    assert all(torch.equal(a, b) for a, b in zip(captured, again))
+    assert not torch.equal(eager[0], again[0])
+
+
+def test_q4k_words_misaligned_weights_take_the_byte_path(monkeypatch) -> None:
+    """Rows 4 bytes into their storage cannot load 16 bytes at a time: the byte path, its
+    bits (those of the switch off), within the twin's tolerance."""
+    fmt = GGUFFormat("Q4_K")
+    n, k = 1000, 2048
+    raw = _raw("Q4_K", n, k, seed=47)
+    shifted = torch.empty(raw.numel() + 4, dtype=torch.uint8, device=DEV)[4:].view(raw.shape)
+    shifted.copy_(raw)
+    assert not gl.q4k_words(shifted, fmt.btype, k)
+    x = (torch.randn(2, k, device=DEV) * 0.5).to(torch.bfloat16)
+    out = fmt.triton_linear(x, {"weight": shifted}, None, n, k)
+    _close(out, fmt.reference_linear(x, {"weight": raw}, None, n, k))
+    monkeypatch.setattr(gl, "Q4K_WORDS", False)
+    assert torch.equal(out, fmt.triton_linear(x, {"weight": raw}, None, n, k))

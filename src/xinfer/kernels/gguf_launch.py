@@ -49,6 +49,13 @@ PREFILL_MIN_PAIRS = 4096  # expert calls from this many (token, k) pairs dequant
 # and types only, like the tiles; off until the H200 has timed them (bench/NOTES.md)
 Q8X_MOE = False
 Q8X_LINEAR = False
+# Q4_K decode GEMVs (MoE gate/up and down, the four-row decode linear) by 32-bit words,
+# factored: each (row, sub-block) sum of q·x and of x scaled once (`triton/gguf_q4k_words.py`),
+# float32 throughout, within the twin's tolerance but not its bits. Taken where the rows allow
+# 16-byte loads (`q4k_words`: from strides and alignment, alike for every expert set and slot
+# cache); else the byte path. Not yet timed on a GPU (sm_90 SASS only: `_WORDS_GEMV`).
+# False: always the byte path.
+Q4K_WORDS = True
 
 
 @dataclass(frozen=True)
@@ -61,6 +68,11 @@ class GGUFTiles:
     num_warps: int = 4
     num_stages: int = 2
     split_programs: int | None = None  # decode linears' split-K target (None: the default)
+    # the Q4_K word path (Q4K_WORDS; `q4k_words`, `_words_consts`): block_n a multiple of 8,
+    # subs / 8 super-blocks a step, a multiple of num_warps; GEMVs only (block_m 1 for
+    # experts, 4 for the decode linear)
+    words: bool = False
+    down: GGUFTiles | None = None  # MoE GEMV: the down projection's tile (None: this one)
 
 
 # Decode tiles swept for vocabulary-sized outputs (LM heads) by block type: the Q4_K head of
@@ -72,14 +84,22 @@ _SWEPT_HEAD = {"Q4_K": GGUFTiles(block_m=16, block_n=16, subs=2, num_warps=1)}
 
 
 def linear_tiles(
-    m: int, dtype: torch.dtype, btype: BlockType | None = None, n: int = 0
+    m: int,
+    dtype: torch.dtype,
+    btype: BlockType | None = None,
+    n: int = 0,
+    words: bool | None = None,
 ) -> GGUFTiles:
     """The linear's tiles from (M bucket, dtype, block type, N ≥ HEAD_ROWS): never from the
-    batch within a bucket, so a decode row's bits do not depend on the batch."""
+    batch within a bucket, so a decode row's bits do not depend on the batch. `words`: the
+    Q4_K word tile where the block type has one (default Q4K_WORDS; `linear` falls back to
+    the byte tile where the weight does not allow it)."""
     if m <= DECODE_M:  # weight-bound: narrow N tiles give every SM work
         head = _SWEPT_HEAD.get(btype.name) if btype is not None and n >= HEAD_ROWS else None
         if head is None and quant_launch.DECODE_GEMV:  # the GEMV form, four rows a program
-            head = GGUFTiles(block_m=4, block_n=4, subs=8, num_warps=2)
+            if (Q4K_WORDS if words is None else words) and btype is not None:
+                head = _WORDS_LINEAR.get(btype.name)
+            head = head or GGUFTiles(block_m=4, block_n=4, subs=8, num_warps=2)
         return head or GGUFTiles(block_m=16, block_n=16, subs=8, num_warps=4)
     if dtype == torch.float32:
         return GGUFTiles(block_m=32, block_n=32, subs=2, num_warps=4)
@@ -96,15 +116,84 @@ _SWEPT_GROUPED = {  # w13's block type → its swept best grouped tile at many r
 }
 
 
-def gemv_tiles(dtype: torch.dtype, btype: BlockType | None = None) -> GGUFTiles:
+def gemv_tiles(
+    dtype: torch.dtype, btype: BlockType | None = None, words: bool | None = None
+) -> GGUFTiles:
     """MoE decode: one program per (pair, BLOCK_N rows); SUBS=8 reads whole super-blocks.
     Swept on the H200 (bench_gguf_kernels.py --sweep, Qwen3-30B-A3B shape, 2026-12-04 fifth
     session, activations in registers), µs for 1 / 8 tokens: Q4_K 4 rows of 2 warps, 31.1 /
     196.0 (best of 24 tiles 30.7 at one token: within noise); Q8_0 4 rows of 2 warps and 4
     blocks a step, 31.4 / 179.3 against 44.9 / 245.2 for the general tile. The other types
-    are not swept."""
+    are not swept. `words`: the Q4_K word tile (default Q4K_WORDS; `fused_moe` falls back to
+    the byte tile for weights that do not allow it)."""
     del dtype
-    return _SWEPT_GEMV.get(btype.name if btype else "", GGUFTiles(1, 8, 8, num_warps=4))
+    name = btype.name if btype else ""
+    if (Q4K_WORDS if words is None else words) and name in _WORDS_GEMV:
+        return _WORDS_GEMV[name]
+    return _SWEPT_GEMV.get(name, GGUFTiles(1, 8, 8, num_warps=4))
+
+
+# The Q4_K word path's tiles (`_words_consts`), chosen by sm_90 SASS (`bench/sass_report.py
+# --cases gguf-q4_k,linear-gguf-q4_k`, 2026-12-07, Triton 3.9), not timed; loop warp
+# instructions a weight, none with shared memory, a barrier or a spill in the loop:
+#   rows x warps (a super-block a warp)  8x1    16x1   16x2   32x1   32x2
+#   MoE gate/up                          0.132  0.119  0.120  0.112  0.112
+#   MoE down                             0.161  0.133  0.133  0.119  0.120
+#   decode linear, one row               0.162  0.132  0.133  0.118  0.120
+#   registers (gate/up; down, linear)    94;64  125;74 127;72 250;124 242;156
+# (the byte path: 0.354, 0.400, 0.746). The rows a thread holds (block_n / 8) share the
+# activations it converts; warps past one split K, which leaves the count a weight as it is
+# and divides the steps a program runs in sequence, but a step past K still runs (the down
+# projection's K = 768 is 3 super-blocks: whole with one warp). Taken: gate/up 16 rows x 2
+# warps (768 warps at one token of Qwen3-30B-A3B, 4 steps each); down 32 rows x 1 warp (its
+# steps read as many weights as gate/up's, so `sass_cases.py`'s count a step, which it takes
+# from the gate/up tile, holds for it too); the decode linear 16 x 2 (qkv: 320 programs).
+_WORDS_GEMV = {
+    "Q4_K": GGUFTiles(
+        block_m=1, block_n=16, subs=16, num_warps=2, words=True,
+        down=GGUFTiles(block_m=1, block_n=32, subs=8, num_warps=1, words=True),
+    )
+}  # fmt: skip
+_WORDS_LINEAR = {"Q4_K": GGUFTiles(block_m=4, block_n=16, subs=16, num_warps=2, words=True)}
+
+
+def q4k_words(w: torch.Tensor, btype: BlockType, k: int) -> bool:
+    """Whether the GEMVs may read the block rows `w` by the Q4_K word path: Q4_K, and every
+    row (and expert) and the base on a 16-byte boundary, so that each row's qs (16 bytes into
+    its 144-byte super-blocks) loads 16 bytes at a time. From the strides and the base alone,
+    which are alike for a layer's every expert set and slot cache (each its own allocation):
+    an expert's bits do not depend on where it is held."""
+    return (
+        btype.name == "Q4_K"
+        and k % 256 == 0
+        and all(st % 16 == 0 for st in w.stride()[:-1])
+        and w.data_ptr() % 16 == 0
+    )
+
+
+def _words_consts(t: GGUFTiles) -> dict:
+    """The word path's constexprs of tile `t` (none for a byte tile): a warp's lanes hold 8
+    rows x the 4 pairs of a super-block, its warps a super-block each (subs / 8 super-blocks
+    a step, a multiple of num_warps: K split between them, summed once at the end; more than
+    one a warp sit in its registers); each thread holds ROWS_T = block_n / 8 rows in its
+    registers, so the activations it loads and converts serve that many rows."""
+    if not t.words:
+        return {}
+    return dict(WORDS=True, ASM=kernels.inline_asm(), ROWS_T=t.block_n // 8)
+
+
+def _word_aligned(x2: torch.Tensor) -> torch.Tensor:
+    """x2 (M, K), or an aligned copy of it (the same values): the word path reads 16- and
+    32-bit activations as 32-bit words, so its rows must start on 4-byte boundaries."""
+    misaligned = x2.data_ptr() % 4 or (x2.shape[0] > 1 and x2.stride(0) * x2.element_size() % 4)
+    return x2.clone(memory_format=torch.contiguous_format) if misaligned else x2
+
+
+def _path_tiles(t: GGUFTiles, w: torch.Tensor, btype: BlockType, k: int, byte_tiles) -> GGUFTiles:
+    """`t`, or `byte_tiles()` where `t` is a word tile that `w` does not allow."""
+    if t.words and (t.block_n % 8 or t.subs % (8 * t.num_warps) or t.subs & (t.subs - 1)):
+        raise ValueError(f"gguf: a Q4_K word tile is 8k rows, 2^j super-blocks a warp: {t}")
+    return byte_tiles() if t.words and not q4k_words(w, btype, k) else t
 
 
 def grouped_tiles(num_pairs: int, dtype: torch.dtype, btype: BlockType | None = None) -> GGUFTiles:
@@ -192,11 +281,12 @@ def linear(
     out = x.new_empty(m, n)
     if m == 0:
         return out.view(*x.shape[:-1], n)
-    t = tiles or linear_tiles(m, x.dtype, btype, n)
+    t = _path_tiles(tiles or linear_tiles(m, x.dtype, btype, n), w, btype, k,
+                    lambda: linear_tiles(m, x.dtype, btype, n, words=False))  # fmt: skip
     if t.block_m in (1, 4):
         if m > DECODE_M:
             raise ValueError(f"gguf linear: the GEMV tiles take at most {DECODE_M} rows")
-        _gemv_linear(x2, w, btype, bias, out, t)
+        _gemv_linear(_word_aligned(x2) if t.words else x2, w, btype, bias, out, t)
         return out.view(*x.shape[:-1], n)
     sk, grid = _split(x2, out, t, bias)
     jit.gguf_linear_kernel[grid](
@@ -235,7 +325,13 @@ def _gemv_linear(x2, w, btype: BlockType, bias, out, t: GGUFTiles) -> None:
     )  # fmt: skip
     consts = dict(BTYPE=btype.type_id, HAS_BIAS=sk.fuse_bias, BLOCK_N=t.block_n, SUBS=t.subs,
                   REDUCE=sk.reduce, num_warps=t.num_warps, **pdl.options(x2))  # fmt: skip
-    if t.block_m == 1:
+    if t.words:  # the four-row kernel's word path; one row alone: rows 1-3 compiled out
+        if t.block_m != 4:
+            raise ValueError(f"gguf linear: the Q4_K word tiles are four-row tiles: {t}")
+        jit.gguf_linear_rows_kernel[grid](
+            *args, **consts, **_words_consts(t), ROWS=1 if m == 1 else 4
+        )
+    elif t.block_m == 1:
         jit.gguf_linear_gemv_kernel[grid](*args, **consts)
     else:
         jit.gguf_linear_rows_kernel[grid](*args, **consts)
@@ -270,8 +366,10 @@ def moe_merge_key(num_pairs: int, hidden: torch.Tensor) -> object | None:
 
 def decode_split(m: int, n_tiles: int, k: int, t: GGUFTiles) -> tuple[int, int]:
     """(K per split, splits) of a linear (`gemv_launch.decode_split`), in whole chunks of
-    SUBS * 32 sub-blocks."""
-    return gemv_launch.decode_split(m, n_tiles, k, t.subs * 32, t.split_programs)
+    SUBS * 32 sub-blocks (word tiles: of super-blocks, their last step's warps past the
+    split idle)."""
+    chunk = 256 if t.words else t.subs * 32
+    return gemv_launch.decode_split(m, n_tiles, k, chunk, t.split_programs)
 
 
 def fused_moe(
@@ -333,19 +431,26 @@ def fused_moe(
     s13 = (w13.stride(0), w13.stride(1))
     s2 = (w2.stride(0), w2.stride(1))
     if use_gemv:
+        # gate/up and down each on the word path where its weights allow it (`q4k_words`),
+        # else on the byte tile of w13's type (as before the word path)
         t = tiles or gemv_tiles(hidden.dtype, btype13)
-        jit.gguf_moe_gate_up_gemv_kernel[(num_pairs, triton.cdiv(inter, t.block_n))](
+        byte = lambda: gemv_tiles(hidden.dtype, btype13, words=False)  # noqa: E731
+        t13 = _path_tiles(t, w13, btype13, hidden_dim, byte)
+        t2 = _path_tiles(t.down or t, w2, btype2, inter, byte)
+        if t13.words:
+            hidden = _word_aligned(hidden)
+        jit.gguf_moe_gate_up_gemv_kernel[(num_pairs, triton.cdiv(inter, t13.block_n))](
             hidden, topk_ids, w13, inter_buf, hidden_dim, inter,
             hidden.stride(0), *s13, inter_buf.stride(0),
-            BTYPE=btype13.type_id, TOP_K=top_k, BLOCK_N=t.block_n, SUBS=t.subs,
-            num_warps=t.num_warps, **pdl.options(hidden),
+            BTYPE=btype13.type_id, TOP_K=top_k, BLOCK_N=t13.block_n, SUBS=t13.subs,
+            num_warps=t13.num_warps, **_words_consts(t13), **pdl.options(hidden),
         )  # fmt: skip
-        counters, fused = moe_launch.combine_tail(out, t.block_n)
-        jit.gguf_moe_down_gemv_kernel[(num_pairs, triton.cdiv(hidden_dim, t.block_n))](
+        counters, fused = moe_launch.combine_tail(out, t2.block_n)
+        jit.gguf_moe_down_gemv_kernel[(num_pairs, triton.cdiv(hidden_dim, t2.block_n))](
             inter_buf, topk_ids, w2, y, topk_weights, out, counters, hidden_dim, inter,
             inter_buf.stride(0), *s2, y.stride(0), out.stride(0),
-            BTYPE=btype2.type_id, BLOCK_N=t.block_n, SUBS=t.subs, TOP_K=top_k,
-            COMBINE=fused, num_warps=t.num_warps, **pdl.options(hidden),
+            BTYPE=btype2.type_id, BLOCK_N=t2.block_n, SUBS=t2.subs, TOP_K=top_k,
+            COMBINE=fused, num_warps=t2.num_warps, **_words_consts(t2), **pdl.options(hidden),
         )  # fmt: skip
     else:
         fused = False

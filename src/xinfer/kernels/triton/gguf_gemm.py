@@ -15,6 +15,7 @@ import triton.language as tl
 from xinfer.kernels.triton.fused_moe import _silu_mul, combine_when_last
 from xinfer.kernels.triton.gemv import four_rows, store_split_tile
 from xinfer.kernels.triton.gguf_dequant import gguf_tile, x_chunk
+from xinfer.kernels.triton.gguf_q4k_words import q4k_four_rows_dot, q4k_pair_dot, q4k_row_dot
 from xinfer.kernels.triton.moe_blocks import moe_block
 from xinfer.kernels.triton.pdl import wait_for_producers
 
@@ -112,13 +113,17 @@ def gguf_linear_rows_kernel(
     stride_xm, stride_wn, stride_os, stride_om, stride_fm,
     BTYPE: tl.constexpr, HAS_BIAS: tl.constexpr, BLOCK_N: tl.constexpr, SUBS: tl.constexpr,
     REDUCE: tl.constexpr,
-    USE_PDL: tl.constexpr = False,
+    USE_PDL: tl.constexpr = False, WORDS: tl.constexpr = False, ASM: tl.constexpr = False,
+    ROWS_T: tl.constexpr = 1, ROWS: tl.constexpr = 4,
 ):  # fmt: skip
     """grid (cdiv(M, 4), cdiv(N, BLOCK_N), splits): the GEMV form for four rows of x a
     program: each weight tile is decoded once and multiplied into four accumulators, one a
     row (rows past M skip their multiply-adds). A row's arithmetic is the same whether its
     neighbours exist or not, so its bits never depend on M; the decode is shared by four
-    rows instead of paid per row (`gguf_linear_gemv_kernel`)."""
+    rows instead of paid per row (`gguf_linear_gemv_kernel`). WORDS (Q4_K whose rows allow
+    it: `gguf_launch.q4k_words`): the factored word path (`gguf_q4k_words.q4k_four_rows_dot`;
+    SUBS / 8 super-blocks a step, one a warp; ROWS_T rows a thread), ROWS = 1 for calls of
+    one row (rows 1-3 compiled out, row 0's operations as with ROWS = 4)."""
     wait_for_producers(USE_PDL)
     m0 = tl.program_id(0) * 4
     pid_n = tl.program_id(1)
@@ -129,24 +134,35 @@ def gguf_linear_rows_kernel(
     x0 = x_ptr + m0.to(tl.int64) * stride_xm
     kb_start = split * (k_per_split // (SUBS * 32))
     kb_end = tl.minimum(kb_start + k_per_split // (SUBS * 32), tl.cdiv(K, SUBS * 32))
-    acc0 = tl.zeros((BLOCK_N, SUBS, 32), dtype=tl.float32)
-    acc1 = tl.zeros((BLOCK_N, SUBS, 32), dtype=tl.float32)
-    acc2 = tl.zeros((BLOCK_N, SUBS, 32), dtype=tl.float32)
-    acc3 = tl.zeros((BLOCK_N, SUBS, 32), dtype=tl.float32)
-    for kb in range(kb_start, kb_end):
-        w = gguf_tile(w_ptr, row_off, kb, K, mask_n, BTYPE, SUBS)
-        acc0 += w * x_chunk(x0, kb, K, SUBS, BLOCK_N)
-        if m0 + 1 < M:
-            acc1 += w * x_chunk(x0 + stride_xm, kb, K, SUBS, BLOCK_N)
-        if m0 + 2 < M:
-            acc2 += w * x_chunk(x0 + 2 * stride_xm, kb, K, SUBS, BLOCK_N)
-        if m0 + 3 < M:
-            acc3 += w * x_chunk(x0 + 3 * stride_xm, kb, K, SUBS, BLOCK_N)
+    if WORDS:
+        w32 = w_ptr.to(tl.pointer_type(tl.int32))
+        rows = tl.minimum(offs_n, N - 1).to(tl.int64) * (stride_wn // 4)  # no masks: clamped
+        sb_start = split * (k_per_split // 256)  # splits in whole super-blocks
+        sb_end = tl.minimum(sb_start + k_per_split // 256, K // 256)
+        y0, y1, y2, y3 = q4k_four_rows_dot(
+            x0, stride_xm, M - m0, w32, rows, sb_start, sb_end, ROWS_T, SUBS // 8,
+            BLOCK_N // ROWS_T, ROWS, ASM,
+        )  # fmt: skip
+    else:
+        acc0 = tl.zeros((BLOCK_N, SUBS, 32), dtype=tl.float32)
+        acc1 = tl.zeros((BLOCK_N, SUBS, 32), dtype=tl.float32)
+        acc2 = tl.zeros((BLOCK_N, SUBS, 32), dtype=tl.float32)
+        acc3 = tl.zeros((BLOCK_N, SUBS, 32), dtype=tl.float32)
+        for kb in range(kb_start, kb_end):
+            w = gguf_tile(w_ptr, row_off, kb, K, mask_n, BTYPE, SUBS)
+            acc0 += w * x_chunk(x0, kb, K, SUBS, BLOCK_N)
+            if m0 + 1 < M:
+                acc1 += w * x_chunk(x0 + stride_xm, kb, K, SUBS, BLOCK_N)
+            if m0 + 2 < M:
+                acc2 += w * x_chunk(x0 + 2 * stride_xm, kb, K, SUBS, BLOCK_N)
+            if m0 + 3 < M:
+                acc3 += w * x_chunk(x0 + 3 * stride_xm, kb, K, SUBS, BLOCK_N)
+        y0 = tl.sum(tl.sum(acc0, axis=2), axis=1)
+        y1 = tl.sum(tl.sum(acc1, axis=2), axis=1)
+        y2 = tl.sum(tl.sum(acc2, axis=2), axis=1)
+        y3 = tl.sum(tl.sum(acc3, axis=2), axis=1)
     tile = (m0 // 4) * tl.num_programs(1) + pid_n
-    y = four_rows(
-        tl.sum(tl.sum(acc0, axis=2), axis=1), tl.sum(tl.sum(acc1, axis=2), axis=1),
-        tl.sum(tl.sum(acc2, axis=2), axis=1), tl.sum(tl.sum(acc3, axis=2), axis=1),
-    )  # fmt: skip
+    y = four_rows(y0, y1, y2, y3)
     offs_m = m0 + tl.arange(0, 4)
     store_split_tile(
         y, out_ptr, bias_ptr, final_ptr, count_ptr, tile, split, tl.num_programs(2), offs_m,
@@ -161,9 +177,13 @@ def gguf_moe_gate_up_gemv_kernel(
     hidden_dim, inter_dim,
     stride_xt, stride_we, stride_wn, stride_it,
     BTYPE: tl.constexpr, TOP_K: tl.constexpr, BLOCK_N: tl.constexpr, SUBS: tl.constexpr,
-    USE_PDL: tl.constexpr = False,
+    USE_PDL: tl.constexpr = False, WORDS: tl.constexpr = False, ASM: tl.constexpr = False,
+    ROWS_T: tl.constexpr = 1,
 ):  # fmt: skip
-    """grid (T*k, cdiv(I, BLOCK_N)): inter[pair, n] = silu(x·W13[e, n]) * (x·W13[e, I + n])."""
+    """grid (T*k, cdiv(I, BLOCK_N)): inter[pair, n] = silu(x·W13[e, n]) * (x·W13[e, I + n]).
+    WORDS (Q4_K whose rows allow it: `gguf_launch.q4k_words`): the factored word path
+    (`gguf_q4k_words.q4k_pair_dot`; SUBS / 8 super-blocks a step, one a warp; ROWS_T rows a
+    thread; rows past I clamped to the last, dropped at the store)."""
     wait_for_producers(USE_PDL)
     pair = tl.program_id(0)
     pid_n = tl.program_id(1)
@@ -174,14 +194,21 @@ def gguf_moe_gate_up_gemv_kernel(
     gate_off = e * stride_we + offs_n.to(tl.int64) * stride_wn
     up_off = gate_off + inter_dim * stride_wn
     x_row = x_ptr + tok * stride_xt
-    acc_g = tl.zeros((BLOCK_N, SUBS, 32), dtype=tl.float32)
-    acc_u = tl.zeros((BLOCK_N, SUBS, 32), dtype=tl.float32)
-    for kb in range(0, tl.cdiv(hidden_dim, SUBS * 32)):
-        x = x_chunk(x_row, kb, hidden_dim, SUBS, BLOCK_N)
-        acc_g += gguf_tile(w_ptr, gate_off, kb, hidden_dim, mask_n, BTYPE, SUBS) * x
-        acc_u += gguf_tile(w_ptr, up_off, kb, hidden_dim, mask_n, BTYPE, SUBS) * x
-    g = tl.sum(tl.sum(acc_g, axis=2), axis=1)
-    u = tl.sum(tl.sum(acc_u, axis=2), axis=1)
+    if WORDS:
+        w32 = w_ptr.to(tl.pointer_type(tl.int32))
+        gate = (e * stride_we + tl.minimum(offs_n, inter_dim - 1).to(tl.int64) * stride_wn) // 4
+        g, u = q4k_pair_dot(x_row, w32, gate, gate + (inter_dim * stride_wn) // 4,
+                            hidden_dim // 256, ROWS_T, SUBS // 8, BLOCK_N // ROWS_T,
+                            ASM)  # fmt: skip
+    else:
+        acc_g = tl.zeros((BLOCK_N, SUBS, 32), dtype=tl.float32)
+        acc_u = tl.zeros((BLOCK_N, SUBS, 32), dtype=tl.float32)
+        for kb in range(0, tl.cdiv(hidden_dim, SUBS * 32)):
+            x = x_chunk(x_row, kb, hidden_dim, SUBS, BLOCK_N)
+            acc_g += gguf_tile(w_ptr, gate_off, kb, hidden_dim, mask_n, BTYPE, SUBS) * x
+            acc_u += gguf_tile(w_ptr, up_off, kb, hidden_dim, mask_n, BTYPE, SUBS) * x
+        g = tl.sum(tl.sum(acc_g, axis=2), axis=1)
+        u = tl.sum(tl.sum(acc_u, axis=2), axis=1)
     h = _silu_mul(g, u, inter_ptr.dtype.element_ty)
     tl.store(inter_ptr + pair.to(tl.int64) * stride_it + offs_n, h, mask=mask_n)
 
@@ -193,10 +220,12 @@ def gguf_moe_down_gemv_kernel(
     stride_it, stride_we, stride_wn, stride_yt, stride_ot,
     BTYPE: tl.constexpr, BLOCK_N: tl.constexpr, SUBS: tl.constexpr, TOP_K: tl.constexpr,
     COMBINE: tl.constexpr,
-    USE_PDL: tl.constexpr = False,
+    USE_PDL: tl.constexpr = False, WORDS: tl.constexpr = False, ASM: tl.constexpr = False,
+    ROWS_T: tl.constexpr = 1,
 ):  # fmt: skip
     """grid (T*k, cdiv(H, BLOCK_N)): y[pair, n] = inter[pair]·W2[e, n], rounded to the dtype;
-    with COMBINE the last of a token's programs sums its pairs (`combine_when_last`)."""
+    with COMBINE the last of a token's programs sums its pairs (`combine_when_last`). WORDS:
+    as the gate/up kernel's (`gguf_q4k_words.q4k_row_dot`)."""
     wait_for_producers(USE_PDL)
     pair = tl.program_id(0).to(tl.int64)
     pid_n = tl.program_id(1)
@@ -205,11 +234,18 @@ def gguf_moe_down_gemv_kernel(
     mask_n = offs_n < hidden_dim
     row_off = e * stride_we + offs_n.to(tl.int64) * stride_wn
     a_row = inter_ptr + pair * stride_it
-    acc = tl.zeros((BLOCK_N, SUBS, 32), dtype=tl.float32)
-    for kb in range(0, tl.cdiv(inter_dim, SUBS * 32)):
-        a = x_chunk(a_row, kb, inter_dim, SUBS, BLOCK_N)
-        acc += gguf_tile(w_ptr, row_off, kb, inter_dim, mask_n, BTYPE, SUBS) * a
-    y = tl.sum(tl.sum(acc, axis=2), axis=1).to(y_ptr.dtype.element_ty)
+    if WORDS:
+        w32 = w_ptr.to(tl.pointer_type(tl.int32))
+        rows = (e * stride_we + tl.minimum(offs_n, hidden_dim - 1).to(tl.int64) * stride_wn) // 4
+        y = q4k_row_dot(a_row, w32, rows, 0, inter_dim // 256, ROWS_T, SUBS // 8,
+                        BLOCK_N // ROWS_T, ASM)  # fmt: skip
+    else:
+        acc = tl.zeros((BLOCK_N, SUBS, 32), dtype=tl.float32)
+        for kb in range(0, tl.cdiv(inter_dim, SUBS * 32)):
+            a = x_chunk(a_row, kb, inter_dim, SUBS, BLOCK_N)
+            acc += gguf_tile(w_ptr, row_off, kb, inter_dim, mask_n, BTYPE, SUBS) * a
+        y = tl.sum(tl.sum(acc, axis=2), axis=1)
+    y = y.to(y_ptr.dtype.element_ty)
     tl.store(y_ptr + pair * stride_yt + offs_n, y, mask=mask_n)
     if COMBINE:
         combine_when_last(
