@@ -134,13 +134,14 @@ def gemv_tiles(
 
 
 # The Q4_K word path's tiles (`_words_consts`), chosen by sm_90 SASS (`bench/sass_report.py
-# --cases gguf-q4_k,linear-gguf-q4_k`, 2026-12-07, Triton 3.9), not timed; loop warp
-# instructions a weight, none with shared memory, a barrier or a spill in the loop:
+# --cases gguf-q4_k,linear-gguf-q4_k`, 2026-12-07, Triton 3.9 and 3.6 alike to +-0.001),
+# not timed; loop warp instructions a weight, none with shared memory, a barrier or a spill
+# in the loop:
 #   rows x warps (a super-block a warp)  8x1    16x1   16x2   32x1   32x2
-#   MoE gate/up                          0.132  0.119  0.120  0.112  0.112
-#   MoE down                             0.161  0.133  0.133  0.119  0.120
-#   decode linear, one row               0.162  0.132  0.133  0.118  0.120
-#   registers (gate/up; down, linear)    94;64  125;74 127;72 250;124 242;156
+#   MoE gate/up                          0.131  0.119  0.120  0.112  0.113
+#   MoE down                             0.160  0.134  0.133  0.119  0.120
+#   decode linear, one row               0.162  0.132  0.133  0.119  0.120
+#   registers (gate/up; down, linear)    94;64  127;79 128;71 248;128 234;128
 # (the byte path: 0.354, 0.400, 0.746). The rows a thread holds (block_n / 8) share the
 # activations it converts; warps past one split K, which leaves the count a weight as it is
 # and divides the steps a program runs in sequence, but a step past K still runs (the down

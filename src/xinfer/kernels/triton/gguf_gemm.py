@@ -136,13 +136,12 @@ def gguf_linear_rows_kernel(
     kb_end = tl.minimum(kb_start + k_per_split // (SUBS * 32), tl.cdiv(K, SUBS * 32))
     if WORDS:
         w32 = w_ptr.to(tl.pointer_type(tl.int32))
-        rows = tl.minimum(offs_n, N - 1).to(tl.int64) * (stride_wn // 4)  # no masks: clamped
+        rows = (0, pid_n * BLOCK_N, N - 1, stride_wn // 4)  # past N: the last row, dropped
         sb_start = split * (k_per_split // 256)  # splits in whole super-blocks
         sb_end = tl.minimum(sb_start + k_per_split // 256, K // 256)
         y0, y1, y2, y3 = q4k_four_rows_dot(
-            x0, stride_xm, M - m0, w32, rows, sb_start, sb_end, ROWS_T, SUBS // 8,
-            BLOCK_N // ROWS_T, ROWS, ASM,
-        )  # fmt: skip
+            x0, stride_xm, M - m0, w32, rows, sb_start, sb_end, ROWS_T, SUBS // 8, ROWS, ASM
+        )
     else:
         acc0 = tl.zeros((BLOCK_N, SUBS, 32), dtype=tl.float32)
         acc1 = tl.zeros((BLOCK_N, SUBS, 32), dtype=tl.float32)
@@ -196,10 +195,11 @@ def gguf_moe_gate_up_gemv_kernel(
     x_row = x_ptr + tok * stride_xt
     if WORDS:
         w32 = w_ptr.to(tl.pointer_type(tl.int32))
-        gate = (e * stride_we + tl.minimum(offs_n, inter_dim - 1).to(tl.int64) * stride_wn) // 4
-        g, u = q4k_pair_dot(x_row, w32, gate, gate + (inter_dim * stride_wn) // 4,
-                            hidden_dim // 256, ROWS_T, SUBS // 8, BLOCK_N // ROWS_T,
-                            ASM)  # fmt: skip
+        gate = e * (stride_we // 4)  # rows past I: the last, dropped at the store
+        rows = (gate, pid_n * BLOCK_N, inter_dim - 1, stride_wn // 4)
+        rows2 = (gate + inter_dim * (stride_wn // 4), pid_n * BLOCK_N, inter_dim - 1,
+                 stride_wn // 4)  # fmt: skip
+        g, u = q4k_pair_dot(x_row, w32, rows, rows2, hidden_dim // 256, ROWS_T, SUBS // 8, ASM)
     else:
         acc_g = tl.zeros((BLOCK_N, SUBS, 32), dtype=tl.float32)
         acc_u = tl.zeros((BLOCK_N, SUBS, 32), dtype=tl.float32)
@@ -236,9 +236,8 @@ def gguf_moe_down_gemv_kernel(
     a_row = inter_ptr + pair * stride_it
     if WORDS:
         w32 = w_ptr.to(tl.pointer_type(tl.int32))
-        rows = (e * stride_we + tl.minimum(offs_n, hidden_dim - 1).to(tl.int64) * stride_wn) // 4
-        y = q4k_row_dot(a_row, w32, rows, 0, inter_dim // 256, ROWS_T, SUBS // 8,
-                        BLOCK_N // ROWS_T, ASM)  # fmt: skip
+        rows = (e * (stride_we // 4), pid_n * BLOCK_N, hidden_dim - 1, stride_wn // 4)
+        y = q4k_row_dot(a_row, w32, rows, 0, inter_dim // 256, ROWS_T, SUBS // 8, ASM)
     else:
         acc = tl.zeros((BLOCK_N, SUBS, 32), dtype=tl.float32)
         for kb in range(0, tl.cdiv(inter_dim, SUBS * 32)):

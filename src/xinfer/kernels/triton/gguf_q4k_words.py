@@ -21,13 +21,13 @@ and the base start on 16-byte boundaries, which the launcher checks) and the 16-
 header, so both sub-blocks' sums and scales are its own: no reduction across lanes in the
 loop, the 4 pairs of a row summed once after it. ROWS_T rows more sit in each thread's
 registers (BLOCK_N = 8 ROWS_T) and share the activations it loads and converts; SB warps
-read SB super-blocks a step (K split between them, summed once at the end). Shapes put the
-dims a thread holds first, where Triton's blocked layouts leave them in registers once the
-lanes and warps are given to (rows, pairs, super-blocks), and the activations load at the
-codes' shape, 16 bytes a load: sm_90 SASS (`bench/sass_report.py --cases
-gguf-q4_k,linear-gguf-q4_k`, Triton 3.9) shows no shared memory, barrier or spill in the
-loops, and 0.120 / 0.119 / 0.133 warp instructions a weight (MoE gate/up, down, one-row
-linear at the launcher's tiles) where the byte path takes 0.354 / 0.400 / 0.746.
+read SB super-blocks a step (K split between them, summed once at the end). Every load is a
+flat (rows, 4 words) tile (`_flat`) reshaped after, so that lanes, warps and registers get
+the same dims in Triton 3.6 and 3.9, and the activations load at the codes' layout, 16
+bytes a load: sm_90 SASS (`bench/sass_report.py --cases gguf-q4_k,linear-gguf-q4_k`, both
+versions) shows no shared memory, barrier or spill in the loops, and 0.120 / 0.119 / 0.133
+warp instructions a weight (MoE gate/up, down, one-row linear at the launcher's tiles)
+where the byte path takes 0.354 / 0.400 / 0.746 (3.6: 0.366 / 0.408 / 0.754).
 
 Decode: the nibbles at bits 0-3 and 16-19 of a word, `w & 0x000F000F`, are bytes 0 and 2's
 low nibbles as an fp16 pair of subnormals q 2^-24, converted to float32 exactly one an
@@ -87,7 +87,7 @@ def _eight(t):
 
 @triton.jit
 def _x_tiles(c0, c1, c2, c3):
-    """Four (2 a, 2 h, SB, LANES, 4 g, 2 b) activation tiles → their eights (SB, LANES, 4 g)."""
+    """Four (2 a, 2 h, SB, 8, 4 g, 2 b) activation tiles → their eights (SB, 8, 4 g)."""
     return (_eight(tl.permute(c0, (2, 3, 4, 1, 0, 5))), _eight(tl.permute(c1, (2, 3, 4, 1, 0, 5))),
             _eight(tl.permute(c2, (2, 3, 4, 1, 0, 5))),
             _eight(tl.permute(c3, (2, 3, 4, 1, 0, 5))))  # fmt: skip
@@ -99,38 +99,68 @@ def _b_last(t):
 
 
 @triton.jit
-def q4k_x(x_row, kbs, SB: tl.constexpr, LANES: tl.constexpr, ASM: tl.constexpr):
-    """The activations of super-blocks `kbs` (SB, 1) (one a warp), the same for every row:
-    for each of the even and the odd sub-blocks of the pairs g, four float32 tiles of column
-    64 g + 16 h + 8 a + 4 b + c (c = 0..3; the odd: + 32), each as its eight (SB, LANES, 4 g)
-    (`_eight` of (h, a, b)); and their sums X (SB, LANES, 4) of the even and the odd
-    sub-blocks. Loaded 16 bytes at a time by the lanes that hold the codes of those columns
-    (`q4k_decode`); bf16/fp16 as 32-bit words of two, converted a half an instruction."""
-    a = tl.arange(0, 2)[:, None, None, None, None, None]
-    h = tl.arange(0, 2)[None, :, None, None, None, None]
-    g = tl.arange(0, 4)[None, None, None, None, :, None]
-    base = kbs[None, None, :, :, None, None] * 256 + tl.zeros((1, 1, 1, LANES, 1, 1), tl.int32)
-    if x_row.dtype.element_ty == tl.float32:  # (2 b, 2 a, 2 h, SB, lanes, 4 g, 4 c)
-        b = tl.arange(0, 2)[:, None, None, None, None, None, None]
-        c = tl.arange(0, 4)[None, None, None, None, None, None, :]
-        cols = base[None] + 64 * g[None] + 16 * h[None] + 8 * a[None] + 4 * b + c
-        xe = tl.reshape(tl.load(x_row + cols), (2, 2, 2, SB, LANES, 4, 2, 2))
-        xo = tl.reshape(tl.load(x_row + cols + 32), (2, 2, 2, SB, LANES, 4, 2, 2))
+def _flat(NR: tl.constexpr, SB: tl.constexpr):
+    """The indices (outer, s, ln, g), each (NR * SB * 32, 1), of a flat tile whose row i is
+    ((outer * SB + s) * 8 + ln) * 4 + g. Every load is such a (rows, 4 words) tile, reshaped
+    after: a blocked layout gives a dim's low index bits to the lanes, then to the warps,
+    then to registers, so g and ln land in lanes, s in warps and `outer` in a thread's
+    registers in every Triton version. (Loaded at the many-dim shape instead, the dims of
+    equal contiguity are ordered one way by Triton 3.9's coalescing and the other way by
+    3.6's: in 3.6 the registers' dims took the lanes, and the loop converted layouts through
+    shared memory, 168 barriers a step, sm_90 SASS.)"""
+    i = tl.arange(0, NR * SB * 32)[:, None]
+    return i // (SB * 32), (i // 32) % SB, (i // 4) % 8, i % 4
+
+
+@triton.jit
+def _steps(s, kb, kb_end):
+    """Super-block kb + s of the warps s, clamped to the range's last, and whether it is in it."""
+    return tl.minimum(kb + s, kb_end - 1), kb + s < kb_end
+
+
+@triton.jit
+def _row_words(rows, r, ln):
+    """Word offsets of rows r * 8 + ln of a program (`rows`: (base, first, last, stride): row n
+    at base + min(first + n, last) * stride: rows past the weight's read its last, their
+    sums dropped at the store)."""
+    base, first, last, stride = rows
+    return base + tl.minimum(first + r * 8 + ln, last).to(tl.int64) * stride
+
+
+@triton.jit
+def q4k_x(x_row, kb, kb_end, SB: tl.constexpr, ASM: tl.constexpr):
+    """The activations of super-blocks kb .. kb + SB (one a warp; clamped to kb_end - 1), the
+    same for every row: for each of the even and the odd sub-blocks of the pairs g, four
+    float32 tiles of column 64 g + 16 h + 8 a + 4 b + c (c = 0..3; the odd: + 32), each as
+    its eight (SB, 8, 4 g) (`_eight` of (h, a, b)); and their sums X (SB, 8, 4) of the even
+    and the odd sub-blocks. Loaded 16 bytes at a time by the lanes that hold the codes of
+    those columns (`q4k_decode`); bf16/fp16 as 32-bit words of two, converted a half an
+    instruction."""
+    c = tl.arange(0, 4)[None, :]
+    if x_row.dtype.element_ty == tl.float32:  # (2 b, 2 a, 2 h, SB, 8, 4 g, 4 c)
+        o, s, _, g = _flat(8, SB)
+        kbs, _ = _steps(s, kb, kb_end)
+        cols = kbs * 256 + 64 * g + 16 * (o % 2) + 8 * ((o // 2) % 2) + 4 * (o // 4) + c
+        cols = tl.max_contiguous(tl.multiple_of(cols, [1, 4]), [1, 4])
+        xe = tl.reshape(tl.load(x_row + cols), (2, 2, 2, SB, 8, 4, 2, 2))
+        xo = tl.reshape(tl.load(x_row + cols + 32), (2, 2, 2, SB, 8, 4, 2, 2))
         e02, e13 = tl.split(xe)  # columns 4 b + (0, 2), 4 b + (1, 3)
         e0, e2 = tl.split(e02)
         e1, e3 = tl.split(e13)
         o02, o13 = tl.split(xo)
         o0, o2 = tl.split(o02)
         o1, o3 = tl.split(o13)
-        # → (2 a, 2 h, SB, lanes, 4 g, 2 b) as the 16-bit path's
+        # → (2 a, 2 h, SB, 8, 4 g, 2 b) as the 16-bit path's
         e0, e1, e2, e3 = _b_last(e0), _b_last(e1), _b_last(e2), _b_last(e3)
         o0, o1, o2, o3 = _b_last(o0), _b_last(o1), _b_last(o2), _b_last(o3)
-    else:
-        c = tl.arange(0, 4)[None, None, None, None, None, :]  # words: columns 2 c, 2 c + 1
-        words = base // 2 + 32 * g + 8 * h + 4 * a + c
+    else:  # (2 a, 2 h, SB, 8, 4 g, 4 words): words of columns 2 c, 2 c + 1
+        o, s, _, g = _flat(4, SB)
+        kbs, _ = _steps(s, kb, kb_end)
+        words = kbs * 128 + 32 * g + 8 * (o % 2) + 4 * (o // 2) + c
+        words = tl.max_contiguous(tl.multiple_of(words, [1, 4]), [1, 4])
         x32 = x_row.to(tl.pointer_type(tl.int32))
-        we = tl.reshape(tl.load(x32 + words), (2, 2, SB, LANES, 4, 2, 2))
-        wo = tl.reshape(tl.load(x32 + words + 16), (2, 2, SB, LANES, 4, 2, 2))
+        we = tl.reshape(tl.load(x32 + words), (2, 2, SB, 8, 4, 2, 2))
+        wo = tl.reshape(tl.load(x32 + words + 16), (2, 2, SB, 8, 4, 2, 2))
         e01, e23 = tl.split(we)  # columns 4 b + (0, 1), 4 b + (2, 3)
         o01, o23 = tl.split(wo)
         if x_row.dtype.element_ty == tl.bfloat16:
@@ -143,27 +173,31 @@ def q4k_x(x_row, kbs, SB: tl.constexpr, LANES: tl.constexpr, ASM: tl.constexpr):
             o2, o3 = _halves(o23, ASM)
     xe = _x_tiles(e0, e1, e2, e3)
     xo = _x_tiles(o0, o1, o2, o3)
-    se, so = _x_sums(x_row, kbs, SB, LANES, ASM)
+    se, so = _x_sums(x_row, kb, kb_end, SB, ASM)
     return xe, xo, se, so
 
 
 @triton.jit
-def _x_sums(x_row, kbs, SB: tl.constexpr, LANES: tl.constexpr, ASM: tl.constexpr):
-    """X (SB, LANES, 4) of the even and the odd sub-blocks of the pairs g: each of a pair's
-    eight lanes sums 8 of its 64 activations (a 16-byte load of its own: the repeats of the
-    tiles' loads hit L1), then the lanes of each half add theirs by shuffles; the same in
-    every lane (its rows). Each lane summing all 64 it holds took 62 adds (sm_90 SASS)."""
+def _x_sums(x_row, kb, kb_end, SB: tl.constexpr, ASM: tl.constexpr):
+    """X (SB, 8, 4) of the even and the odd sub-blocks of the pairs g: each of a pair's eight
+    lanes sums 8 of its 64 activations (a 16-byte load of its own: the repeats of the tiles'
+    loads hit L1), then the lanes of each half add theirs by shuffles; the same in every lane
+    (its rows). Each lane summing all 64 it holds took 62 adds (sm_90 SASS)."""
+    c = tl.arange(0, 4)[None, :]
     lane = tl.arange(0, 8)[None, :, None]  # [s, l, g]: columns 64 g + 8 l .. + 8
-    g = tl.arange(0, 4)[None, None, :]
-    base = kbs[:, :, None] * 256 + 64 * g + 8 * lane
-    if x_row.dtype.element_ty == tl.float32:
-        c = tl.arange(0, 4)[None, None, None, None, :]  # (2 halves, SB, 8, 4 g, 4)
-        half = tl.arange(0, 2)[:, None, None, None, None]
-        part = tl.sum(tl.sum(tl.load(x_row + base[None, :, :, :, None] + 4 * half + c), 4), 0)
-    else:
-        c = tl.arange(0, 4)[None, None, None, :]  # words
+    if x_row.dtype.element_ty == tl.float32:  # (2 halves, SB, 8, 4 g, 4)
+        o, s, ln, g = _flat(2, SB)
+        kbs, _ = _steps(s, kb, kb_end)
+        cols = kbs * 256 + 64 * g + 8 * ln + 4 * o + c
+        cols = tl.max_contiguous(tl.multiple_of(cols, [1, 4]), [1, 4])
+        part = tl.sum(tl.sum(tl.reshape(tl.load(x_row + cols), (2, SB, 8, 4, 4)), 4), 0)
+    else:  # (SB, 8, 4 g, 4 words)
+        _, s, ln, g = _flat(1, SB)
+        kbs, _ = _steps(s, kb, kb_end)
+        words = kbs * 128 + 32 * g + 4 * ln + c
+        words = tl.max_contiguous(tl.multiple_of(words, [1, 4]), [1, 4])
         x32 = x_row.to(tl.pointer_type(tl.int32))
-        wx = tl.load(x32 + base[:, :, :, None] // 2 + c)
+        wx = tl.reshape(tl.load(x32 + words), (SB, 8, 4, 4))
         if x_row.dtype.element_ty == tl.bfloat16:
             part = tl.sum(_bf16_lo(wx) + _bf16_hi(wx), 3)
         else:
@@ -171,29 +205,30 @@ def _x_sums(x_row, kbs, SB: tl.constexpr, LANES: tl.constexpr, ASM: tl.constexpr
             part = tl.sum(lo + hi, 3)
     se = tl.sum(tl.where(lane < 4, part, 0.0), 1)
     so = tl.sum(tl.where(lane < 4, 0.0, part), 1)
-    zero = tl.zeros((1, LANES, 1), tl.float32)
+    zero = tl.zeros((1, 8, 1), tl.float32)
     return se[:, None, :] + zero, so[:, None, :] + zero
 
 
 @triton.jit
-def q4k_decode(w32, sb, valid, ROWS_T: tl.constexpr, SB: tl.constexpr, LANES: tl.constexpr,
+def q4k_decode(w32, rows, kb, kb_end, ROWS_T: tl.constexpr, SB: tl.constexpr,
                ASM: tl.constexpr):  # fmt: skip
-    """The super-blocks at word offsets `sb` (ROWS_T, SB, LANES) int64 of the int32 pointer
-    `w32` (every offset a valid block; those where `valid` (1, SB, 1) is False count as 0):
-    their codes as float32, (ROWS_T, SB, LANES, 4 g) each, at `q4k_x`'s order: four tiles of
+    """Super-blocks kb .. kb + SB (one a warp; clamped to kb_end - 1, those past it counting
+    as 0) of the program's ROWS_T x 8 rows `rows` (`_row_words`) of the int32 pointer `w32`:
+    their codes as float32, (ROWS_T, SB, 8, 4 g) each, at `q4k_x`'s order: four tiles of
     eight of the even sub-blocks (q 2^-24) and of the odd ones (q 2^-20); and the scales
-    (ROWS_T, SB, LANES, 4) of each pair's even and odd sub-blocks that undo those powers of
-    two: d sc 2^24, d sc 2^20, dmin m, dmin m."""
-    g = tl.arange(0, 4)
+    (ROWS_T, SB, 8, 4) of each pair's even and odd sub-blocks that undo those powers of two:
+    d sc 2^24, d sc 2^20, dmin m, dmin m."""
+    c = tl.arange(0, 4)[None, :]
     # the header, one 16-byte load a (row, pair): d | dmin << 16, scales[0:4], [4:8], [8:12]
-    hw = tl.arange(0, 4)[None, None, None, None, :]
-    hoffs = sb[:, :, :, None, None] + hw + 0 * g[None, None, None, :, None]
-    hoffs = tl.max_contiguous(tl.multiple_of(hoffs, [1, 1, 1, 1, 4]), [1, 1, 1, 1, 4])
+    r, s, ln, _ = _flat(ROWS_T, SB)
+    kbs, valid = _steps(s, kb, kb_end)
+    hoffs = _row_words(rows, r, ln) + kbs * SUPER_WORDS + c
+    hoffs = tl.max_contiguous(tl.multiple_of(hoffs, [1, 4]), [1, 4])
     if SB > 1:  # a step past the range: d = dmin = 0
-        head = tl.load(w32 + hoffs, mask=valid[:, :, :, None, None], other=0)
+        head = tl.load(w32 + hoffs, mask=valid, other=0)
     else:
         head = tl.load(w32 + hoffs)
-    h02, h13 = tl.split(tl.reshape(head, (ROWS_T, SB, LANES, 4, 2, 2)))
+    h02, h13 = tl.split(tl.reshape(head, (ROWS_T, SB, 8, 4, 2, 2)))
     h0, h2 = tl.split(h02)
     h1, h3 = tl.split(h13)
     d = _half_lo(h0)
@@ -201,8 +236,9 @@ def q4k_decode(w32, sb, valid, ROWS_T: tl.constexpr, SB: tl.constexpr, LANES: tl
     # sub-blocks 0-3: sc = scales[s] & 63, m = scales[s + 4] & 63; 4-7: the low / high nibble
     # of scales[s + 4] and the top two bits of scales[s - 4] / scales[s] (ggml's
     # get_scale_min_k4), four at once; pair g's two are bytes 2 (g % 2) and 2 (g % 2) + 1
-    low = (g < 2)[None, None, None, :]
-    shift = ((g % 2) * 16)[None, None, None, :]
+    g = tl.arange(0, 4)[None, None, None, :]
+    low = g < 2
+    shift = (g % 2) * 16
     sc = tl.where(low, h1 & 0x3F3F3F3F, (h3 & 0x0F0F0F0F) | ((h1 >> 2) & 0x30303030)) >> shift
     mn = tl.where(low, h2 & 0x3F3F3F3F, ((h3 >> 4) & 0x0F0F0F0F) | ((h2 >> 2) & 0x30303030))
     mn = mn >> shift
@@ -211,15 +247,15 @@ def q4k_decode(w32, sb, valid, ROWS_T: tl.constexpr, SB: tl.constexpr, LANES: tl
     ds_o = (d * 0.0625) * ((sc >> 8) & 255).to(tl.float32)
     dm_e = dmin * (mn & 255).to(tl.float32)
     dm_o = dmin * ((mn >> 8) & 255).to(tl.float32)
-    # qs words: [r, h, s, l, g, j] is word 4 h + j of pair g (bytes 16 h + 4 j .. + 3)
-    h = tl.arange(0, 2)[None, :, None, None, None, None]
-    j = tl.arange(0, 4)[None, None, None, None, None, :]
-    woffs = sb[:, None, :, :, None, None] + 4 + 8 * g[None, None, None, None, :, None] + 4 * h + j
-    woffs = tl.max_contiguous(tl.multiple_of(woffs, [1, 1, 1, 1, 1, 4]), [1, 1, 1, 1, 1, 4])
+    # qs words: (r, 2 h, SB, 8, 4 g, 4 j): word 4 h + j of pair g (bytes 16 h + 4 j .. + 3)
+    o, s, ln, g4 = _flat(2 * ROWS_T, SB)
+    kbs, _ = _steps(s, kb, kb_end)
+    woffs = _row_words(rows, o // 2, ln) + kbs * SUPER_WORDS + 4 + 8 * g4 + 4 * (o % 2) + c
+    woffs = tl.max_contiguous(tl.multiple_of(woffs, [1, 4]), [1, 4])
     w = tl.load(w32 + woffs)
-    # (r, 2 h, s, lanes, 4 g, 4 j) → (r, s, lanes, 4 g, 2 h, 2 a, 2 b), j = 2 a + b: the
-    # dims a thread holds last (its registers permuted, no data moved)
-    w = tl.permute(tl.reshape(w, (ROWS_T, 2, SB, LANES, 4, 2, 2)), (0, 2, 3, 4, 1, 5, 6))
+    # → (r, s, 8, 4 g, 2 h, 2 a, 2 b), j = 2 a + b: the dims a thread holds last (its
+    # registers permuted, no data moved)
+    w = tl.permute(tl.reshape(w, (ROWS_T, 2, SB, 8, 4, 2, 2)), (0, 2, 3, 4, 1, 5, 6))
     # the nibbles of bytes 0 and 2 (columns c, c + 2) at bits 0 and 16, bytes 1 and 3 (c + 1,
     # c + 3) shifted there: subnormal fp16 pairs q 2^-24 (exact in float32); the high nibbles
     # at bits 4 and 20: 16 q 2^-24
@@ -235,7 +271,7 @@ def q4k_decode(w32, sb, valid, ROWS_T: tl.constexpr, SB: tl.constexpr, LANES: tl
 
 @triton.jit
 def _dot32(vs, xs):
-    """sum_i,c vs[c][i] xs[c][i] (each (ROWS_T, SB, LANES, 4) by (SB, LANES, 4)): two chains
+    """sum_i,c vs[c][i] xs[c][i] (each (ROWS_T, SB, 8, 4) by (SB, 8, 4)): two chains
     of sixteen fused multiply-adds, then their sum."""
     p = vs[0][0] * xs[0][0][None]
     q = vs[0][4] * xs[0][4][None]
@@ -251,7 +287,7 @@ def _dot32(vs, xs):
 
 @triton.jit
 def q4k_dot(dec, xs):
-    """(ROWS_T, SB, LANES, 4) float32: each row's dot over each pair's two sub-blocks,
+    """(ROWS_T, SB, 8, 4) float32: each row's dot over each pair's two sub-blocks,
     (d sc) S - (dmin m) X, of decoded super-blocks (`q4k_decode`) with their activations
     (`q4k_x`), all within a thread."""
     ve, vo, ds_e, ds_o, dm_e, dm_o = dec
@@ -261,83 +297,57 @@ def q4k_dot(dec, xs):
 
 
 @triton.jit
-def _step(rows, kb, kb_end, SB: tl.constexpr):
-    """Super-blocks kb .. kb + SB (one a warp) of the rows at word offsets `rows` (ROWS_T, 1,
-    LANES): their offsets, clamped to the range's last, the super-block indices (SB, 1) and
-    which are in the range (1, SB, 1)."""
-    ks = kb + tl.arange(0, SB)
-    kbs = tl.minimum(ks, kb_end - 1)
-    return rows + (kbs * SUPER_WORDS)[None, :, None], kbs[:, None], (ks < kb_end)[None, :, None]
-
-
-@triton.jit
-def _tile(rows, ROWS_T: tl.constexpr, LANES: tl.constexpr):
-    """A program's rows (BLOCK_N,) as the word path's (ROWS_T, 1, LANES)."""
-    return tl.reshape(rows, (ROWS_T, 1, LANES))
-
-
-@triton.jit
-def _rows_out(acc, ROWS_T: tl.constexpr, LANES: tl.constexpr):
-    """(ROWS_T, SB, LANES, 4) partial sums → (BLOCK_N,): over the pairs, then the warps."""
-    return tl.reshape(tl.sum(tl.sum(acc, axis=3), axis=1), (ROWS_T * LANES,))
+def _rows_out(acc, ROWS_T: tl.constexpr):
+    """(ROWS_T, SB, 8, 4) partial sums → (BLOCK_N,): over the pairs, then the warps."""
+    return tl.reshape(tl.sum(tl.sum(acc, axis=3), axis=1), (ROWS_T * 8,))
 
 
 @triton.jit
 def q4k_row_dot(x_row, w32, rows, kb_start, kb_end, ROWS_T: tl.constexpr, SB: tl.constexpr,
-                LANES: tl.constexpr, ASM: tl.constexpr):  # fmt: skip
-    """(BLOCK_N,) float32: x_row · the Q4_K rows at word offsets `rows` (BLOCK_N = ROWS_T *
-    LANES; rows past the weight's clamped to its last, their sums to be dropped) over
-    super-blocks kb_start .. kb_end, SB a step (one a warp)."""
-    sb0 = _tile(rows, ROWS_T, LANES)
-    acc = tl.zeros((ROWS_T, SB, LANES, 4), dtype=tl.float32)
+                ASM: tl.constexpr):  # fmt: skip
+    """(BLOCK_N,) float32: x_row · the program's BLOCK_N = 8 ROWS_T Q4_K rows `rows`
+    (`_row_words`) over super-blocks kb_start .. kb_end, SB a step (one a warp)."""
+    acc = tl.zeros((ROWS_T, SB, 8, 4), dtype=tl.float32)
     for kb in range(kb_start, kb_end, SB):
-        sb, kbs, valid = _step(sb0, kb, kb_end, SB)
-        xs = q4k_x(x_row, kbs, SB, LANES, ASM)
-        acc += q4k_dot(q4k_decode(w32, sb, valid, ROWS_T, SB, LANES, ASM), xs)
-    return _rows_out(acc, ROWS_T, LANES)
+        xs = q4k_x(x_row, kb, kb_end, SB, ASM)
+        acc += q4k_dot(q4k_decode(w32, rows, kb, kb_end, ROWS_T, SB, ASM), xs)
+    return _rows_out(acc, ROWS_T)
 
 
 @triton.jit
 def q4k_pair_dot(x_row, w32, rows, rows2, kb_end, ROWS_T: tl.constexpr, SB: tl.constexpr,
-                 LANES: tl.constexpr, ASM: tl.constexpr):  # fmt: skip
+                 ASM: tl.constexpr):  # fmt: skip
     """`q4k_row_dot` of two row sets (a gate/up GEMV's gate and up rows) in one loop from
     super-block 0, the activations loaded and summed once for both."""
-    sb0 = _tile(rows, ROWS_T, LANES)
-    sb20 = _tile(rows2, ROWS_T, LANES)
-    acc = tl.zeros((ROWS_T, SB, LANES, 4), dtype=tl.float32)
-    acc2 = tl.zeros((ROWS_T, SB, LANES, 4), dtype=tl.float32)
+    acc = tl.zeros((ROWS_T, SB, 8, 4), dtype=tl.float32)
+    acc2 = tl.zeros((ROWS_T, SB, 8, 4), dtype=tl.float32)
     for kb in range(0, kb_end, SB):
-        sb, kbs, valid = _step(sb0, kb, kb_end, SB)
-        sb2, _, _ = _step(sb20, kb, kb_end, SB)
-        xs = q4k_x(x_row, kbs, SB, LANES, ASM)
-        acc += q4k_dot(q4k_decode(w32, sb, valid, ROWS_T, SB, LANES, ASM), xs)
-        acc2 += q4k_dot(q4k_decode(w32, sb2, valid, ROWS_T, SB, LANES, ASM), xs)
-    return _rows_out(acc, ROWS_T, LANES), _rows_out(acc2, ROWS_T, LANES)
+        xs = q4k_x(x_row, kb, kb_end, SB, ASM)
+        acc += q4k_dot(q4k_decode(w32, rows, kb, kb_end, ROWS_T, SB, ASM), xs)
+        acc2 += q4k_dot(q4k_decode(w32, rows2, kb, kb_end, ROWS_T, SB, ASM), xs)
+    return _rows_out(acc, ROWS_T), _rows_out(acc2, ROWS_T)
 
 
 @triton.jit
-def q4k_four_rows_dot(x0, stride_xm, more, w32, rows, kb_start, kb_end,
-                      ROWS_T: tl.constexpr, SB: tl.constexpr, LANES: tl.constexpr,
-                      ROWS: tl.constexpr, ASM: tl.constexpr):  # fmt: skip
-    """Four (BLOCK_N,) float32 dots: x rows x0, x0 + stride_xm, ... · the Q4_K rows at word
-    offsets `rows` over super-blocks kb_start .. kb_end, each super-block decoded once for the
-    four; x row r > 0 only where r < `more` (the call's rows from x0 on), else 0. ROWS = 1:
-    rows 1-3 compiled out, row 0's operations as with ROWS = 4."""
-    sb0 = _tile(rows, ROWS_T, LANES)
-    acc0 = tl.zeros((ROWS_T, SB, LANES, 4), dtype=tl.float32)
-    acc1 = tl.zeros((ROWS_T, SB, LANES, 4), dtype=tl.float32)
-    acc2 = tl.zeros((ROWS_T, SB, LANES, 4), dtype=tl.float32)
-    acc3 = tl.zeros((ROWS_T, SB, LANES, 4), dtype=tl.float32)
+def q4k_four_rows_dot(x0, stride_xm, more, w32, rows, kb_start, kb_end, ROWS_T: tl.constexpr,
+                      SB: tl.constexpr, ROWS: tl.constexpr, ASM: tl.constexpr):  # fmt: skip
+    """Four (BLOCK_N,) float32 dots: x rows x0, x0 + stride_xm, ... · the program's Q4_K rows
+    `rows` over super-blocks kb_start .. kb_end, each super-block decoded once for the four;
+    x row r > 0 only where r < `more` (the call's rows from x0 on), else 0. ROWS = 1: rows
+    1-3 compiled out, row 0's operations as with ROWS = 4."""
+    acc0 = tl.zeros((ROWS_T, SB, 8, 4), dtype=tl.float32)
+    acc1 = tl.zeros((ROWS_T, SB, 8, 4), dtype=tl.float32)
+    acc2 = tl.zeros((ROWS_T, SB, 8, 4), dtype=tl.float32)
+    acc3 = tl.zeros((ROWS_T, SB, 8, 4), dtype=tl.float32)
     for kb in range(kb_start, kb_end, SB):
-        sb, kbs, valid = _step(sb0, kb, kb_end, SB)
-        dec = q4k_decode(w32, sb, valid, ROWS_T, SB, LANES, ASM)
-        acc0 += q4k_dot(dec, q4k_x(x0, kbs, SB, LANES, ASM))
+        dec = q4k_decode(w32, rows, kb, kb_end, ROWS_T, SB, ASM)
+        acc0 += q4k_dot(dec, q4k_x(x0, kb, kb_end, SB, ASM))
         if ROWS > 1:
             if 1 < more:
-                acc1 += q4k_dot(dec, q4k_x(x0 + stride_xm, kbs, SB, LANES, ASM))
+                acc1 += q4k_dot(dec, q4k_x(x0 + stride_xm, kb, kb_end, SB, ASM))
             if 2 < more:
-                acc2 += q4k_dot(dec, q4k_x(x0 + 2 * stride_xm, kbs, SB, LANES, ASM))
+                acc2 += q4k_dot(dec, q4k_x(x0 + 2 * stride_xm, kb, kb_end, SB, ASM))
             if 3 < more:
-                acc3 += q4k_dot(dec, q4k_x(x0 + 3 * stride_xm, kbs, SB, LANES, ASM))
-    return (_rows_out(acc0, ROWS_T, LANES), _rows_out(acc1, ROWS_T, LANES),
-            _rows_out(acc2, ROWS_T, LANES), _rows_out(acc3, ROWS_T, LANES))  # fmt: skip
+                acc3 += q4k_dot(dec, q4k_x(x0 + 3 * stride_xm, kb, kb_end, SB, ASM))
+    return (_rows_out(acc0, ROWS_T), _rows_out(acc1, ROWS_T), _rows_out(acc2, ROWS_T),
+            _rows_out(acc3, ROWS_T))  # fmt: skip
