@@ -219,11 +219,16 @@ def test_q4_k_head_tile_matches_twin_and_keeps_row_bits() -> None:
 # --- the Q4_K word path (gguf_launch.Q4K_WORDS: factored sums, not the twin's bits) --------
 
 
-def test_q4k_words_are_the_default_decode_tiles() -> None:
-    """Q4_K decode GEMVs (MoE and the decode linear) default to the word tiles, and the
+@pytest.fixture
+def words_on(monkeypatch):
+    """The Q4_K word path switched on (`gguf_launch.Q4K_WORDS`, off by default until timed)."""
+    monkeypatch.setattr(gl, "Q4K_WORDS", True)
+
+
+def test_q4k_words_are_the_decode_tiles_when_on(words_on) -> None:
+    """Q4_K decode GEMVs (MoE and the decode linear) take the word tiles with the switch on, and the
     weights these tests draw (fresh allocations) allow them."""
     fmt = GGUFFormat("Q4_K")
-    assert gl.Q4K_WORDS
     assert gl.gemv_tiles(torch.bfloat16, fmt.btype).words
     assert gl.linear_tiles(1, torch.bfloat16, fmt.btype, 5120).words
     assert gl.q4k_words(_raw("Q4_K", 64, 2048, seed=40, experts=2), fmt.btype, 2048)
@@ -231,12 +236,15 @@ def test_q4k_words_are_the_default_decode_tiles() -> None:
 
 @pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16])
 @pytest.mark.parametrize("num_tokens", [1, 5])
-def test_q4k_words_moe_matches_twin_and_the_byte_path(dtype, num_tokens, monkeypatch) -> None:
+def test_q4k_words_moe_matches_twin_and_the_byte_path(dtype, num_tokens, monkeypatch, words_on):
     """Qwen3-30B-A3B's expert shapes (H 2048, I 768: down K = 3 super-blocks) in Q4_K: the
     word path within the twin's tolerance as the byte path is; a token's bits alike alone
     and in the batch."""
     x, ids, weights, w13, w2, inter = _moe("Q4_K", "Q4_K", num_tokens, seed=41)
-    x = x.to(dtype)
+    # random blocks' scales give outputs of ~4e4, past float16's range (the twin's too: inf,
+    # then nan in the comparison, on an H100 in the thirty-first session); 1/64 of x keeps
+    # them in range, an exact scaling
+    x = (x / 64 if dtype == torch.float16 else x).to(dtype)
     fmt = GGUFFormat("Q4_K")
     bt = fmt.btype
     assert gl.q4k_words(w13, bt, x.shape[1]) and gl.q4k_words(w2, bt, inter)
@@ -251,7 +259,7 @@ def test_q4k_words_moe_matches_twin_and_the_byte_path(dtype, num_tokens, monkeyp
 
 
 @pytest.mark.parametrize("n,k", [(2056, 2048), (2048, 4096)])  # an N tail; K split in programs
-def test_q4k_words_linear_matches_twin_and_keeps_row_bits(n, k) -> None:
+def test_q4k_words_linear_matches_twin_and_keeps_row_bits(n, k, words_on) -> None:
     """The decode linear's word path: within the twin's tolerance; a row's bits alike in
     batches of 1 (the one-row build), 3, 8 and 16."""
     fmt = GGUFFormat("Q4_K")
@@ -266,7 +274,7 @@ def test_q4k_words_linear_matches_twin_and_keeps_row_bits(n, k) -> None:
         assert torch.equal(fmt.triton_linear(x[:m], {"weight": raw}, bias, n, k), full[:m])
 
 
-def test_q4k_words_expert_bits_do_not_depend_on_the_slot() -> None:
+def test_q4k_words_expert_bits_do_not_depend_on_the_slot(words_on) -> None:
     x, ids, weights, w13, w2, inter = _moe("Q4_K", "Q4_K", 3, seed=44)
     bt = GGUFFormat("Q4_K").btype
     base = gl.fused_moe(x, ids, weights, w13, bt, w2, bt, inter)
@@ -279,7 +287,7 @@ def test_q4k_words_expert_bits_do_not_depend_on_the_slot() -> None:
     assert torch.equal(out, base)
 
 
-def test_q4k_words_graph_replays_the_kernels() -> None:
+def test_q4k_words_graph_replays_the_kernels(words_on) -> None:
     x, ids, weights, w13, w2, inter = _moe("Q4_K", "Q4_K", 1, seed=45)
     bt = GGUFFormat("Q4_K").btype
     qkv = _raw("Q4_K", 5120, 2048, seed=46)
@@ -303,9 +311,11 @@ def test_q4k_words_graph_replays_the_kernels() -> None:
     assert not torch.equal(eager[0], again[0])
 
 
-def test_q4k_words_misaligned_weights_take_the_byte_path(monkeypatch) -> None:
-    """Rows 4 bytes into their storage cannot load 16 bytes at a time: the byte path, its
-    bits (those of the switch off), within the twin's tolerance."""
+def test_q4k_words_misaligned_weights_take_the_byte_path(monkeypatch, words_on) -> None:
+    """Rows 4 bytes into their storage cannot load 16 bytes at a time: the byte path (the
+    switch off gives the same bits on the same storage), within the twin's tolerance. (Not
+    the bits of the aligned copy: the compiled byte kernel differs with the base's alignment
+    and so, on an H100, did its bits — thirty-first session.)"""
     fmt = GGUFFormat("Q4_K")
     n, k = 1000, 2048
     raw = _raw("Q4_K", n, k, seed=47)
@@ -316,4 +326,4 @@ def test_q4k_words_misaligned_weights_take_the_byte_path(monkeypatch) -> None:
     out = fmt.triton_linear(x, {"weight": shifted}, None, n, k)
     _close(out, fmt.reference_linear(x, {"weight": raw}, None, n, k))
     monkeypatch.setattr(gl, "Q4K_WORDS", False)
-    assert torch.equal(out, fmt.triton_linear(x, {"weight": raw}, None, n, k))
+    assert torch.equal(out, fmt.triton_linear(x, {"weight": shifted}, None, n, k))

@@ -53,9 +53,11 @@ Q8X_LINEAR = False
 # factored: each (row, sub-block) sum of q·x and of x scaled once (`triton/gguf_q4k_words.py`),
 # float32 throughout, within the twin's tolerance but not its bits. Taken where the rows allow
 # 16-byte loads (`q4k_words`: from strides and alignment, alike for every expert set and slot
-# cache); else the byte path. Not yet timed on a GPU (sm_90 SASS only: `_WORDS_GEMV`).
-# False: always the byte path.
-Q4K_WORDS = True
+# cache); else the byte path. sm_90 SASS only (`_WORDS_GEMV`; bench/NOTES.md, thirty-first
+# session): off until a GPU has timed it against the byte path. On an H100 (2026-12-07) its
+# first build's GPU tests passed for bf16 (7 of 10; the other three were faults of the tests,
+# since mended); the build here, with flat loads, has not run on a GPU. True: where allowed.
+Q4K_WORDS = False
 
 
 @dataclass(frozen=True)
