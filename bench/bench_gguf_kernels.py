@@ -70,6 +70,8 @@ def bench_type(name: str, sweep: bool) -> list[dict]:
         default = gl.gemv_tiles(x.dtype, bt)
         # twice the sub-blocks a step: half the iterations, twice the loads in flight
         configs = [None, replace(default, subs=2 * default.subs)]
+        if name == "Q4_K":  # the word path (gguf_launch.Q4K_WORDS) beside the byte path
+            configs.append(gl.gemv_tiles(x.dtype, bt, words=True))
         if sweep:
             configs += [gl.GGUFTiles(1, bn, subs, warps) for bn in (4, 8, 16, 32)
                         for subs in (4, 8) for warps in (2, 4, 8)]  # fmt: skip
@@ -107,6 +109,8 @@ def bench_type(name: str, sweep: bool) -> list[dict]:
             ]
             if n >= gl.HEAD_ROWS:
                 configs += [gl.GGUFTiles(1, 8, 8, 2), gl.GGUFTiles(1, 4, 8, 2)]
+        if name == "Q4_K":  # the word path (gguf_launch.Q4K_WORDS) beside the byte path
+            configs.append(gl.linear_tiles(1, x.dtype, bt, n, words=True))
         default = gl.linear_tiles(1, x.dtype, bt, n)
         # the default tiles unsplit, then every tile with the default split-K target, then
         # the default tiles at 2 and 4 times that target (programs in flight vs the reduce)
