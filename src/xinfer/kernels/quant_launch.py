@@ -96,8 +96,10 @@ JOINED = True
 # int4 words (GPTQ, AWQ, compressed-tensors): each code's fp16 (1024 + code) less (1024 +
 # zero) two codes an instruction (`sub.f16x2`, inline PTX), instead of a float32 subtraction
 # a code; both are exact, so the bits do not change. sm_90 SASS (`bench/sass_report.py`,
-# 2026-12-07): the one-row GPTQ linear's loop 509 → 473 instructions. The interpreter takes
-# the float32 subtraction (`kernels.inline_asm`). False: always the float32 subtraction.
+# 2026-12-07): the one-row GPTQ linear's loop 509 → 473 instructions. Measured on an H100
+# (2026-12-07, Qwen3-30B-A3B shape GPTQ, resident, `bench_decode_switches.py`), tok/s at batch
+# 1 / 8, off → on: 313.4 / 701.5 → 322.2 / 757.5. The interpreter takes the float32
+# subtraction (`kernels.inline_asm`). False: always the float32 subtraction.
 HALF2_ZERO = True
 # The MoE GEMV reads 4-bit codes as four 32-bit words (16 bytes) a thread where the weights
 # allow it (`word_vec`), not one word: a quarter of the load instructions, and a group's
@@ -106,17 +108,20 @@ HALF2_ZERO = True
 # gate/up 8.2 → 6.1 µs, down 4.4 → 3.7 (a layout conversion of x through shared memory
 # once a program added). The decode linears keep one word (their loop converts x every
 # step: 473 → 506). Other bits than one word (another order of the sums), the same for
-# every slot and batch. 1: one word a thread.
+# every slot and batch. Measured as HALF2_ZERO's row above, 1 → 4: 299.9 / 639.2 → 322.2 /
+# 757.5 tok/s. 1: one word a thread.
 MOE_WORD_VEC = 4
-# The factored GEMVs (decode linears, MoE GEMV) sum a tile's products eight neighbouring
-# columns at a time (a 4-bit word's, in one thread), scale each such sum and keep them across
-# the K steps, summing across threads once at the end; otherwise each group's sum crosses
-# the threads every step (shuffles) and is then scaled. Other bits (another order of the
-# sums), batch-invariant and slot-independent as before. sm_90 SASS (2026-12-07, with
-# HALF2_ZERO), loop instructions, off → on: GPTQ linear one row 473 → 412, eight rows 1,003
-# → 754; FP8 linear 355 → 329 / 746 → 644; issue of all a call executes, FP8 MoE GEMV
-# gate/up 5.7 → 5.0 µs, GPTQ's unchanged (6.1). Groups of 32 columns or more (`chunk`).
-# False: each group's sum across the threads every step.
+# The factored GEMVs (decode linears, MoE GEMV) of a format that asks for it
+# (`factored_chunks`: FP8) sum a tile's products eight neighbouring columns at a time (in one
+# thread), scale each such sum and keep them across the K steps, summing across threads
+# once at the end; otherwise each group's sum crosses the threads every step (shuffles) and
+# is then scaled. Other bits (another order of the sums), batch-invariant and
+# slot-independent as before. sm_90 SASS (2026-12-07), loop instructions, off → on: GPTQ
+# linear one row 473 → 412, eight rows 1,003 → 754; FP8 linear 355 → 329 / 746 → 644; FP8 MoE
+# GEMV gate/up 5.7 → 5.0 µs of issue. Measured end to end on an H100 (2026-12-07, Qwen3-30B-A3B
+# shape, `bench_decode_switches.py`), tok/s at batch 1 / 8: GPTQ 321.2 / 756.0 → 307.9 / 638.9
+# (slower: not taken), FP8 367.0 / 1,067.0 → 383.0 / 1,051.8. Groups of 32 columns or more
+# (`chunk`). False: never.
 CHUNK_SUMS = True
 
 
@@ -132,6 +137,7 @@ class QuantTiles:
     split_programs: int | None = None  # decode linears' split-K target (None: the default)
     joined: bool = False  # MoE GEMV: the gate and up tiles read in one loop, not two
     word_vec: int = 1  # MoE GEMV: 4-bit words a thread loads at once (`word_vec`)
+    chunk: bool = False  # factored GEMVs: sums eight columns a thread (`chunk`, CHUNK_SUMS)
 
 
 def _decode_block_k(kw: KernelWeights) -> int:
@@ -148,7 +154,7 @@ def gemv_tiles(fmt: WeightFormat, kw13: KernelWeights) -> QuantTiles:
     return QuantTiles(
         block_m=1, block_n=8, block_k=fmt.moe_gemv_block_k or _decode_block_k(kw13),
         num_warps=8, down_block_n=16, joined=JOINED and fmt.moe_gemv_joined,
-        word_vec=MOE_WORD_VEC,
+        word_vec=MOE_WORD_VEC, chunk=fmt.factored_chunks,
     )  # fmt: skip
 
 
@@ -173,9 +179,11 @@ def linear_tiles(
         fits = FACTORED and kw is not None and k is not None and rows_tiles_fit(kw, block_k, k)
         alone = ONE_ROW_ALONE and (fmt is None or fmt.decode_one_row_alone)
         four = fits and not (alone and m == 1)
+        chunked = fmt is not None and fmt.factored_chunks
         return QuantTiles(
-            block_m=4 if four else 1, block_n=block_n, block_k=block_k, num_warps=warps
-        )
+            block_m=4 if four else 1, block_n=block_n, block_k=block_k, num_warps=warps,
+            chunk=chunked,
+        )  # fmt: skip
     if m <= DECODE_M:  # weight-bound: narrow N tiles, K split below, give every SM work
         block_k = _decode_block_k(kw) // 2 if kw is not None else 128
         return QuantTiles(block_m=16, block_n=32, block_k=block_k, num_warps=4)
@@ -224,11 +232,12 @@ def word_vec(kw: KernelWeights, block_k: int, k: int, vec: int) -> int:
     return vec if aligned and group_t(kw, block_k, k) % (8 * vec) == 0 else 1
 
 
-def chunk(group: int) -> int:
-    """The factored GEMVs' CHUNK for groups of `group` columns (CHUNK_SUMS): 8, or 0 (each
-    group's sum across the threads every step) when off or for groups under 32 columns
-    (NVFP4's 16: its MoE GEMV's SASS grew, gate/up 6.2 → 7.1 µs of issue)."""
-    return 8 if CHUNK_SUMS and group >= 32 and group % 8 == 0 else 0
+def chunk(group: int, tiles: QuantTiles) -> int:
+    """The factored GEMVs' CHUNK for groups of `group` columns on `tiles` (their `chunk`, from
+    the format's `factored_chunks`, and CHUNK_SUMS): 8, or 0 (each group's sum across the
+    threads every step) when off or for groups under 32 columns (NVFP4's 16: its MoE GEMV's
+    SASS grew, gate/up 6.2 → 7.1 µs of issue)."""
+    return 8 if CHUNK_SUMS and tiles.chunk and group >= 32 and group % 8 == 0 else 0
 
 
 def half2(kw: KernelWeights) -> bool:
@@ -323,7 +332,7 @@ def _gemv_linear(x2, kw: KernelWeights, bias, out, tiles: QuantTiles) -> None:
     gt = group_t(kw, tiles.block_k, k)
     consts = dict(
         **_fmt_kw(kw), PACKED=packed(kw), HAS_BIAS=sk.fuse_bias, BLOCK_N=tiles.block_n,
-        BLOCK_K=tiles.block_k, GROUP_T=gt, CHUNK=chunk(gt), REDUCE=sk.reduce,
+        BLOCK_K=tiles.block_k, GROUP_T=gt, CHUNK=chunk(gt, tiles), REDUCE=sk.reduce,
         EVEN=even(n, k, tiles.block_n, tiles.block_k), num_warps=tiles.num_warps,
         HALF2=half2(kw), **pdl.options(x2),
     )  # fmt: skip
@@ -420,7 +429,7 @@ def fused_moe(
             x13, topk_ids, *a13, inter_buf, hidden_dim, inter,
             x13.stride(0), *s13, inter_buf.stride(0),
             **_fmt_kw(kw13), PACKED=packed(kw13), TOP_K=x13_top_k, BLOCK_N=t.block_n,
-            BLOCK_K=t.block_k, GROUP_T=gt13, CHUNK=chunk(gt13) if factored else 0,
+            BLOCK_K=t.block_k, GROUP_T=gt13, CHUNK=chunk(gt13, t) if factored else 0,
             FACTORED=factored, WORDS=words(kw13, t.block_k, hidden_dim),
             EVEN=even(inter, hidden_dim, t.block_n, t.block_k), JOINED=t.joined,
             WORD_VEC=word_vec(kw13, t.block_k, hidden_dim, t.word_vec), HALF2=half2(kw13),
@@ -435,7 +444,7 @@ def fused_moe(
             inter_buf, topk_ids, *a2, y, topk_weights, out, counters, hidden_dim, inter,
             inter_buf.stride(0), *s2, y.stride(0), out.stride(0),
             **_fmt_kw(kw2), PACKED=packed(kw2), BLOCK_N=down_n,
-            BLOCK_K=down_k, GROUP_T=gt2, CHUNK=chunk(gt2) if factored else 0, FACTORED=factored,
+            BLOCK_K=down_k, GROUP_T=gt2, CHUNK=chunk(gt2, t) if factored else 0, FACTORED=factored,
             TOP_K=top_k, COMBINE=fused, WORDS=words(kw2, down_k, inter),
             EVEN=even(hidden_dim, inter, down_n, down_k),
             WORD_VEC=word_vec(kw2, down_k, inter, t.word_vec), HALF2=half2(kw2),

@@ -264,6 +264,10 @@ class SharedKernelFormat(WeightFormat):
     # (`test_linear_rows_do_not_depend_on_the_batch`) shows the two compiled kernels give a
     # row the same bits, so a row's output never depends on the batch.
     decode_one_row_alone = False
+    # Whether the factored GEMVs sum this format's products eight columns at a time within a
+    # thread and across threads once after the K loop (`quant_launch.CHUNK_SUMS`), rather
+    # than each group's sum across threads every step: measured per format end to end.
+    factored_chunks = False
 
     @abstractmethod
     def kernel_weights(self, tensors: dict[str, torch.Tensor], k: int) -> KernelWeights: ...

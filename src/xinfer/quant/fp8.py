@@ -38,8 +38,12 @@ class Fp8Block(SharedKernelFormat):
     # 5.2 / 13.6 (x loaded and converted once for 4x the output rows), rows alone and in
     # eight equal bit for bit
     decode_linear_tiles = (32, 256, 4)
-    # every row of 16 alone equals its row in the batch at both shapes (H100, fifteenth session)
+    # every row of 16 alone equals its row in the batch at both shapes (H100, fifteenth session;
+    # again with `factored_chunks`, thirty-first session)
     decode_one_row_alone = True
+    # Qwen3-30B-A3B shape resident decode (H100, 2026-12-07, `bench_decode_switches.py`, one
+    # process): 367.0 → 383.0 tok/s at batch 1, 1,067.0 → 1,051.8 at batch 8
+    factored_chunks = True
 
     @property
     def name(self) -> str:  # type: ignore[override]
