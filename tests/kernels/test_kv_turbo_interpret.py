@@ -194,3 +194,81 @@ def test_rotation_kernel_is_the_matmul(launch, dtype, head_dim):
         got = turbo_launch.rotate(x, m)
         assert got.shape == x.shape and got.dtype == dtype
         torch.testing.assert_close(got, (x.double() @ m.double()).to(dtype), **TOL[dtype])
+
+
+def _ragged_batch(bits, head_dim, seed):
+    """The tiny qwen3_moe engine's shapes (4 query heads on 2 KV heads, blocks of 16): six
+    sequences of different lengths in shuffled blocks, each with its new tokens' slots
+    (a cached prefix that ends inside a block for two of them), and their k, v, q."""
+    g = torch.Generator().manual_seed(seed)
+    hq, hk, block = 4, 2, 16
+    seq_lens = [5, 17, 9, 30, 2, 12]
+    query_lens = [5, 17, 9, 7, 2, 3]  # 30 - 7 and 12 - 3: prefixes ending mid-block
+    tables = torch.randperm(24, generator=g).view(6, 4).to(torch.int32)
+    pos = [torch.arange(s) for s in seq_lens]
+    slots = torch.cat([tables[i, p // block].long() * block + p % block for i, p in enumerate(pos)])
+    total = sum(seq_lens)
+    k = torch.randn(total, hk, head_dim, generator=g) * 2
+    v = torch.randn(total, hk, head_dim, generator=g)
+    q = torch.randn(sum(query_lens), hq, head_dim, generator=g)
+    cache = turbo.allocate(TurboQuant(bits), 24, block, hk, head_dim, torch.float32, k.device)
+    return cache, k, v, slots, q, tables, seq_lens, query_lens
+
+
+def _bounds(lens):
+    return torch.tensor([0, *lens]).cumsum(0).tolist()
+
+
+@child_only
+@pytest.mark.parametrize("bits, head_dim", [(4, 16), (3, 16), (4, 40)])
+def test_ragged_batch_gives_each_sequence_its_result_alone(launch, bits, head_dim):
+    """The TurboQuant paths of a batch of several sequences (the engine's greedy batch-
+    invariance test, tests/kernels/test_kv_turbo_gpu.py): the store of every token in one
+    launch gives the codes of one launch a sequence and the twin's; prefill over the ragged
+    batch gives each sequence the bits it gets alone, and the reference on the dequantized
+    cache; batched decode over different context lengths likewise; and a prompt's last token
+    attended by the decode kernel (what a prefix-cache hit leaves to compute) matches its
+    row of the prefill."""
+    attn_launch, store_launch = launch
+    cache, k, v, slots, q, tables, seq_lens, query_lens = _ragged_batch(bits, head_dim, bits)
+    tok = _bounds(seq_lens)
+    store_launch.store(k, v, cache, slots)
+    alone = turbo.allocate(TurboQuant(bits), 24, 16, 2, head_dim, torch.float32, k.device)
+    for i in range(len(seq_lens)):
+        store_launch.store(k[tok[i] : tok[i + 1]], v[tok[i] : tok[i + 1]], alone,
+                           slots[tok[i] : tok[i + 1]])  # fmt: skip
+    twin = turbo.allocate(TurboQuant(bits), 24, 16, 2, head_dim, torch.float32, k.device)
+    turbo.store(k, v, twin, slots)
+    for got, one, want in zip(cache.tensors(), alone.tensors(), twin.tensors(), strict=True):
+        assert torch.equal(got.view(torch.uint8), one.view(torch.uint8))
+        assert torch.equal(got.view(torch.uint8), want.view(torch.uint8))
+
+    planes = ((cache.k_codes, cache.k_scales), (cache.v_codes, cache.v_scales))
+    dense = [turbo.dequantize(c, s, cache.centroids, bits) for c, s in planes]
+
+    def attend(q_rows, rows, qlens, **kw):
+        """The kernel on sequences `rows` (queries q_rows, new tokens qlens), and the
+        reference on the dequantized cache."""
+        lens = torch.tensor([seq_lens[i] for i in rows], dtype=torch.int32)
+        qsl = torch.tensor(_bounds(qlens), dtype=torch.int32)
+        case = (q_rows, cache, tables[rows], lens, qsl)
+        return _attend(attn_launch, case, 0.25, **kw), _expected(case, dense, 0.25)
+
+    rows = list(range(len(seq_lens)))
+    qt = _bounds(query_lens)
+    together, want = attend(q, rows, query_lens, max_query_len=30, max_seq_len=30)
+    torch.testing.assert_close(together, want, **TOL[torch.float32])
+    for i in rows:
+        mine = slice(qt[i], qt[i + 1])
+        one, _ = attend(q[mine], [i], [query_lens[i]], max_query_len=query_lens[i],
+                        max_seq_len=seq_lens[i])  # fmt: skip
+        assert torch.equal(one, together[mine]), f"prefill of sequence {i}"
+        last = q[qt[i + 1] - 1 : qt[i + 1]]  # the last token alone, by the decode kernel
+        by_decode, _ = attend(last, [i], [1], max_query_len=1, max_seq_len=512)
+        torch.testing.assert_close(by_decode[0], together[qt[i + 1] - 1], **TOL[torch.float32])
+    q_dec = torch.randn(len(rows), 4, head_dim, generator=torch.Generator().manual_seed(9))
+    batched, want = attend(q_dec, rows, [1] * len(rows), max_query_len=1, max_seq_len=512)
+    torch.testing.assert_close(batched, want, **TOL[torch.float32])
+    for i in rows:
+        one, _ = attend(q_dec[i : i + 1], [i], [1], max_query_len=1, max_seq_len=512)
+        assert torch.equal(one[0], batched[i]), f"decode of sequence {i}"

@@ -84,6 +84,14 @@ def turbo_store_kernel(
 
 
 @triton.jit
+def _fields(codes, WIDTH: tl.constexpr, COUNT: tl.constexpr):
+    """(R, B) bytes → (R, B, COUNT) int32: field i of byte j (bits WIDTH * i and up) at
+    [.., j, i]. Shifts along a new last axis, not `tl.join`s (see `turbo_kv_rows`)."""
+    shifts = WIDTH * tl.arange(0, COUNT)[None, None, :]
+    return (codes.to(tl.int32)[:, :, None] >> shifts) & ((1 << WIDTH) - 1)
+
+
+@triton.jit
 def turbo_kv_rows(
     codes_ptr, scales_ptr, centroids_ptr, blk, n, n_mask, d, d_mask,
     block_size: tl.constexpr, stride_b, stride_s,
@@ -93,33 +101,38 @@ def turbo_kv_rows(
     blocks `blk`: `codes_ptr`/`scales_ptr` at the KV head's first row, codes strides
     (stride_b, stride_s) (contiguous caches: a row's scale sits at its codes offset / width).
     A row's bytes are contiguous, so they load as vectors: 4-bit codes as a (BLOCK_N,
-    BLOCK_D / 2) tile whose low and high nibbles are joined (coordinate 2j + h); 3-bit codes
-    as a tile of low bit pairs and one of high bits, each unpacked by nested joins. Columns
-    past HEAD_DIM get index 0 (their q and output columns are masked by the caller).
+    BLOCK_D / 2) tile, 3-bit codes as a tile of low bit pairs and one of high bits; each
+    byte's fields are spread along a new last axis by shifts (`_fields`), which a reshape
+    folds into the coordinate. Columns past HEAD_DIM get index 0 (their q and output
+    columns are masked by the caller).
     SHUFFLE: the centroid table in registers, looked up with `tl.gather`, instead of a load
-    of the cached table a coordinate."""
+    of the cached table a coordinate.
+
+    No `tl.join` here: the rows feed `tl.dot`, and Triton 3.6 (the GPU machine's) takes a
+    join in a dot operand's producers for an unpacked 4-bit type, so its MMAv2 dots (the
+    decode kernel's) get kWidth 8 instead of 4, which gives wrong sums where the dot's K is
+    under 32 (head_dim 16: q . k; a 16-key tile: p . v). Fixed upstream after 3.6 (MMAv2
+    kWidth bounded by K; 3.9, the CI's, gives 4 either way); with these shifts 3.6 gives 4
+    too. `tests/kernels/test_kv_turbo_compile.py` checks both."""
     row = blk * stride_b + (n % block_size) * stride_s  # (BLOCK_N,) codes offsets
-    if BITS == 4:  # two a byte: the low and high nibbles joined, coordinate 2j + h
-        half = tl.arange(0, d.shape[0] // 2)
+    rows: tl.constexpr = n.shape[0]
+    cols: tl.constexpr = d.shape[0]
+    if BITS == 4:  # two a byte, coordinate 2j + h in nibble h of byte j
+        half = tl.arange(0, cols // 2)
         half_mask = n_mask[:, None] & (half < HEAD_DIM // 2)[None, :]
         pairs = tl.load(codes_ptr + row[:, None] + half[None, :], mask=half_mask, other=0)
-        pairs = pairs.to(tl.int32)
-        idx = tl.reshape(tl.join(pairs & 15, pairs >> 4), (n.shape[0], d.shape[0]))
-    else:  # 3 bits: low bit pairs (coordinate 4j + i), then high bits (8j + i), joined
-        quad = tl.arange(0, d.shape[0] // 4)
+        idx = tl.reshape(_fields(pairs, 4, 2), (rows, cols))
+    else:  # 3 bits: low bit pairs (coordinate 4j + i), then high bits (8j + i)
+        quad = tl.arange(0, cols // 4)
         q_mask = n_mask[:, None] & (quad < HEAD_DIM // 4)[None, :]
-        c = tl.load(codes_ptr + row[:, None] + quad[None, :], mask=q_mask, other=0).to(tl.int32)
-        low = tl.join(tl.join(c & 3, (c >> 4) & 3), tl.join((c >> 2) & 3, (c >> 6) & 3))
-        octet = tl.arange(0, d.shape[0] // 8)
-        o_mask = n_mask[:, None] & (octet < HEAD_DIM // 8)[None, :]
-        h = tl.load(codes_ptr + row[:, None] + HEAD_DIM // 4 + octet[None, :], mask=o_mask,
-                    other=0).to(tl.int32)  # fmt: skip
-        high = tl.join(
-            tl.join(tl.join(h & 1, (h >> 4) & 1), tl.join((h >> 2) & 1, (h >> 6) & 1)),
-            tl.join(tl.join((h >> 1) & 1, (h >> 5) & 1), tl.join((h >> 3) & 1, (h >> 7) & 1)),
-        )  # [.., a, b, c] = bit 4a + 2b + c (a join's new axis is last)
-        low = tl.reshape(low, (n.shape[0], d.shape[0]))
-        idx = low | (tl.reshape(high, (n.shape[0], d.shape[0])) << 2)
+        c = tl.load(codes_ptr + row[:, None] + quad[None, :], mask=q_mask, other=0)
+        # quad j's high bits: nibble j % 2 of high byte j // 2 (each byte read twice), so
+        # that both tiles are (rows, quads): one shape and layout, one reshape
+        high = (HEAD_DIM // 4 + quad // 2)[None, :]
+        h = tl.load(codes_ptr + row[:, None] + high, mask=q_mask, other=0).to(tl.int32)
+        h = (h << 2) >> (4 * (quad % 2))[None, :]  # bit i + 2: coordinate 4j + i's high bit
+        i = tl.arange(0, 4)[None, None, :]
+        idx = tl.reshape(_fields(c, 2, 4) | ((h[:, :, None] >> i) & 4), (rows, cols))
     scale_ptrs = scales_ptr + row // (BITS * (HEAD_DIM // 8))
     scale = tl.load(scale_ptrs, mask=n_mask, other=0.0).to(tl.float32)
     if SHUFFLE:  # the table in registers, looked up with `tl.gather` (warp shuffles)
