@@ -286,7 +286,7 @@ def _dot32(vs, xs):
 
 
 @triton.jit
-def q4k_dot(dec, xs):
+def q4k_word_sums(dec, xs):
     """(ROWS_T, SB, 8, 4) float32: each row's dot over each pair's two sub-blocks,
     (d sc) S - (dmin m) X, of decoded super-blocks (`q4k_decode`) with their activations
     (`q4k_x`), all within a thread."""
@@ -310,7 +310,7 @@ def q4k_row_dot(x_row, w32, rows, kb_start, kb_end, ROWS_T: tl.constexpr, SB: tl
     acc = tl.zeros((ROWS_T, SB, 8, 4), dtype=tl.float32)
     for kb in range(kb_start, kb_end, SB):
         xs = q4k_x(x_row, kb, kb_end, SB, ASM)
-        acc += q4k_dot(q4k_decode(w32, rows, kb, kb_end, ROWS_T, SB, ASM), xs)
+        acc += q4k_word_sums(q4k_decode(w32, rows, kb, kb_end, ROWS_T, SB, ASM), xs)
     return _rows_out(acc, ROWS_T)
 
 
@@ -323,8 +323,8 @@ def q4k_pair_dot(x_row, w32, rows, rows2, kb_end, ROWS_T: tl.constexpr, SB: tl.c
     acc2 = tl.zeros((ROWS_T, SB, 8, 4), dtype=tl.float32)
     for kb in range(0, kb_end, SB):
         xs = q4k_x(x_row, kb, kb_end, SB, ASM)
-        acc += q4k_dot(q4k_decode(w32, rows, kb, kb_end, ROWS_T, SB, ASM), xs)
-        acc2 += q4k_dot(q4k_decode(w32, rows2, kb, kb_end, ROWS_T, SB, ASM), xs)
+        acc += q4k_word_sums(q4k_decode(w32, rows, kb, kb_end, ROWS_T, SB, ASM), xs)
+        acc2 += q4k_word_sums(q4k_decode(w32, rows2, kb, kb_end, ROWS_T, SB, ASM), xs)
     return _rows_out(acc, ROWS_T), _rows_out(acc2, ROWS_T)
 
 
@@ -341,13 +341,13 @@ def q4k_four_rows_dot(x0, stride_xm, more, w32, rows, kb_start, kb_end, ROWS_T: 
     acc3 = tl.zeros((ROWS_T, SB, 8, 4), dtype=tl.float32)
     for kb in range(kb_start, kb_end, SB):
         dec = q4k_decode(w32, rows, kb, kb_end, ROWS_T, SB, ASM)
-        acc0 += q4k_dot(dec, q4k_x(x0, kb, kb_end, SB, ASM))
+        acc0 += q4k_word_sums(dec, q4k_x(x0, kb, kb_end, SB, ASM))
         if ROWS > 1:
             if 1 < more:
-                acc1 += q4k_dot(dec, q4k_x(x0 + stride_xm, kb, kb_end, SB, ASM))
+                acc1 += q4k_word_sums(dec, q4k_x(x0 + stride_xm, kb, kb_end, SB, ASM))
             if 2 < more:
-                acc2 += q4k_dot(dec, q4k_x(x0 + 2 * stride_xm, kb, kb_end, SB, ASM))
+                acc2 += q4k_word_sums(dec, q4k_x(x0 + 2 * stride_xm, kb, kb_end, SB, ASM))
             if 3 < more:
-                acc3 += q4k_dot(dec, q4k_x(x0 + 3 * stride_xm, kb, kb_end, SB, ASM))
+                acc3 += q4k_word_sums(dec, q4k_x(x0 + 3 * stride_xm, kb, kb_end, SB, ASM))
     return (_rows_out(acc0, ROWS_T), _rows_out(acc1, ROWS_T), _rows_out(acc2, ROWS_T),
             _rows_out(acc3, ROWS_T))  # fmt: skip
