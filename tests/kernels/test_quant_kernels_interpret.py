@@ -275,3 +275,37 @@ def test_4bit_code_decoders_are_exact(ql):
     assert torch.equal(out[:16], torch.cat([e2m1, -e2m1]))
     codes = torch.arange(16.0)
     assert torch.equal(out[16:].view(16, 16), codes[None, :] - codes[:, None])
+
+
+def test_gemv_options_come_from_format_shapes_and_alignment(monkeypatch):
+    """The GEMV options the launcher picks (no kernel runs): four words a thread only where
+    every row, expert and the base sit on 16-byte boundaries (else one, the same for every
+    slot cache of that shape); chunked sums only for a format that asks for them (FP8), on
+    groups of 32 columns or more; the int4 zero by `sub.f16x2` only outside the
+    interpreter and for int4 codes."""
+    from xinfer.kernels import quant_launch as ql
+    from xinfer.quant.fp8 import Fp8Block
+    from xinfer.quant.gptq import GptqInt4
+
+    gptq, fp8 = GptqInt4(group_size=128, has_zero=False), Fp8Block(128, 128)
+    kw = gptq.kernel_weights(random_weights(gptq, 64, 2048, seed=5, count=2), 2048)
+    assert ql.word_vec(kw, 2048, 2048, 4) == 4 and ql.word_vec(kw, 2048, 2048, 1) == 1
+    shifted = torch.empty(kw.w.numel() + 4, dtype=torch.uint8)[4:].view(kw.w.shape)
+    assert ql.word_vec(dataclasses.replace(kw, w=shifted), 2048, 2048, 4) == 1
+    odd_rows = torch.empty(2, 64, 1028, dtype=torch.uint8)[:, :, :1024]  # rows 1,028 bytes apart
+    assert ql.word_vec(dataclasses.replace(kw, w=odd_rows), 2048, 2048, 4) == 1
+    assert ql.gemv_tiles(gptq, kw).word_vec == ql.MOE_WORD_VEC
+
+    assert ql.chunk(128, ql.gemv_tiles(fp8, kw)) == 8
+    assert ql.chunk(16, ql.gemv_tiles(fp8, kw)) == 0  # NVFP4-sized groups
+    assert ql.chunk(128, ql.gemv_tiles(gptq, kw)) == 0
+    assert ql.chunk(128, ql.linear_tiles(1, torch.bfloat16, kw, 2048, fp8)) == 8
+    monkeypatch.setattr(ql, "CHUNK_SUMS", False)
+    assert ql.chunk(128, ql.gemv_tiles(fp8, kw)) == 0
+
+    monkeypatch.setenv("TRITON_INTERPRET", "0")
+    assert ql.half2(kw)
+    fp8_kw = fp8.kernel_weights(random_weights(fp8, 64, 256, seed=6), 256)
+    assert not ql.half2(fp8_kw)
+    monkeypatch.setenv("TRITON_INTERPRET", "1")
+    assert not ql.half2(kw)
