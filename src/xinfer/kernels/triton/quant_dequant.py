@@ -218,8 +218,10 @@ def load_raw_words(
     GROUP_T, GROUP_T) in column order and the scales, as `load_raw_tile3`. Nibble k and
     k + 4 of a word sit at bits 4k and 4k + 16, one per 16-bit half, so one shift, mask and
     or decode two codes into fp16 bits (NVFP4: `_e2m1_scaled`'s bits; int4: 1024 + code,
-    exact, less 1024 + zero in float32), and joins put the eight back in column order.
-    EVEN: as `load_raw_tile3`'s, the words load unmasked."""
+    exact, less 1024 + zero in float32, or with HALF2 both halves at once by `sub.f16x2`:
+    the same values), and joins put the eight back in column order (this tile feeds no
+    `tl.dot`; see `turbo_kv_rows` for joins before dots under Triton 3.6). EVEN: as
+    `load_raw_tile3`'s, the words load unmasked. WORD_VEC: words a thread loads at once."""
     G: tl.constexpr = BLOCK_K // GROUP_T
     NW: tl.constexpr = GROUP_T // 8
     g = tl.arange(0, G)
@@ -227,8 +229,9 @@ def load_raw_words(
     mask = mask_n[:, None, None] & (8 * wcols < k_dim)[None, :, :]
     wp = w_ptr.to(tl.pointer_type(tl.int32))
     woffs = offs_n[:, None, None] * (stride_wn // 4) + wcols[None, :, :]
-    # one word a thread (contiguity 1): the eight values of a word then lie in one thread as
-    # the activations' 16-byte loads do, and the product needs no layout conversion
+    # WORD_VEC words a thread (1: the eight values of a word lie in one thread as the
+    # activations' 16-byte loads do, so the product needs no layout conversion; 4, the MoE
+    # GEMV's: 16-byte loads, x converted once a program; the launcher checks the alignment)
     woffs = tl.max_contiguous(tl.multiple_of(woffs, [1, 1, WORD_VEC]), [1, 1, WORD_VEC])
     if EVEN:
         word = tl.load(wp + woffs)
