@@ -31,6 +31,15 @@ def use_triton(t: torch.Tensor) -> bool:
     return t.is_cuda and has_triton() and not envs.XINFER_DISABLE_TRITON()
 
 
+def rows_aligned(t: torch.Tensor, nbytes: int) -> bool:
+    """Whether `t`'s base and every row (each stride but the last, in bytes) start on an
+    `nbytes` boundary: what a kernel's vector loads of whole rows need. From the layout
+    alone, alike for every expert set and slot cache of a shape (each its own allocation),
+    so a launcher's choice by it never makes an expert's bits depend on where it is held."""
+    size = t.element_size()
+    return t.data_ptr() % nbytes == 0 and all(st * size % nbytes == 0 for st in t.stride()[:-1])
+
+
 def inline_asm() -> bool:
     """Whether Triton kernels may use inline PTX: everywhere but Triton's CPU interpreter
     (no inline assembly there; the kernels then take plain operations of the same results)."""

@@ -166,12 +166,7 @@ def q4k_words(w: torch.Tensor, btype: BlockType, k: int) -> bool:
     its 144-byte super-blocks) loads 16 bytes at a time. From the strides and the base alone,
     which are alike for a layer's every expert set and slot cache (each its own allocation):
     an expert's bits do not depend on where it is held."""
-    return (
-        btype.name == "Q4_K"
-        and k % 256 == 0
-        and all(st % 16 == 0 for st in w.stride()[:-1])
-        and w.data_ptr() % 16 == 0
-    )
+    return btype.name == "Q4_K" and k % 256 == 0 and kernels.rows_aligned(w, 16)
 
 
 def _words_consts(t: GGUFTiles) -> dict:

@@ -40,10 +40,7 @@ def _readable(btype: BlockType, w: torch.Tensor, k: int) -> bool:
     if btype.name not in _TYPES or k % (32 if btype.name == "Q8_0" else 256):
         return False  # Q8_0 rows may end inside a step of 256 (Qwen1.5's 1408 under ISQ)
     size = 4 if btype.name == "Q4_K" else 2
-    strides = w.stride()
-    return (
-        strides[-1] == 1 and w.data_ptr() % size == 0 and all(st % size == 0 for st in strides[:-1])
-    )
+    return w.stride()[-1] == 1 and kernels.rows_aligned(w, size)
 
 
 def supports(

@@ -210,13 +210,11 @@ def _args(kw: KernelWeights, expert_dim: bool) -> tuple:
 def words(kw: KernelWeights, block_k: int, k: int) -> bool:
     """Whether the GEMVs may read `kw`'s 4-bit codes as 32-bit words (`load_raw_words`):
     groups of whole words and every row (and expert) starting on a 4-byte boundary."""
-    w = kw.w
     return (
         packed(kw)
         and group_t(kw, block_k, k) % 8 == 0
         and k % 8 == 0
-        and all(st % 4 == 0 for st in w.stride()[:-1])
-        and w.data_ptr() % 4 == 0
+        and kernels.rows_aligned(kw.w, 4)
     )
 
 
@@ -225,11 +223,10 @@ def word_vec(kw: KernelWeights, block_k: int, k: int, vec: int) -> int:
     words (`words`) come in aligned runs of `vec` (a group whole runs, every row and expert
     and the base on a 4·vec-byte boundary), else 1. From the shapes, strides and base, which
     are alike for a format's every expert set and slot cache (each its own allocation)."""
-    w = kw.w
     if vec <= 1 or not words(kw, block_k, k):
         return 1
-    aligned = all(st % (4 * vec) == 0 for st in w.stride()[:-1]) and w.data_ptr() % (4 * vec) == 0
-    return vec if aligned and group_t(kw, block_k, k) % (8 * vec) == 0 else 1
+    aligned = kernels.rows_aligned(kw.w, 4 * vec) and group_t(kw, block_k, k) % (8 * vec) == 0
+    return vec if aligned else 1
 
 
 def chunk(group: int, tiles: QuantTiles) -> int:
