@@ -13,30 +13,28 @@ if [ "${CALL_LIST:-1}" = 1 ]; then
   GPU_RUN_LIMIT=$(lim) HOSTCHECK_KINDS=0 bash $G hostcheck 2>&1 | tail -4
   MODE=healthy; grep -q SLOW $R/host_verdict.txt && MODE=slow; MODE=${FORCE:-$MODE}
   echo "MODE=$MODE"; echo "$MODE" > $R/mode.txt
-  # a healthy host runs the llama.cpp rows in the second call: its build (242 s) starts now
-  [ "$MODE" = healthy ] && [ -d bench/.llamacpp_kit ] && bash bench/bench_vs_llamacpp.sh --start-build | tail -1
-  # on any host first: the GPU tests of the switches that are off (fused decode-attention
-  # merge, PDL) or new (the router's top-k in its GEMV), then their A/B in one process
-  GPU_RUN_LIMIT=$(lim) GPU_TESTS_TIMEOUT=200 \
-    GPU_TESTS="tests/kernels/test_decode_reduce_fused_gpu.py tests/kernels/test_pdl_gpu.py tests/kernels/test_router_topk_gpu.py" \
-    bash $G gputests 2>&1 | tail -6
-  GPU_RUN_LIMIT=$(lim) SWITCH_TIMEOUT=$(($(lim) - 15)) bash $G switches 2>&1 | tail -26
+  # the llama.cpp build (242 s) for the second call's rows starts now, on any host
+  [ -d bench/.llamacpp_kit ] && bash bench/bench_vs_llamacpp.sh --start-build | tail -1
+  # the Q4_K word GEMVs' GPU tests and the turbo fix's (Triton 3.6's join-before-dot fault)
+  GPU_RUN_LIMIT=$(lim) PYTEST_TIMEOUT=240 PYTEST_TAG=_words_turbo \
+    PYTEST_FILES="tests/kernels/test_gguf_kernels.py tests/kernels/test_kv_turbo_gpu.py" \
+    PYTEST_K="q4k_words or Q4_K or turbo" bash $G pytestk 2>&1 | tail -8
+  GPU_RUN_LIMIT=$(lim) GGUF_KERNEL_TIMEOUT=200 GGUF_TYPES=Q4_K bash $G ggufkernel 2>&1 | tail -30
+  # the words become the default for the next calls where their tests passed and their MoE
+  # GEMV beat the byte tile at one and eight tokens
+  python3 bench/q4k_words_verdict.py $R/pytest_words_turbo.txt $R/gguf_kernels.jsonl \
+    | tee $R/q4k_words.txt
+  GPU_RUN_LIMIT=$(lim) QUANT_FORMATS=gptq QUANT_TIMEOUT=$(($(lim) - 30)) bash $G decoderows 2>&1 | tail -12
 else
   MODE=$(cat $R/mode.txt 2>/dev/null || echo slow); echo "MODE=$MODE (from the first call)"
-  q() { # quantoff with offload args $2, its outputs renamed with tag $1
-    GPU_RUN_LIMIT=$(lim) QUANT_FORMATS=${QF:-gptq} QUANT_OFFLOAD_ARGS="$2" bash $G quantoff 2>&1 | tail -8
-    for f in $R/quant_offload*; do [ -e "$f" ] && mv "$f" "${f/quant_offload/qoff_$1}"; done; }
-  Q="--rates 0.2 --batches 1 --steps 64 --warmup-steps 16 --ttft-tokens ''"
-  if [ "$MODE" = healthy ]; then
-    # issue 16's llama.cpp rows (the kit carried; its build started in the first call)
-    GPU_RUN_LIMIT=$(lim) VS_TIMEOUT=$(($(lim) - 15)) BUDGET_ONLY=1 VS_ROWS="q15 q15_isq" \
-      bash $G vsllama 2>&1 | tail -14
-  else
-    q p16 "$Q --prefetch 0,2"
-    q p64 "$Q --prefetch 2 --prefetch-programs 64"
-    GPU_RUN_LIMIT=$(lim) PREFETCH_PFILL=copy-engine PREFETCH_RATES=0.2 PREFETCH_BATCHES=1 \
-      PREFETCH_STEPS=64 PREFETCH_WARMUP=16 PREFETCH_DISTANCES=2 PREFETCH_TAG=_ce bash $G prefetchbench 2>&1 | tail -8
-    GPU_RUN_LIMIT=$(lim) bash $G fillvariants 2>&1 | tail -12
+  if grep -q '^WORDS ON' $R/q4k_words.txt 2>/dev/null; then
+    sed -i 's/^Q4K_WORDS = False/Q4K_WORDS = True/' src/xinfer/kernels/gguf_launch.py
+    echo "Q4K_WORDS on for this call"
+  fi
+  if [ "${CALL_LIST}" = 2 ]; then  # issue 16: Q4_K beside llama.cpp, resident and 12 GB
+    GPU_RUN_LIMIT=$(lim) VS_TIMEOUT=$(($(lim) - 15)) VS_ROWS=q4_k bash $G vsllama 2>&1 | tail -14
+  else  # issue 15's resident table with this session's defaults
+    GPU_RUN_LIMIT=$(lim) QUANT_TIMEOUT=$(($(lim) - 30)) bash $G quantres 2>&1 | tail -14
   fi
 fi
 tar czf "${OUT:-/tmp/out}/results.tgz" -C $R .; echo "left $(lim)"

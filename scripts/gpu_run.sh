@@ -48,6 +48,8 @@ for phase in "$@"; do
       shard 3 tests/models tests/e2e tests/structured tests/unit tests/parallel &
       shard 4 tests/offload tests/quant tests/routing tests/bench tests/server &
       wait; for f in "$OUT"/gpu_shard*.txt; do echo "--- $f"; grep -E "^(FAILED|ERROR|SKIPPED)|passed|failed|KeyboardInterrupt" "$f" | tail -40; done ;;
+    # pytest with a -k expression that may hold spaces (GPU_TESTS above is split on them)
+    pytestk) timeout ${PYTEST_TIMEOUT:-300} python3 -m pytest -q -p no:cacheprovider -rfE --durations=8 ${PYTEST_FILES:-tests} ${PYTEST_K:+-k "$PYTEST_K"} 2>&1 | tee "$OUT/pytest${PYTEST_TAG:-}.txt" | tail -30 ;;
     parity) timeout 150 python3 -m pytest -q -x -p no:cacheprovider tests/models/test_gpu_parity.py 2>&1 | tail -30 | tee "$OUT/parity.txt" ;;
     offload) timeout 120 python3 -m pytest -q -p no:cacheprovider tests/offload -m gpu 2>&1 | tail -30 | tee "$OUT/offload_tests.txt" ;;
     newtests) timeout 300 python3 -m pytest -q -p no:cacheprovider tests/kernels/test_attention_kernels.py tests/kernels/test_qkv_prep.py tests/kernels/test_gemv.py tests/models/test_gpu_parity.py tests/offload/test_offload_gpu.py 2>&1 | tee "$OUT/new_tests.txt" | tail -30 ;;
