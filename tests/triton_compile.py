@@ -105,10 +105,13 @@ def _constexpr_values(jit_fn, constexprs: dict) -> dict:
     return out
 
 
-def lower(jit_fn, signature, constexprs, options, attrs, target, until: str) -> tuple[dict, object]:
+def lower(
+    jit_fn, signature, constexprs, options, attrs, target, until: str, texts: dict | None = None
+) -> tuple[dict, object]:
     """The stages of `triton.compile` for one specialization, IR → TTIR → TTGIR, then as far
     as `until` ("ttgir", "llir" or "cubin": Triton's bundled ptxas, still no GPU): (metadata,
-    the last stage's module or bytes)."""
+    the last stage's module or bytes). `texts`, where given, gets the TTIR's text ("ttir":
+    the passes after it change the module in place)."""
     from triton._C.libtriton import ir
     from triton.backends.nvidia.compiler import CUDABackend
 
@@ -121,6 +124,8 @@ def lower(jit_fn, signature, constexprs, options, attrs, target, until: str) -> 
     mod = src.make_ir(target, options, codegen_fns, backend.get_module_map(), context)
     metadata: dict = {}
     mod = backend.make_ttir(mod, metadata, options, target.arch)
+    if texts is not None:
+        texts["ttir"] = str(mod)
     mod = backend.make_ttgir(mod, metadata, options, target.arch)
     if until == "ttgir":
         return metadata, mod

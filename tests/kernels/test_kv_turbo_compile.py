@@ -23,7 +23,7 @@ import torch
 from interpreter_child import IS_CHILD
 
 pytest.importorskip("triton")
-import triton_compile as tc  # noqa: E402
+from ttgir_dots import DOT_A, ttgir  # noqa: E402
 
 from xinfer.kv import turbo  # noqa: E402
 from xinfer.kv.format import TurboQuant  # noqa: E402
@@ -31,30 +31,6 @@ from xinfer.kv.format import TurboQuant  # noqa: E402
 pytestmark = pytest.mark.skipif(
     IS_CHILD, reason="compiles the kernels: needs a process without TRITON_INTERPRET=1"
 )
-
-# tt.dot's A operand: tensor<M x K x type, #ttg.dot_op<{opIdx = 0, parent = #mma.., kWidth = w}>>
-_DOT_A = re.compile(
-    r"tt\.dot .*?: tensor<(\d+)x(\d+)x\w+, #ttg\.dot_op<\{opIdx = 0, parent = (#\w+), "
-    r"kWidth = (\d+)\}>>"
-)
-
-
-def _ttgir(launch) -> dict[str, str]:
-    """Kernel name → TTGIR text of every launch `launch` makes (compiled, not run)."""
-    found: dict[str, str] = {}
-
-    def grab(jit_fn, key, signature, constexprs, options, attrs, target, llir):
-        _, module = tc.lower(jit_fn, signature, constexprs, options, attrs, target, "ttgir")
-        found[jit_fn.fn.__name__] = str(module)
-        return None
-
-    tc._COMPILED.clear()  # compile again what another test of this process compiled
-    try:
-        with mock.patch.object(tc, "_compile", grab), tc.compile_only():
-            launch()
-    finally:
-        tc._COMPILED.clear()
-    return found
 
 
 def _attention(bits: int, head_dim: int, decode: bool, dtype, config=None) -> None:
@@ -93,9 +69,9 @@ def test_turbo_rows_reach_the_dots_as_8_bit_codes(bits, head_dim, decode, config
     the same kWidth) with 4 kWidth <= K: the bf16 decode kernel's dots get kWidth 4 (the
     8-bit loads), which every K of these kernels (>= 16) takes."""
     kernel = "decode_kernel" if decode else "prefill_kernel"
-    text = _ttgir(lambda: _attention(bits, head_dim, decode, torch.bfloat16, config))[kernel]
+    text = ttgir(lambda: _attention(bits, head_dim, decode, torch.bfloat16, config))[kernel]
     assert "tt.join" not in text, f"{kernel}: a tl.join feeds the attention (see the docstring)"
-    dots = _DOT_A.findall(text)
+    dots = DOT_A.findall(text)
     if decode:  # the decode kernel's dots are MMAv2 (M = 16 query-head rows)
         assert len(dots) == 2, f"expected q . k and p . v as MMAv2 dots, found {dots}"
     for m, k, parent, width in dots:
