@@ -33,8 +33,9 @@ else
   fi
   if [ "${CALL_LIST}" = 2 ]; then  # issue 16: Q4_K beside llama.cpp, resident and 12 GB
     GPU_RUN_LIMIT=$(lim) VS_TIMEOUT=$(($(lim) - 15)) VS_ROWS=q4_k bash $G vsllama 2>&1 | tail -14
-  else  # issue 15's resident table with this session's defaults
-    GPU_RUN_LIMIT=$(lim) QUANT_TIMEOUT=$(($(lim) - 30)) bash $G quantres 2>&1 | tail -14
+  else  # issue 15's resident table with this session's defaults, four batch-1 steps traced
+    GPU_RUN_LIMIT=$(lim) QUANT_TIMEOUT=$(($(lim) - 30)) QUANT_FORMATS=bf16,gptq,fp8,nvfp4 \
+      bash $G quanttrace 2>&1 | tail -14
   fi
 fi
 tar czf "${OUT:-/tmp/out}/results.tgz" -C $R .; echo "left $(lim)"
