@@ -24,7 +24,8 @@ if [ "${CALL_LIST:-1}" = 1 ]; then
   # GEMV beat the byte tile at one and eight tokens
   python3 bench/q4k_words_verdict.py $R/pytest_words_turbo.txt $R/gguf_kernels.jsonl \
     | tee $R/q4k_words.txt
-  GPU_RUN_LIMIT=$(lim) QUANT_FORMATS=gptq QUANT_TIMEOUT=$(($(lim) - 30)) bash $G decoderows 2>&1 | tail -12
+  # where the batch-1 step goes (four traced steps) and the resident rows of bf16 and GPTQ
+  GPU_RUN_LIMIT=$(lim) QUANT_FORMATS=bf16,gptq QUANT_TIMEOUT=$(($(lim) - 30)) bash $G quanttrace 2>&1 | tail -12
 else
   MODE=$(cat $R/mode.txt 2>/dev/null || echo slow); echo "MODE=$MODE (from the first call)"
   if grep -q '^WORDS ON' $R/q4k_words.txt 2>/dev/null; then
@@ -34,7 +35,7 @@ else
   if [ "${CALL_LIST}" = 2 ]; then  # issue 16: Q4_K beside llama.cpp, resident and 12 GB
     GPU_RUN_LIMIT=$(lim) VS_TIMEOUT=$(($(lim) - 15)) VS_ROWS=q4_k bash $G vsllama 2>&1 | tail -14
   else  # issue 15's resident table with this session's defaults, four batch-1 steps traced
-    GPU_RUN_LIMIT=$(lim) QUANT_TIMEOUT=$(($(lim) - 30)) QUANT_FORMATS=bf16,gptq,fp8,nvfp4 \
+    GPU_RUN_LIMIT=$(lim) QUANT_TIMEOUT=$(($(lim) - 30)) QUANT_FORMATS=${QF:-bf16,fp8,nvfp4} \
       bash $G quanttrace 2>&1 | tail -14
   fi
 fi
