@@ -16,9 +16,9 @@ if [ "${CALL_LIST:-1}" = 1 ]; then
   # the llama.cpp build (242 s) for the second call's rows starts now, on any host
   [ -d bench/.llamacpp_kit ] && bash bench/bench_vs_llamacpp.sh --start-build | tail -1
   # the Q4_K word GEMVs' GPU tests and the turbo fix's (Triton 3.6's join-before-dot fault)
-  GPU_RUN_LIMIT=$(lim) PYTEST_TIMEOUT=240 PYTEST_TAG=_words_turbo \
-    PYTEST_FILES="tests/kernels/test_gguf_kernels.py tests/kernels/test_kv_turbo_gpu.py" \
-    PYTEST_K="q4k_words or Q4_K or turbo" bash $G pytestk 2>&1 | tail -8
+  GPU_RUN_LIMIT=$(lim) PYTEST_TIMEOUT=270 PYTEST_TAG=_words_turbo \
+    PYTEST_FILES="tests/kernels/test_gguf_kernels.py tests/kernels/test_kv_turbo_gpu.py tests/kernels/test_quant_kernels.py" \
+    PYTEST_K="q4k_words or Q4_K or turbo or (gptq and not actorder)" bash $G pytestk 2>&1 | tail -8
   GPU_RUN_LIMIT=$(lim) GGUF_KERNEL_TIMEOUT=200 GGUF_TYPES=Q4_K bash $G ggufkernel 2>&1 | tail -30
   # the words become the default for the next calls where their tests passed and their MoE
   # GEMV beat the byte tile at one and eight tokens
