@@ -448,8 +448,7 @@ def test_q4k_words_bits_do_not_depend_on_ids(gl) -> None:
 
 @child_only
 def test_q4k_words_switch_off_and_misaligned_weights_take_the_byte_path(gl, monkeypatch) -> None:
-    """Q4K_WORDS off (the default until timed): the default tiles are the byte path's, bit
-    for bit. Weights that do not
+    """Q4K_WORDS off: the default tiles are the byte path's, bit for bit. Weights that do not
     allow 16-byte word loads (a view 4 bytes into its storage) take the byte path with the
     switch on, whatever tile asks for words, and still match the twin."""
     from xinfer.quant.gguf_formats import GGUFFormat

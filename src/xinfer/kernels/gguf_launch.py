@@ -53,11 +53,14 @@ Q8X_LINEAR = False
 # factored: each (row, sub-block) sum of q·x and of x scaled once (`triton/gguf_q4k_words.py`),
 # float32 throughout, within the twin's tolerance but not its bits. Taken where the rows allow
 # 16-byte loads (`q4k_words`: from strides and alignment, alike for every expert set and slot
-# cache); else the byte path. sm_90 SASS only (`_WORDS_GEMV`; bench/NOTES.md, thirty-first
-# session): off until a GPU has timed it against the byte path. On an H100 (2026-12-07) its
-# first build's GPU tests passed for bf16 (7 of 10; the other three were faults of the tests,
-# since mended); the build here, with flat loads, has not run on a GPU. True: where allowed.
-Q4K_WORDS = False
+# cache); else the byte path. Measured on an H100 (2026-12-07, thirty-second session,
+# `bench_gguf_kernels.py --types Q4_K`, Qwen3-30B-A3B shapes, CUDA graphs), µs byte → words:
+# MoE GEMV 31.4 → 16.2 at one token, 201.5 → 71.1 at eight; decode linear at one row, qkv
+# 11.7 → 7.1, o_proj 10.6 → 6.5. Its GPU tests there: 85 passed, 1 failed (a one-row
+# build with rows 1-3 compiled out gave another float32 sum; now one build for every row
+# count: `q4k_four_rows_dot`). The LM head keeps its swept byte tile (`_SWEPT_HEAD`).
+# False: always the byte path.
+Q4K_WORDS = True
 
 
 @dataclass(frozen=True)
@@ -323,12 +326,10 @@ def _gemv_linear(x2, w, btype: BlockType, bias, out, t: GGUFTiles) -> None:
     )  # fmt: skip
     consts = dict(BTYPE=btype.type_id, HAS_BIAS=sk.fuse_bias, BLOCK_N=t.block_n, SUBS=t.subs,
                   REDUCE=sk.reduce, num_warps=t.num_warps, **pdl.options(x2))  # fmt: skip
-    if t.words:  # the four-row kernel's word path; one row alone: rows 1-3 compiled out
+    if t.words:  # the four-row kernel's word path, one build for every row count
         if t.block_m != 4:
             raise ValueError(f"gguf linear: the Q4_K word tiles are four-row tiles: {t}")
-        jit.gguf_linear_rows_kernel[grid](
-            *args, **consts, **_words_consts(t), ROWS=1 if m == 1 else 4
-        )
+        jit.gguf_linear_rows_kernel[grid](*args, **consts, **_words_consts(t))
     elif t.block_m == 1:
         jit.gguf_linear_gemv_kernel[grid](*args, **consts)
     else:

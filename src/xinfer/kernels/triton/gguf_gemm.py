@@ -114,7 +114,7 @@ def gguf_linear_rows_kernel(
     BTYPE: tl.constexpr, HAS_BIAS: tl.constexpr, BLOCK_N: tl.constexpr, SUBS: tl.constexpr,
     REDUCE: tl.constexpr,
     USE_PDL: tl.constexpr = False, WORDS: tl.constexpr = False, ASM: tl.constexpr = False,
-    ROWS_T: tl.constexpr = 1, ROWS: tl.constexpr = 4,
+    ROWS_T: tl.constexpr = 1,
 ):  # fmt: skip
     """grid (cdiv(M, 4), cdiv(N, BLOCK_N), splits): the GEMV form for four rows of x a
     program: each weight tile is decoded once and multiplied into four accumulators, one a
@@ -122,8 +122,8 @@ def gguf_linear_rows_kernel(
     neighbours exist or not, so its bits never depend on M; the decode is shared by four
     rows instead of paid per row (`gguf_linear_gemv_kernel`). WORDS (Q4_K whose rows allow
     it: `gguf_launch.q4k_words`): the factored word path (`gguf_q4k_words.q4k_four_rows_dot`;
-    SUBS / 8 super-blocks a step, one a warp; ROWS_T rows a thread), ROWS = 1 for calls of
-    one row (rows 1-3 compiled out, row 0's operations as with ROWS = 4)."""
+    SUBS / 8 super-blocks a step, one a warp; ROWS_T rows a thread), one build for calls of
+    one to four rows (`q4k_four_rows_dot`)."""
     wait_for_producers(USE_PDL)
     m0 = tl.program_id(0) * 4
     pid_n = tl.program_id(1)
@@ -140,7 +140,7 @@ def gguf_linear_rows_kernel(
         sb_start = split * (k_per_split // 256)  # splits in whole super-blocks
         sb_end = tl.minimum(sb_start + k_per_split // 256, K // 256)
         y0, y1, y2, y3 = q4k_four_rows_dot(
-            x0, stride_xm, M - m0, w32, rows, sb_start, sb_end, ROWS_T, SUBS // 8, ROWS, ASM
+            x0, stride_xm, M - m0, w32, rows, sb_start, sb_end, ROWS_T, SUBS // 8, ASM
         )
     else:
         acc0 = tl.zeros((BLOCK_N, SUBS, 32), dtype=tl.float32)

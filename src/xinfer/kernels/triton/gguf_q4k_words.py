@@ -330,11 +330,13 @@ def q4k_pair_dot(x_row, w32, rows, rows2, kb_end, ROWS_T: tl.constexpr, SB: tl.c
 
 @triton.jit
 def q4k_four_rows_dot(x0, stride_xm, more, w32, rows, kb_start, kb_end, ROWS_T: tl.constexpr,
-                      SB: tl.constexpr, ROWS: tl.constexpr, ASM: tl.constexpr):  # fmt: skip
+                      SB: tl.constexpr, ASM: tl.constexpr):  # fmt: skip
     """Four (BLOCK_N,) float32 dots: x rows x0, x0 + stride_xm, ... · the program's Q4_K rows
     `rows` over super-blocks kb_start .. kb_end, each super-block decoded once for the four;
-    x row r > 0 only where r < `more` (the call's rows from x0 on), else 0. ROWS = 1: rows
-    1-3 compiled out, row 0's operations as with ROWS = 4."""
+    x row r > 0 only where r < `more` (the call's rows from x0 on), else 0. One build for
+    every call, one row too: a build with rows 1-3 compiled out gave row 0 other float32
+    sums (H100, 2026-12-07: one output of 2,048 a bf16 ulp apart after the bias at 2048 x
+    4096), so a row's bits would depend on the batch."""
     acc0 = tl.zeros((ROWS_T, SB, 8, 4), dtype=tl.float32)
     acc1 = tl.zeros((ROWS_T, SB, 8, 4), dtype=tl.float32)
     acc2 = tl.zeros((ROWS_T, SB, 8, 4), dtype=tl.float32)
@@ -342,12 +344,11 @@ def q4k_four_rows_dot(x0, stride_xm, more, w32, rows, kb_start, kb_end, ROWS_T: 
     for kb in range(kb_start, kb_end, SB):
         dec = q4k_decode(w32, rows, kb, kb_end, ROWS_T, SB, ASM)
         acc0 += q4k_word_sums(dec, q4k_x(x0, kb, kb_end, SB, ASM))
-        if ROWS > 1:
-            if 1 < more:
-                acc1 += q4k_word_sums(dec, q4k_x(x0 + stride_xm, kb, kb_end, SB, ASM))
-            if 2 < more:
-                acc2 += q4k_word_sums(dec, q4k_x(x0 + 2 * stride_xm, kb, kb_end, SB, ASM))
-            if 3 < more:
-                acc3 += q4k_word_sums(dec, q4k_x(x0 + 3 * stride_xm, kb, kb_end, SB, ASM))
+        if 1 < more:
+            acc1 += q4k_word_sums(dec, q4k_x(x0 + stride_xm, kb, kb_end, SB, ASM))
+        if 2 < more:
+            acc2 += q4k_word_sums(dec, q4k_x(x0 + 2 * stride_xm, kb, kb_end, SB, ASM))
+        if 3 < more:
+            acc3 += q4k_word_sums(dec, q4k_x(x0 + 3 * stride_xm, kb, kb_end, SB, ASM))
     return (_rows_out(acc0, ROWS_T), _rows_out(acc1, ROWS_T), _rows_out(acc2, ROWS_T),
             _rows_out(acc3, ROWS_T))  # fmt: skip
