@@ -15,7 +15,11 @@ than `--beside-min-us` (how much a concurrent branch, e.g. a prefetch fill, slow
 stream's idle gaps by the pair of kernels around them: where the main stream waits (e.g.
 between a layer's routing and its lookup, for that layer's prefetch on a side stream).
 
-    python3 bench/trace_summary.py trace.json.gz --streams"""
+    python3 bench/trace_summary.py trace.json.gz --streams
+
+`--chain` charges each kernel the time from its predecessor's end to its own end: with
+programmatic dependent launch (on by default) a kernel's own duration includes its wait
+for the kernel before it, so durations overlap and only this view adds up to the step."""
 
 from __future__ import annotations
 
@@ -103,6 +107,33 @@ def streams(kernels: list[dict], steps: int, top: int = 4, gaps: int = 6) -> lis
     return lines
 
 
+def chain(kernels: list[dict], steps: int, top: int) -> list[str]:
+    """Per kernel name: ms per step from the end of the kernel before it on its stream to its
+    own end, and the median of that a launch. Under programmatic dependent launch (PDL, on by
+    default) a kernel starts while its producer still runs and waits on the device, so its
+    own duration counts that wait and the durations sum past the span; ends are what PDL
+    does not move. The charges add up to the span from the first kernel's end."""
+    by_stream: dict = collections.defaultdict(list)
+    for e in kernels:
+        by_stream[e.get("args", {}).get("stream")].append(e)
+    charged: dict[str, list[float]] = collections.defaultdict(list)
+    for events in by_stream.values():
+        ordered = sorted(events, key=lambda e: e["ts"] + e["dur"])
+        for before, e in zip(ordered, ordered[1:]):
+            start = max(e["ts"], before["ts"] + before["dur"])
+            charged[e["name"][:60]].append(e["ts"] + e["dur"] - start)
+    total = sum(sum(v) for v in charged.values()) / steps
+    lines = ["| kernel | ms per step, end to end | median µs a launch | launches per step |",
+             "|---|---|---|---|"]  # fmt: skip
+    ranked = sorted(charged.items(), key=lambda kv: -sum(kv[1]))[:top]
+    for name, us in ranked:
+        lines.append(
+            f"| {name} | {sum(us) / steps / 1e3:.3f} | {_median(us)} | {len(us) / steps:g} |"
+        )
+    lines.append(f"\ncharged {total / 1e3:.3f} ms per step (end to end)")
+    return lines
+
+
 def _median(values: list[float]) -> str:
     return f"{statistics.median(values):.1f}" if values else "—"
 
@@ -115,6 +146,7 @@ def main() -> None:
     ap.add_argument("--beside", default=None, help="a kernel name, e.g. fill_kernel")
     ap.add_argument("--beside-min-us", type=float, default=20.0)
     ap.add_argument("--streams", action="store_true", help="per stream, and the main's gaps")
+    ap.add_argument("--chain", action="store_true", help="each kernel from its predecessor's end")
     args = ap.parse_args()
     kernels = load_kernels(args.trace)
     if not kernels:
@@ -124,6 +156,8 @@ def main() -> None:
         print("\n" + "\n".join(beside(kernels, args.beside, args.beside_min_us)))
     if args.streams:
         print("\n" + "\n".join(streams(kernels, args.steps)))
+    if args.chain:
+        print("\n" + "\n".join(chain(kernels, args.steps, args.top)))
 
 
 if __name__ == "__main__":
