@@ -68,10 +68,11 @@ def bench_type(name: str, sweep: bool) -> list[dict]:
         x, ids, weights = _moe_case(num_tokens)
         pairs = num_tokens * TOP_K
         default = gl.gemv_tiles(x.dtype, bt)
+        byte = gl.gemv_tiles(x.dtype, bt, words=False)
         # twice the sub-blocks a step: half the iterations, twice the loads in flight
-        configs = [None, replace(default, subs=2 * default.subs)]
-        if name == "Q4_K":  # the word path (gguf_launch.Q4K_WORDS) beside the byte path
-            configs.append(gl.gemv_tiles(x.dtype, bt, words=True))
+        configs = [None, replace(byte, subs=2 * byte.subs)]
+        if name == "Q4_K":  # the word path (gguf_launch.Q4K_WORDS) and the byte path, both
+            configs.append(byte if default.words else gl.gemv_tiles(x.dtype, bt, words=True))
         if sweep:
             configs += [gl.GGUFTiles(1, bn, subs, warps) for bn in (4, 8, 16, 32)
                         for subs in (4, 8) for warps in (2, 4, 8)]  # fmt: skip
@@ -80,7 +81,8 @@ def bench_type(name: str, sweep: bool) -> list[dict]:
                 partial(gl.fused_moe, x, ids, weights, w13, bt, w2, bt, INTER, True, tiles)
             )
             distinct = len(set(ids.flatten().tolist()))
-            rows.append(dict(kernel="moe_gemv", type=name, tokens=num_tokens, tiles=str(tiles),
+            rows.append(dict(kernel="moe_gemv", type=name, tokens=num_tokens,
+                             tiles=str(tiles or default),
                              us=round(us, 1), GBps=round(distinct * expert_bytes / us / 1e3, 1),
                              pairs=pairs))  # fmt: skip
         if q8x.supports(bt, bt, w13, w2, INTER):  # int8 activations, dp4a (Q8X_MOE)
@@ -109,9 +111,10 @@ def bench_type(name: str, sweep: bool) -> list[dict]:
             ]
             if n >= gl.HEAD_ROWS:
                 configs += [gl.GGUFTiles(1, 8, 8, 2), gl.GGUFTiles(1, 4, 8, 2)]
-        if name == "Q4_K":  # the word path (gguf_launch.Q4K_WORDS) beside the byte path
-            configs.append(gl.linear_tiles(1, x.dtype, bt, n, words=True))
         default = gl.linear_tiles(1, x.dtype, bt, n)
+        if name == "Q4_K":  # the word path (gguf_launch.Q4K_WORDS) and the byte path, both
+            other = gl.linear_tiles(1, x.dtype, bt, n, words=not default.words)
+            configs += [other] if other != default else []
         # the default tiles unsplit, then every tile with the default split-K target, then
         # the default tiles at 2 and 4 times that target (programs in flight vs the reduce)
         runs = [(replace(default, split_programs=0), "None unsplit")]

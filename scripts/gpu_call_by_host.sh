@@ -15,28 +15,18 @@ if [ "${CALL_LIST:-1}" = 1 ]; then
   echo "MODE=$MODE"; echo "$MODE" > $R/mode.txt
   # the llama.cpp build (242 s) for the second call's rows starts now, on any host
   [ -d bench/.llamacpp_kit ] && bash bench/bench_vs_llamacpp.sh --start-build | tail -1
-  # the Q4_K word GEMVs' GPU tests and the turbo fix's (Triton 3.6's join-before-dot fault)
-  GPU_RUN_LIMIT=$(lim) PYTEST_TIMEOUT=270 PYTEST_TAG=_words_turbo \
-    PYTEST_FILES="tests/kernels/test_gguf_kernels.py tests/kernels/test_kv_turbo_gpu.py tests/kernels/test_quant_kernels.py" \
-    PYTEST_K="q4k_words or Q4_K or turbo or (gptq and not actorder)" bash $G pytestk 2>&1 | tail -8
-  GPU_RUN_LIMIT=$(lim) GGUF_KERNEL_TIMEOUT=200 GGUF_TYPES=Q4_K bash $G ggufkernel 2>&1 | tail -30
-  # the words become the default for the next calls where their tests passed and their MoE
-  # GEMV beat the byte tile at one and eight tokens
-  python3 bench/q4k_words_verdict.py $R/pytest_words_turbo.txt $R/gguf_kernels.jsonl \
-    | tee $R/q4k_words.txt
-  # where the batch-1 step goes (four traced steps) and the resident rows of bf16 and GPTQ
-  GPU_RUN_LIMIT=$(lim) QUANT_FORMATS=bf16,gptq QUANT_TIMEOUT=$(($(lim) - 30)) bash $G quanttrace 2>&1 | tail -12
+  # the Q4_K word path, on by default since the thirty-second session (one build for every
+  # row count of the decode linear since its one-row build failed a bits test there)
+  GPU_RUN_LIMIT=$(lim) PYTEST_TIMEOUT=200 PYTEST_TAG=_gguf \
+    PYTEST_FILES="tests/kernels/test_gguf_kernels.py tests/weights/test_gguf_gpu.py" \
+    bash $G pytestk 2>&1 | tail -8
+  GPU_RUN_LIMIT=$(lim) GGUF_KERNEL_TIMEOUT=150 GGUF_TYPES=Q4_K bash $G ggufkernel 2>&1 | tail -24
+  # issue 15's resident table: FP8 and NVFP4 beside bf16, four batch-1 steps traced
+  GPU_RUN_LIMIT=$(lim) QUANT_FORMATS=bf16,fp8,nvfp4 QUANT_TIMEOUT=$(($(lim) - 30)) \
+    bash $G quanttrace 2>&1 | tail -12
 else
   MODE=$(cat $R/mode.txt 2>/dev/null || echo slow); echo "MODE=$MODE (from the first call)"
-  if grep -q '^WORDS ON' $R/q4k_words.txt 2>/dev/null; then
-    sed -i 's/^Q4K_WORDS = False/Q4K_WORDS = True/' src/xinfer/kernels/gguf_launch.py
-    echo "Q4K_WORDS on for this call"
-  fi
-  if [ "${CALL_LIST}" = 2 ]; then  # issue 16: Q4_K beside llama.cpp, resident and 12 GB
-    GPU_RUN_LIMIT=$(lim) VS_TIMEOUT=$(($(lim) - 15)) VS_ROWS=q4_k bash $G vsllama 2>&1 | tail -14
-  else  # issue 15's resident table with this session's defaults, four batch-1 steps traced
-    GPU_RUN_LIMIT=$(lim) QUANT_TIMEOUT=$(($(lim) - 30)) QUANT_FORMATS=${QF:-bf16,fp8,nvfp4} \
-      bash $G quanttrace 2>&1 | tail -14
-  fi
+  # issue 16: Q4_K beside llama.cpp on one file, resident and at 12 GB
+  GPU_RUN_LIMIT=$(lim) VS_TIMEOUT=$(($(lim) - 15)) VS_ROWS=q4_k bash $G vsllama 2>&1 | tail -14
 fi
 tar czf "${OUT:-/tmp/out}/results.tgz" -C $R .; echo "left $(lim)"
