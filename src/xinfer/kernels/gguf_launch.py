@@ -56,7 +56,7 @@ Q8X_LINEAR = False
 # cache); else the byte path. Measured on an H100 (2026-12-07, thirty-second session,
 # `bench_gguf_kernels.py --types Q4_K`, Qwen3-30B-A3B shapes, CUDA graphs), µs byte → words:
 # MoE GEMV 31.4 → 16.2 at one token, 201.5 → 71.1 at eight; decode linear at one row, qkv
-# 11.7 → 7.1, o_proj 10.6 → 6.5. Its GPU tests there: 85 passed, 1 failed (a one-row
+# 11.7 → 7.1, o_proj 10.6 → 6.5. Its GPU tests there: 24 passed, 1 failed (a one-row
 # build with rows 1-3 compiled out gave another float32 sum; now one build for every row
 # count: `q4k_four_rows_dot`). The LM head keeps its swept byte tile (`_SWEPT_HEAD`).
 # False: always the byte path.
