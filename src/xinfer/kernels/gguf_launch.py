@@ -139,9 +139,9 @@ def gemv_tiles(
 
 
 # The Q4_K word path's tiles (`_words_consts`), chosen by sm_90 SASS (`bench/sass_report.py
-# --cases gguf-q4_k,linear-gguf-q4_k`, 2026-12-07, Triton 3.9 and 3.6 alike to +-0.001),
-# not timed; loop warp instructions a weight, none with shared memory, a barrier or a spill
-# in the loop:
+# --cases gguf-q4_k,linear-gguf-q4_k`, 2026-12-07, Triton 3.9 and 3.6 alike to +-0.001);
+# the choice among them not timed (the chosen tiles were, against the byte path: Q4K_WORDS);
+# loop warp instructions a weight, none with shared memory, a barrier or a spill in the loop:
 #   rows x warps (a super-block a warp)  8x1    16x1   16x2   32x1   32x2
 #   MoE gate/up                          0.131  0.119  0.120  0.112  0.113
 #   MoE down                             0.160  0.134  0.133  0.119  0.120
