@@ -54,6 +54,7 @@ def _flags():
         quant_launch,
         router_launch,
     )
+    from xinfer.kernels.triton import routing
 
     qkv_tiles = gemv_launch.GemvConfig(block_n=32, block_k=128, num_stages=4, split_k=2)
     QKV_GEMV[0] = (16, qkv_tiles)
@@ -68,6 +69,8 @@ def _flags():
         "half2-off": (quant_launch, "HALF2_ZERO", False),
         "vec1": (quant_launch, "MOE_WORD_VEC", 1),
         "chunk-off": (quant_launch, "CHUNK_SUMS", False),
+        # the top-k's reductions inside one warp (both paths share it: their bits stay equal)
+        "topk-1warp": (routing, "TOPK_WARPS", 1),
     }  # fmt: skip
 
 

@@ -1,10 +1,10 @@
 """The router GEMV with its top-k in one launch (`router_launch.router_topk`) on the GPU, where
 the last program reads the others' partials after an acquire on the arrival counter — what the
 CPU interpreter (one program at a time) cannot test. At the routers of Qwen3-30B-A3B (128 x
-2,048), Qwen1.5-MoE (60 x 2,048) and Mixtral (8 x 4,096) in bfloat16, 1, 4 and 16 rows: weights
-and ids bit-equal to the two launches' (the skinny GEMM on the same tiles, then `route_topk`)
-on 50 launches in a row, the counter zero after, and the same bits replayed from a CUDA graph.
-All `gpu`: skipped without CUDA."""
+2,048), Qwen1.5-MoE (60 x 2,048) and Mixtral (8 x 4,096) in bfloat16, 1, 4 and 16 rows, with
+the shipped top-k warps and with one: weights and ids bit-equal to the two launches' (the
+skinny GEMM on the same tiles, then `route_topk`) on 50 launches in a row, the counter zero
+after, and the same bits replayed from a CUDA graph. All `gpu`: skipped without CUDA."""
 
 from __future__ import annotations
 
@@ -40,7 +40,12 @@ def _two_launches(rl, x, w, top_k):
 
 @pytest.mark.parametrize("experts,k,top_k", ROUTERS)
 @pytest.mark.parametrize("rows", [1, 4, 16])
-def test_one_launch_has_the_two_launches_bits(rl, experts, k, top_k, rows) -> None:
+@pytest.mark.parametrize("warps", [None, 1])  # None: routing.TOPK_WARPS as shipped
+def test_one_launch_has_the_two_launches_bits(rl, experts, k, top_k, rows, warps, monkeypatch):
+    from xinfer.kernels.triton import routing
+
+    if warps is not None:  # both paths read it at launch time
+        monkeypatch.setattr(routing, "TOPK_WARPS", warps)
     x, w = _case(experts, k, rows, seed=rows)
     want_w, want_i = _two_launches(rl, x, w, top_k)
     outs = [rl.router_topk(x, w, top_k, True) for _ in range(50)]

@@ -20,7 +20,7 @@ import triton
 
 from xinfer.kernels import arrivals, gemv_launch, pdl
 from xinfer.kernels.triton import router_topk as jit
-from xinfer.kernels.triton.routing import TOPK_WARPS
+from xinfer.kernels.triton import routing
 
 # on: the H100 ran `tests/kernels/test_router_topk_gpu.py` (the two launches' bits) and
 # `bench/bench_decode_switches.py` (thirtieth session): +1.6% (bf16) / +1.7% (GPTQ) batch-1
@@ -88,6 +88,6 @@ def router_topk(
         BLOCK_E=triton.next_power_of_2(num_experts),
         BLOCK_TK=triton.next_power_of_2(top_k),
         DOT_PRECISION="ieee" if x.dtype == torch.float32 else "tf32",
-        num_warps=TOPK_WARPS, num_stages=cfg.num_stages, **pdl.options(x2),
+        num_warps=routing.TOPK_WARPS, num_stages=cfg.num_stages, **pdl.options(x2),
     )  # fmt: skip
     return weights, ids
