@@ -59,6 +59,17 @@ def _moe_case(num_tokens: int):
     return x, ids, weights
 
 
+def _head_word_tiles(name: str) -> list:
+    """The Q4_K word path's four-row tiles for the LM head (rows x warps x super-blocks a
+    step; none for other block types): whether the word tile beats the head's swept byte
+    tile at one row and at eight (the same tile must serve every decode row count: a row's
+    bits may not depend on the batch)."""
+    if name != "Q4_K":
+        return []
+    shapes = [(8, 8, 1), (16, 8, 1), (16, 16, 1), (16, 16, 2), (32, 8, 1), (32, 16, 2)]
+    return [gl.GGUFTiles(4, bn, subs, warps, words=True) for bn, subs, warps in shapes]
+
+
 def bench_type(name: str, sweep: bool) -> list[dict]:
     bt = BLOCK_TYPES[name]
     rows = []
@@ -111,6 +122,7 @@ def bench_type(name: str, sweep: bool) -> list[dict]:
             ]
             if n >= gl.HEAD_ROWS:
                 configs += [gl.GGUFTiles(1, 8, 8, 2), gl.GGUFTiles(1, 4, 8, 2)]
+                configs += _head_word_tiles(name)
         default = gl.linear_tiles(1, x.dtype, bt, n)
         if name == "Q4_K":  # the word path (gguf_launch.Q4K_WORDS) and the byte path, both
             other = gl.linear_tiles(1, x.dtype, bt, n, words=not default.words)
@@ -137,7 +149,7 @@ def bench_type(name: str, sweep: bool) -> list[dict]:
         x8 = torch.randn(8, k, device="cuda").bfloat16()
         if label == "lm_head":
             tiles8 = (gl.GGUFTiles(16, 16, 2, 1), gl.GGUFTiles(1, 4, 8, 2),
-                      gl.GGUFTiles(4, 4, 8, 2))  # fmt: skip
+                      gl.GGUFTiles(4, 4, 8, 2), *_head_word_tiles(name))  # fmt: skip
         else:
             tiles8 = (
                 gl.GGUFTiles(1, 8, 8, 4),
