@@ -59,36 +59,42 @@ def test_linear_matches_twin(name, n, k, m):
 
 @pytest.mark.parametrize("name", list(FORMATS))
 @pytest.mark.parametrize("n,k", [(5120, 2048), (2048, 4096)])  # qkv (K whole), o_proj (split)
-def test_linear_rows_do_not_depend_on_the_batch(name, n, k):
+@pytest.mark.parametrize("with_bias", [False, True])
+def test_linear_rows_do_not_depend_on_the_batch(name, n, k, with_bias):
     """Every row of 16 alone (the one-row kernel where the format's `decode_one_row_alone`
     asks for it, else the four-row kernel) and every batch of the first m rows (the four-row
     kernel) on the format's default decode tiles: the bits of the 16-row call, and the same
-    call twice the same bits."""
+    call twice the same bits; with a bias too (added in float32 before the cast)."""
     fmt = FORMATS[name]
     tensors = _weights(fmt, n, k, seed=1)
     x = torch.randn(16, k, device=DEV, dtype=torch.bfloat16)
-    full = ql.linear(x, fmt, tensors, None, n, k)
-    assert torch.equal(ql.linear(x, fmt, tensors, None, n, k), full), (name, "twice")
+    bias = torch.randn(n, device=DEV, dtype=torch.bfloat16) if with_bias else None
+    full = ql.linear(x, fmt, tensors, bias, n, k)
+    assert torch.equal(ql.linear(x, fmt, tensors, bias, n, k), full), (name, "twice")
     alone = [j for j in range(16) if not torch.equal(
-        ql.linear(x[j : j + 1], fmt, tensors, None, n, k), full[j : j + 1])]  # fmt: skip
+        ql.linear(x[j : j + 1], fmt, tensors, bias, n, k), full[j : j + 1])]  # fmt: skip
     assert not alone, f"{name} {n}x{k}: rows {alone} alone differ from the batch"
     batches = [m for m in range(2, 16) if not torch.equal(
-        ql.linear(x[:m], fmt, tensors, None, n, k), full[:m])]  # fmt: skip
+        ql.linear(x[:m], fmt, tensors, bias, n, k), full[:m])]  # fmt: skip
     assert not batches, f"{name} {n}x{k}: batches of {batches} rows differ from 16"
 
 
 @pytest.mark.parametrize("name", [n for n in FORMATS if not FORMATS[n].decode_one_row_alone])
 @pytest.mark.parametrize("n,k", [(5120, 2048), (2048, 4096)])
-def test_one_row_pruned_build_matches_the_batch(name, n, k, monkeypatch):
+@pytest.mark.parametrize("with_bias", [False, True])
+def test_one_row_pruned_build_matches_the_batch(name, n, k, with_bias, monkeypatch):
     """`quant_launch.ONE_ROW_PRUNED`'s question: one row on the four-row kernel built with
-    rows 1-3 compiled out gets the bits of the default four-row build's 16-row call."""
+    rows 1-3 compiled out gets the bits of the default four-row build's 16-row call. With a
+    bias too (Qwen1.5/Qwen2 qkv): the bias added before the cast to bf16 shows float32 sums'
+    last bits that the cast alone hides (the Q4_K pruned build differed there, 2026-12-07)."""
     fmt = FORMATS[name]
     tensors = _weights(fmt, n, k, seed=1)
     x = torch.randn(16, k, device=DEV, dtype=torch.bfloat16)
-    full = ql.linear(x, fmt, tensors, None, n, k)
+    bias = torch.randn(n, device=DEV, dtype=torch.bfloat16) if with_bias else None
+    full = ql.linear(x, fmt, tensors, bias, n, k)
     monkeypatch.setattr(ql, "ONE_ROW_PRUNED", True)
     alone = [j for j in range(16) if not torch.equal(
-        ql.linear(x[j : j + 1], fmt, tensors, None, n, k), full[j : j + 1])]  # fmt: skip
+        ql.linear(x[j : j + 1], fmt, tensors, bias, n, k), full[j : j + 1])]  # fmt: skip
     assert not alone, f"{name} {n}x{k}: rows {alone} alone (pruned build) differ from the batch"
 
 
