@@ -24,6 +24,21 @@ if [ "${CALL_LIST:-1}" = 1 ]; then
   # issue 15's resident table: FP8 and NVFP4 beside bf16, four batch-1 steps traced
   GPU_RUN_LIMIT=$(lim) QUANT_FORMATS=bf16,fp8,nvfp4 QUANT_TIMEOUT=$(($(lim) - 30)) \
     bash $G quanttrace 2>&1 | tail -12
+elif [ "${CALL_LIST}" = 3 ]; then
+  # the Q4_K LM head's word tiles against its swept byte tile, at one and eight rows
+  GPU_RUN_LIMIT=$(lim) GGUF_KERNEL_TIMEOUT=120 GGUF_TYPES=Q4_K bash $G ggufkernel 2>&1 \
+    | grep "lm_head" | tail -30
+  # the router's top-k in one warp: its bits test (then the A/B in the decode step); the
+  # quantized decode linears' batch invariance with a bias (the pruned one-row build too)
+  GPU_RUN_LIMIT=$(lim) PYTEST_TIMEOUT=150 PYTEST_TAG=_router_bias \
+    PYTEST_FILES="tests/kernels/test_router_topk_gpu.py tests/kernels/test_quant_kernels.py" \
+    PYTEST_K="one_launch or rows_do_not_depend or pruned_build" bash $G pytestk 2>&1 | tail -6
+  GPU_RUN_LIMIT=$(lim) SWITCH_TIMEOUT=200 SWITCH_FORMATS=bf16,gptq \
+    SWITCH_VARIANTS="base;topk-1warp" bash $G switches 2>&1 | tail -12
+  # issue 19: GPTQ 20% batch 1, prefetch off and two ahead, on today's kernels
+  GPU_RUN_LIMIT=$(lim) QUANT_FORMATS=gptq QUANT_OFFLOAD_ARGS="--rates 0.2 --batches 1 \
+--steps 64 --warmup-steps 16 --ttft-tokens '' --prefetch 0,2 --prefetch-margin 0" \
+    bash $G quantoff 2>&1 | tail -12
 else
   MODE=$(cat $R/mode.txt 2>/dev/null || echo slow); echo "MODE=$MODE (from the first call)"
   # issue 16: Q4_K beside llama.cpp on one file, resident and at 12 GB
