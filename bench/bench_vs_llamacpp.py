@@ -21,6 +21,10 @@ import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "src"))
 
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+
+from bench_decode import export_step_trace  # noqa: E402
+
 from xinfer import LLM, SamplingParams  # noqa: E402
 from xinfer.config import DEFAULT_PREFETCH_DISTANCE  # noqa: E402
 
@@ -96,6 +100,11 @@ def build_parser() -> argparse.ArgumentParser:
     ap.add_argument("--isq", default=None, help="quantize the experts at load (q8_0, q4k, ...)")
     ap.add_argument("--prompt-len", type=int, default=8192)
     ap.add_argument("--decode-tokens", type=int, default=128)
+    ap.add_argument(
+        "--trace-dir", default=None,
+        help="resident row: a Chrome trace of four graphed batch-1 steps here "
+        "(vs_trace_<label>.json; per kernel: bench/trace_summary.py FILE --steps 4 --chain)",
+    )  # fmt: skip
     ap.add_argument("--budget-chunk", type=int, default=2048,
                     help="step token budget of the budget runs: a longer prompt takes the "
                          "prompt pass (each layer's experts streamed once, overlapped)")  # fmt: skip
@@ -187,6 +196,11 @@ def main() -> None:
         row["experts"] = _formats(llm)
         row.update(measure(llm, args.prompt_len, args.decode_tokens))
         row.update(_offload_summary(llm))
+        if args.trace_dir and placement == "resident":
+            name = "".join(c if c.isalnum() else "_" for c in label)
+            trace = Path(args.trace_dir) / f"vs_trace_{name}.json"
+            trace.parent.mkdir(parents=True, exist_ok=True)
+            row["anatomy"] = export_step_trace(llm, 64, trace)
         print(json.dumps(row), flush=True)
         free = {k: round(v / 2**30, 3) for k, v in llm.engine.startup_free.items()}
         print(f"[{placement}] free GPU GiB after each start-up step: {free}",

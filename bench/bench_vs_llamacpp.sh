@@ -18,7 +18,8 @@
 # Results append to bench/results/vs_llamacpp.jsonl (RESET=1 empties it first).
 # Env: ONLY (rows), PP=8192 (prompt length), LCP=/tmp/lcp, NO_LLAMACPP=1 (xinfer only),
 # NO_XINFER=1 (llama.cpp only), LCP_WAIT_S=120 (how long a row waits for the build),
-# BUDGET_ONLY=1 (the budget rows only: neither engine's resident row).
+# BUDGET_ONLY=1 (the budget rows only: neither engine's resident row), NO_BUDGET=1 (xinfer's
+# resident row only, e.g. with XINFER_BENCH_ARGS="--trace-dir DIR").
 set -euo pipefail
 cd "$(dirname "$0")/.."
 KIT=bench/.llamacpp_kit
@@ -96,7 +97,7 @@ rows | while read -r name preset type budget ncmoe extra keep; do
     [ "${BUDGET_ONLY:-0}" = 1 ] || "$PY" bench/bench_vs_llamacpp.py --gguf "$f" \
       --label "$label" --prompt-len "$PP" ${XINFER_BENCH_ARGS:-} | tee -a "$OUT"
     packed=""; [ "$extra" = compress ] && packed="--compress"
-    "$PY" bench/bench_vs_llamacpp.py --gguf "$f" --label "$label" --budget-gb "$budget" \
+    [ "${NO_BUDGET:-0}" = 1 ] || "$PY" bench/bench_vs_llamacpp.py --gguf "$f" --label "$label" --budget-gb "$budget" \
       --skip-resident --prompt-len "$PP" $packed ${XINFER_BENCH_ARGS:-} | tee -a "$OUT"
     [ "${NO_LLAMACPP:-0}" = 1 ] || llama_bench "$f" "$label" "$ncmoe"
   fi

@@ -35,6 +35,8 @@ elif [ "${CALL_LIST}" = 3 ]; then
     PYTEST_K="one_launch or rows_do_not_depend or pruned_build" bash $G pytestk 2>&1 | tail -6
   GPU_RUN_LIMIT=$(lim) SWITCH_TIMEOUT=200 SWITCH_FORMATS=bf16,gptq \
     SWITCH_VARIANTS="base;topk-1warp" bash $G switches 2>&1 | tail -12
+  # where a resident Q4_K step goes (no trace of one yet)
+  GPU_RUN_LIMIT=$(lim) VS_TIMEOUT=150 bash $G q4ktrace 2>&1 | tail -3
   # issue 19: GPTQ 20% batch 1, prefetch off and two ahead, on today's kernels
   GPU_RUN_LIMIT=$(lim) QUANT_FORMATS=gptq QUANT_OFFLOAD_ARGS="--rates 0.2 --batches 1 \
 --steps 64 --warmup-steps 16 --ttft-tokens '' --prefetch 0,2 --prefetch-margin 0" \
