@@ -210,12 +210,17 @@ def test_prefill_linear_is_cublas_on_the_dequantized_weight() -> None:
     assert torch.equal(fmt.triton_linear(x, {"weight": raw}, None, n, k), kernels.linear(x, dense))
 
 
-def test_q4_k_head_tile_matches_twin_and_keeps_row_bits() -> None:
-    """The swept one-warp tile of vocabulary-sized Q4_K outputs (gguf_launch.HEAD_ROWS)."""
+@pytest.mark.parametrize("words", [True, False])
+def test_q4_k_head_tile_matches_twin_and_keeps_row_bits(words, monkeypatch) -> None:
+    """The one-warp tiles of vocabulary-sized Q4_K outputs (gguf_launch.HEAD_ROWS): the word
+    tile (Q4K_WORDS on, the default) and the swept byte tile."""
+    monkeypatch.setattr(gl, "Q4K_WORDS", words)
     n, k = gl.HEAD_ROWS, 2048
     fmt = GGUFFormat("Q4_K")
     raw = _raw("Q4_K", n, k, seed=33)
-    assert gl.linear_tiles(1, torch.bfloat16, fmt.btype, n).num_warps == 1
+    tiles = gl.linear_tiles(1, torch.bfloat16, fmt.btype, n)
+    assert tiles.num_warps == 1 and tiles.words == words
+    assert gl.q4k_words(raw, fmt.btype, k)
     x = (torch.randn(8, k, device=DEV) * 0.5).to(torch.bfloat16)
     batch = fmt.triton_linear(x, {"weight": raw}, None, n, k)
     _close(batch, fmt.reference_linear(x, {"weight": raw}, None, n, k))

@@ -86,14 +86,20 @@ def test_decode_linear_row_bits_do_not_depend_on_the_batch(gl, name) -> None:
 
 
 def test_decode_tiles_depend_on_the_shape_and_type_only() -> None:
-    """The swept LM-head tile: Q4_K outputs of at least HEAD_ROWS rows, at every decode batch
-    (one tile for M <= DECODE_M keeps a row's bits batch-invariant); not other types/shapes."""
+    """The LM-head tiles: Q4_K outputs of at least HEAD_ROWS rows, at every decode batch
+    (one tile for M <= DECODE_M keeps a row's bits batch-invariant), the word tile with the
+    word path on and the swept byte tile with it off; not other types/shapes."""
     from xinfer.kernels import gguf_launch as gl
     from xinfer.quant.gguf_blocks import BLOCK_TYPES
 
     q4k, q6k, bf16 = BLOCK_TYPES["Q4_K"], BLOCK_TYPES["Q6_K"], torch.bfloat16
-    head = {gl.linear_tiles(m, bf16, q4k, gl.HEAD_ROWS) for m in range(1, gl.DECODE_M + 1)}
-    assert len(head) == 1 and head.pop().num_warps == 1
+    for words in (True, False):
+        head = {gl.linear_tiles(m, bf16, q4k, gl.HEAD_ROWS, words=words)
+                for m in range(1, gl.DECODE_M + 1)}  # fmt: skip
+        assert len(head) == 1
+        tile = head.pop()
+        assert tile.num_warps == 1 and tile.words == words
+        assert tile.block_m == (4 if words else 16)
     general = gl.linear_tiles(1, bf16)
     assert gl.linear_tiles(1, bf16, q4k, gl.HEAD_ROWS - 1, words=False) == general
     assert gl.linear_tiles(1, bf16, q6k, gl.HEAD_ROWS) == general

@@ -58,7 +58,7 @@ Q8X_LINEAR = False
 # MoE GEMV 31.4 → 16.2 at one token, 201.5 → 71.1 at eight; decode linear at one row, qkv
 # 11.7 → 7.1, o_proj 10.6 → 6.5. Its GPU tests there: 24 passed, 1 failed (a one-row
 # build with rows 1-3 compiled out gave another float32 sum; now one build for every row
-# count: `q4k_four_rows_dot`). The LM head keeps its swept byte tile (`_SWEPT_HEAD`).
+# count: `q4k_four_rows_dot`). The LM head's word tile: `_WORDS_HEAD`.
 # False: always the byte path.
 Q4K_WORDS = True
 
@@ -86,6 +86,15 @@ class GGUFTiles:
 # o_proj and qkv gained nothing from it). Other block types' heads are not swept.
 HEAD_ROWS = 65536
 _SWEPT_HEAD = {"Q4_K": GGUFTiles(block_m=16, block_n=16, subs=2, num_warps=1)}
+# The Q4_K head on the word path (Q4K_WORDS; `_path_tiles` falls back to _SWEPT_HEAD where
+# the weight does not allow it): four rows a program, 16 rows x one warp, a super-block a
+# step. Measured on an H100 (2026-12-07, thirty-third session, `bench_gguf_kernels.py --types
+# Q4_K`, 151,936 x 2048, CUDA graphs), µs at one / eight rows: 97.5 / 437.2 against the
+# swept byte tile's 315.5 / 312.7 (16 x 8 word tiles 117.5 / 745.9, 16 x 16 x 2 warps 108.5 /
+# 470.2, 32 x 8 148.5 / 453.3). One tile serves every decode batch (a row's bits may not
+# depend on it): a step gains ~218 µs at one row and pays ~125 µs at eight (more at sixteen
+# rows, not timed); resident Q4_K's batch-1 step was 2.715 ms there, the head 0.317 of it.
+_WORDS_HEAD = {"Q4_K": GGUFTiles(block_m=4, block_n=16, subs=8, num_warps=1, words=True)}
 
 
 def linear_tiles(
@@ -100,10 +109,12 @@ def linear_tiles(
     Q4_K word tile where the block type has one (default Q4K_WORDS; `linear` falls back to
     the byte tile where the weight does not allow it)."""
     if m <= DECODE_M:  # weight-bound: narrow N tiles give every SM work
-        head = _SWEPT_HEAD.get(btype.name) if btype is not None and n >= HEAD_ROWS else None
+        words = (Q4K_WORDS if words is None else words) and btype is not None
+        head = None
+        if btype is not None and n >= HEAD_ROWS:
+            head = (_WORDS_HEAD.get(btype.name) if words else None) or _SWEPT_HEAD.get(btype.name)
         if head is None and quant_launch.DECODE_GEMV:  # the GEMV form, four rows a program
-            if (Q4K_WORDS if words is None else words) and btype is not None:
-                head = _WORDS_LINEAR.get(btype.name)
+            head = _WORDS_LINEAR.get(btype.name) if words else None
             head = head or GGUFTiles(block_m=4, block_n=4, subs=8, num_warps=2)
         return head or GGUFTiles(block_m=16, block_n=16, subs=8, num_warps=4)
     if dtype == torch.float32:
