@@ -13,37 +13,23 @@ if [ "${CALL_LIST:-1}" = 1 ]; then
   GPU_RUN_LIMIT=$(lim) HOSTCHECK_KINDS=0 bash $G hostcheck 2>&1 | tail -4
   MODE=healthy; grep -q SLOW $R/host_verdict.txt && MODE=slow; MODE=${FORCE:-$MODE}
   echo "MODE=$MODE"; echo "$MODE" > $R/mode.txt
-  # the llama.cpp build (242 s) for the second call's rows starts now, on any host
+  # the llama.cpp build (242 s) for this call's last rows starts now, on any host
   [ -d bench/.llamacpp_kit ] && bash bench/bench_vs_llamacpp.sh --start-build | tail -1
-  # the Q4_K word path, on by default since the thirty-second session (one build for every
-  # row count of the decode linear since its one-row build failed a bits test there)
+  # the Q4_K LM head on its word tile since the thirty-third session: its GPU tests
   GPU_RUN_LIMIT=$(lim) PYTEST_TIMEOUT=200 PYTEST_TAG=_gguf \
     PYTEST_FILES="tests/kernels/test_gguf_kernels.py tests/weights/test_gguf_gpu.py" \
-    bash $G pytestk 2>&1 | tail -8
-  GPU_RUN_LIMIT=$(lim) GGUF_KERNEL_TIMEOUT=150 GGUF_TYPES=Q4_K bash $G ggufkernel 2>&1 | tail -24
-  # issue 15's resident table: FP8 and NVFP4 beside bf16, four batch-1 steps traced
-  GPU_RUN_LIMIT=$(lim) QUANT_FORMATS=bf16,fp8,nvfp4 QUANT_TIMEOUT=$(($(lim) - 30)) \
-    bash $G quanttrace 2>&1 | tail -12
-elif [ "${CALL_LIST}" = 3 ]; then
-  # the Q4_K LM head's word tiles against its swept byte tile, at one and eight rows
-  GPU_RUN_LIMIT=$(lim) GGUF_KERNEL_TIMEOUT=120 GGUF_TYPES=Q4_K bash $G ggufkernel 2>&1 \
-    | grep "lm_head" | tail -30
-  # the router's top-k in one warp: its bits test (then the A/B in the decode step); the
-  # quantized decode linears' batch invariance with a bias (the pruned one-row build too)
-  GPU_RUN_LIMIT=$(lim) PYTEST_TIMEOUT=150 PYTEST_TAG=_router_bias \
-    PYTEST_FILES="tests/kernels/test_router_topk_gpu.py tests/kernels/test_quant_kernels.py" \
-    PYTEST_K="one_launch or rows_do_not_depend or pruned_build" bash $G pytestk 2>&1 | tail -6
-  GPU_RUN_LIMIT=$(lim) SWITCH_TIMEOUT=200 SWITCH_FORMATS=bf16,gptq \
-    SWITCH_VARIANTS="base;topk-1warp" bash $G switches 2>&1 | tail -12
-  # where a resident Q4_K step goes (no trace of one yet)
-  GPU_RUN_LIMIT=$(lim) VS_TIMEOUT=150 bash $G q4ktrace 2>&1 | tail -3
-  # issue 19: GPTQ 20% batch 1, prefetch off and two ahead, on today's kernels
+    bash $G pytestk 2>&1 | tail -6
+  # the Q6_K head of real Q4_K_M files (still the byte GEMV), beside Q4_K's
+  GPU_RUN_LIMIT=$(lim) GGUF_KERNEL_TIMEOUT=150 GGUF_TYPES=Q4_K,Q6_K bash $G ggufkernel 2>&1 \
+    | grep -E "^  (linear|moe)" | tail -24
+  # issue 16: Q4_K beside llama.cpp on one file, resident (predicted ~400 tok/s) and 12 GB
+  GPU_RUN_LIMIT=$(lim) VS_TIMEOUT=$(($(lim) - 15)) VS_ROWS=q4_k bash $G vsllama 2>&1 | tail -8
+else
+  MODE=$(cat $R/mode.txt 2>/dev/null || echo slow); echo "MODE=$MODE (from the first call)"
+  # issue 19: GPTQ 20% batch 1, prefetch off and two ahead, on today's kernels (its load and
+  # warm-up took 124 s on a fresh machine in the thirty-third session)
   GPU_RUN_LIMIT=$(lim) QUANT_FORMATS=gptq QUANT_OFFLOAD_ARGS="--rates 0.2 --batches 1 \
 --steps 64 --warmup-steps 16 --ttft-tokens '' --prefetch 0,2 --prefetch-margin 0" \
     bash $G quantoff 2>&1 | tail -12
-else
-  MODE=$(cat $R/mode.txt 2>/dev/null || echo slow); echo "MODE=$MODE (from the first call)"
-  # issue 16: Q4_K beside llama.cpp on one file, resident and at 12 GB
-  GPU_RUN_LIMIT=$(lim) VS_TIMEOUT=$(($(lim) - 15)) VS_ROWS=q4_k bash $G vsllama 2>&1 | tail -14
 fi
 tar czf "${OUT:-/tmp/out}/results.tgz" -C $R .; echo "left $(lim)"
