@@ -7,6 +7,7 @@
 # Then on the GPU machine (carry ["bench/.llamacpp_kit"]), each line one command < 10 min:
 #     bash bench/bench_vs_llamacpp.sh --start-build   # unpack to /tmp/lcp, build in background
 #     ONLY=q4_k bash bench/bench_vs_llamacpp.sh       # ~6 min: Qwen3-30B-A3B Q4_K, resident + 12 GB
+#     ONLY=q4_k_m bash bench/bench_vs_llamacpp.sh     # the same in llama.cpp's Q4_K_M mix
 #     ONLY=q8_0 bash bench/bench_vs_llamacpp.sh       # ~7 min: Q8_0, resident + 24 GB
 #     ONLY=q15 bash bench/bench_vs_llamacpp.sh        # ~6 min: Qwen1.5-MoE bf16, resident + 12 GB
 #     ONLY=q15_isq bash bench/bench_vs_llamacpp.sh    # ~5 min: the same file, --isq q8_0 / q4k at 12 GB
@@ -51,6 +52,7 @@ WRITER="$KIT/write_random_gguf.py"
 # row preset type budget_gb ncmoe xinfer-extra keep-file
 rows() {
   echo "q4_k qwen3-30b-a3b q4_k 12 17 - 0"
+  echo "q4_k_m qwen3-30b-a3b q4_k_m 12 19 - 0"  # llama.cpp's Q4_K_M mix (bench/write_q4km_gguf.py)
   echo "q8_0 qwen3-30b-a3b q8_0 24 13 - 0"
   echo "q15 qwen1.5-moe-a2.7b bf16 12 17 compress 1"  # bf16 experts cross the link packed
   echo "q15_isq qwen1.5-moe-a2.7b bf16 12 - isq 0"
@@ -81,6 +83,9 @@ for r in json.load(sys.stdin):
 rows | while read -r name preset type budget ncmoe extra keep; do
   case " $ONLY " in *" $name "*) ;; *) continue ;; esac
   f=/tmp/bench-$preset-$type.gguf
+  if [ ! -f "$f" ] && [ "$type" = q4_k_m ]; then
+    KIT="$KIT" "$PY" bench/write_q4km_gguf.py --preset "$preset" -o "$f"
+  fi
   [ -f "$f" ] || "$PY" "$WRITER" --preset "$preset" --type "$type" -o "$f"
   label="$preset $type"
   if [ "$extra" = isq ]; then

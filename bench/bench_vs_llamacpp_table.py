@@ -30,7 +30,9 @@ def _key(row: dict) -> tuple[str, str]:
     model = row["model"].split(" isq ")[0]
     place = row["placement"]
     if place.startswith("-ncmoe"):
-        place = {"q4_k": "12 GB", "q8_0": "24 GB", "bf16": "12 GB"}[model.split()[-1]]
+        place = {"q4_k": "12 GB", "q4_k_m": "12 GB", "q8_0": "24 GB", "bf16": "12 GB"}[
+            model.split()[-1]
+        ]
     # "12 GB auto" or "12 GB auto lfu" (a slot policy) → "12 GB"
     return model, "resident" if place == "resident" else " ".join(place.split()[:2])
 

@@ -22,8 +22,10 @@ if [ "${CALL_LIST:-1}" = 1 ]; then
   # the Q6_K head of real Q4_K_M files (still the byte GEMV), beside Q4_K's
   GPU_RUN_LIMIT=$(lim) GGUF_KERNEL_TIMEOUT=150 GGUF_TYPES=Q4_K,Q6_K bash $G ggufkernel 2>&1 \
     | grep -E "^  (linear|moe)" | tail -24
-  # issue 16: Q4_K beside llama.cpp on one file, resident (predicted ~400 tok/s) and 12 GB
+  # issue 16: Q4_K beside llama.cpp on one file, resident (predicted ~400 tok/s) and 12 GB;
+  # then the Q4_K_M mix real downloads have (Q6_K head, half the down experts and attn_v)
   GPU_RUN_LIMIT=$(lim) VS_TIMEOUT=$(($(lim) - 15)) VS_ROWS=q4_k bash $G vsllama 2>&1 | tail -8
+  GPU_RUN_LIMIT=$(lim) VS_TIMEOUT=$(($(lim) - 15)) VS_ROWS=q4_k_m bash $G vsllama 2>&1 | tail -8
 else
   MODE=$(cat $R/mode.txt 2>/dev/null || echo slow); echo "MODE=$MODE (from the first call)"
   # issue 19: GPTQ 20% batch 1, prefetch off and two ahead, on today's kernels (its load and
