@@ -4,8 +4,8 @@ types only) with its tensor plan retyped as `llama-quantize ... Q4_K_M` types a 
 more than 8 experts (llama.cpp's `src/llama-quant.cpp`, `llama_tensor_get_type`): the LM
 head (`output.weight`) Q6_K; `attn_v` and every `ffn_down` (routed and shared experts) Q6_K
 in the layers where `use_more_bits` holds (the first and last eighth, and every third
-between: 24 of Qwen3-30B-A3B's 48); the rest Q4_K. A Q6_K row length that is not a multiple
-of 256 falls back as the kit's writer does. The file's `general.file_type` says Q4_K_M.
+between: 24 of Qwen3-30B-A3B's 48); the rest Q4_K. A row length that is not a multiple of
+256 falls back as the kit's writer does (Q6_K → Q8_0, Q4_K → Q5_0). The file's `general.file_type` says Q4_K_M.
 
 Real Q4_K_M downloads are this mix, where the kit's `--type q4_k` files are pure Q4_K: the
 mix puts Q6_K in half the layers' down projections and `attn_v` (whose q/k/v then are not
@@ -72,15 +72,22 @@ def _kit_writer() -> types.ModuleType:
 
 
 def _retyped(kit: types.ModuleType):
-    """The kit's `tensor_plan`, retyped to the Q4_K_M mix."""
+    """The kit's `tensor_plan`, retyped to the Q4_K_M mix: a weight the plan gave Q4_K (or
+    the kit's fallback of Q4_K for its row length) takes its Q4_K_M type, which falls back
+    in turn (Q6_K → Q8_0, as llama.cpp's does, for rows that are not 256k); a type the
+    command line chose (`--embd-type`, `--output-type`) stays."""
     plan = kit.tensor_plan
 
     def tensor_plan(cfg, wtype, embd_type, out_type):
         tensors, arch, hp = plan(cfg, wtype, embd_type, out_type)
         retyped = []
         for name, shape, t, kind in tensors:
-            t = q4km_type(name, t, hp["L"])
-            retyped.append((name, shape, kit.pick_type(t, shape[-1]), kind))
+            weight = kind not in ("norm", "bias", "router")
+            intended = "q4_k" if weight and t == kit.pick_type("q4_k", shape[-1]) else t
+            mixed = q4km_type(name, intended, hp["L"])
+            retyped.append(
+                (name, shape, t if mixed == intended else kit.pick_type(mixed, shape[-1]), kind)
+            )
         return retyped, arch, hp
 
     return tensor_plan
