@@ -184,8 +184,9 @@ def _gguf_rows(name: str, rows: int, k: int, experts: int | None = None) -> torc
 
 def _gguf_linear(
     name: str, dtype, m: int, bias: bool = True, dequant=None, n: int = 96, dot: bool = False,
-    rows: int = 0,
+    rows: int = 0, words: bool | None = None,
 ) -> None:  # fmt: skip
+    """`words`: the launcher's tiles with the Q4_K word path on or off (None: its default)."""
     from xinfer.kernels import gguf_launch
     from xinfer.quant.gguf_blocks import BLOCK_TYPES
 
@@ -195,6 +196,8 @@ def _gguf_linear(
     tiles = gguf_launch.GGUFTiles(16, 16, 8, num_warps=4) if dot else None
     if rows:
         tiles = gguf_launch.GGUFTiles(rows, 8, 8, num_warps=4)
+    if words is not None:
+        tiles = gguf_launch.linear_tiles(m, dtype, BLOCK_TYPES[name], n, words=words)
     gguf_launch.linear(
         _randn(m, k, dtype=dtype), w, BLOCK_TYPES[name], b, n, k, tiles, dequant=dequant
     )
@@ -243,7 +246,11 @@ def _gguf_cases() -> None:
     add("gguf-Q4_K-linear-bf16-m1-reduce-apart", f"{split} gemv_split_reduce_kernel",
         reduced_apart(_gguf_linear), "Q4_K", BF16, 1)  # fmt: skip
     add("gguf-Q6_K-linear-fp32-m64", g, _gguf_linear, "Q6_K", F32, 64)
-    add("gguf-Q4_K-linear-bf16-m1-head", g, _gguf_linear, "Q4_K", BF16, 1, n=65536)  # 1 warp
+    # the LM head (N >= HEAD_ROWS): the word tile (four rows, one warp), or with the word
+    # path off the swept one-warp dot tile
+    add("gguf-Q4_K-linear-bf16-m1-head", split, _gguf_linear, "Q4_K", BF16, 1, n=65536)
+    add("gguf-Q4_K-linear-bf16-m1-head-bytes", g, _gguf_linear, "Q4_K", BF16, 1, n=65536,
+        words=False)  # fmt: skip
     add("gguf-Q4_K-linear-fp16-m128-prefill", G_DEQUANT, _gguf_linear, "Q4_K", F16, 128)
     add("gguf-Q4_K+Q6_K-moe-fp16-gemv", G_GEMV, _gguf_moe, "Q4_K", "Q6_K", F16, 2, True)
     add("gguf-Q4_K+Q6_K-moe-bf16-grouped-large", G_GROUPED, _gguf_moe, "Q4_K", "Q6_K", BF16,

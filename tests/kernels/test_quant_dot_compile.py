@@ -152,9 +152,10 @@ def test_gguf_dots_take_their_kwidth(btype, path):
 
 
 def test_gguf_q4k_head_dot_takes_its_kwidth():
-    """The swept Q4_K LM-head tile (N >= gguf_launch.HEAD_ROWS), a 16-row dot tile at decode
-    whatever DECODE_GEMV: 16 x 16 x 64, one warp."""
-    _check(lambda: _gguf_linear("Q4_K", BF16, 1, n=65536), {GGUF_LINEAR: {2: 1}}, joined=False)
+    """The swept Q4_K LM-head tile (N >= gguf_launch.HEAD_ROWS) where the word path is off, a
+    16-row dot tile at decode whatever DECODE_GEMV: 16 x 16 x 64, one warp."""
+    launch = lambda: _gguf_linear("Q4_K", BF16, 1, n=65536, words=False)  # noqa: E731
+    _check(launch, {GGUF_LINEAR: {2: 1}}, joined=False)
 
 
 @pytest.mark.parametrize("fmt, width_36", [("gptq-g128-sym", 8), ("nvfp4", 8), ("fp8-block128", 4)])
