@@ -4,6 +4,10 @@ the same shapes. `--sweep` also times a few tile configs per kernel and prints t
 the tables in `kernels/gguf_launch.py`. One run takes ~1 min (~4 with --sweep).
 
     python3 bench/bench_gguf_kernels.py [--types Q4_K,Q8_0] [--sweep] [--out bench/results/x.json]
+
+`--words-sweep` times only the Q4_K word path's decode tiles (MoE gate/up and down at one and
+eight tokens, the qkv and o_proj linears at one and eight rows with three split-K targets),
+which were chosen by SASS instruction counts and never timed against each other (~2 min).
 """
 
 from __future__ import annotations
@@ -193,6 +197,69 @@ def bench_type(name: str, sweep: bool) -> list[dict]:
     return rows
 
 
+_WORD_SHAPES = (
+    (8, 1, 8),
+    (16, 1, 8),
+    (32, 1, 8),
+    (8, 1, 16),
+    (16, 1, 16),
+    (32, 1, 16),
+    (16, 2, 16),
+    (32, 2, 16),
+    (16, 2, 32),
+    (16, 4, 32),
+    (64, 1, 8),
+)  # rows, warps, subs
+
+
+def bench_q4k_words() -> list[dict]:
+    """The Q4_K word tiles of the decode GEMVs, each timed alone: gate/up tiles with the
+    default down tile, down tiles with the default gate/up tile, and the decode linears'
+    four-row tiles at split-K targets None (the default), 0 (unsplit) and 2048 programs."""
+    bt, rows = BLOCK_TYPES["Q4_K"], []
+    w13, w2 = _raw("Q4_K", 2 * INTER, H, E), _raw("Q4_K", H, INTER, E)
+    expert_bytes = w13[0].numel() + w2[0].numel()
+    default = gl.gemv_tiles(torch.bfloat16, bt)
+    tiles = [gl.GGUFTiles(1, bn, subs, warps, words=True) for bn, warps, subs in _WORD_SHAPES]
+    cases = [("default", default)]
+    cases += [(f"gate_up {t}", replace(t, down=default.down)) for t in tiles]
+    cases += [(f"down {t}", replace(default, down=t)) for t in tiles]
+    for num_tokens in (1, 8):
+        x, ids, weights = _moe_case(num_tokens)
+        distinct = len(set(ids.flatten().tolist()))
+        for label, t in cases:
+            try:
+                us = _time_us(partial(gl.fused_moe, x, ids, weights, w13, bt, w2, bt, INTER,
+                                      True, t))  # fmt: skip
+            except Exception as e:  # a tile the kernel refuses or cannot compile
+                print(f"skip {label}: {type(e).__name__}: {str(e)[:120]}", flush=True)
+                continue
+            rows.append(dict(kernel=f"moe_gemv words {label.split()[0]}", type="Q4_K", tokens=num_tokens,
+                             tiles=label, us=round(us, 1),
+                             GBps=round(distinct * expert_bytes / us / 1e3, 1)))  # fmt: skip
+    for label, (n, k) in LINEARS.items():
+        if label == "lm_head":
+            continue
+        w = _raw("Q4_K", n, k)
+        base = gl.linear_tiles(1, torch.bfloat16, bt, n)
+        for m in (1, 8):
+            x = torch.randn(m, k, device="cuda").bfloat16()
+            for bn, warps, subs in _WORD_SHAPES:
+                for programs in (None, 0, 2048):
+                    t = gl.GGUFTiles(4, bn, subs, warps, words=True, split_programs=programs)
+                    try:
+                        us = _time_us(partial(gl.linear, x, w, bt, None, n, k, t))
+                    except Exception as e:
+                        print(f"skip {label} {t}: {type(e).__name__}: {str(e)[:120]}", flush=True)
+                        continue
+                    splits = gl.decode_split(m, -(-n // bn), k, t)[1]
+                    mark = " (default)" if t == base else ""
+                    rows.append(dict(kernel=f"linear {label} words", type="Q4_K", tokens=m,
+                                     tiles=f"{t}{mark}", splits=splits, us=round(us, 1),
+                                     GBps=round(w.numel() / us / 1e3, 1)))  # fmt: skip
+    return rows
+
+
 def bench_bf16() -> list[dict]:
     """The plain bf16 kernels on the same shapes (the engine's bf16 path), for scale."""
     w13 = torch.randn(E, 2 * INTER, H, device="cuda").bfloat16() * 0.02
@@ -211,11 +278,15 @@ def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__)
     ap.add_argument("--types", default="Q4_K,Q8_0,Q6_K,Q5_0")
     ap.add_argument("--sweep", action="store_true")
+    ap.add_argument("--words-sweep", action="store_true", help="only the Q4_K word tiles")
     ap.add_argument("--out", default=None)
     args = ap.parse_args()
-    rows = bench_bf16()
-    for name in args.types.split(","):
-        rows += bench_type(name, args.sweep)
+    if args.words_sweep:
+        rows = bench_q4k_words()
+    else:
+        rows = bench_bf16()
+        for name in args.types.split(","):
+            rows += bench_type(name, args.sweep)
     best: dict[tuple, dict] = {}
     for r in rows:
         print(json.dumps(r), flush=True)

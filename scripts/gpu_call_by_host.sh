@@ -19,12 +19,17 @@ if [ "${CALL_LIST:-1}" = 1 ]; then
   GPU_RUN_LIMIT=$(lim) PYTEST_TIMEOUT=200 PYTEST_TAG=_gguf \
     PYTEST_FILES="tests/kernels/test_gguf_kernels.py tests/weights/test_gguf_gpu.py" \
     bash $G pytestk 2>&1 | tail -6
-  # the Q6_K head of real Q4_K_M files (still the byte GEMV), beside Q4_K's
-  GPU_RUN_LIMIT=$(lim) GGUF_KERNEL_TIMEOUT=150 GGUF_TYPES=Q4_K,Q6_K bash $G ggufkernel 2>&1 \
+  # the Q4_K word tiles, chosen by SASS counts, timed against each other for the first time
+  GPU_RUN_LIMIT=$(lim) GGUF_KERNEL_TIMEOUT=170 GGUF_WORDS_SWEEP=1 bash $G ggufkernel 2>&1 \
     | grep -E "^  (linear|moe)" | tail -24
-  # issue 16: Q4_K beside llama.cpp on one file, resident (predicted ~400 tok/s) and 12 GB;
-  # then the Q4_K_M mix real downloads have (Q6_K head, half the down experts and attn_v)
+  # issue 16: Q4_K beside llama.cpp on one file, resident (predicted ~400 tok/s) and 12 GB
   GPU_RUN_LIMIT=$(lim) VS_TIMEOUT=$(($(lim) - 15)) VS_ROWS=q4_k bash $G vsllama 2>&1 | tail -8
+elif [ "${CALL_LIST}" = 2 ]; then
+  MODE=$(cat $R/mode.txt 2>/dev/null || echo slow); echo "MODE=$MODE (from the first call)"
+  # the Q6_K head and down experts of real Q4_K_M files (byte path and q8x), then the
+  # Q4_K_M mix beside llama.cpp (Q6_K head, half the down experts and attn_v)
+  GPU_RUN_LIMIT=$(lim) GGUF_KERNEL_TIMEOUT=150 GGUF_TYPES=Q6_K bash $G ggufkernel 2>&1 \
+    | grep -E "^  (linear|moe)" | tail -12
   GPU_RUN_LIMIT=$(lim) VS_TIMEOUT=$(($(lim) - 15)) VS_ROWS=q4_k_m bash $G vsllama 2>&1 | tail -8
 else
   MODE=$(cat $R/mode.txt 2>/dev/null || echo slow); echo "MODE=$MODE (from the first call)"
