@@ -90,6 +90,12 @@ def XINFER_PDL() -> bool:
     return _bool("XINFER_PDL", default=True)
 
 
+def XINFER_PDL_EARLY_RELEASE() -> bool:
+    """Under PDL, let the RMSNorms and decode attention's merge release the kernel after them
+    before their own wait (kernels/pdl.py EARLY_RELEASE; off unless XINFER_PDL_EARLY_RELEASE=1)."""
+    return _bool("XINFER_PDL_EARLY_RELEASE", default=False)
+
+
 def XINFER_PREFILL_ATTENTION() -> str:
     """`triton` (default) or `flash`: a long one-sequence prefill step (a prompt pass's
     chunks) on torch's flash attention instead of the Triton kernel (kernels/attn_flash.py)."""

@@ -30,11 +30,24 @@ WITH_PDL = (
 )
 
 
-def _with_pdl(run) -> None:
+# the kernels that may release their successor before their own wait (pdl.EARLY_RELEASE)
+EARLY_RELEASE = ("rms_norm-bf16-2048-residual", "attn-decode-bf16-hd128-g4")
+
+
+def _pdl_options(t, release_first: bool = False, early: bool = False) -> dict:
+    opts = {"USE_PDL": True, "launch_pdl": True}
+    return {**opts, "PDL_RELEASE_FIRST": True} if release_first and early else opts
+
+
+def _with_pdl(run, early: bool = False) -> None:
     from xinfer.kernels import pdl
 
-    with mock.patch.object(pdl, "options", lambda t: {"USE_PDL": True, "launch_pdl": True}):
+    with mock.patch.object(pdl, "options", lambda t, **kw: _pdl_options(t, **kw, early=early)):
         run()
+
+
+def _with_early_release(run) -> None:
+    _with_pdl(run, early=True)
 
 
 def _pdl_cases() -> None:
@@ -46,6 +59,10 @@ def _pdl_cases() -> None:
         case = by_id[case_id]
         add(f"{case_id}-pdl", " ".join(sorted(case.kernels)), _with_pdl, case.run,
             marks=case.marks)  # fmt: skip
+    for case_id in EARLY_RELEASE:
+        case = by_id[case_id]
+        add(f"{case_id}-pdl-early", " ".join(sorted(case.kernels)), _with_early_release,
+            case.run, marks=case.marks)  # fmt: skip
 
 
 _pdl_cases()
