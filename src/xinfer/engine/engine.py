@@ -86,6 +86,7 @@ class Engine:
 
         pdl.ENABLED = envs.XINFER_PDL()
         pdl.EARLY_RELEASE = envs.XINFER_PDL_EARLY_RELEASE()
+        pdl.PREFETCH_WEIGHTS = envs.XINFER_PDL_PREFETCH()
         envs.XINFER_PREFILL_ATTENTION()
         self.device = torch.device(config.device)
         self.model_config = cfg = ModelConfig.from_dir(config.model)
