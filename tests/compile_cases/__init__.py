@@ -5,6 +5,7 @@ from compile_cases import (  # noqa: F401
     dense,
     kv_turbo,
     pdl_cases,
+    prefetch_cases,
     quantized,
     recurrent_and_offload,
 )
