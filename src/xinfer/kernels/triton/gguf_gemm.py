@@ -16,6 +16,7 @@ from xinfer.kernels.triton.fused_moe import _silu_mul, combine_when_last
 from xinfer.kernels.triton.gemv import four_rows, store_split_tile
 from xinfer.kernels.triton.gguf_dequant import block_bytes, gguf_tile, x_chunk
 from xinfer.kernels.triton.gguf_q4k_words import q4k_four_rows_dot, q4k_pair_dot, q4k_row_dot
+from xinfer.kernels.triton.gguf_q6k_words import q6k_four_rows_dot, q6k_pair_dot, q6k_row_dot
 from xinfer.kernels.triton.moe_blocks import moe_block
 from xinfer.kernels.triton.pdl import prefetch_rows_l2, wait_for_producers
 
@@ -135,11 +136,12 @@ def gguf_linear_rows_kernel(
     program: each weight tile is decoded once and multiplied into four accumulators, one a
     row (rows past M skip their multiply-adds). A row's arithmetic is the same whether its
     neighbours exist or not, so its bits never depend on M; the decode is shared by four
-    rows instead of paid per row (`gguf_linear_gemv_kernel`). WORDS (Q4_K whose rows allow
-    it: `gguf_launch.q4k_words`): the factored word path (`gguf_q4k_words.q4k_four_rows_dot`;
-    SUBS / 8 super-blocks a step, one a warp; ROWS_T rows a thread), one build for calls of
-    one to four rows (`q4k_four_rows_dot`). PREFETCH_L2: the program's weight tile into L2
-    before the PDL wait (`_prefetch_gguf_tile`)."""
+    rows instead of paid per row (`gguf_linear_gemv_kernel`). WORDS (Q4_K or Q6_K whose rows
+    allow it: `gguf_launch.q4k_words`, `q6k_words`): the factored word path
+    (`gguf_q4k_words.q4k_four_rows_dot`, `gguf_q6k_words.q6k_four_rows_dot`; SUBS / 8
+    super-blocks a step, one a warp; ROWS_T rows a thread), one build for calls of one to
+    four rows. PREFETCH_L2: the program's weight tile into L2 before the PDL wait
+    (`_prefetch_gguf_tile`)."""
     _prefetch_gguf_tile(w_ptr, N, K, k_per_split, stride_wn, BTYPE, BLOCK_N, PREFETCH_L2)
     wait_for_producers(USE_PDL)
     m0 = tl.program_id(0) * 4
@@ -156,9 +158,15 @@ def gguf_linear_rows_kernel(
         rows = (0, pid_n * BLOCK_N, N - 1, stride_wn // 4)  # past N: the last row, dropped
         sb_start = split * (k_per_split // 256)  # splits in whole super-blocks
         sb_end = tl.minimum(sb_start + k_per_split // 256, K // 256)
-        y0, y1, y2, y3 = q4k_four_rows_dot(
-            x0, stride_xm, M - m0, w32, rows, sb_start, sb_end, ROWS_T, SUBS // 8, ASM
-        )
+        if BTYPE == 14:  # Q6_K (`gguf_q6k_words`): rows in 16-bit units
+            y0, y1, y2, y3 = q6k_four_rows_dot(
+                x0, stride_xm, M - m0, w_ptr, (0, pid_n * BLOCK_N, N - 1, stride_wn // 2),
+                sb_start, sb_end, ROWS_T, SUBS // 8, ASM,
+            )  # fmt: skip
+        else:
+            y0, y1, y2, y3 = q4k_four_rows_dot(
+                x0, stride_xm, M - m0, w32, rows, sb_start, sb_end, ROWS_T, SUBS // 8, ASM
+            )
     else:
         acc0 = tl.zeros((BLOCK_N, SUBS, 32), dtype=tl.float32)
         acc1 = tl.zeros((BLOCK_N, SUBS, 32), dtype=tl.float32)
@@ -216,7 +224,16 @@ def gguf_moe_gate_up_gemv_kernel(
         rows = (gate, pid_n * BLOCK_N, inter_dim - 1, stride_wn // 4)
         rows2 = (gate + inter_dim * (stride_wn // 4), pid_n * BLOCK_N, inter_dim - 1,
                  stride_wn // 4)  # fmt: skip
-        g, u = q4k_pair_dot(x_row, w32, rows, rows2, hidden_dim // 256, ROWS_T, SUBS // 8, ASM)
+        if BTYPE == 14:  # Q6_K (`gguf_q6k_words`): rows in 16-bit units
+            gate = e * (stride_we // 2)
+            rows = (gate, pid_n * BLOCK_N, inter_dim - 1, stride_wn // 2)
+            rows2 = (gate + inter_dim * (stride_wn // 2), pid_n * BLOCK_N, inter_dim - 1,
+                     stride_wn // 2)  # fmt: skip
+            g, u = q6k_pair_dot(x_row, w_ptr, rows, rows2, hidden_dim // 256, ROWS_T, SUBS // 8,
+                                ASM)  # fmt: skip
+        else:
+            g, u = q4k_pair_dot(x_row, w32, rows, rows2, hidden_dim // 256, ROWS_T, SUBS // 8,
+                                ASM)  # fmt: skip
     else:
         acc_g = tl.zeros((BLOCK_N, SUBS, 32), dtype=tl.float32)
         acc_u = tl.zeros((BLOCK_N, SUBS, 32), dtype=tl.float32)
@@ -254,7 +271,11 @@ def gguf_moe_down_gemv_kernel(
     if WORDS:
         w32 = w_ptr.to(tl.pointer_type(tl.int32))
         rows = (e * (stride_we // 4), pid_n * BLOCK_N, hidden_dim - 1, stride_wn // 4)
-        y = q4k_row_dot(a_row, w32, rows, 0, inter_dim // 256, ROWS_T, SUBS // 8, ASM)
+        if BTYPE == 14:  # Q6_K (`gguf_q6k_words`): rows in 16-bit units
+            rows = (e * (stride_we // 2), pid_n * BLOCK_N, hidden_dim - 1, stride_wn // 2)
+            y = q6k_row_dot(a_row, w_ptr, rows, 0, inter_dim // 256, ROWS_T, SUBS // 8, ASM)
+        else:
+            y = q4k_row_dot(a_row, w32, rows, 0, inter_dim // 256, ROWS_T, SUBS // 8, ASM)
     else:
         acc = tl.zeros((BLOCK_N, SUBS, 32), dtype=tl.float32)
         for kb in range(0, tl.cdiv(inter_dim, SUBS * 32)):
