@@ -62,6 +62,12 @@ Q8X_LINEAR = False
 # (79, H100, thirty-third session). The LM head's word tile: `_WORDS_HEAD`.
 # False: always the byte path.
 Q4K_WORDS = True
+# Q6_K decode GEMVs (the four-row decode linear, the LM head among them, and the MoE GEMVs) by
+# words, factored per 16-weight group (`triton/gguf_q6k_words.py`): float32 throughout, within
+# the twin's tolerance. Taken where the rows allow 16-bit loads (`q6k_words`); else the byte
+# path. Chosen by sm_90 SASS (`_WORDS_GEMV`'s notes), not yet timed on a GPU.
+# False: always the byte path.
+Q6K_WORDS = True
 
 
 @dataclass(frozen=True)
@@ -107,10 +113,10 @@ def linear_tiles(
 ) -> GGUFTiles:
     """The linear's tiles from (M bucket, dtype, block type, N ≥ HEAD_ROWS): never from the
     batch within a bucket, so a decode row's bits do not depend on the batch. `words`: the
-    Q4_K word tile where the block type has one (default Q4K_WORDS; `linear` falls back to
-    the byte tile where the weight does not allow it)."""
+    word tile where the block type has one (Q4_K, Q6_K; default its switch, Q4K_WORDS or
+    Q6K_WORDS; `linear` falls back to the byte tile where the weight does not allow it)."""
     if m <= DECODE_M:  # weight-bound: narrow N tiles give every SM work
-        words = (Q4K_WORDS if words is None else words) and btype is not None
+        words = (_words_on(btype) if words is None else words) and btype is not None
         tile = None
         if btype is not None and n >= HEAD_ROWS:  # an LM head
             tile = (_WORDS_HEAD.get(btype.name) if words else None) or _SWEPT_HEAD.get(btype.name)
@@ -141,11 +147,12 @@ def gemv_tiles(
     session, activations in registers), µs for 1 / 8 tokens: Q4_K 4 rows of 2 warps, 31.1 /
     196.0 (best of 24 tiles 30.7 at one token: within noise); Q8_0 4 rows of 2 warps and 4
     blocks a step, 31.4 / 179.3 against 44.9 / 245.2 for the general tile. The other types
-    are not swept. `words`: the Q4_K word tile (default Q4K_WORDS; `fused_moe` falls back to
-    the byte tile for weights that do not allow it)."""
+    are not swept. `words`: the word tile of Q4_K or Q6_K (default Q4K_WORDS / Q6K_WORDS;
+    `fused_moe` falls back to the byte tile for weights that do not allow it, and takes w2's
+    own word tile where its type differs from w13's: `_down_tiles`)."""
     del dtype
     name = btype.name if btype else ""
-    if (Q4K_WORDS if words is None else words) and name in _WORDS_GEMV:
+    if (_words_on(btype) if words is None else words) and name in _WORDS_GEMV:
         return _WORDS_GEMV[name]
     return _SWEPT_GEMV.get(name, GGUFTiles(1, 8, 8, num_warps=4))
 
@@ -173,6 +180,48 @@ _WORDS_GEMV = {
     )
 }  # fmt: skip
 _WORDS_LINEAR = {"Q4_K": GGUFTiles(block_m=4, block_n=16, subs=16, num_warps=2, words=True)}
+# The Q6_K word path's tiles (`gguf_q6k_words.py`), chosen by sm_90 SASS (`bench/sass_report.py
+# --cases gguf-q6_k-words,linear-gguf-q6_k-words,head-gguf-q6_k-words`, Triton 3.9,
+# 2026-12-07), not timed; loop warp instructions a weight (the four-row linear: its loop
+# with all four rows' code, against a row's weights, as the Q4_K word linear's 0.318), no
+# spill, no shared memory in the loop:
+#   rows x warps (a super-block a warp)  8x1    8x2    16x1   16x2   32x1   32x2
+#   MoE gate/up                          0.175  0.191  0.158  0.163  0.152  0.152
+#   MoE down (K = 768, 630-byte rows)    0.210  0.218  0.175  0.180  0.158  0.164
+#   four-row decode linear (K = 2048)    0.549  0.553  0.395  0.397  0.371  0.372
+#   registers (gate/up; down; linear)    128;64;123  80;56;126  168;80;211  128;72;211
+#                                        255;167;255  255;136;255
+# where the byte path takes 0.696 (gate/up), 0.693 (down), 1.047 (the four-row linear and the
+# LM head, which has no swept Q6_K tile). 32 rows a program hold 255 registers in gate/up
+# and the linear (the four-row build keeps 32 rows' 64 decoded codes a lane live): taken
+# are 16 rows. Gate/up 16 x 2 warps as Q4_K's; down 16 x 1 (at one token 1,024 warps of
+# three steps each against 512 at 32 rows: the call is too small for its issue floor, 2.1 µs
+# against 2.5 µs of HBM, to decide it); the decode linear 16 x 2, the LM head 16 x 1 warp
+# (as Q4_K's `_WORDS_HEAD`: one tile for every decode batch).
+_WORDS_GEMV["Q6_K"] = GGUFTiles(
+    block_m=1, block_n=16, subs=16, num_warps=2, words=True,
+    down=GGUFTiles(block_m=1, block_n=16, subs=8, num_warps=1, words=True),
+)  # fmt: skip
+_WORDS_LINEAR["Q6_K"] = GGUFTiles(block_m=4, block_n=16, subs=16, num_warps=2, words=True)
+_WORDS_HEAD["Q6_K"] = GGUFTiles(block_m=4, block_n=16, subs=8, num_warps=1, words=True)
+
+
+def _words_on(btype: BlockType | None) -> bool:
+    """The switch of `btype`'s word path (Q4K_WORDS, Q6K_WORDS; False for the others)."""
+    return {"Q4_K": Q4K_WORDS, "Q6_K": Q6K_WORDS}.get(btype.name if btype else "", False)
+
+
+def q6k_words(w: torch.Tensor, btype: BlockType, k: int) -> bool:
+    """Whether the GEMVs may read the block rows `w` by the Q6_K word path: Q6_K, and every
+    row (and expert) and the base on a 2-byte boundary (the path's 16-bit loads; a 210-byte
+    block is only 2-aligned within a row). From the strides and the base alone, as
+    `q4k_words`."""
+    return btype.name == "Q6_K" and k % 256 == 0 and kernels.rows_aligned(w, 2)
+
+
+def words_allowed(w: torch.Tensor, btype: BlockType, k: int) -> bool:
+    """Whether `w` allows its block type's word path (`q4k_words`, `q6k_words`)."""
+    return q4k_words(w, btype, k) or q6k_words(w, btype, k)
 
 
 def q4k_words(w: torch.Tensor, btype: BlockType, k: int) -> bool:
@@ -205,8 +254,19 @@ def _word_aligned(x2: torch.Tensor) -> torch.Tensor:
 def _path_tiles(t: GGUFTiles, w: torch.Tensor, btype: BlockType, k: int, byte_tiles) -> GGUFTiles:
     """`t`, or `byte_tiles()` where `t` is a word tile that `w` does not allow."""
     if t.words and (t.block_n % 8 or t.subs % (8 * t.num_warps) or t.subs & (t.subs - 1)):
-        raise ValueError(f"gguf: a Q4_K word tile is 8k rows, 2^j super-blocks a warp: {t}")
-    return byte_tiles() if t.words and not q4k_words(w, btype, k) else t
+        raise ValueError(f"gguf: a word tile is 8k rows, 2^j super-blocks a warp: {t}")
+    return byte_tiles() if t.words and not words_allowed(w, btype, k) else t
+
+
+def _down_tiles(btype2: BlockType, w2, inter: int, t2: GGUFTiles, byte_tiles) -> GGUFTiles:
+    """The down GEMV's default tile where w2's block type differs from w13's (a Q4_K_M
+    file's Q6_K `ffn_down_exps`): w2's type's word tile where it has one, its switch is on
+    and w2 allows it; else `t2` (w13's down tile), or `byte_tiles()` for a word tile (w13's
+    word tiles are for w13's type)."""
+    if _words_on(btype2) and btype2.name in _WORDS_GEMV and words_allowed(w2, btype2, inter):
+        word = _WORDS_GEMV[btype2.name]
+        return word.down or word
+    return byte_tiles() if t2.words else t2
 
 
 def grouped_tiles(num_pairs: int, dtype: torch.dtype, btype: BlockType | None = None) -> GGUFTiles:
@@ -449,6 +509,8 @@ def fused_moe(
         byte = lambda: gemv_tiles(hidden.dtype, btype13, words=False)  # noqa: E731
         t13 = _path_tiles(t, w13, btype13, hidden_dim, byte)
         t2 = _path_tiles(t.down or t, w2, btype2, inter, byte)
+        if tiles is None and btype2.name != btype13.name:  # w2's own word tile, if any
+            t2 = _down_tiles(btype2, w2, inter, t2, byte)
         if t13.words:
             hidden = _word_aligned(hidden)
         jit.gguf_moe_gate_up_gemv_kernel[(num_pairs, triton.cdiv(inter, t13.block_n))](
