@@ -13,6 +13,7 @@ from dataclasses import dataclass, field
 import torch
 
 HIDDEN, INTER, TOP_K = 2048, 768, 8
+VOCAB = 151936  # the LM head's rows
 
 
 @dataclass(frozen=True)
@@ -41,7 +42,9 @@ def _routing(tokens: int) -> tuple[torch.Tensor, torch.Tensor]:
     return ids, torch.full((tokens, TOP_K), 1.0 / TOP_K)
 
 
-def _gguf_moe(btype_name: str, tokens: int = 1) -> Case:
+def _gguf_moe(btype_name: str, tokens: int = 1, words: bool | None = None) -> Case:
+    """`words`: the launcher's tiles with the block type's word path on or off (None: its
+    default)."""
     from xinfer.kernels import gguf_launch as gl
     from xinfer.quant.gguf_blocks import BLOCK_TYPES
 
@@ -50,12 +53,13 @@ def _gguf_moe(btype_name: str, tokens: int = 1) -> Case:
     w2 = torch.zeros(STORED, HIDDEN, bt.row_bytes(INTER), dtype=torch.uint8)
     hidden = torch.zeros(tokens, HIDDEN, dtype=torch.bfloat16)
     ids, weights = _routing(tokens)
-    t = gl.gemv_tiles(torch.bfloat16, bt)
+    t = gl.gemv_tiles(torch.bfloat16, bt, words=words)
+    t2 = t.down or t
     pairs = tokens * TOP_K
     return Case(
-        lambda: gl.fused_moe(hidden, ids, weights, w13, bt, w2, bt, INTER, True, None),
+        lambda: gl.fused_moe(hidden, ids, weights, w13, bt, w2, bt, INTER, True, t),
         {"gguf_moe_gate_up_gemv_kernel": 2 * t.block_n * t.subs * 32,
-         "gguf_moe_down_gemv_kernel": t.block_n * t.subs * 32},
+         "gguf_moe_down_gemv_kernel": t2.block_n * t2.subs * 32},
         {"gguf_moe_gate_up_gemv_kernel": pairs * 2 * INTER * HIDDEN,
          "gguf_moe_down_gemv_kernel": pairs * HIDDEN * INTER},
         {"gguf_moe_gate_up_gemv_kernel": pairs * 2 * INTER * bt.row_bytes(HIDDEN),
@@ -199,19 +203,23 @@ def _quant_linear(fmt_name: str, n: int = QKV_N, k: int = HIDDEN, m: int = 1) ->
     )
 
 
-def _gguf_linear(btype_name: str, n: int = QKV_N, k: int = HIDDEN) -> Case:
+def _gguf_linear(
+    btype_name: str, n: int = QKV_N, k: int = HIDDEN, words: bool | None = None
+) -> Case:
+    """`words`: the launcher's tiles with the block type's word path on or off (None: its
+    default); n = VOCAB: the LM head's tile."""
     from xinfer.kernels import gguf_launch as gl
     from xinfer.quant.gguf_blocks import BLOCK_TYPES
 
     bt = BLOCK_TYPES[btype_name]
     w = torch.zeros(n, bt.row_bytes(k), dtype=torch.uint8)
     x = torch.zeros(1, k, dtype=torch.bfloat16)
-    t = gl.linear_tiles(1, torch.bfloat16, bt, n)
+    t = gl.linear_tiles(1, torch.bfloat16, bt, n, words=words)
     name = {1: "gguf_linear_gemv_kernel", 4: "gguf_linear_rows_kernel"}.get(
         t.block_m, "gguf_linear_kernel"
     )
     return Case(
-        lambda: gl.linear(x, w, bt, None, n, k),
+        lambda: gl.linear(x, w, bt, None, n, k, t),
         {name: t.block_n * t.subs * 32},
         {name: n * k},
         {name: w.nbytes},
@@ -318,6 +326,11 @@ CASES: dict[str, Callable[[], Case]] = {
     "linear-nvfp4-m8": lambda: _quant_linear("nvfp4", m=8),
     "linear-gguf-q4_k": lambda: _gguf_linear("Q4_K"),
     "linear-gguf-q8_0": lambda: _gguf_linear("Q8_0"),
+    "linear-gguf-q6_k-words": lambda: _gguf_linear("Q6_K", words=True),
+    "linear-gguf-q6_k-bytes": lambda: _gguf_linear("Q6_K", words=False),
+    "head-gguf-q6_k-words": lambda: _gguf_linear("Q6_K", n=VOCAB, words=True),
+    "head-gguf-q6_k-bytes": lambda: _gguf_linear("Q6_K", n=VOCAB, words=False),
+    "head-gguf-q4_k-words": lambda: _gguf_linear("Q4_K", n=VOCAB, words=True),
     "linear-gguf-q4_k-q8x": _gguf_q8x_linear,
     "linear-gguf-q8_0-q8x": lambda: _gguf_q8x_linear("Q8_0"),
     "linear-gguf-q6_k-q8x": lambda: _gguf_q8x_linear("Q6_K"),
@@ -330,6 +343,8 @@ CASES: dict[str, Callable[[], Case]] = {
     "gguf-q6_k-q8x": lambda: _gguf_q8x_moe("Q6_K"),
     "gguf-q8_0": lambda: _gguf_moe("Q8_0"),
     "gguf-q6_k": lambda: _gguf_moe("Q6_K"),
+    "gguf-q6_k-words": lambda: _gguf_moe("Q6_K", words=True),
+    "gguf-q6_k-bytes": lambda: _gguf_moe("Q6_K", words=False),
     "gguf-q5_0": lambda: _gguf_moe("Q5_0"),
     "gguf-q4_0": lambda: _gguf_moe("Q4_0"),
     "bf16": _bf16_moe,
