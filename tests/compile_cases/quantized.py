@@ -186,7 +186,8 @@ def _gguf_linear(
     name: str, dtype, m: int, bias: bool = True, dequant=None, n: int = 96, dot: bool = False,
     rows: int = 0, words: bool | None = None,
 ) -> None:  # fmt: skip
-    """`words`: the launcher's tiles with the Q4_K word path on or off (None: its default)."""
+    """`words`: the launcher's tiles with the Q4_K / Q6_K word path on or off (None: its
+    default)."""
     from xinfer.kernels import gguf_launch
     from xinfer.quant.gguf_blocks import BLOCK_TYPES
 
@@ -252,6 +253,15 @@ def _gguf_cases() -> None:
     add("gguf-Q4_K-linear-bf16-m1-head-bytes", g, _gguf_linear, "Q4_K", BF16, 1, n=65536,
         words=False)  # fmt: skip
     add("gguf-Q4_K-linear-fp16-m128-prefill", G_DEQUANT, _gguf_linear, "Q4_K", F16, 128)
+    # the Q6_K word path (Q6K_WORDS): the head's one-warp tile, the linears' (fp32 and 16-bit
+    # activations), and with the word path off the byte tiles; the MoE GEMVs' word builds are
+    # gguf-Q6_K-moe-bf16-gemv and (Q6_K down alone) gguf-Q4_K+Q6_K-moe-fp16-gemv
+    add("gguf-Q6_K-linear-bf16-m1-head", split, _gguf_linear, "Q6_K", BF16, 1, n=65536)
+    add("gguf-Q6_K-linear-bf16-m1-head-bytes", split, _gguf_linear, "Q6_K", BF16, 1, n=65536,
+        words=False)  # fmt: skip
+    add("gguf-Q6_K-linear-fp32-m2-words", split, _gguf_linear, "Q6_K", F32, 2, words=True)
+    add("gguf-Q6_K-linear-fp16-m3-bytes", split, _gguf_linear, "Q6_K", F16, 3, words=False)
+    add("gguf-Q6_K-moe-fp32-gemv", G_GEMV, _gguf_moe, "Q6_K", "Q6_K", F32, 1, True)
     add("gguf-Q4_K+Q6_K-moe-fp16-gemv", G_GEMV, _gguf_moe, "Q4_K", "Q6_K", F16, 2, True)
     add("gguf-Q4_K+Q6_K-moe-bf16-grouped-large", G_GROUPED, _gguf_moe, "Q4_K", "Q6_K", BF16,
         130, False, dequant=False)  # fmt: skip
