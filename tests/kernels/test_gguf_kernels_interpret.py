@@ -73,7 +73,8 @@ def test_decode_linear_row_bits_do_not_depend_on_the_batch(gl, name) -> None:
 def test_decode_tiles_depend_on_the_shape_and_type_only() -> None:
     """The LM-head tiles: Q4_K outputs of at least HEAD_ROWS rows, at every decode batch
     (one tile for M <= DECODE_M keeps a row's bits batch-invariant), the word tile with the
-    word path on and the swept byte tile with it off; not other types/shapes."""
+    word path on and the swept byte tile with it off; Q6_K's word tile (one for every decode
+    batch) or with it off the general one; not other types/shapes."""
     from xinfer.kernels import gguf_launch as gl
     from xinfer.quant.gguf_blocks import BLOCK_TYPES
 
@@ -87,7 +88,11 @@ def test_decode_tiles_depend_on_the_shape_and_type_only() -> None:
         assert tile.block_m == (4 if words else 16)
     general = gl.linear_tiles(1, bf16)
     assert gl.linear_tiles(1, bf16, q4k, gl.HEAD_ROWS - 1, words=False) == general
-    assert gl.linear_tiles(1, bf16, q6k, gl.HEAD_ROWS) == general
+    assert gl.linear_tiles(1, bf16, q6k, gl.HEAD_ROWS, words=False) == general
+    assert gl.linear_tiles(1, bf16, BLOCK_TYPES["Q5_K"], gl.HEAD_ROWS) == general
+    q6_head = {gl.linear_tiles(m, bf16, q6k, gl.HEAD_ROWS, words=True)
+               for m in range(1, gl.DECODE_M + 1)}  # fmt: skip
+    assert q6_head == {gl._WORDS_HEAD["Q6_K"]} and gl._WORDS_HEAD["Q6_K"].num_warps == 1
     assert gl.linear_tiles(gl.DECODE_M + 1, bf16, q4k, gl.HEAD_ROWS).block_m > 16
     # below the head: the Q4_K word tile at every decode batch (Q4K_WORDS), one for all M
     words = {gl.linear_tiles(m, bf16, q4k, 5120, words=True) for m in range(1, gl.DECODE_M + 1)}
