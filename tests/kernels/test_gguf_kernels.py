@@ -326,3 +326,106 @@ def test_q4k_words_misaligned_weights_take_the_byte_path(monkeypatch, words_on) 
     _close(out, fmt.reference_linear(x, {"weight": raw}, None, n, k))
     monkeypatch.setattr(gl, "Q4K_WORDS", False)
     assert torch.equal(out, fmt.triton_linear(x, {"weight": shifted}, None, n, k))
+
+
+# --- the Q6_K word path (gguf_launch.Q6K_WORDS: factored sums, not the twin's bits) --------
+
+
+@pytest.fixture
+def q6k_words_on(monkeypatch):
+    """The Q6_K word path switched on (`gguf_launch.Q6K_WORDS`)."""
+    monkeypatch.setattr(gl, "Q6K_WORDS", True)
+
+
+def test_q6k_words_are_the_decode_tiles_when_on(q6k_words_on) -> None:
+    """Q6_K decode GEMVs (MoE, the decode linear, the LM head) take the word tiles with the
+    switch on; a Q4_K_M layer's Q6_K down (630-byte rows at I = 768) allows them."""
+    fmt = GGUFFormat("Q6_K")
+    assert gl.gemv_tiles(torch.bfloat16, fmt.btype).words
+    assert gl.linear_tiles(1, torch.bfloat16, fmt.btype, 5120).words
+    assert gl.linear_tiles(1, torch.bfloat16, fmt.btype, gl.HEAD_ROWS).words
+    assert gl.q6k_words(_raw("Q6_K", 64, 768, seed=50, experts=2), fmt.btype, 768)
+
+
+@pytest.mark.parametrize("t13", ["Q6_K", "Q4_K"])
+@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16])
+@pytest.mark.parametrize("num_tokens", [1, 5])
+def test_q6k_words_moe_matches_twin_and_the_byte_path(t13, dtype, num_tokens, monkeypatch,
+                                                      q6k_words_on):  # fmt: skip
+    """Qwen3-30B-A3B's expert shapes with Q6_K down (K = 768: 630-byte rows, 2-aligned), and
+    Q6_K or Q4_K (a Q4_K_M layer) gate/up: the word path within the twin's tolerance as the
+    byte path is; a token's bits alike alone and in the batch."""
+    x, ids, weights, w13, w2, inter = _moe(t13, "Q6_K", num_tokens, seed=51)
+    x = (x / 64 if dtype == torch.float16 else x).to(dtype)  # float16's range (Q4_K's test)
+    f13, f2 = GGUFFormat(t13), GGUFFormat("Q6_K")
+    assert gl.q6k_words(w2, f2.btype, inter)
+    ref = f13.reference_moe(x, ids, weights, {"weight": w13}, {"weight": w2}, inter, f2)
+    out = gl.fused_moe(x, ids, weights, w13, f13.btype, w2, f2.btype, inter)
+    _close(out, ref)
+    last = num_tokens - 1
+    alone = gl.fused_moe(x[last:], ids[last:], weights[last:], w13, f13.btype, w2, f2.btype,
+                         inter)  # fmt: skip
+    assert torch.equal(alone[0], out[last])
+    monkeypatch.setattr(gl, "Q6K_WORDS", False)
+    byte = gl.fused_moe(x, ids, weights, w13, f13.btype, w2, f2.btype, inter)
+    _close(byte, ref)
+    _close(out, byte)
+
+
+@pytest.mark.parametrize("n,k", [(2056, 2048), (2048, 4096), (gl.HEAD_ROWS, 2048)])
+def test_q6k_words_linear_matches_twin_and_keeps_row_bits(n, k, monkeypatch,
+                                                          q6k_words_on) -> None:  # fmt: skip
+    """The decode linear's (and the LM head's) Q6_K word path: within the twin's tolerance
+    and the byte path's; a row's bits alike in batches of 1, 3, 8 and 16."""
+    fmt = GGUFFormat("Q6_K")
+    raw = _raw("Q6_K", n, k, seed=52)
+    assert gl.q6k_words(raw, fmt.btype, k)
+    g = torch.Generator(device=DEV).manual_seed(53)
+    x = (torch.randn(16, k, device=DEV, generator=g) * 0.5).to(torch.bfloat16)
+    bias = torch.randn(n, device=DEV, generator=g).to(torch.bfloat16)
+    full = fmt.triton_linear(x, {"weight": raw}, bias, n, k)
+    _close(full, fmt.reference_linear(x, {"weight": raw}, bias, n, k))
+    for m in (1, 3, 8):
+        assert torch.equal(fmt.triton_linear(x[:m], {"weight": raw}, bias, n, k), full[:m])
+    monkeypatch.setattr(gl, "Q6K_WORDS", False)
+    _close(full, fmt.triton_linear(x, {"weight": raw}, bias, n, k))
+
+
+def test_q6k_words_expert_bits_do_not_depend_on_the_slot(q6k_words_on) -> None:
+    x, ids, weights, w13, w2, inter = _moe("Q4_K", "Q6_K", 3, seed=54)
+    b13, b2 = GGUFFormat("Q4_K").btype, GGUFFormat("Q6_K").btype
+    base = gl.fused_moe(x, ids, weights, w13, b13, w2, b2, inter)
+    slot_of = torch.randperm(24, device=DEV)[:16]
+    s13 = torch.zeros(24, *w13.shape[1:], dtype=torch.uint8, device=DEV)
+    s2 = torch.zeros(24, *w2.shape[1:], dtype=torch.uint8, device=DEV)
+    s13[slot_of], s2[slot_of] = w13, w2
+    assert gl.q6k_words(s2, b2, inter)
+    out = gl.fused_moe(x, slot_of[ids.long()].int(), weights, s13, b13, s2, b2, inter)
+    assert torch.equal(out, base)
+
+
+def test_q6k_words_graph_replays_the_kernels(q6k_words_on) -> None:
+    x, ids, weights, w13, w2, inter = _moe("Q6_K", "Q6_K", 1, seed=55)
+    bt = GGUFFormat("Q6_K").btype
+    qkv = _raw("Q6_K", 5120, 2048, seed=56)
+    run = lambda: (  # noqa: E731
+        gl.fused_moe(x, ids, weights, w13, bt, w2, bt, inter),
+        gl.linear(x, qkv, bt, None, 5120, 2048),
+    )
+    _assert_graph_replays(run, x)
+
+
+def test_q6k_words_misaligned_weights_take_the_byte_path(monkeypatch, q6k_words_on) -> None:
+    """Rows 1 byte into their storage cannot load 16 bits at a time: the byte path (the
+    switch off gives the same bits on the same storage), within the twin's tolerance."""
+    fmt = GGUFFormat("Q6_K")
+    n, k = 1000, 2048
+    raw = _raw("Q6_K", n, k, seed=57)
+    shifted = torch.empty(raw.numel() + 1, dtype=torch.uint8, device=DEV)[1:].view(raw.shape)
+    shifted.copy_(raw)
+    assert not gl.q6k_words(shifted, fmt.btype, k)
+    x = (torch.randn(2, k, device=DEV) * 0.5).to(torch.bfloat16)
+    out = fmt.triton_linear(x, {"weight": shifted}, None, n, k)
+    _close(out, fmt.reference_linear(x, {"weight": raw}, None, n, k))
+    monkeypatch.setattr(gl, "Q6K_WORDS", False)
+    assert torch.equal(out, fmt.triton_linear(x, {"weight": shifted}, None, n, k))
