@@ -5,6 +5,9 @@ the tables in `kernels/gguf_launch.py`. One run takes ~1 min (~4 with --sweep).
 
     python3 bench/bench_gguf_kernels.py [--types Q4_K,Q8_0] [--sweep] [--out bench/results/x.json]
 
+`--types Q6_K` times the Q6_K word path (Q6K_WORDS) beside its byte path: MoE GEMVs (and a
+Q4_K_M layer's Q4_K gate/up + Q6_K down), the linears and the LM head.
+
 `--words-sweep` times only the Q4_K word path's decode tiles (MoE gate/up and down at one and
 eight tokens, the qkv and o_proj linears at one and eight rows with three split-K targets),
 which were chosen by SASS instruction counts and never timed against each other (~2 min).
@@ -63,15 +66,42 @@ def _moe_case(num_tokens: int):
     return x, ids, weights
 
 
+WORD_TYPES = ("Q4_K", "Q6_K")  # the block types with a word path (Q4K_WORDS, Q6K_WORDS)
+
+
 def _head_word_tiles(name: str) -> list:
-    """The Q4_K word path's four-row tiles for the LM head (rows x warps x super-blocks a
-    step; none for other block types): whether the word tile beats the head's swept byte
-    tile at one row and at eight (the same tile must serve every decode row count: a row's
-    bits may not depend on the batch)."""
-    if name != "Q4_K":
+    """The Q4_K / Q6_K word path's four-row tiles for the LM head (rows x warps x super-blocks
+    a step; none for other block types): whether the word tile beats the head's byte tile at
+    one row and at eight (the same tile must serve every decode row count: a row's bits may
+    not depend on the batch)."""
+    if name == "Q4_K":
+        shapes = [(8, 8, 1), (16, 8, 1), (16, 16, 1), (16, 16, 2), (32, 8, 1), (32, 16, 2)]
+    elif name == "Q6_K":  # 32 rows: 255 registers (sm_90 SASS)
+        shapes = [(8, 8, 1), (16, 8, 1), (16, 16, 2), (32, 8, 1)]
+    else:
         return []
-    shapes = [(8, 8, 1), (16, 8, 1), (16, 16, 1), (16, 16, 2), (32, 8, 1), (32, 16, 2)]
     return [gl.GGUFTiles(4, bn, subs, warps, words=True) for bn, subs, warps in shapes]
+
+
+def _q4_k_m_moe(num_tokens: int) -> list[dict]:
+    """A Q4_K_M file's expert layer with Q6_K down (`ffn_down_exps` in half its layers):
+    Q4_K gate/up, Q6_K down, the launcher's tiles (the down on Q6_K words where Q6K_WORDS)
+    against its down on the byte path (the Q4_K byte tile, as before the Q6_K word path)."""
+    b13, b2 = BLOCK_TYPES["Q4_K"], BLOCK_TYPES["Q6_K"]
+    w13, w2 = _raw("Q4_K", 2 * INTER, H, E), _raw("Q6_K", H, INTER, E)
+    expert_bytes = w13[0].numel() + w2[0].numel()
+    x, ids, weights = _moe_case(num_tokens)
+    distinct = len(set(ids.flatten().tolist()))
+    t13 = gl.gemv_tiles(x.dtype, b13)
+    byte_down = replace(t13, down=gl.gemv_tiles(x.dtype, b13, words=False))
+    rows = []
+    for label, tiles in (("default", None), ("Q6_K down bytes", byte_down)):
+        us = _time_us(partial(gl.fused_moe, x, ids, weights, w13, b13, w2, b2, INTER, True,
+                              tiles))  # fmt: skip
+        rows.append(dict(kernel="moe_gemv Q4_K+Q6_K", type="Q4_K_M", tokens=num_tokens,
+                         tiles=label, us=round(us, 1),
+                         GBps=round(distinct * expert_bytes / us / 1e3, 1)))  # fmt: skip
+    return rows
 
 
 def bench_type(name: str, sweep: bool) -> list[dict]:
@@ -86,7 +116,7 @@ def bench_type(name: str, sweep: bool) -> list[dict]:
         byte = gl.gemv_tiles(x.dtype, bt, words=False)
         # twice the sub-blocks a step: half the iterations, twice the loads in flight
         configs = [None, replace(byte, subs=2 * byte.subs)]
-        if name == "Q4_K":  # the word path (gguf_launch.Q4K_WORDS) and the byte path, both
+        if name in WORD_TYPES:  # the word path (Q4K_WORDS / Q6K_WORDS) and the byte path
             configs.append(byte if default.words else gl.gemv_tiles(x.dtype, bt, words=True))
         if sweep:
             configs += [gl.GGUFTiles(1, bn, subs, warps) for bn in (4, 8, 16, 32)
@@ -105,6 +135,8 @@ def bench_type(name: str, sweep: bool) -> list[dict]:
             rows.append(dict(kernel="moe_gemv_q8x", type=name, tokens=num_tokens, tiles="q8x",
                              us=round(us, 1), GBps=round(distinct * expert_bytes / us / 1e3, 1),
                              pairs=pairs))  # fmt: skip
+        if name == "Q6_K":
+            rows += _q4_k_m_moe(num_tokens)
     for label, (n, k) in LINEARS.items():
         w = _raw(name, n, k)
         x = torch.randn(1, k, device="cuda").bfloat16()
@@ -128,7 +160,7 @@ def bench_type(name: str, sweep: bool) -> list[dict]:
                 configs += [gl.GGUFTiles(1, 8, 8, 2), gl.GGUFTiles(1, 4, 8, 2)]
                 configs += _head_word_tiles(name)
         default = gl.linear_tiles(1, x.dtype, bt, n)
-        if name == "Q4_K":  # the word path (gguf_launch.Q4K_WORDS) and the byte path, both
+        if name in WORD_TYPES:  # the word path (Q4K_WORDS / Q6K_WORDS) and the byte path
             other = gl.linear_tiles(1, x.dtype, bt, n, words=not default.words)
             configs += [other] if other != default else []
         # the default tiles unsplit, then every tile with the default split-K target, then
@@ -161,6 +193,8 @@ def bench_type(name: str, sweep: bool) -> list[dict]:
                 gl.GGUFTiles(4, 8, 8, 4),
                 gl.GGUFTiles(16, 16, 8, 4),
             )
+            if name == "Q6_K":  # its word tile at eight rows too
+                tiles8 += (gl.linear_tiles(8, x8.dtype, bt, n, words=True),)
         for tiles in tiles8:
             us = _time_us(partial(gl.linear, x8, w, bt, None, n, k, tiles))
             rows.append(dict(kernel=f"linear {label}", type=name, tokens=8,
