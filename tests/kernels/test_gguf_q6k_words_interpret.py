@@ -40,8 +40,9 @@ def _close(out, ref, dtype) -> None:
 
 def test_q6k_words_takes_even_q6_k_rows_only() -> None:
     """`q6k_words` from the block type, strides and base alone: Q6_K rows on 2-byte
-    boundaries (210-byte blocks: a row of K = 768 is 630 bytes, allowed); a view 1 byte in,
-    rows padded to an odd stride, Q4_K: no."""
+    boundaries (210-byte blocks: a row of K = 768 is 630 bytes, allowed) from a 4-aligned
+    base; a view 1 or 2 bytes in (or an odd row of 630 bytes in), rows padded to an odd
+    stride, Q4_K: no."""
     from xinfer.kernels import gguf_launch as gl
     from xinfer.quant.gguf_blocks import BLOCK_TYPES
 
@@ -51,6 +52,9 @@ def test_q6k_words_takes_even_q6_k_rows_only() -> None:
     assert gl.words_allowed(w, q6k, k) and not gl.q4k_words(w, q6k, k)
     shifted = torch.empty(w.numel() + 1, dtype=torch.uint8)[1:].view(w.shape)
     assert not gl.q6k_words(shifted, q6k, k)
+    two_in = torch.empty(w.numel() + 2, dtype=torch.uint8)[2:].view(w.shape)
+    assert not gl.q6k_words(two_in, q6k, k) and not gl.q6k_words(w[:, 1:], q6k, k)
+    assert gl.q6k_words(w[:, 2:], q6k, k)  # 1260 bytes in
     padded = torch.empty(8, q6k.row_bytes(k) + 1, dtype=torch.uint8)[:, : q6k.row_bytes(k)]
     assert not gl.q6k_words(padded, q6k, k)
     q4 = block_rows("Q4_K", 8, 512, seed=51)

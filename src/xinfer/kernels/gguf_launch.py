@@ -64,8 +64,8 @@ Q8X_LINEAR = False
 Q4K_WORDS = True
 # Q6_K decode GEMVs (the four-row decode linear, the LM head among them, and the MoE GEMVs) by
 # words, factored per 16-weight group (`triton/gguf_q6k_words.py`): float32 throughout, within
-# the twin's tolerance. Taken where the rows allow 16-bit loads (`q6k_words`); else the byte
-# path. Chosen by sm_90 SASS (`_WORDS_GEMV`'s notes), not yet timed on a GPU.
+# the twin's tolerance. Taken where the base is 4-aligned and the rows 2-aligned (`q6k_words`);
+# else the byte path. Chosen by sm_90 SASS (`_WORDS_GEMV`'s notes), not yet timed on a GPU.
 # False: always the byte path.
 Q6K_WORDS = True
 
@@ -191,6 +191,9 @@ _WORDS_LINEAR = {"Q4_K": GGUFTiles(block_m=4, block_n=16, subs=16, num_warps=2, 
 #   four-row decode linear (K = 2048)    0.549  0.553  0.395  0.397  0.371  0.372
 #   registers (gate/up; down; linear)    128;64;123  80;56;126  168;80;211  128;72;211
 #                                        255;167;255  255;136;255
+# (that sweep with 16-bit weight loads; the taken tiles with the funnel-shifted 32-bit loads
+# after it: gate/up 0.161, down 0.175, linear 0.393, head 0.392, and 48 loads a step of the
+# down GEMV instead of 66)
 # where the byte path takes 0.696 (gate/up), 0.693 (down), 1.047 (the four-row linear and the
 # LM head, which has no swept Q6_K tile). 32 rows a program hold 255 registers in gate/up
 # and the linear (the four-row build keeps 32 rows' 64 decoded codes a lane live): taken
@@ -212,11 +215,12 @@ def _words_on(btype: BlockType | None) -> bool:
 
 
 def q6k_words(w: torch.Tensor, btype: BlockType, k: int) -> bool:
-    """Whether the GEMVs may read the block rows `w` by the Q6_K word path: Q6_K, and every
-    row (and expert) and the base on a 2-byte boundary (the path's 16-bit loads; a 210-byte
-    block is only 2-aligned within a row). From the strides and the base alone, as
-    `q4k_words`."""
-    return btype.name == "Q6_K" and k % 256 == 0 and kernels.rows_aligned(w, 2)
+    """Whether the GEMVs may read the block rows `w` by the Q6_K word path: Q6_K, the base on
+    a 4-byte boundary and every row (and expert) on a 2-byte one (the path loads aligned
+    32-bit words and shifts them by 16 bits where a 210-byte block starts at 2 mod 4). From
+    the strides and the base alone, as `q4k_words`."""
+    aligned = w.data_ptr() % 4 == 0 and kernels.rows_aligned(w, 2)
+    return btype.name == "Q6_K" and k % 256 == 0 and aligned
 
 
 def words_allowed(w: torch.Tensor, btype: BlockType, k: int) -> bool:

@@ -24,9 +24,12 @@ Tiles. A warp's lanes hold 8 rows x the 4 quarters (n, h) of a super-block: a qu
 l = 16 h .. 16 h + 15 of half n, so its 64 weights are the four whole groups 8 n + h + 2 t
 and each lane's sums and scales are its own (no reduction across lanes in the loop). Blocks
 are 210 bytes, so a block's bytes are only 2-aligned (odd blocks start at 2 mod 4; a row of
-K = 768 is 630 bytes): the lane reads its 16 bytes of ql[l], 16 of ql[l + 32] and 16 of
-qh[l] as 16-bit loads and joins pairs into 32-bit words (`gguf_launch.q6k_words` checks the
-base and strides are even); its four scales as int8 loads, d as an fp16 load. ROWS_T rows
+K = 768 is 630 bytes): for each of its 16 bytes of ql[l], of ql[l + 32] and of qh[l] the lane
+loads the five aligned 32-bit words that cover them and funnel-shifts each pair by 0 or 16
+bits, one SHF a word (`gguf_launch.q6k_words` checks a 4-aligned base and even strides);
+its four scales as int8 loads, d as an fp16 load. (Eight 16-bit loads a 16 bytes, joined
+in pairs, took as many instructions and 38% more loads: 66 against 48 a step of the down
+GEMV, sm_90 SASS.) ROWS_T rows
 more sit in each thread's registers (BLOCK_N = 8 ROWS_T) and share the activations it loads
 and converts; SB warps read SB super-blocks a step. Every load is a flat tile (lanes: the
 quarter and row; warps: the super-block; registers: the rest), reshaped after, as
@@ -78,22 +81,43 @@ def _row_halves(rows, r, ln):
 
 
 @triton.jit
-def _words16(w16, rows, kb, kb_end, AT: tl.constexpr, ROWS_T: tl.constexpr, SB: tl.constexpr):
-    """The four 32-bit words (ROWS_T, SB, 8, 4 quarters) each of the 16 bytes that every lane
-    reads of its rows' super-block kbs, loaded as eight 16-bit halves (blocks are only
-    2-aligned). AT, of quarter g = 2 n + h: 0 ql[64 n + 16 h ..] (16-bit offset 32 n + 8 h),
-    1 ql[64 n + 32 + 16 h ..], 2 qh[32 n + 16 h ..] (qh at byte 128)."""
-    o, s, ln, g = _flat1(ROWS_T * 8, SB)
-    kbs, _ = _steps(s, kb, kb_end)
-    if AT == 2:
-        at = 64 + 16 * (g // 2) + 8 * (g % 2)
+def _funnel(lo, hi, sh, ASM: tl.constexpr):
+    """The 32 bits of the 64-bit hi:lo from bit sh (0 or 16) on: one funnel shift."""
+    if ASM:
+        w = tl.inline_asm_elementwise(
+            "shf.r.wrap.b32 $0, $1, $2, $3;", "=r,r,r,r", [lo, hi, sh], dtype=tl.int32,
+            is_pure=True, pack=1,
+        )  # fmt: skip
     else:
-        at = 32 * (g // 2) + 8 * (g % 2) + 16 * AT
-    offs = _row_halves(rows, o // 8, ln) + kbs * SUPER_HALVES + at + o % 8
-    v = tl.load(w16 + offs).to(tl.int32)  # uint16: zero-extended
-    v = tl.permute(tl.reshape(v, (ROWS_T, 4, 2, SB, 8, 4)), (0, 3, 4, 5, 1, 2))
-    lo, hi = tl.split(v)
-    return _four(lo | (hi << 16))
+        wide = (hi.to(tl.uint32).to(tl.uint64) << 32) | lo.to(tl.uint32).to(tl.uint64)
+        w = (wide >> sh.to(tl.uint64)).to(tl.uint32).to(tl.int32, bitcast=True)
+    return w
+
+
+@triton.jit
+def _words16(w32, sh, g, AT: tl.constexpr, ROWS_T: tl.constexpr, SB: tl.constexpr,
+             ASM: tl.constexpr):  # fmt: skip
+    """The four 32-bit words (ROWS_T, SB, 8, 4 quarters) each of the 16 bytes that every lane
+    reads of its block (flat, `_flat1`: `w32` its block's first byte rounded down to 4, `sh`
+    16 where the block starts at 2 mod 4, else 0; g the quarter). A block's bytes are only
+    2-aligned (odd blocks start at 2 mod 4), so the lane loads the five aligned words that
+    cover them and funnel-shifts each pair. AT, of quarter g = 2 n + h: 0 ql[64 n + 16 h ..],
+    1 ql[64 n + 32 + 16 h ..], 2 qh[32 n + 16 h ..] (qh at byte 128); the fifth word ends at
+    most 2 bytes past the range, inside the block."""
+    if AT == 2:
+        p = w32 + (32 + 8 * (g // 2) + 4 * (g % 2))
+    else:
+        p = w32 + (16 * (g // 2) + 4 * (g % 2) + 8 * AT)
+    v0 = tl.load(p)
+    v1 = tl.load(p + 1)
+    v2 = tl.load(p + 2)
+    v3 = tl.load(p + 3)
+    v4 = tl.load(p + 4)
+    w0 = tl.reshape(_funnel(v0, v1, sh, ASM), (ROWS_T, SB, 8, 4))
+    w1 = tl.reshape(_funnel(v1, v2, sh, ASM), (ROWS_T, SB, 8, 4))
+    w2 = tl.reshape(_funnel(v2, v3, sh, ASM), (ROWS_T, SB, 8, 4))
+    w3 = tl.reshape(_funnel(v3, v4, sh, ASM), (ROWS_T, SB, 8, 4))
+    return w0, w1, w2, w3
 
 
 @triton.jit
@@ -126,14 +150,17 @@ def q6k_decode(w8, rows, kb, kb_end, ROWS_T: tl.constexpr, SB: tl.constexpr,
     the codes as float32 (ROWS_T, SB, 8, 4 quarters), units u = 0..3 (l = 16 h + 4 u ..) each
     of (q1, q2, q3, q4) x bytes 0..3 (`_unit`); the scales d sc_t of the quarter's groups t =
     0..3; and d."""
-    w16 = w8.to(tl.pointer_type(tl.uint16))
-    a0, a1, a2, a3 = _words16(w16, rows, kb, kb_end, 0, ROWS_T, SB)
-    b0, b1, b2, b3 = _words16(w16, rows, kb, kb_end, 1, ROWS_T, SB)
-    h0, h1, h2, h3 = _words16(w16, rows, kb, kb_end, 2, ROWS_T, SB)
-    # scales[8 n + h + 2 t] (byte 192 on) and d (byte 208), one a (row, quarter)
+    # the block of each (row, quarter): its 16-bit offset, its words from the one at or
+    # below it, and scales[8 n + h + 2 t] (byte 192 on) and d (byte 208)
     r, s, ln, g = _flat1(ROWS_T, SB)
     kbs, valid = _steps(s, kb, kb_end)
     blk = _row_halves(rows, r, ln) + kbs * SUPER_HALVES
+    w32 = w8.to(tl.pointer_type(tl.int32)) + (blk >> 1)
+    sh = (blk & 1).to(tl.int32) * 16
+    a0, a1, a2, a3 = _words16(w32, sh, g, 0, ROWS_T, SB, ASM)
+    b0, b1, b2, b3 = _words16(w32, sh, g, 1, ROWS_T, SB, ASM)
+    h0, h1, h2, h3 = _words16(w32, sh, g, 2, ROWS_T, SB, ASM)
+    w16 = w8.to(tl.pointer_type(tl.uint16))
     if SB > 1:  # a step past the range: d = 0
         d = tl.load(w16.to(tl.pointer_type(tl.float16)) + blk + 104, mask=valid, other=0.0)
     else:
