@@ -205,9 +205,9 @@ def gguf_moe_gate_up_gemv_kernel(
     ROWS_T: tl.constexpr = 1,
 ):  # fmt: skip
     """grid (T*k, cdiv(I, BLOCK_N)): inter[pair, n] = silu(x·W13[e, n]) * (x·W13[e, I + n]).
-    WORDS (Q4_K whose rows allow it: `gguf_launch.q4k_words`): the factored word path
-    (`gguf_q4k_words.q4k_pair_dot`; SUBS / 8 super-blocks a step, one a warp; ROWS_T rows a
-    thread; rows past I clamped to the last, dropped at the store)."""
+    WORDS (Q4_K or Q6_K whose rows allow it: `gguf_launch.q4k_words`, `q6k_words`): the
+    factored word path (`q4k_pair_dot`, `q6k_pair_dot`; SUBS / 8 super-blocks a step, one a
+    warp; ROWS_T rows a thread; rows past I clamped to the last, dropped at the store)."""
     wait_for_producers(USE_PDL)
     pair = tl.program_id(0)
     pid_n = tl.program_id(1)

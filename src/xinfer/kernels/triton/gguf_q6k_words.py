@@ -43,7 +43,18 @@ of bytes 0 and 2 as the fp16 pair of subnormals q 2^-24,
 
 (q3 and q4 as 16 q 2^-24), and of bytes 1 and 3 the same from A >> 8, B >> 8, H >> 4 and
 H >> 6: six shifts, sixteen logic ops and sixteen conversions (one a half) for 16 weights;
-the powers of two go into the scales. sm_90 SASS numbers: `gguf_launch`'s tile notes."""
+the powers of two go into the scales. S is one chain of 16 fused multiply-adds a group; X
+is summed by each lane from the 16 activations of each of its groups (shared by its ROWS_T
+rows).
+
+sm_90 SASS (`bench/sass_report.py --cases gguf-q6_k-words,linear-gguf-q6_k-words,
+head-gguf-q6_k-words`, Triton 3.9, at `gguf_launch`'s tiles): no shared memory, barrier or
+spill in the loops; 0.161 / 0.175 warp instructions a weight (MoE gate/up, down) where the
+byte path takes 0.696 / 0.693, and 0.393 for the four-row linear (0.392 the LM head's
+one-warp tile; the loop holds all four rows' code, counted against one row's weights, as
+the Q4_K word linear's 0.318) where the byte path's four-row tile takes 1.047. Per 16
+weights a row: 6 shifts, 16 logic ops, 16 conversions and 16 fused multiply-adds; the
+rest is the 12 funnel shifts and 15 loads a lane a block, the scales and the activations."""
 
 from __future__ import annotations
 
