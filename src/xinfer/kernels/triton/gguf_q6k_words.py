@@ -48,11 +48,12 @@ is summed by each lane from the 16 activations of each of its groups (shared by 
 rows).
 
 sm_90 SASS (`bench/sass_report.py --cases gguf-q6_k-words,linear-gguf-q6_k-words,
-head-gguf-q6_k-words`, Triton 3.9, at `gguf_launch`'s tiles): no shared memory, barrier or
-spill in the loops; 0.161 / 0.175 warp instructions a weight (MoE gate/up, down) where the
-byte path takes 0.696 / 0.693, and 0.393 for the four-row linear (0.392 the LM head's
-one-warp tile; the loop holds all four rows' code, counted against one row's weights, as
-the Q4_K word linear's 0.318) where the byte path's four-row tile takes 1.047. Per 16
+head-gguf-q6_k-words`, Triton 3.9 and 3.6 alike to +-0.006, at `gguf_launch`'s tiles): no
+shared memory, barrier or spill in the loops; 0.161 / 0.175 warp instructions a weight (MoE
+gate/up, down) where the byte path takes 0.696 / 0.693, and 0.393 for the four-row linear
+(0.392 the LM head's one-warp tile; the loop holds all four rows' code, counted against one
+row's weights, as the Q4_K word linear's 0.318) where the byte path's four-row tile takes
+1.047. Per 16
 weights a row: 6 shifts, 16 logic ops, 16 conversions and 16 fused multiply-adds; the
 rest is the 12 funnel shifts and 15 loads a lane a block, the scales and the activations."""
 
@@ -106,7 +107,7 @@ def _funnel(lo, hi, sh, ASM: tl.constexpr):
 
 
 @triton.jit
-def _words16(w32, sh, g, AT: tl.constexpr, ROWS_T: tl.constexpr, SB: tl.constexpr,
+def _block_words(w32, sh, g, AT: tl.constexpr, ROWS_T: tl.constexpr, SB: tl.constexpr,
              ASM: tl.constexpr):  # fmt: skip
     """The four 32-bit words (ROWS_T, SB, 8, 4 quarters) each of the 16 bytes that every lane
     reads of its block (flat, `_flat1`: `w32` its block's first byte rounded down to 4, `sh`
@@ -168,9 +169,9 @@ def q6k_decode(w8, rows, kb, kb_end, ROWS_T: tl.constexpr, SB: tl.constexpr,
     blk = _row_halves(rows, r, ln) + kbs * SUPER_HALVES
     w32 = w8.to(tl.pointer_type(tl.int32)) + (blk >> 1)
     sh = (blk & 1).to(tl.int32) * 16
-    a0, a1, a2, a3 = _words16(w32, sh, g, 0, ROWS_T, SB, ASM)
-    b0, b1, b2, b3 = _words16(w32, sh, g, 1, ROWS_T, SB, ASM)
-    h0, h1, h2, h3 = _words16(w32, sh, g, 2, ROWS_T, SB, ASM)
+    a0, a1, a2, a3 = _block_words(w32, sh, g, 0, ROWS_T, SB, ASM)
+    b0, b1, b2, b3 = _block_words(w32, sh, g, 1, ROWS_T, SB, ASM)
+    h0, h1, h2, h3 = _block_words(w32, sh, g, 2, ROWS_T, SB, ASM)
     w16 = w8.to(tl.pointer_type(tl.uint16))
     if SB > 1:  # a step past the range: d = 0
         d = tl.load(w16.to(tl.pointer_type(tl.float16)) + blk + 104, mask=valid, other=0.0)
@@ -266,7 +267,7 @@ def q6k_word_sums(dec, xs):
 
 
 @triton.jit
-def _rows_out(acc, ROWS_T: tl.constexpr):
+def _q6k_rows_out(acc, ROWS_T: tl.constexpr):
     """(ROWS_T, SB, 8, 4) partial sums → (BLOCK_N,): over the quarters, then the warps."""
     return tl.reshape(tl.sum(tl.sum(acc, axis=3), axis=1), (ROWS_T * 8,))
 
@@ -280,7 +281,7 @@ def q6k_row_dot(x_row, w8, rows, kb_start, kb_end, ROWS_T: tl.constexpr, SB: tl.
     for kb in range(kb_start, kb_end, SB):
         xs = q6k_x(x_row, kb, kb_end, SB, ASM)
         acc += q6k_word_sums(q6k_decode(w8, rows, kb, kb_end, ROWS_T, SB, ASM), xs)
-    return _rows_out(acc, ROWS_T)
+    return _q6k_rows_out(acc, ROWS_T)
 
 
 @triton.jit
@@ -294,7 +295,7 @@ def q6k_pair_dot(x_row, w8, rows, rows2, kb_end, ROWS_T: tl.constexpr, SB: tl.co
         xs = q6k_x(x_row, kb, kb_end, SB, ASM)
         acc += q6k_word_sums(q6k_decode(w8, rows, kb, kb_end, ROWS_T, SB, ASM), xs)
         acc2 += q6k_word_sums(q6k_decode(w8, rows2, kb, kb_end, ROWS_T, SB, ASM), xs)
-    return _rows_out(acc, ROWS_T), _rows_out(acc2, ROWS_T)
+    return _q6k_rows_out(acc, ROWS_T), _q6k_rows_out(acc2, ROWS_T)
 
 
 @triton.jit
@@ -317,5 +318,5 @@ def q6k_four_rows_dot(x0, stride_xm, more, w8, rows, kb_start, kb_end, ROWS_T: t
             acc2 += q6k_word_sums(dec, q6k_x(x0 + 2 * stride_xm, kb, kb_end, SB, ASM))
         if 3 < more:
             acc3 += q6k_word_sums(dec, q6k_x(x0 + 3 * stride_xm, kb, kb_end, SB, ASM))
-    return (_rows_out(acc0, ROWS_T), _rows_out(acc1, ROWS_T), _rows_out(acc2, ROWS_T),
-            _rows_out(acc3, ROWS_T))  # fmt: skip
+    return (_q6k_rows_out(acc0, ROWS_T), _q6k_rows_out(acc1, ROWS_T), _q6k_rows_out(acc2, ROWS_T),
+            _q6k_rows_out(acc3, ROWS_T))  # fmt: skip
