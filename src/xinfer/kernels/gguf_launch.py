@@ -192,8 +192,8 @@ _WORDS_LINEAR = {"Q4_K": GGUFTiles(block_m=4, block_n=16, subs=16, num_warps=2, 
 #   registers (gate/up; down; linear)    128;64;123  80;56;126  168;80;211  128;72;211
 #                                        255;167;255  255;136;255
 # (that sweep with 16-bit weight loads; the taken tiles with the funnel-shifted 32-bit loads
-# after it: gate/up 0.161, down 0.175, linear 0.393, head 0.392, and 48 loads a step of the
-# down GEMV instead of 66)
+# and the group's two fused multiply-adds after it: gate/up 0.159, down 0.173, linear 0.388,
+# head 0.386 (Triton 3.6 alike), and 48 loads a step of the down GEMV instead of 66)
 # where the byte path takes 0.696 (gate/up), 0.693 (down), 1.047 (the four-row linear and the
 # LM head, which has no swept Q6_K tile). 32 rows a program hold 255 registers in gate/up
 # and the linear (the four-row build keeps 32 rows' 64 decoded codes a lane live): taken

@@ -49,13 +49,14 @@ rows).
 
 sm_90 SASS (`bench/sass_report.py --cases gguf-q6_k-words,linear-gguf-q6_k-words,
 head-gguf-q6_k-words`, Triton 3.9 and 3.6 alike to +-0.006, at `gguf_launch`'s tiles): no
-shared memory, barrier or spill in the loops; 0.161 / 0.175 warp instructions a weight (MoE
-gate/up, down) where the byte path takes 0.696 / 0.693, and 0.393 for the four-row linear
-(0.392 the LM head's one-warp tile; the loop holds all four rows' code, counted against one
+shared memory, barrier or spill in the loops; 0.159 / 0.173 warp instructions a weight (MoE
+gate/up, down) where the byte path takes 0.696 / 0.693, and 0.388 for the four-row linear
+(0.386 the LM head's one-warp tile; the loop holds all four rows' code, counted against one
 row's weights, as the Q4_K word linear's 0.318) where the byte path's four-row tile takes
 1.047. Per 16
-weights a row: 6 shifts, 16 logic ops, 16 conversions and 16 fused multiply-adds; the
-rest is the 12 funnel shifts and 15 loads a lane a block, the scales and the activations."""
+weights a row: 6 shifts, 16 logic ops, 16 conversions and 16 fused multiply-adds, and 2
+more a group; the rest is the 12 funnel shifts and 15 loads a lane a block, the scales and
+the activations (their X sums: 60 adds a lane a block, shared by its ROWS_T rows)."""
 
 from __future__ import annotations
 
@@ -257,12 +258,12 @@ def q6k_word_sums(dec, xs):
             for b in tl.static_range(0, 4):
                 if u + b > 0:
                     p = tl.fma(v[u][t][b], xv[u][t][b][None], p)
-        # (d sc_t 2^24) S' - (d sc_t) 32 X, S' the sum of the subnormal codes q 2^-24 (t =
-        # 0, 1) or 16 q 2^-24 (t = 2, 3)
+        # (d sc_t) (2^24 S' - 32 X), S' the sum of the subnormal codes q 2^-24 (t = 0, 1) or
+        # 16 q 2^-24 (t = 2, 3): two fused multiply-adds (the power of two is exact)
         if t < 2:
-            acc = tl.fma(sc[t] * 16777216.0, p, acc) - sc[t] * x32[t][None]
+            acc = tl.fma(sc[t], tl.fma(p, 16777216.0, -x32[t][None]), acc)
         else:
-            acc = tl.fma(sc[t] * 1048576.0, p, acc) - sc[t] * x32[t][None]
+            acc = tl.fma(sc[t], tl.fma(p, 1048576.0, -x32[t][None]), acc)
     return acc
 
 
