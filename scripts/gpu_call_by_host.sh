@@ -35,7 +35,7 @@ elif [ "${CALL_LIST}" = 4 ]; then
   # the thirty-fourth session's second call, any host (resident rows only): the L2 weight
   # prefetch before the PDL wait and the early release, then the Q6_K word path
   [ -d bench/.llamacpp_kit ] && bash bench/bench_vs_llamacpp.sh --start-build | tail -1
-  GPU_RUN_LIMIT=$(lim) PYTEST_TIMEOUT=170 PYTEST_TAG=_new PYTEST_FILES="tests/kernels/test_prefetch_l2_gpu.py \
+  GPU_RUN_LIMIT=$(lim) PYTEST_TIMEOUT=${NEW_TESTS_S:-130} PYTEST_TAG=_new PYTEST_FILES="tests/kernels/test_prefetch_l2_gpu.py \
 tests/kernels/test_pdl_gpu.py tests/kernels/test_gguf_kernels.py" PYTEST_K="prefetch or pdl or q6k or Q6_K" \
     bash $G pytestk 2>&1 | tail -8
   # resident Q4_K, xinfer only: as shipped, prefetch, prefetch + early release (one file)
