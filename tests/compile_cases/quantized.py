@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import dataclasses
 import functools
+from unittest import mock
 
 import torch
 
@@ -217,6 +218,19 @@ def _gguf_moe(t13: str, t2: str, dtype, tokens: int, use_gemv: bool, dequant=Non
                           dequant=dequant)  # fmt: skip
 
 
+def _q6k_words_on(fn):
+    """`fn` with the Q6_K word path on (`gguf_launch.Q6K_WORDS`, off until a GPU has run it),
+    so that its builds are compiled here whatever the default."""
+
+    def run(*args, **kwargs) -> None:
+        from xinfer.kernels import gguf_launch
+
+        with mock.patch.object(gguf_launch, "Q6K_WORDS", True):
+            fn(*args, **kwargs)
+
+    return run
+
+
 G_GEMV = "gguf_moe_gate_up_gemv_kernel gguf_moe_down_gemv_kernel"  # combine fused
 G_GROUPED = (
     "moe_align_kernel gguf_moe_gate_up_grouped_kernel gguf_moe_down_grouped_kernel "
@@ -256,13 +270,15 @@ def _gguf_cases() -> None:
     # the Q6_K word path (Q6K_WORDS): the head's one-warp tile, the linears' (fp32 and 16-bit
     # activations), and with the word path off the byte tiles; the MoE GEMVs' word builds are
     # gguf-Q6_K-moe-bf16-gemv and (Q6_K down alone) gguf-Q4_K+Q6_K-moe-fp16-gemv
-    add("gguf-Q6_K-linear-bf16-m1-head", split, _gguf_linear, "Q6_K", BF16, 1, n=65536)
+    add("gguf-Q6_K-linear-bf16-m1-head", split, _q6k_words_on(_gguf_linear), "Q6_K", BF16, 1,
+        n=65536)  # fmt: skip
     add("gguf-Q6_K-linear-bf16-m1-head-bytes", split, _gguf_linear, "Q6_K", BF16, 1, n=65536,
         words=False)  # fmt: skip
     add("gguf-Q6_K-linear-fp32-m2-words", split, _gguf_linear, "Q6_K", F32, 2, words=True)
     add("gguf-Q6_K-linear-fp16-m3-bytes", split, _gguf_linear, "Q6_K", F16, 3, words=False)
-    add("gguf-Q6_K-moe-fp32-gemv", G_GEMV, _gguf_moe, "Q6_K", "Q6_K", F32, 1, True)
-    add("gguf-Q4_K+Q6_K-moe-fp16-gemv", G_GEMV, _gguf_moe, "Q4_K", "Q6_K", F16, 2, True)
+    add("gguf-Q6_K-moe-fp32-gemv", G_GEMV, _q6k_words_on(_gguf_moe), "Q6_K", "Q6_K", F32, 1, True)
+    add("gguf-Q4_K+Q6_K-moe-fp16-gemv", G_GEMV, _q6k_words_on(_gguf_moe), "Q4_K", "Q6_K", F16, 2,
+        True)  # fmt: skip
     add("gguf-Q4_K+Q6_K-moe-bf16-grouped-large", G_GROUPED, _gguf_moe, "Q4_K", "Q6_K", BF16,
         130, False, dequant=False)  # fmt: skip
     add("gguf-Q4_K+Q6_K-moe-fp16-prefill", G_PREFILL_MOE, _gguf_moe, "Q4_K", "Q6_K", F16, 130,

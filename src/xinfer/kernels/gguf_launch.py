@@ -65,9 +65,11 @@ Q4K_WORDS = True
 # Q6_K decode GEMVs (the four-row decode linear, the LM head among them, and the MoE GEMVs) by
 # words, factored per 16-weight group (`triton/gguf_q6k_words.py`): float32 throughout, within
 # the twin's tolerance. Taken where the base is 4-aligned and the rows 2-aligned (`q6k_words`);
-# else the byte path. Chosen by sm_90 SASS (`_WORDS_GEMV`'s notes), not yet timed on a GPU.
-# False: always the byte path.
-Q6K_WORDS = True
+# else the byte path. Chosen by sm_90 SASS (`_WORDS_GEMV`'s notes). Off until a GPU has run
+# its tests (tests/kernels/test_gguf_kernels.py -k q6k: twin, row bits, slots, CUDA graphs)
+# and timed it (`bench_gguf_kernels.py --types Q6_K`): the Q4_K word path's first GPU run
+# failed tests the interpreter had passed (thirty-second session). True: where allowed.
+Q6K_WORDS = False
 
 
 @dataclass(frozen=True)
