@@ -33,6 +33,19 @@ def add(case_id: str, kernels: str, fn: Callable, *args, marks: tuple = (), **kw
     CASES.append(Case(case_id, run, frozenset(kernels.split()), marks))
 
 
+def add_variants(case_ids, suffix: str, wrap: Callable, what: str) -> None:
+    """A case `{id}-{suffix}` for each registered case of `case_ids`: its run inside
+    `wrap(run)` (a launch option forced on), its kernels and marks."""
+    by_id = {case.id: case for case in CASES}
+    missing = [i for i in case_ids if i not in by_id]
+    if missing:
+        raise AssertionError(f"{what} compile cases name unknown cases: {missing}")
+    for case_id in case_ids:
+        case = by_id[case_id]
+        add(f"{case_id}-{suffix}", " ".join(sorted(case.kernels)), wrap, case.run,
+            marks=case.marks)  # fmt: skip
+
+
 def _gen(seed: int = 0) -> torch.Generator:
     return torch.Generator().manual_seed(seed)
 

@@ -7,7 +7,7 @@ from __future__ import annotations
 from unittest import mock
 
 from compile_cases import dense, quantized  # noqa: F401 (their cases first: variants of them)
-from compile_cases.base import CASES, add
+from compile_cases.base import add_variants
 
 # one case of each kernel that starts with `wait_for_producers`, in the forms decode runs
 WITH_PDL = (
@@ -50,19 +50,5 @@ def _with_early_release(run) -> None:
     _with_pdl(run, early=True)
 
 
-def _pdl_cases() -> None:
-    by_id = {case.id: case for case in CASES}
-    missing = [i for i in WITH_PDL if i not in by_id]
-    if missing:
-        raise AssertionError(f"PDL compile cases name unknown cases: {missing}")
-    for case_id in WITH_PDL:
-        case = by_id[case_id]
-        add(f"{case_id}-pdl", " ".join(sorted(case.kernels)), _with_pdl, case.run,
-            marks=case.marks)  # fmt: skip
-    for case_id in EARLY_RELEASE:
-        case = by_id[case_id]
-        add(f"{case_id}-pdl-early", " ".join(sorted(case.kernels)), _with_early_release,
-            case.run, marks=case.marks)  # fmt: skip
-
-
-_pdl_cases()
+add_variants(WITH_PDL, "pdl", _with_pdl, "PDL")
+add_variants(EARLY_RELEASE, "pdl-early", _with_early_release, "PDL early-release")

@@ -9,7 +9,7 @@ from __future__ import annotations
 from unittest import mock
 
 from compile_cases import dense, quantized  # noqa: F401 (their cases first: variants of them)
-from compile_cases.base import CASES, add
+from compile_cases.base import add_variants
 
 # base case → the prefetch constexprs its launch must get (the weight's; "S" its scales')
 WITH_PREFETCH = {
@@ -51,15 +51,4 @@ def with_prefetch(run, prefetch: bool = True) -> None:
         run()
 
 
-def _prefetch_cases() -> None:
-    by_id = {case.id: case for case in CASES}
-    missing = [i for i in WITH_PREFETCH if i not in by_id]
-    if missing:
-        raise AssertionError(f"prefetch compile cases name unknown cases: {missing}")
-    for case_id in WITH_PREFETCH:
-        case = by_id[case_id]
-        add(f"{case_id}-prefetch", " ".join(sorted(case.kernels)), with_prefetch, case.run,
-            marks=case.marks)  # fmt: skip
-
-
-_prefetch_cases()
+add_variants(WITH_PREFETCH, "prefetch", with_prefetch, "prefetch")

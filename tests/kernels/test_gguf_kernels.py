@@ -84,16 +84,23 @@ def test_fused_moe_qwen15_rows_in_32_blocks() -> None:
     _close(f13.triton_moe(*args, w2_fmt=f2), f13.reference_moe(*args, w2_fmt=f2))
 
 
+def _slot_cache(ids: torch.Tensor, w13: torch.Tensor, w2: torch.Tensor):
+    """`_moe`'s 16 experts scattered over a cache of 24 slots (its own allocation): the slot
+    ids of `ids`, and the cache's w13 and w2."""
+    slot_of = torch.randperm(24, device=DEV)[:16]
+    s13 = torch.zeros(24, *w13.shape[1:], dtype=torch.uint8, device=DEV)
+    s2 = torch.zeros(24, *w2.shape[1:], dtype=torch.uint8, device=DEV)
+    s13[slot_of], s2[slot_of] = w13, w2
+    return slot_of[ids.long()].int(), s13, s2
+
+
 @pytest.mark.parametrize("num_tokens", [1, 200])
 def test_expert_bits_do_not_depend_on_the_slot(num_tokens) -> None:
     x, ids, weights, w13, w2, inter = _moe("Q4_K", "Q6_K", num_tokens)
     b13, b2 = GGUFFormat("Q4_K").btype, GGUFFormat("Q6_K").btype
     base = gl.fused_moe(x, ids, weights, w13, b13, w2, b2, inter)
-    slot_of = torch.randperm(24, device=DEV)[:16]  # 24 slots, experts scattered
-    s13 = torch.zeros(24, *w13.shape[1:], dtype=torch.uint8, device=DEV)
-    s2 = torch.zeros(24, *w2.shape[1:], dtype=torch.uint8, device=DEV)
-    s13[slot_of], s2[slot_of] = w13, w2
-    out = gl.fused_moe(x, slot_of[ids.long()].int(), weights, s13, b13, s2, b2, inter)
+    slot_ids, s13, s2 = _slot_cache(ids, w13, w2)
+    out = gl.fused_moe(x, slot_ids, weights, s13, b13, s2, b2, inter)
     assert torch.equal(out, base)
 
 
@@ -269,40 +276,47 @@ def test_q4k_words_moe_matches_twin_and_the_byte_path(dtype, num_tokens, monkeyp
     _close(gl.fused_moe(x, ids, weights, w13, bt, w2, bt, inter), ref)
 
 
+def _word_linear_keeps_row_bits(name: str, n: int, k: int, seed: int):
+    """The decode linear on `name` rows that allow words, bf16 x of 16 rows: within the
+    twin's tolerance, a row's bits alike in batches of 1, 3, 8 and 16. Returns the output of
+    the 16 rows and `run(m)`, the linear of the first m rows."""
+    fmt = GGUFFormat(name)
+    raw = _raw(name, n, k, seed=seed)
+    assert gl.words_allowed(raw, fmt.btype, k)
+    g = torch.Generator(device=DEV).manual_seed(seed + 1)
+    x = (torch.randn(16, k, device=DEV, generator=g) * 0.5).to(torch.bfloat16)
+    bias = torch.randn(n, device=DEV, generator=g).to(torch.bfloat16)
+    run = lambda m: fmt.triton_linear(x[:m], {"weight": raw}, bias, n, k)  # noqa: E731
+    full = run(16)
+    _close(full, fmt.reference_linear(x, {"weight": raw}, bias, n, k))
+    for m in (1, 3, 8):
+        assert torch.equal(run(m), full[:m])
+    return full, run
+
+
 @pytest.mark.parametrize("n,k", [(2056, 2048), (2048, 4096)])  # an N tail; K split in programs
 def test_q4k_words_linear_matches_twin_and_keeps_row_bits(n, k, words_on) -> None:
     """The decode linear's word path: within the twin's tolerance; a row's bits alike in
     batches of 1, 3, 8 and 16 (one build for every row count: on an H100 a build for one row
     alone gave one output of 2,048 other bits at 2048 x 4096, seen through the bias)."""
-    fmt = GGUFFormat("Q4_K")
-    raw = _raw("Q4_K", n, k, seed=42)
-    assert gl.q4k_words(raw, fmt.btype, k)
-    g = torch.Generator(device=DEV).manual_seed(43)
-    x = (torch.randn(16, k, device=DEV, generator=g) * 0.5).to(torch.bfloat16)
-    bias = torch.randn(n, device=DEV, generator=g).to(torch.bfloat16)
-    full = fmt.triton_linear(x, {"weight": raw}, bias, n, k)
-    _close(full, fmt.reference_linear(x, {"weight": raw}, bias, n, k))
-    for m in (1, 3, 8):
-        assert torch.equal(fmt.triton_linear(x[:m], {"weight": raw}, bias, n, k), full[:m])
+    _word_linear_keeps_row_bits("Q4_K", n, k, seed=42)
 
 
 def test_q4k_words_expert_bits_do_not_depend_on_the_slot(words_on) -> None:
     x, ids, weights, w13, w2, inter = _moe("Q4_K", "Q4_K", 3, seed=44)
     bt = GGUFFormat("Q4_K").btype
     base = gl.fused_moe(x, ids, weights, w13, bt, w2, bt, inter)
-    slot_of = torch.randperm(24, device=DEV)[:16]
-    s13 = torch.zeros(24, *w13.shape[1:], dtype=torch.uint8, device=DEV)
-    s2 = torch.zeros(24, *w2.shape[1:], dtype=torch.uint8, device=DEV)
-    s13[slot_of], s2[slot_of] = w13, w2
+    slot_ids, s13, s2 = _slot_cache(ids, w13, w2)
     assert gl.q4k_words(s13, bt, x.shape[1]) and gl.q4k_words(s2, bt, inter)
-    out = gl.fused_moe(x, slot_of[ids.long()].int(), weights, s13, bt, s2, bt, inter)
+    out = gl.fused_moe(x, slot_ids, weights, s13, bt, s2, bt, inter)
     assert torch.equal(out, base)
 
 
-def test_q4k_words_graph_replays_the_kernels(words_on) -> None:
-    x, ids, weights, w13, w2, inter = _moe("Q4_K", "Q4_K", 1, seed=45)
-    bt = GGUFFormat("Q4_K").btype
-    qkv = _raw("Q4_K", 5120, 2048, seed=46)
+def _assert_decode_graph_replays(name: str, seed: int) -> None:
+    """One token's MoE layer and a qkv linear (5120 x 2048), all `name`, in a CUDA graph."""
+    x, ids, weights, w13, w2, inter = _moe(name, name, 1, seed=seed)
+    bt = GGUFFormat(name).btype
+    qkv = _raw(name, 5120, 2048, seed=seed + 1)
     run = lambda: (  # noqa: E731
         gl.fused_moe(x, ids, weights, w13, bt, w2, bt, inter),
         gl.linear(x, qkv, bt, None, 5120, 2048),
@@ -310,22 +324,34 @@ def test_q4k_words_graph_replays_the_kernels(words_on) -> None:
     _assert_graph_replays(run, x)
 
 
+def test_q4k_words_graph_replays_the_kernels(words_on) -> None:
+    _assert_decode_graph_replays("Q4_K", seed=45)
+
+
+def _assert_misaligned_takes_the_byte_path(monkeypatch, name: str, switch: str, offset: int,
+                                           seed: int) -> None:  # fmt: skip
+    """1000 `name` rows of K = 2048 copied `offset` bytes into their storage, which does not
+    allow words: within the twin's tolerance, and the bits of `switch` off on that storage."""
+    fmt = GGUFFormat(name)
+    n, k = 1000, 2048
+    raw = _raw(name, n, k, seed=seed)
+    shifted = torch.empty(raw.numel() + offset, dtype=torch.uint8, device=DEV)[offset:]
+    shifted = shifted.view(raw.shape)
+    shifted.copy_(raw)
+    assert not gl.words_allowed(shifted, fmt.btype, k)
+    x = (torch.randn(2, k, device=DEV) * 0.5).to(torch.bfloat16)
+    out = fmt.triton_linear(x, {"weight": shifted}, None, n, k)
+    _close(out, fmt.reference_linear(x, {"weight": raw}, None, n, k))
+    monkeypatch.setattr(gl, switch, False)
+    assert torch.equal(out, fmt.triton_linear(x, {"weight": shifted}, None, n, k))
+
+
 def test_q4k_words_misaligned_weights_take_the_byte_path(monkeypatch, words_on) -> None:
     """Rows 4 bytes into their storage cannot load 16 bytes at a time: the byte path (the
     switch off gives the same bits on the same storage), within the twin's tolerance. (Not
     the bits of the aligned copy: the compiled byte kernel differs with the base's alignment
     and so, on an H100, did its bits — thirty-first session.)"""
-    fmt = GGUFFormat("Q4_K")
-    n, k = 1000, 2048
-    raw = _raw("Q4_K", n, k, seed=47)
-    shifted = torch.empty(raw.numel() + 4, dtype=torch.uint8, device=DEV)[4:].view(raw.shape)
-    shifted.copy_(raw)
-    assert not gl.q4k_words(shifted, fmt.btype, k)
-    x = (torch.randn(2, k, device=DEV) * 0.5).to(torch.bfloat16)
-    out = fmt.triton_linear(x, {"weight": shifted}, None, n, k)
-    _close(out, fmt.reference_linear(x, {"weight": raw}, None, n, k))
-    monkeypatch.setattr(gl, "Q4K_WORDS", False)
-    assert torch.equal(out, fmt.triton_linear(x, {"weight": shifted}, None, n, k))
+    _assert_misaligned_takes_the_byte_path(monkeypatch, "Q4_K", "Q4K_WORDS", offset=4, seed=47)
 
 
 # --- the Q6_K word path (gguf_launch.Q6K_WORDS: factored sums, not the twin's bits) --------
@@ -377,55 +403,26 @@ def test_q6k_words_linear_matches_twin_and_keeps_row_bits(n, k, monkeypatch,
                                                           q6k_words_on) -> None:  # fmt: skip
     """The decode linear's (and the LM head's) Q6_K word path: within the twin's tolerance
     and the byte path's; a row's bits alike in batches of 1, 3, 8 and 16."""
-    fmt = GGUFFormat("Q6_K")
-    raw = _raw("Q6_K", n, k, seed=52)
-    assert gl.q6k_words(raw, fmt.btype, k)
-    g = torch.Generator(device=DEV).manual_seed(53)
-    x = (torch.randn(16, k, device=DEV, generator=g) * 0.5).to(torch.bfloat16)
-    bias = torch.randn(n, device=DEV, generator=g).to(torch.bfloat16)
-    full = fmt.triton_linear(x, {"weight": raw}, bias, n, k)
-    _close(full, fmt.reference_linear(x, {"weight": raw}, bias, n, k))
-    for m in (1, 3, 8):
-        assert torch.equal(fmt.triton_linear(x[:m], {"weight": raw}, bias, n, k), full[:m])
+    full, run = _word_linear_keeps_row_bits("Q6_K", n, k, seed=52)
     monkeypatch.setattr(gl, "Q6K_WORDS", False)
-    _close(full, fmt.triton_linear(x, {"weight": raw}, bias, n, k))
+    _close(full, run(16))
 
 
 def test_q6k_words_expert_bits_do_not_depend_on_the_slot(q6k_words_on) -> None:
     x, ids, weights, w13, w2, inter = _moe("Q4_K", "Q6_K", 3, seed=54)
     b13, b2 = GGUFFormat("Q4_K").btype, GGUFFormat("Q6_K").btype
     base = gl.fused_moe(x, ids, weights, w13, b13, w2, b2, inter)
-    slot_of = torch.randperm(24, device=DEV)[:16]
-    s13 = torch.zeros(24, *w13.shape[1:], dtype=torch.uint8, device=DEV)
-    s2 = torch.zeros(24, *w2.shape[1:], dtype=torch.uint8, device=DEV)
-    s13[slot_of], s2[slot_of] = w13, w2
+    slot_ids, s13, s2 = _slot_cache(ids, w13, w2)
     assert gl.q6k_words(s2, b2, inter)
-    out = gl.fused_moe(x, slot_of[ids.long()].int(), weights, s13, b13, s2, b2, inter)
+    out = gl.fused_moe(x, slot_ids, weights, s13, b13, s2, b2, inter)
     assert torch.equal(out, base)
 
 
 def test_q6k_words_graph_replays_the_kernels(q6k_words_on) -> None:
-    x, ids, weights, w13, w2, inter = _moe("Q6_K", "Q6_K", 1, seed=55)
-    bt = GGUFFormat("Q6_K").btype
-    qkv = _raw("Q6_K", 5120, 2048, seed=56)
-    run = lambda: (  # noqa: E731
-        gl.fused_moe(x, ids, weights, w13, bt, w2, bt, inter),
-        gl.linear(x, qkv, bt, None, 5120, 2048),
-    )
-    _assert_graph_replays(run, x)
+    _assert_decode_graph_replays("Q6_K", seed=55)
 
 
 def test_q6k_words_misaligned_weights_take_the_byte_path(monkeypatch, q6k_words_on) -> None:
     """Rows 1 byte into their storage cannot load 16 bits at a time: the byte path (the
     switch off gives the same bits on the same storage), within the twin's tolerance."""
-    fmt = GGUFFormat("Q6_K")
-    n, k = 1000, 2048
-    raw = _raw("Q6_K", n, k, seed=57)
-    shifted = torch.empty(raw.numel() + 1, dtype=torch.uint8, device=DEV)[1:].view(raw.shape)
-    shifted.copy_(raw)
-    assert not gl.q6k_words(shifted, fmt.btype, k)
-    x = (torch.randn(2, k, device=DEV) * 0.5).to(torch.bfloat16)
-    out = fmt.triton_linear(x, {"weight": shifted}, None, n, k)
-    _close(out, fmt.reference_linear(x, {"weight": raw}, None, n, k))
-    monkeypatch.setattr(gl, "Q6K_WORDS", False)
-    assert torch.equal(out, fmt.triton_linear(x, {"weight": shifted}, None, n, k))
+    _assert_misaligned_takes_the_byte_path(monkeypatch, "Q6_K", "Q6K_WORDS", offset=1, seed=57)

@@ -8,7 +8,18 @@ from __future__ import annotations
 
 import pytest
 import torch
-from gguf_interpret_cases import assert_close_scaled, block_rows, interpreted_gguf_launch, moe_case
+from gguf_interpret_cases import (
+    assert_close_scaled,
+    block_rows,
+    check_words_bits_do_not_depend_on_ids,
+    check_words_linear,
+    check_words_moe,
+    check_words_switch_linear,
+    interpreted_gguf_launch,
+    moe_case,
+    offset_copy,
+    word_tiles,
+)
 from interpreter_child import child_only, interpreter_child_test
 
 pytest.importorskip("triton")
@@ -19,23 +30,6 @@ test_interpreter_child = interpreter_child_test(__file__)
 @pytest.fixture(scope="module")
 def gl():
     return interpreted_gguf_launch()
-
-
-def _words(block_m: int, block_n: int, warps: int, down=None):
-    """A word tile: block_n rows (block_n / 8 a thread), a super-block a warp each step."""
-    from xinfer.kernels import gguf_launch
-
-    return gguf_launch.GGUFTiles(block_m, block_n, 8 * warps, num_warps=warps, words=True,
-                                 down=down)  # fmt: skip
-
-
-def _close(out, ref, dtype) -> None:
-    """bf16: the twin rounds the weights and every intermediate to bf16 (2^-8 apart)."""
-    if dtype == torch.bfloat16:
-        scale = ref.float().abs().max()
-        torch.testing.assert_close(out.float() / scale, ref.float() / scale, rtol=0, atol=3e-2)
-    else:
-        assert_close_scaled(out, ref, dtype)
 
 
 def test_q6k_words_takes_even_q6_k_rows_only() -> None:
@@ -76,24 +70,7 @@ def test_q6k_words_linear_matches_twin_and_keeps_row_bits(gl, k, m, dtype, warps
     """The four-row decode linear's word path: equal to the twin within its tolerance, N a
     tail of the 16-row tile (rows past N clamped, dropped at the store), bias added once
     over K splits; each row's bits alike alone and in the batch."""
-    from xinfer.quant.gguf_formats import GGUFFormat
-
-    n, fmt = 19, GGUFFormat("Q6_K")
-    tensors = {"weight": block_rows("Q6_K", n, k, seed=52).clone()}
-    assert gl.q6k_words(tensors["weight"], fmt.btype, k)
-    g = torch.Generator().manual_seed(53)
-    bias = torch.randn(n, generator=g).to(dtype)
-    x = (torch.randn(m, k, generator=g) * 0.1).to(dtype)
-    tiles = _words(4, 16, warps)
-    if k == 1280:
-        assert gl.decode_split(1, 2, k, tiles) == (768, 2)
-    out = gl.linear(x, tensors["weight"], fmt.btype, bias, n, k, tiles=tiles)
-    _close(out, fmt.reference_linear(x, tensors, bias, n, k), dtype)
-    alone = gl.linear(x[m - 1 :], tensors["weight"], fmt.btype, bias, n, k, tiles=tiles)
-    assert torch.equal(alone[0], out[m - 1])
-    if m > 1:
-        first = gl.linear(x[:1], tensors["weight"], fmt.btype, bias, n, k, tiles=tiles)
-        assert torch.equal(first[0], out[0])
+    check_words_linear(gl, "Q6_K", k, m, dtype, warps, seed=52, first_alone=True)
 
 
 @child_only
@@ -109,7 +86,7 @@ def test_q6k_words_default_tiles(gl) -> None:
     w = block_rows("Q6_K", n, k, seed=54).clone()
     x = torch.randn(2, k, generator=torch.Generator().manual_seed(55)) * 0.1
     out = gl.linear(x, w, fmt.btype, None, n, k)
-    _close(out, fmt.reference_linear(x, {"weight": w}, None, n, k), torch.float32)
+    assert_close_scaled(out, fmt.reference_linear(x, {"weight": w}, None, n, k), torch.float32)
     head = gl._WORDS_HEAD["Q6_K"]
     assert torch.equal(gl.linear(x, w, fmt.btype, None, n, k, tiles=head)[1],
                        gl.linear(x[1:], w, fmt.btype, None, n, k, tiles=head)[0])  # fmt: skip
@@ -121,8 +98,8 @@ def test_q6k_words_default_tiles(gl) -> None:
     [
         # Q6_K gate/up: one super-block, two warps (the second step past K), I = 256;
         # down: K = 768 = 3 super-blocks (630-byte rows), H = 256 in a 512-row tile
-        ("Q6_K", 256, 768, torch.float32, lambda: _words(1, 512, 2, down=_words(1, 512, 1))),
-        ("Q6_K", 512, 256, torch.bfloat16, lambda: _words(1, 64, 1)),  # two super-blocks a row
+        ("Q6_K", 256, 768, torch.float32, lambda: word_tiles(1, 512, 2, word_tiles(1, 512, 1))),
+        ("Q6_K", 512, 256, torch.bfloat16, lambda: word_tiles(1, 64, 1)),  # two super-blocks a row
         # a Q4_K_M layer: Q4_K gate/up, Q6_K down, the launcher's own tiles
         ("Q4_K", 256, 768, torch.float32, lambda: None),
     ],
@@ -130,43 +107,14 @@ def test_q6k_words_default_tiles(gl) -> None:
 def test_q6k_words_moe_matches_twin(gl, t13, hidden_dim, inter, dtype, tiles) -> None:
     """The MoE GEMVs' word path (gate/up and down) against the twin; a pair's bits alike
     alone and in the batch."""
-    from xinfer.quant.gguf_formats import GGUFFormat
-
-    hidden, ids, weights, w13, w2, inter = moe_case(t13, "Q6_K", 56, 4, hidden_dim, inter)
-    w13, w2 = w13.clone(), w2.clone()
-    hidden = hidden[:2].to(dtype)
-    ids, weights = ids[:2], weights[:2]
-    f13, f2 = GGUFFormat(t13), GGUFFormat("Q6_K")
-    assert gl.words_allowed(w13, f13.btype, hidden_dim) and gl.q6k_words(w2, f2.btype, inter)
-    ref = f13.reference_moe(hidden, ids, weights, {"weight": w13}, {"weight": w2}, inter, f2)
-    t = tiles()
-    if t is None:
-        assert gl._down_tiles(f2.btype, w2, inter, None, None) == gl._WORDS_GEMV["Q6_K"].down
-    out = gl.fused_moe(hidden, ids, weights, w13, f13.btype, w2, f2.btype, inter, True, t)
-    _close(out, ref, dtype)
-    one = gl.fused_moe(hidden[1:], ids[1:], weights[1:], w13, f13.btype, w2, f2.btype, inter,
-                       True, t)  # fmt: skip
-    assert torch.equal(one[0], out[1])
+    check_words_moe(gl, t13, "Q6_K", 56, hidden_dim, inter, dtype, tiles())
 
 
 @child_only
 def test_q6k_words_bits_do_not_depend_on_ids(gl) -> None:
     """Expert ids on the [E, ...] set vs slot ids on a permuted, larger [S, ...] slot cache
     (its own allocation): the same word path, the same bits."""
-    from xinfer.quant.gguf_blocks import BLOCK_TYPES
-
-    hidden, ids, weights, w13, w2, inter = moe_case("Q6_K", "Q6_K", 57, 4, 256, 256)
-    hidden, ids, weights, w13, w2 = hidden[:2], ids[:2], weights[:2], w13.clone(), w2.clone()
-    bt, tiles = BLOCK_TYPES["Q6_K"], _words(1, 64, 1)
-    base = gl.fused_moe(hidden, ids, weights, w13, bt, w2, bt, inter, True, tiles)
-    slot_of = torch.randperm(6, generator=torch.Generator().manual_seed(58))[:4]
-    s13 = torch.zeros(6, *w13.shape[1:], dtype=torch.uint8)
-    s2 = torch.zeros(6, *w2.shape[1:], dtype=torch.uint8)
-    s13[slot_of], s2[slot_of] = w13, w2
-    assert gl.q6k_words(s13, bt, 256) and gl.q6k_words(s2, bt, inter)
-    slot_ids = slot_of[ids.long()].to(torch.int32)
-    out = gl.fused_moe(hidden, slot_ids, weights, s13, bt, s2, bt, inter, True, tiles)
-    assert torch.equal(out, base)
+    check_words_bits_do_not_depend_on_ids(gl, "Q6_K", seed=57)
 
 
 @child_only
@@ -176,29 +124,9 @@ def test_q6k_words_switch_off_and_misaligned_weights_take_the_byte_path(gl, monk
     on, whatever tile asks for words, and still match the twin."""
     from xinfer.quant.gguf_formats import GGUFFormat
 
-    fmt, dtype, k, n = GGUFFormat("Q6_K"), torch.float16, 512, 12
-    w = block_rows("Q6_K", n, k, seed=59).clone()
-    g = torch.Generator().manual_seed(60)
-    x = (torch.randn(2, k, generator=g) * 0.1).to(dtype)
-    byte_tiles = gl.linear_tiles(2, dtype, fmt.btype, n, words=False)
-    assert not byte_tiles.words
-    byte = gl.linear(x, w, fmt.btype, None, n, k, tiles=byte_tiles)
-    monkeypatch.setattr(gl, "Q6K_WORDS", True)
-    on = gl.linear(x, w, fmt.btype, None, n, k)
-    monkeypatch.setattr(gl, "Q6K_WORDS", False)
-    assert not gl.linear_tiles(2, dtype, fmt.btype, n).words
-    assert torch.equal(gl.linear(x, w, fmt.btype, None, n, k), byte)
-    monkeypatch.setattr(gl, "Q6K_WORDS", True)
-    assert torch.equal(gl.linear(x, w, fmt.btype, None, n, k), on)
-    _close(on, byte, dtype)
-
-    shifted = torch.empty(w.numel() + 1, dtype=torch.uint8)[1:].view(w.shape)
-    shifted.copy_(w)
-    assert not gl.q6k_words(shifted, fmt.btype, k)
-    for tiles in (None, _words(4, 16, 1)):
-        out = gl.linear(x, shifted, fmt.btype, None, n, k, tiles=tiles)
-        assert torch.equal(out, byte)
-    assert_close_scaled(byte, fmt.reference_linear(x, {"weight": w}, None, n, k), dtype)
+    fmt = GGUFFormat("Q6_K")
+    on, byte = check_words_switch_linear(gl, monkeypatch, "Q6_K", "Q6K_WORDS", seed=59, offset=1)
+    assert_close_scaled(on, byte, torch.float16)
 
     # a Q4_K_M layer (Q4_K gate/up, Q6_K down), default tiles: Q6_K down on words with the
     # switch on and w2 aligned; on the byte tile of w13's type with the switch off or w2
@@ -213,8 +141,7 @@ def test_q6k_words_switch_off_and_misaligned_weights_take_the_byte_path(gl, monk
     assert_close_scaled(on, ref, torch.float32)
     byte = gl.fused_moe(hidden, ids, weights, w13, q4, w2, q6, inter, True,
                         gl.gemv_tiles(torch.float32, q4, words=False))  # fmt: skip
-    s2 = torch.empty(w2.numel() + 1, dtype=torch.uint8)[1:].view(w2.shape)
-    s2.copy_(w2)
+    s2 = offset_copy(w2, 1)
     monkeypatch.setattr(gl, "Q4K_WORDS", False)
     assert torch.equal(gl.fused_moe(hidden, ids, weights, w13, q4, s2, q6, inter, True), byte)
     monkeypatch.setattr(gl, "Q6K_WORDS", False)

@@ -21,35 +21,53 @@ def test_no_pdl_options_off_the_gpu(monkeypatch):
     assert pdl.options(t) == {}
 
 
-def test_xinfer_pdl_values(monkeypatch):
-    monkeypatch.delenv("XINFER_PDL", raising=False)
-    assert envs.XINFER_PDL() is True  # on by default (timed: bench/NOTES.md, thirtieth session)
-    for raw, want in (("1", True), ("on", True), ("0", False), (" ", True)):
-        monkeypatch.setenv("XINFER_PDL", raw)
-        assert envs.XINFER_PDL() is want
-    monkeypatch.setenv("XINFER_PDL", "fast")
-    with pytest.raises(UserError, match="^XINFER_PDL must be 1 or 0, got 'fast'$"):
-        envs.XINFER_PDL()
+def _assert_switch_values(monkeypatch, name: str, default: bool) -> None:
+    """`envs.<name>`: `default` unset or blank, 1 / on and 0, and any other value refused in
+    one sentence."""
+    read = getattr(envs, name)
+    monkeypatch.delenv(name, raising=False)
+    assert read() is default
+    for raw, want in (("1", True), ("on", True), ("0", False), (" ", default)):
+        monkeypatch.setenv(name, raw)
+        assert read() is want
+    monkeypatch.setenv(name, "fast")
+    with pytest.raises(UserError, match=f"^{name} must be 1 or 0, got 'fast'$"):
+        read()
 
 
-def test_engine_start_reads_xinfer_pdl(monkeypatch, tmp_path):
-    """The variable is read when an engine starts (a launch reads only the module flag); a bad
-    value stops the start with one sentence before loading."""
+def _assert_engine_start_reads(monkeypatch, tmp_path, name: str, flag: str, off) -> None:
+    """`name` is read into `pdl.<flag>` when an engine starts: 1 sets it, `off` (a value, or
+    None: unset) clears it, and a bad value stops the start with one sentence before
+    loading."""
     from tiny_models import make_hf_model, write_checkpoint
 
     from xinfer import LLM
 
     path = str(write_checkpoint(make_hf_model("mixtral"), tmp_path))
-    monkeypatch.setattr(pdl, "ENABLED", False)
-    monkeypatch.setenv("XINFER_PDL", "1")
+    monkeypatch.setattr(pdl, flag, False)
+    monkeypatch.setenv(name, "1")
     LLM(path, device="cpu")
-    assert pdl.ENABLED is True
-    monkeypatch.setenv("XINFER_PDL", "0")
+    assert getattr(pdl, flag) is True
+    if off is None:
+        monkeypatch.delenv(name)
+    else:
+        monkeypatch.setenv(name, off)
     LLM(path, device="cpu")
-    assert pdl.ENABLED is False
-    monkeypatch.setenv("XINFER_PDL", "sometimes")
-    with pytest.raises(UserError, match="XINFER_PDL must be 1 or 0"):
+    assert getattr(pdl, flag) is False
+    monkeypatch.setenv(name, "sometimes")
+    with pytest.raises(UserError, match=f"{name} must be 1 or 0"):
         LLM(path, device="cpu")
+
+
+def test_xinfer_pdl_values(monkeypatch):
+    # on by default (timed: bench/NOTES.md, thirtieth session)
+    _assert_switch_values(monkeypatch, "XINFER_PDL", default=True)
+
+
+def test_engine_start_reads_xinfer_pdl(monkeypatch, tmp_path):
+    """The variable is read when an engine starts (a launch reads only the module flag); a bad
+    value stops the start with one sentence before loading."""
+    _assert_engine_start_reads(monkeypatch, tmp_path, "XINFER_PDL", "ENABLED", off="0")
 
 
 def test_early_release_only_where_asked_and_switched_on(monkeypatch):
@@ -172,30 +190,12 @@ def test_prefetch_options_off_the_gpu(monkeypatch):
 
 
 def test_xinfer_pdl_prefetch_values(monkeypatch):
-    monkeypatch.delenv("XINFER_PDL_PREFETCH", raising=False)
-    assert envs.XINFER_PDL_PREFETCH() is False  # off until timed on a GPU
-    for raw, want in (("1", True), ("on", True), ("0", False), (" ", False)):
-        monkeypatch.setenv("XINFER_PDL_PREFETCH", raw)
-        assert envs.XINFER_PDL_PREFETCH() is want
-    monkeypatch.setenv("XINFER_PDL_PREFETCH", "fast")
-    with pytest.raises(UserError, match="^XINFER_PDL_PREFETCH must be 1 or 0, got 'fast'$"):
-        envs.XINFER_PDL_PREFETCH()
+    # off until timed on a GPU
+    _assert_switch_values(monkeypatch, "XINFER_PDL_PREFETCH", default=False)
 
 
 def test_engine_start_reads_xinfer_pdl_prefetch(monkeypatch, tmp_path):
-    """Read when an engine starts, as XINFER_PDL; a bad value stops the start."""
-    from tiny_models import make_hf_model, write_checkpoint
-
-    from xinfer import LLM
-
-    path = str(write_checkpoint(make_hf_model("mixtral"), tmp_path))
-    monkeypatch.setattr(pdl, "PREFETCH_WEIGHTS", False)
-    monkeypatch.setenv("XINFER_PDL_PREFETCH", "1")
-    LLM(path, device="cpu")
-    assert pdl.PREFETCH_WEIGHTS is True
-    monkeypatch.delenv("XINFER_PDL_PREFETCH")
-    LLM(path, device="cpu")
-    assert pdl.PREFETCH_WEIGHTS is False
-    monkeypatch.setenv("XINFER_PDL_PREFETCH", "sometimes")
-    with pytest.raises(UserError, match="XINFER_PDL_PREFETCH must be 1 or 0"):
-        LLM(path, device="cpu")
+    """Read when an engine starts, as XINFER_PDL (unset: off); a bad value stops the start."""
+    _assert_engine_start_reads(
+        monkeypatch, tmp_path, "XINFER_PDL_PREFETCH", "PREFETCH_WEIGHTS", off=None
+    )

@@ -14,6 +14,7 @@ import functools
 
 import pytest
 import torch
+from cuda_graphs import capture_after_warmup
 
 pytestmark = pytest.mark.gpu
 
@@ -96,19 +97,7 @@ def test_decode_chain_with_pdl_has_the_same_bits(pdl_switch) -> None:
 def test_decode_chain_with_pdl_replays_in_a_cuda_graph(pdl_switch) -> None:
     call = _layer_chain(seed=1)
     want = [t.clone() for t in pdl_switch(call, on=False)]
-
-    def captured():
-        stream = torch.cuda.Stream()
-        stream.wait_stream(torch.cuda.current_stream())
-        with torch.cuda.stream(stream):
-            call()  # compiles, and makes the arrival counters, outside the capture
-        torch.cuda.current_stream().wait_stream(stream)
-        graph = torch.cuda.CUDAGraph()
-        with torch.cuda.graph(graph):
-            outs = call()
-        return graph, outs
-
-    graph, outs = pdl_switch(captured, on=True)
+    graph, outs = pdl_switch(lambda: capture_after_warmup(call), on=True)
     for i in range(20):
         graph.replay()
         torch.cuda.synchronize()

@@ -18,6 +18,7 @@ import dataclasses
 
 import pytest
 import torch
+from cuda_graphs import capture_after_warmup
 
 pytestmark = pytest.mark.gpu
 N, K = 2048, 2048
@@ -106,19 +107,7 @@ def _check_eager_and_graph(switch, call) -> None:
     torch.cuda.synchronize()
     for i, got in enumerate(runs):
         _assert_same(got, want, f"launch {i}")
-
-    def captured():
-        stream = torch.cuda.Stream()
-        stream.wait_stream(torch.cuda.current_stream())
-        with torch.cuda.stream(stream):
-            call()  # compiles, and makes the arrival counters, outside the capture
-        torch.cuda.current_stream().wait_stream(stream)
-        graph = torch.cuda.CUDAGraph()
-        with torch.cuda.graph(graph):
-            outs = call()
-        return graph, outs
-
-    graph, outs = switch(captured, on=True)
+    graph, outs = switch(lambda: capture_after_warmup(call), on=True)
     for i in range(20):
         graph.replay()
         torch.cuda.synchronize()

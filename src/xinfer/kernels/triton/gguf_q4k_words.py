@@ -119,10 +119,11 @@ def _steps(s, kb, kb_end):
 
 
 @triton.jit
-def _row_words(rows, r, ln):
-    """Word offsets of rows r * 8 + ln of a program (`rows`: (base, first, last, stride): row n
-    at base + min(first + n, last) * stride: rows past the weight's read its last, their
-    sums dropped at the store)."""
+def _row_offsets(rows, r, ln):
+    """Offsets of rows r * 8 + ln of a program, in the units of `rows` (32-bit words here,
+    16-bit halves in `gguf_q6k_words`): (base, first, last, stride), row n at
+    base + min(first + n, last) * stride: rows past the weight's read its last, their sums
+    dropped at the store."""
     base, first, last, stride = rows
     return base + tl.minimum(first + r * 8 + ln, last).to(tl.int64) * stride
 
@@ -213,7 +214,7 @@ def _x_sums(x_row, kb, kb_end, SB: tl.constexpr, ASM: tl.constexpr):
 def q4k_decode(w32, rows, kb, kb_end, ROWS_T: tl.constexpr, SB: tl.constexpr,
                ASM: tl.constexpr):  # fmt: skip
     """Super-blocks kb .. kb + SB (one a warp; clamped to kb_end - 1, those past it counting
-    as 0) of the program's ROWS_T x 8 rows `rows` (`_row_words`) of the int32 pointer `w32`:
+    as 0) of the program's ROWS_T x 8 rows `rows` (`_row_offsets`) of the int32 pointer `w32`:
     their codes as float32, (ROWS_T, SB, 8, 4 g) each, at `q4k_x`'s order: four tiles of
     eight of the even sub-blocks (q 2^-24) and of the odd ones (q 2^-20); and the scales
     (ROWS_T, SB, 8, 4) of each pair's even and odd sub-blocks that undo those powers of two:
@@ -222,7 +223,7 @@ def q4k_decode(w32, rows, kb, kb_end, ROWS_T: tl.constexpr, SB: tl.constexpr,
     # the header, one 16-byte load a (row, pair): d | dmin << 16, scales[0:4], [4:8], [8:12]
     r, s, ln, _ = _flat(ROWS_T, SB)
     kbs, valid = _steps(s, kb, kb_end)
-    hoffs = _row_words(rows, r, ln) + kbs * SUPER_WORDS + c
+    hoffs = _row_offsets(rows, r, ln) + kbs * SUPER_WORDS + c
     hoffs = tl.max_contiguous(tl.multiple_of(hoffs, [1, 4]), [1, 4])
     if SB > 1:  # a step past the range: d = dmin = 0
         head = tl.load(w32 + hoffs, mask=valid, other=0)
@@ -250,7 +251,7 @@ def q4k_decode(w32, rows, kb, kb_end, ROWS_T: tl.constexpr, SB: tl.constexpr,
     # qs words: (r, 2 h, SB, 8, 4 g, 4 j): word 4 h + j of pair g (bytes 16 h + 4 j .. + 3)
     o, s, ln, g4 = _flat(2 * ROWS_T, SB)
     kbs, _ = _steps(s, kb, kb_end)
-    woffs = _row_words(rows, o // 2, ln) + kbs * SUPER_WORDS + 4 + 8 * g4 + 4 * (o % 2) + c
+    woffs = _row_offsets(rows, o // 2, ln) + kbs * SUPER_WORDS + 4 + 8 * g4 + 4 * (o % 2) + c
     woffs = tl.max_contiguous(tl.multiple_of(woffs, [1, 4]), [1, 4])
     w = tl.load(w32 + woffs)
     # → (r, s, 8, 4 g, 2 h, 2 a, 2 b), j = 2 a + b: the dims a thread holds last (its
@@ -298,7 +299,8 @@ def q4k_word_sums(dec, xs):
 
 @triton.jit
 def _rows_out(acc, ROWS_T: tl.constexpr):
-    """(ROWS_T, SB, 8, 4) partial sums → (BLOCK_N,): over the pairs, then the warps."""
+    """(ROWS_T, SB, 8, 4) partial sums → (BLOCK_N,): over the last dim (the pairs here, the
+    quarters in `gguf_q6k_words`), then the warps."""
     return tl.reshape(tl.sum(tl.sum(acc, axis=3), axis=1), (ROWS_T * 8,))
 
 
@@ -306,7 +308,7 @@ def _rows_out(acc, ROWS_T: tl.constexpr):
 def q4k_row_dot(x_row, w32, rows, kb_start, kb_end, ROWS_T: tl.constexpr, SB: tl.constexpr,
                 ASM: tl.constexpr):  # fmt: skip
     """(BLOCK_N,) float32: x_row · the program's BLOCK_N = 8 ROWS_T Q4_K rows `rows`
-    (`_row_words`) over super-blocks kb_start .. kb_end, SB a step (one a warp)."""
+    (`_row_offsets`) over super-blocks kb_start .. kb_end, SB a step (one a warp)."""
     acc = tl.zeros((ROWS_T, SB, 8, 4), dtype=tl.float32)
     for kb in range(kb_start, kb_end, SB):
         xs = q4k_x(x_row, kb, kb_end, SB, ASM)

@@ -63,7 +63,15 @@ from __future__ import annotations
 import triton
 import triton.language as tl
 
-from xinfer.kernels.triton.gguf_q4k_words import _bf16_hi, _bf16_lo, _flat, _halves, _steps
+from xinfer.kernels.triton.gguf_q4k_words import (
+    _bf16_hi,
+    _bf16_lo,
+    _flat,
+    _halves,
+    _row_offsets,
+    _rows_out,
+    _steps,
+)
 
 SUPER_HALVES = tl.constexpr(105)  # 210 bytes a super-block
 
@@ -83,14 +91,6 @@ def _four(t):
     t0, t2 = tl.split(e)
     t1, t3 = tl.split(o)
     return t0, t1, t2, t3
-
-
-@triton.jit
-def _row_halves(rows, r, ln):
-    """16-bit offsets of rows r * 8 + ln of a program (`rows`: (base, first, last, stride) in
-    16-bit units: row n at base + min(first + n, last) * stride)."""
-    base, first, last, stride = rows
-    return base + tl.minimum(first + r * 8 + ln, last).to(tl.int64) * stride
 
 
 @triton.jit
@@ -159,7 +159,7 @@ def _unit(a, b, h, ASM: tl.constexpr):
 def q6k_decode(w8, rows, kb, kb_end, ROWS_T: tl.constexpr, SB: tl.constexpr,
                ASM: tl.constexpr):  # fmt: skip
     """Super-blocks kb .. kb + SB (one a warp; clamped to kb_end - 1, those past it counting
-    as 0) of the program's ROWS_T x 8 rows `rows` (`_row_halves`) of the byte pointer `w8`:
+    as 0) of the program's ROWS_T x 8 rows `rows` (`_row_offsets`) of the byte pointer `w8`:
     the codes as float32 (ROWS_T, SB, 8, 4 quarters), units u = 0..3 (l = 16 h + 4 u ..) each
     of (q1, q2, q3, q4) x bytes 0..3 (`_unit`); the scales d sc_t of the quarter's groups t =
     0..3; and d."""
@@ -167,7 +167,7 @@ def q6k_decode(w8, rows, kb, kb_end, ROWS_T: tl.constexpr, SB: tl.constexpr,
     # below it, and scales[8 n + h + 2 t] (byte 192 on) and d (byte 208)
     r, s, ln, g = _flat1(ROWS_T, SB)
     kbs, valid = _steps(s, kb, kb_end)
-    blk = _row_halves(rows, r, ln) + kbs * SUPER_HALVES
+    blk = _row_offsets(rows, r, ln) + kbs * SUPER_HALVES
     w32 = w8.to(tl.pointer_type(tl.int32)) + (blk >> 1)
     sh = (blk & 1).to(tl.int32) * 16
     a0, a1, a2, a3 = _block_words(w32, sh, g, 0, ROWS_T, SB, ASM)
@@ -268,21 +268,15 @@ def q6k_word_sums(dec, xs):
 
 
 @triton.jit
-def _q6k_rows_out(acc, ROWS_T: tl.constexpr):
-    """(ROWS_T, SB, 8, 4) partial sums → (BLOCK_N,): over the quarters, then the warps."""
-    return tl.reshape(tl.sum(tl.sum(acc, axis=3), axis=1), (ROWS_T * 8,))
-
-
-@triton.jit
 def q6k_row_dot(x_row, w8, rows, kb_start, kb_end, ROWS_T: tl.constexpr, SB: tl.constexpr,
                 ASM: tl.constexpr):  # fmt: skip
     """(BLOCK_N,) float32: x_row · the program's BLOCK_N = 8 ROWS_T Q6_K rows `rows`
-    (`_row_halves`, 16-bit units) over super-blocks kb_start .. kb_end, SB a step."""
+    (`_row_offsets`, 16-bit units) over super-blocks kb_start .. kb_end, SB a step."""
     acc = tl.zeros((ROWS_T, SB, 8, 4), dtype=tl.float32)
     for kb in range(kb_start, kb_end, SB):
         xs = q6k_x(x_row, kb, kb_end, SB, ASM)
         acc += q6k_word_sums(q6k_decode(w8, rows, kb, kb_end, ROWS_T, SB, ASM), xs)
-    return _q6k_rows_out(acc, ROWS_T)
+    return _rows_out(acc, ROWS_T)
 
 
 @triton.jit
@@ -296,7 +290,7 @@ def q6k_pair_dot(x_row, w8, rows, rows2, kb_end, ROWS_T: tl.constexpr, SB: tl.co
         xs = q6k_x(x_row, kb, kb_end, SB, ASM)
         acc += q6k_word_sums(q6k_decode(w8, rows, kb, kb_end, ROWS_T, SB, ASM), xs)
         acc2 += q6k_word_sums(q6k_decode(w8, rows2, kb, kb_end, ROWS_T, SB, ASM), xs)
-    return _q6k_rows_out(acc, ROWS_T), _q6k_rows_out(acc2, ROWS_T)
+    return _rows_out(acc, ROWS_T), _rows_out(acc2, ROWS_T)
 
 
 @triton.jit
@@ -319,5 +313,5 @@ def q6k_four_rows_dot(x0, stride_xm, more, w8, rows, kb_start, kb_end, ROWS_T: t
             acc2 += q6k_word_sums(dec, q6k_x(x0 + 2 * stride_xm, kb, kb_end, SB, ASM))
         if 3 < more:
             acc3 += q6k_word_sums(dec, q6k_x(x0 + 3 * stride_xm, kb, kb_end, SB, ASM))
-    return (_q6k_rows_out(acc0, ROWS_T), _q6k_rows_out(acc1, ROWS_T), _q6k_rows_out(acc2, ROWS_T),
-            _q6k_rows_out(acc3, ROWS_T))  # fmt: skip
+    return (_rows_out(acc0, ROWS_T), _rows_out(acc1, ROWS_T), _rows_out(acc2, ROWS_T),
+            _rows_out(acc3, ROWS_T))  # fmt: skip
