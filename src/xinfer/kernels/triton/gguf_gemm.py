@@ -14,7 +14,7 @@ import triton.language as tl
 
 from xinfer.kernels.triton.fused_moe import _silu_mul, combine_when_last
 from xinfer.kernels.triton.gemv import four_rows, store_split_tile
-from xinfer.kernels.triton.gguf_dequant import block_bytes, gguf_tile, x_chunk
+from xinfer.kernels.triton.gguf_dequant import Q6_K, block_bytes, gguf_tile, x_chunk
 from xinfer.kernels.triton.gguf_q4k_words import q4k_four_rows_dot, q4k_pair_dot, q4k_row_dot
 from xinfer.kernels.triton.gguf_q6k_words import q6k_four_rows_dot, q6k_pair_dot, q6k_row_dot
 from xinfer.kernels.triton.moe_blocks import moe_block
@@ -158,7 +158,7 @@ def gguf_linear_rows_kernel(
         rows = (0, pid_n * BLOCK_N, N - 1, stride_wn // 4)  # past N: the last row, dropped
         sb_start = split * (k_per_split // 256)  # splits in whole super-blocks
         sb_end = tl.minimum(sb_start + k_per_split // 256, K // 256)
-        if BTYPE == 14:  # Q6_K (`gguf_q6k_words`): rows in 16-bit units
+        if BTYPE == Q6_K:  # `gguf_q6k_words`: rows in 16-bit units
             y0, y1, y2, y3 = q6k_four_rows_dot(
                 x0, stride_xm, M - m0, w_ptr, (0, pid_n * BLOCK_N, N - 1, stride_wn // 2),
                 sb_start, sb_end, ROWS_T, SUBS // 8, ASM,
@@ -224,7 +224,7 @@ def gguf_moe_gate_up_gemv_kernel(
         rows = (gate, pid_n * BLOCK_N, inter_dim - 1, stride_wn // 4)
         rows2 = (gate + inter_dim * (stride_wn // 4), pid_n * BLOCK_N, inter_dim - 1,
                  stride_wn // 4)  # fmt: skip
-        if BTYPE == 14:  # Q6_K (`gguf_q6k_words`): rows in 16-bit units
+        if BTYPE == Q6_K:  # `gguf_q6k_words`: rows in 16-bit units
             gate = e * (stride_we // 2)
             rows = (gate, pid_n * BLOCK_N, inter_dim - 1, stride_wn // 2)
             rows2 = (gate + inter_dim * (stride_wn // 2), pid_n * BLOCK_N, inter_dim - 1,
@@ -271,7 +271,7 @@ def gguf_moe_down_gemv_kernel(
     if WORDS:
         w32 = w_ptr.to(tl.pointer_type(tl.int32))
         rows = (e * (stride_we // 4), pid_n * BLOCK_N, hidden_dim - 1, stride_wn // 4)
-        if BTYPE == 14:  # Q6_K (`gguf_q6k_words`): rows in 16-bit units
+        if BTYPE == Q6_K:  # `gguf_q6k_words`: rows in 16-bit units
             rows = (e * (stride_we // 2), pid_n * BLOCK_N, hidden_dim - 1, stride_wn // 2)
             y = q6k_row_dot(a_row, w_ptr, rows, 0, inter_dim // 256, ROWS_T, SUBS // 8, ASM)
         else:
