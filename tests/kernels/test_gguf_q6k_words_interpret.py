@@ -32,6 +32,15 @@ def gl():
     return interpreted_gguf_launch()
 
 
+@pytest.fixture(autouse=True)
+def q6k_words_on(monkeypatch):
+    """The word path on for every test here (`Q6K_WORDS` ships off until a GPU has run it);
+    the tests of the switch turn it off themselves."""
+    from xinfer.kernels import gguf_launch
+
+    monkeypatch.setattr(gguf_launch, "Q6K_WORDS", True)
+
+
 def test_q6k_words_takes_even_q6_k_rows_only() -> None:
     """`q6k_words` from the block type, strides and base alone: Q6_K rows on 2-byte
     boundaries (210-byte blocks: a row of K = 768 is 630 bytes, allowed) from a 4-aligned
