@@ -407,7 +407,7 @@ def _gemv_linear(x2, w, btype: BlockType, bias, out, t: GGUFTiles) -> None:
                   **pdl.prefetch_options(w))  # fmt: skip
     if t.words:  # the four-row kernel's word path, one build for every row count
         if t.block_m != 4:
-            raise ValueError(f"gguf linear: the Q4_K word tiles are four-row tiles: {t}")
+            raise ValueError(f"gguf linear: the word tiles (Q4_K, Q6_K) are four-row tiles: {t}")
         jit.gguf_linear_rows_kernel[grid](*args, **consts, **_words_consts(t))
     elif t.block_m == 1:
         jit.gguf_linear_gemv_kernel[grid](*args, **consts)
