@@ -109,9 +109,9 @@ def build_parser() -> argparse.ArgumentParser:
                          "prompt pass (each layer's experts streamed once, overlapped)")  # fmt: skip
     ap.add_argument("--q8x", action="store_true",
                     help="Q4_K decode GEMVs on int8 activations (gguf_launch.Q8X_MOE, Q8X_LINEAR)")  # fmt: skip
-    ap.add_argument("--q6k-words", action="store_true",
-                    help="Q6_K decode GEMVs on the word path (gguf_launch.Q6K_WORDS, off until "
-                         "its GPU tests pass)")  # fmt: skip
+    ap.add_argument("--q6k-bytes", action="store_true",
+                    help="Q6_K decode GEMVs on the byte path (gguf_launch.Q6K_WORDS off; the "
+                         "word path is the default since the thirty-fifth session)")  # fmt: skip
     ap.add_argument(
         "--policy",
         default="lfu",
@@ -173,13 +173,13 @@ def main() -> None:
         from xinfer.kernels import gguf_launch
 
         gguf_launch.Q8X_MOE = gguf_launch.Q8X_LINEAR = True
-    if args.q6k_words:
+    if args.q6k_bytes:
         from xinfer.kernels import gguf_launch
 
-        gguf_launch.Q6K_WORDS = True
+        gguf_launch.Q6K_WORDS = False
     runs = engine_runs(args)
     label = args.label + (f" isq {args.isq}" if args.isq else "") + (" q8x" if args.q8x else "")
-    label += " q6k-words" if args.q6k_words else ""
+    label += " q6k-bytes" if args.q6k_bytes else ""
     for placement, options in runs:
         if torch.cuda.is_available():  # what an earlier engine of this process still holds
             free, total = torch.cuda.mem_get_info()

@@ -47,7 +47,7 @@ tests/kernels/test_pdl_gpu.py tests/kernels/test_gguf_kernels.py" PYTEST_K="pref
     | grep -E "^  (linear|moe)" | tail -14
   # Q4_K_M (Q6_K words) beside llama.cpp, resident, with the better switches of the above
   XINFER_PDL_PREFETCH=${Q4KM_PREFETCH:-1} XINFER_PDL_EARLY_RELEASE=${Q4KM_EARLY:-1} NO_BUDGET=1 \
-    XINFER_BENCH_ARGS=--q6k-words GPU_RUN_LIMIT=$(lim) VS_TIMEOUT=$(($(lim) - 15)) VS_ROWS=q4_k_m bash $G vsllama 2>&1 | tail -5
+    GPU_RUN_LIMIT=$(lim) VS_TIMEOUT=$(($(lim) - 15)) VS_ROWS=q4_k_m bash $G vsllama 2>&1 | tail -5
   GPU_RUN_LIMIT=$(lim) SWITCH_TIMEOUT=$(($(lim) - 20)) SWITCH_FORMATS=fp8,bf16 \
     SWITCH_VARIANTS="base;prefetch;prefetch,early" bash $G switches 2>&1 | tail -14
 elif [ "${CALL_LIST}" = 5 ]; then

@@ -34,7 +34,7 @@ def gl():
 
 @pytest.fixture(autouse=True)
 def q6k_words_on(monkeypatch):
-    """The word path on for every test here (`Q6K_WORDS` ships off until a GPU has run it);
+    """The word path on for every test here (`Q6K_WORDS`, on by default, may be turned off);
     the tests of the switch turn it off themselves."""
     from xinfer.kernels import gguf_launch
 

@@ -65,11 +65,13 @@ Q4K_WORDS = True
 # Q6_K decode GEMVs (the four-row decode linear, the LM head among them, and the MoE GEMVs) by
 # words, factored per 16-weight group (`triton/gguf_q6k_words.py`): float32 throughout, within
 # the twin's tolerance. Taken where the base is 4-aligned and the rows 2-aligned (`q6k_words`);
-# else the byte path. Chosen by sm_90 SASS (`_WORDS_GEMV`'s notes). Off until a GPU has run
-# its tests (tests/kernels/test_gguf_kernels.py -k q6k: twin, row bits, slots, CUDA graphs)
-# and timed it (`bench_gguf_kernels.py --types Q6_K`): the Q4_K word path's first GPU run
-# failed tests the interpreter had passed (thirty-second session). True: where allowed.
-Q6K_WORDS = False
+# else the byte path. Chosen by sm_90 SASS (`_WORDS_GEMV`'s notes). Measured on an H100
+# (2026-12-07, thirty-fifth session, `bench_gguf_kernels.py --types Q6_K`, CUDA graphs), µs
+# byte → words at one row: LM head 419.1 → 132.5, qkv 17.2 → 8.7, o_proj 15.9 → 7.4; the
+# Q4_K_M MoE GEMV (Q6_K down in half the layers) 29.4 at one token. Resident Q4_K_M decode
+# 311.2 → 372.1 tok/s (`bench_vs_llamacpp.py`). Its GPU tests there: 121 + 95 passed.
+# False: always the byte path.
+Q6K_WORDS = True
 
 
 @dataclass(frozen=True)
