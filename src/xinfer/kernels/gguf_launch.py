@@ -74,7 +74,7 @@ Q4K_WORDS = True
 Q6K_WORDS = True
 # Q8_0 decode GEMVs (the four-row decode linear, the LM head among them, and the MoE GEMVs) by
 # words, factored per 32-weight block (`triton/gguf_q80_words.py`): float32 throughout, within
-# the twin's tolerance. Taken where the base and rows are 4-aligned and K a multiple of 256
+# the twin's tolerance. Taken where the base and rows are 8-aligned and K a multiple of 256
 # (`q80_words`); else the byte path. Tiles chosen by sm_90 SASS (`_WORDS_GEMV`'s notes).
 # Off until a GPU has run its tests (tests/kernels/test_gguf_kernels.py -k q80_words; none
 # ran in the session that built it) and `bench_gguf_kernels.py --types Q8_0` has timed it.
@@ -161,8 +161,9 @@ def gemv_tiles(
     196.0 (best of 24 tiles 30.7 at one token: within noise); Q8_0 4 rows of 2 warps and 4
     blocks a step, 31.4 / 179.3 against 44.9 / 245.2 for the general tile. The other types
     are not swept. `words`: the word tile of Q4_K, Q6_K or Q8_0 (default Q4K_WORDS /
-    Q6K_WORDS / Q80_WORDS; `fused_moe` falls back to the byte tile for weights that do not allow it, and takes w2's
-    own word tile where its type differs from w13's: `_down_tiles`)."""
+    Q6K_WORDS / Q80_WORDS; `fused_moe` falls back to the byte tile for weights that do not
+    allow it, and takes w2's own word tile where its type differs from w13's:
+    `_down_tiles`)."""
     del dtype
     name = btype.name if btype else ""
     if (_words_on(btype) if words is None else words) and name in _WORDS_GEMV:
@@ -225,18 +226,18 @@ _WORDS_HEAD["Q6_K"] = GGUFTiles(block_m=4, block_n=16, subs=8, num_warps=1, word
 # linear-gguf-q8_0-words,head-gguf-q8_0-words`, Triton 3.9, 2026-12-07), not timed; loop warp
 # instructions a weight (the four-row linear's against a row's weights, as Q6_K's):
 #   rows x warps (256 columns a warp)    8x1    16x1   16x2   32x1   32x2
-#   MoE gate/up                          0.130  0.116  0.118  0.109  -
-#   MoE down (K = 768, 816-byte rows)    0.159  0.130  0.135  0.116  -
-#   four-row decode linear (K = 2048)    0.439  0.317  0.319  0.298* 0.300*
-#   registers (gate/up; down; linear)    64;63;125  64;64;205  56;43;209  128;72;255
-# (* 255 registers and ~300 spill instructions in the loop) where the byte path takes 0.350
-# (gate/up), 0.422 (down), 0.678 (the four-row linear and the LM head: 16 x 1 warp words
-# 0.323). No shared memory or barrier in the loops. Taken as Q6_K's: gate/up 16 x 2 warps,
-# down 16 x 1, the decode linear 16 x 2, the LM head 16 x 1 warp (one tile for every decode
-# batch). The HBM floors (6.4 / 3.2 µs at one token) are ~2x the word path's issue floors
-# (2.8 / 1.6 µs), so the choice among them is the GPU's to make; the loads are 32-bit (a
-# block pair is 4-aligned only): 17 a lane a pair, each warp load touching ~20 L1 lines
-# (8 rows x 4 pairs 68 bytes apart) for 128 bytes, which may bind before HBM does.
+#   MoE gate/up                          0.138  0.124  0.127  0.118  0.119
+#   MoE down (K = 768, 816-byte rows)    0.166  0.138  0.143  0.125  0.126
+#   four-row decode linear (K = 2048)    0.441  0.326  0.328  0.308* -
+#   registers (gate/up; down; linear)    61;61;128  95;64;206  94;48;209  162;94;255
+# (* 255 registers, ~300 spill instructions in the loop) where the byte path takes 0.350
+# (gate/up), 0.422 (down), 0.678 (the four-row linear and the LM head; the head's 16 x 1
+# warp word tile 0.326). No shared memory or barrier in the loops. Taken as Q6_K's: gate/up
+# 16 x 2 warps, down 16 x 1, the decode linear 16 x 2, the LM head 16 x 1 warp (one tile for
+# every decode batch). The HBM floors (6.4 / 3.2 µs at one token) are ~2x the issue floors
+# (3.1 / 1.7 µs), so the choice among these is the GPU's to make. The pair's 17 words as
+# 32-bit loads took 8% fewer instructions (0.118 / 0.130 / 0.319) and about twice the L1
+# line accesses (`gguf_q80_words`'s notes): the 64-bit loads are taken, not timed.
 _WORDS_GEMV["Q8_0"] = GGUFTiles(
     block_m=1, block_n=16, subs=16, num_warps=2, words=True,
     down=GGUFTiles(block_m=1, block_n=16, subs=8, num_warps=1, words=True),
@@ -264,10 +265,10 @@ def q6k_words(w: torch.Tensor, btype: BlockType, k: int) -> bool:
 def q80_words(w: torch.Tensor, btype: BlockType, k: int) -> bool:
     """Whether the GEMVs may read the block rows `w` by the Q8_0 word path: Q8_0, K a
     multiple of 256 (the path's step unit: 8 blocks, 272 bytes), and the base and every row
-    (and expert) on a 4-byte boundary (the path loads a block pair's 17 aligned 32-bit
-    words; a row of K = 768 is 816 bytes). From the strides and the base alone, as
-    `q4k_words`."""
-    return btype.name == "Q8_0" and k % 256 == 0 and kernels.rows_aligned(w, 4)
+    (and expert) on an 8-byte boundary (the path loads a block pair's 68 bytes as nine
+    aligned 64-bit words from the 8-aligned one at or below it; a row of K = 768 is 816
+    bytes). From the strides and the base alone, as `q4k_words`."""
+    return btype.name == "Q8_0" and k % 256 == 0 and kernels.rows_aligned(w, 8)
 
 
 def words_allowed(w: torch.Tensor, btype: BlockType, k: int) -> bool:
@@ -453,7 +454,7 @@ def _gemv_linear(x2, w, btype: BlockType, bias, out, t: GGUFTiles) -> None:
                   **pdl.prefetch_options(w))  # fmt: skip
     if t.words:  # the four-row kernel's word path, one build for every row count
         if t.block_m != 4:
-            raise ValueError(f"gguf linear: the word tiles (Q4_K, Q6_K, Q8_0) are four-row tiles: {t}")
+            raise ValueError(f"gguf linear: the word tiles (Q4_K, Q6_K, Q8_0) are four-row: {t}")
         jit.gguf_linear_rows_kernel[grid](*args, **consts, **_words_consts(t))
     elif t.block_m == 1:
         jit.gguf_linear_gemv_kernel[grid](*args, **consts)

@@ -4,12 +4,12 @@ file, where `gguf_launch.q80_words` allows them (Q80_WORDS). The Q6_K and Q4_K t
 module are `gguf_q6k_words.py` and `gguf_q4k_words.py`.
 
 A Q8_0 block of 32 weights is 34 bytes: fp16 d, then 32 int8 codes q, each weight d q. Two
-blocks are 68 bytes, 17 aligned 32-bit words where a row starts on a 4-byte boundary (the
-launcher checks rows and base): word 0 holds d of the even block and its codes 0, 1; words
-1..7 its codes 4 j - 2 .. 4 j + 1; word 8 its codes 30, 31 and d of the odd block; words
-9..16 the odd block's codes. So no word straddles what it needs: the even block's codes sit
-2 bytes off their activations' 4-column groups, which only renames the activations a byte
-multiplies (no shift of the weights, no funnel shift as Q6_K's 2-aligned blocks need).
+blocks are 68 bytes, 17 32-bit words where a row starts on a 4-byte boundary: word 0 holds
+d of the even block and its codes 0, 1; words 1..7 its codes 4 j - 2 .. 4 j + 1; word 8 its
+codes 30, 31 and d of the odd block; words 9..16 the odd block's codes. So no word
+straddles what it needs: the even block's codes sit 2 bytes off their activations' 4-column
+groups, which only renames the activations a byte multiplies (no shift of the weights, no
+funnel shift as Q6_K's 2-aligned blocks need).
 
 A code's byte b XOR 128 is q + 128 (0..255); bytes 0 and 2 of a word, `(w ^ 0x80808080) &
 0x00FF00FF`, are the fp16 pair of subnormals (q + 128) 2^-24, converted to float32 exactly
@@ -27,15 +27,30 @@ operations only (not the batch, not the slot that holds an expert).
 
 Tiles. 256 columns (8 blocks, 272 bytes, 68 words) make the path's "super-block", so the
 launcher's word tiles, splits and steps are the other word paths' (K a multiple of 256). A
-warp's lanes hold 8 rows x the 4 block pairs g of a super-block, each lane loading its
-pair's 17 words (32-bit loads: a pair is 4-aligned only) and the 64 activations of its
-columns (16-byte loads), so each lane's sums and scales are its own: no reduction across
-lanes in the loop. ROWS_T rows more sit in each thread's registers (BLOCK_N = 8 ROWS_T) and
-share the activations it loads and converts; SB warps read SB super-blocks a step. Every
-load is a flat tile (lanes: the pair and row; warps: the super-block; registers: the rest),
-reshaped after, as `gguf_q4k_words._flat`.
+warp's lanes hold 8 rows x the 4 block pairs g of a super-block, each lane its pair's 17
+words and the 64 activations of its columns (16-byte loads), so each lane's sums and scales
+are its own: no reduction across lanes in the loop. A pair starts 68 g bytes into the
+super-block, 8-aligned for even g and 4 bytes past for odd g (`gguf_launch.q80_words` asks
+8-aligned rows and base): the lane loads the 18 words from the 8-aligned one at or below
+its pair as nine 64-bit loads and odd lanes select words 1..17 (one SEL a word). Seventeen
+32-bit loads a pair took 8% fewer instructions (0.118 / 0.130 / 0.319 a weight) but each
+warp load touched ~20 L1 lines (8 rows x 4 pairs 68 bytes apart) for 128 bytes: 340 line
+accesses a step of 8 rows where the 64-bit loads take ~180 (an estimate, not measured; by
+the same count the Q6_K word path takes ~180 for 1680 bytes, and it read its LM head at 1.9
+TB/s on an H100). ROWS_T rows more sit in each thread's
+registers (BLOCK_N = 8 ROWS_T) and share the activations it loads and converts; SB warps
+read SB super-blocks a step. Every load is a flat tile (lanes: the pair and row; warps: the
+super-block; registers: the rest), reshaped after, as `gguf_q4k_words._flat`.
 
-sm_90 SASS: see `gguf_launch._WORDS_GEMV`'s notes for the counts at the tiles tried."""
+sm_90 SASS (`bench/sass_report.py --cases gguf-q8_0-words,linear-gguf-q8_0-words,
+head-gguf-q8_0-words`, Triton 3.9, at `gguf_launch`'s tiles): no shared memory, barrier or
+spill in the loops; 0.127 / 0.138 warp instructions a weight (MoE gate/up, down) where the
+byte path takes 0.350 / 0.422, and 0.328 for the four-row linear (0.326 the LM head's
+one-warp tile; all four rows' code against one row's weights) where the byte path takes
+0.678. Per 4 codes a row: an XOR, two byte permutes, four conversions and four fused
+multiply-adds, and two more multiply-adds a block; the rest is the loads and selects (27
+a lane a pair) and the activations (one conversion each, shared by the lane's ROWS_T rows,
+and their X sums)."""
 
 from __future__ import annotations
 
@@ -53,7 +68,7 @@ from xinfer.kernels.triton.gguf_q4k_words import (
     _steps,
     _x_sums,
 )
-from xinfer.kernels.triton.gguf_q6k_words import _four
+from xinfer.kernels.triton.gguf_q6k_words import _flat1, _four
 from xinfer.kernels.triton.quant_dequant import _half_hi, _half_lo
 
 SUPER_WORDS80 = tl.constexpr(68)  # 256 weights: 8 blocks of 34 bytes
@@ -61,21 +76,15 @@ FLIP = tl.constexpr(-2139062144)  # 0x80808080 as an int32: each byte's sign bit
 
 
 @triton.jit
-def _q80_flat(NR: tl.constexpr, SB: tl.constexpr):
-    """`_flat` of a 1-D tile (one word a row): indices (outer, s, ln, g), each
-    (NR * SB * 32,), of element ((outer * SB + s) * 8 + ln) * 4 + g."""
-    i = tl.arange(0, NR * SB * 32)
-    return i // (SB * 32), (i // 32) % SB, (i // 4) % 8, i % 4
-
-
-@triton.jit
-def _q80_w(p, valid, ROWS_T: tl.constexpr, SB: tl.constexpr, MASKED: tl.constexpr = False):
-    """The words at `p` (flat, `_q80_flat`) as (ROWS_T, SB, 8, 4); MASKED: 0 where not `valid`."""
+def _q80_w(w64, offs, valid, ROWS_T: tl.constexpr, SB: tl.constexpr, MASKED: tl.constexpr):
+    """The low and high words of the 64-bit words at `offs` (flat, `_flat1`: one load a
+    lane) as two (ROWS_T, SB, 8, 4) int32 tiles; MASKED: 0 where not `valid`."""
     if MASKED:
-        w = tl.load(p, mask=valid, other=0)
+        w = tl.load(w64 + offs, mask=valid, other=0)
     else:
-        w = tl.load(p)
-    return tl.reshape(w, (ROWS_T, SB, 8, 4))
+        w = tl.load(w64 + offs)
+    w = tl.reshape(w, (ROWS_T, SB, 8, 4))
+    return w.to(tl.int32), (w >> 32).to(tl.int32)
 
 
 @triton.jit
@@ -125,23 +134,36 @@ def q80_decode(w32, rows, kb, kb_end, ROWS_T: tl.constexpr, SB: tl.constexpr,
                ASM: tl.constexpr):  # fmt: skip
     """The 17 words (ROWS_T, SB, 8, 4 pairs) of each lane's block pair of super-blocks kb ..
     kb + SB (one a warp; clamped to kb_end - 1) of the program's ROWS_T x 8 rows `rows`
-    (`_row_offsets`, 32-bit units) of the int32 pointer `w32`, and the two blocks' d
-    (float32; 0 for a step past the range, whose codes are the clamped step's)."""
-    r, s, ln, g = _q80_flat(ROWS_T, SB)
+    (`_row_offsets`, 32-bit units, 8-byte aligned) of the int32 pointer `w32`, and the two
+    blocks' d (float32; 0 for a step past the range). Pair g starts at word 17 g of the
+    super-block: 8-aligned for even g, 4 bytes past for odd g, so the lane loads the 18 words
+    from the 8-aligned one at or below it (nine 64-bit loads) and odd lanes take words 1..17
+    of them (a select a word). (Seventeen 32-bit loads a pair touched ~20 L1 lines a warp
+    load, 8 rows x 4 pairs 68 bytes apart; nine 64-bit loads about as many each.)"""
+    r, s, ln, g = _flat1(ROWS_T, SB)
     kbs, valid = _steps(s, kb, kb_end)
-    p = w32 + (_row_offsets(rows, r, ln) + kbs * SUPER_WORDS80 + 17 * g)
-    # a step past the range (SB > 1): d = 0 (the words holding d read as 0)
-    w0 = _q80_w(p, valid, ROWS_T, SB, SB > 1)
-    w8 = _q80_w(p + 8, valid, ROWS_T, SB, SB > 1)
+    odd = (tl.arange(0, 4) % 2 == 1)[None, None, None, :]  # the lanes of odd pairs
+    # the pair's first word rounded down to even, in 64-bit units: two words a load
+    w64 = w32.to(tl.pointer_type(tl.int64))
+    base = (_row_offsets(rows, r, ln) + kbs * SUPER_WORDS80 + 17 * g - g % 2) // 2
+    m: tl.constexpr = SB > 1  # a step past the range: the words of d read as 0, so d = 0
+    v0, v1 = _q80_w(w64, base, valid, ROWS_T, SB, m)
+    v2, v3 = _q80_w(w64, base + 1, valid, ROWS_T, SB, False)
+    v4, v5 = _q80_w(w64, base + 2, valid, ROWS_T, SB, False)
+    v6, v7 = _q80_w(w64, base + 3, valid, ROWS_T, SB, False)
+    v8, v9 = _q80_w(w64, base + 4, valid, ROWS_T, SB, m)
+    v10, v11 = _q80_w(w64, base + 5, valid, ROWS_T, SB, False)
+    v12, v13 = _q80_w(w64, base + 6, valid, ROWS_T, SB, False)
+    v14, v15 = _q80_w(w64, base + 7, valid, ROWS_T, SB, False)
+    v16, v17 = _q80_w(w64, base + 8, valid, ROWS_T, SB, False)
+    w0 = tl.where(odd, v1, v0)
+    w8 = tl.where(odd, v9, v8)
     ws = (
-        w0, _q80_w(p + 1, valid, ROWS_T, SB), _q80_w(p + 2, valid, ROWS_T, SB),
-        _q80_w(p + 3, valid, ROWS_T, SB), _q80_w(p + 4, valid, ROWS_T, SB),
-        _q80_w(p + 5, valid, ROWS_T, SB), _q80_w(p + 6, valid, ROWS_T, SB),
-        _q80_w(p + 7, valid, ROWS_T, SB), w8, _q80_w(p + 9, valid, ROWS_T, SB),
-        _q80_w(p + 10, valid, ROWS_T, SB), _q80_w(p + 11, valid, ROWS_T, SB),
-        _q80_w(p + 12, valid, ROWS_T, SB), _q80_w(p + 13, valid, ROWS_T, SB),
-        _q80_w(p + 14, valid, ROWS_T, SB), _q80_w(p + 15, valid, ROWS_T, SB),
-        _q80_w(p + 16, valid, ROWS_T, SB),
+        w0, tl.where(odd, v2, v1), tl.where(odd, v3, v2), tl.where(odd, v4, v3),
+        tl.where(odd, v5, v4), tl.where(odd, v6, v5), tl.where(odd, v7, v6),
+        tl.where(odd, v8, v7), w8, tl.where(odd, v10, v9), tl.where(odd, v11, v10),
+        tl.where(odd, v12, v11), tl.where(odd, v13, v12), tl.where(odd, v14, v13),
+        tl.where(odd, v15, v14), tl.where(odd, v16, v15), tl.where(odd, v17, v16),
     )  # fmt: skip
     return ws, _q80_half(w0, False, ASM), _q80_half(w8, True, ASM)
 
