@@ -6,7 +6,8 @@ the tables in `kernels/gguf_launch.py`. One run takes ~1 min (~4 with --sweep).
     python3 bench/bench_gguf_kernels.py [--types Q4_K,Q8_0] [--sweep] [--out bench/results/x.json]
 
 `--types Q6_K` times the Q6_K word path (Q6K_WORDS) beside its byte path: MoE GEMVs (and a
-Q4_K_M layer's Q4_K gate/up + Q6_K down), the linears and the LM head.
+Q4_K_M layer's Q4_K gate/up + Q6_K down), the linears and the LM head. `--types Q8_0` the
+same for the Q8_0 word path (Q80_WORDS, off by default: its word tiles are the extra rows).
 
 `--words-sweep` times only the Q4_K word path's decode tiles (MoE gate/up and down at one and
 eight tokens, the qkv and o_proj linears at one and eight rows with three split-K targets),
@@ -66,17 +67,20 @@ def _moe_case(num_tokens: int):
     return x, ids, weights
 
 
-WORD_TYPES = ("Q4_K", "Q6_K")  # the block types with a word path (Q4K_WORDS, Q6K_WORDS)
+# the block types with a word path (Q4K_WORDS, Q6K_WORDS, Q80_WORDS)
+WORD_TYPES = ("Q4_K", "Q6_K", "Q8_0")
 
 
 def _head_word_tiles(name: str) -> list:
-    """The Q4_K / Q6_K word path's four-row tiles for the LM head (rows x warps x super-blocks
+    """The Q4_K / Q6_K / Q8_0 word path's four-row tiles for the LM head (rows x warps x super-blocks
     a step; none for other block types): whether the word tile beats the head's byte tile at
     one row and at eight (the same tile must serve every decode row count: a row's bits may
     not depend on the batch)."""
     if name == "Q4_K":
         shapes = [(8, 8, 1), (16, 8, 1), (16, 16, 1), (16, 16, 2), (32, 8, 1), (32, 16, 2)]
     elif name == "Q6_K":  # 32 rows: 255 registers (sm_90 SASS)
+        shapes = [(8, 8, 1), (16, 8, 1), (16, 16, 2), (32, 8, 1)]
+    elif name == "Q8_0":  # a "super-block" of the Q8_0 path: 256 columns (8 blocks)
         shapes = [(8, 8, 1), (16, 8, 1), (16, 16, 2), (32, 8, 1)]
     else:
         return []
@@ -116,7 +120,7 @@ def bench_type(name: str, sweep: bool) -> list[dict]:
         byte = gl.gemv_tiles(x.dtype, bt, words=False)
         # twice the sub-blocks a step: half the iterations, twice the loads in flight
         configs = [None, replace(byte, subs=2 * byte.subs)]
-        if name in WORD_TYPES:  # the word path (Q4K_WORDS / Q6K_WORDS) and the byte path
+        if name in WORD_TYPES:  # the word path (Q4K_WORDS / ..) and the byte path
             configs.append(byte if default.words else gl.gemv_tiles(x.dtype, bt, words=True))
         if sweep:
             configs += [gl.GGUFTiles(1, bn, subs, warps) for bn in (4, 8, 16, 32)
@@ -160,7 +164,7 @@ def bench_type(name: str, sweep: bool) -> list[dict]:
                 configs += [gl.GGUFTiles(1, 8, 8, 2), gl.GGUFTiles(1, 4, 8, 2)]
                 configs += _head_word_tiles(name)
         default = gl.linear_tiles(1, x.dtype, bt, n)
-        if name in WORD_TYPES:  # the word path (Q4K_WORDS / Q6K_WORDS) and the byte path
+        if name in WORD_TYPES:  # the word path (Q4K_WORDS / ..) and the byte path
             other = gl.linear_tiles(1, x.dtype, bt, n, words=not default.words)
             configs += [other] if other != default else []
         # the default tiles unsplit, then every tile with the default split-K target, then
@@ -193,7 +197,7 @@ def bench_type(name: str, sweep: bool) -> list[dict]:
                 gl.GGUFTiles(4, 8, 8, 4),
                 gl.GGUFTiles(16, 16, 8, 4),
             )
-            if name == "Q6_K":  # its word tile at eight rows too
+            if name in ("Q6_K", "Q8_0"):  # its word tile at eight rows too
                 tiles8 += (gl.linear_tiles(8, x8.dtype, bt, n, words=True),)
         for tiles in tiles8:
             us = _time_us(partial(gl.linear, x8, w, bt, None, n, k, tiles))

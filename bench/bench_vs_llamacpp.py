@@ -112,6 +112,9 @@ def build_parser() -> argparse.ArgumentParser:
     ap.add_argument("--q6k-bytes", action="store_true",
                     help="Q6_K decode GEMVs on the byte path (gguf_launch.Q6K_WORDS off; the "
                          "word path is the default since the thirty-fifth session)")  # fmt: skip
+    ap.add_argument("--q80-words", action="store_true",
+                    help="Q8_0 decode GEMVs on the word path (gguf_launch.Q80_WORDS on; off by "
+                         "default until a GPU has run its tests)")  # fmt: skip
     ap.add_argument(
         "--policy",
         default="lfu",
@@ -177,9 +180,14 @@ def main() -> None:
         from xinfer.kernels import gguf_launch
 
         gguf_launch.Q6K_WORDS = False
+    if args.q80_words:
+        from xinfer.kernels import gguf_launch
+
+        gguf_launch.Q80_WORDS = True
     runs = engine_runs(args)
     label = args.label + (f" isq {args.isq}" if args.isq else "") + (" q8x" if args.q8x else "")
     label += " q6k-bytes" if args.q6k_bytes else ""
+    label += " q80-words" if args.q80_words else ""
     for placement, options in runs:
         if torch.cuda.is_available():  # what an earlier engine of this process still holds
             free, total = torch.cuda.mem_get_info()

@@ -187,8 +187,8 @@ def _gguf_linear(
     name: str, dtype, m: int, bias: bool = True, dequant=None, n: int = 96, dot: bool = False,
     rows: int = 0, words: bool | None = None,
 ) -> None:  # fmt: skip
-    """`words`: the launcher's tiles with the Q4_K / Q6_K word path on or off (None: its
-    default)."""
+    """`words`: the launcher's tiles with the Q4_K / Q6_K / Q8_0 word path on or off (None:
+    its default)."""
     from xinfer.kernels import gguf_launch
     from xinfer.quant.gguf_blocks import BLOCK_TYPES
 
@@ -226,6 +226,19 @@ def _q6k_words_on(fn):
         from xinfer.kernels import gguf_launch
 
         with mock.patch.object(gguf_launch, "Q6K_WORDS", True):
+            fn(*args, **kwargs)
+
+    return run
+
+
+def _q80_words_on(fn):
+    """`fn` with the Q8_0 word path on (`gguf_launch.Q80_WORDS`, off until a GPU has run it),
+    so that its builds are compiled here whatever the default."""
+
+    def run(*args, **kwargs) -> None:
+        from xinfer.kernels import gguf_launch
+
+        with mock.patch.object(gguf_launch, "Q80_WORDS", True):
             fn(*args, **kwargs)
 
     return run
@@ -283,6 +296,16 @@ def _gguf_cases() -> None:
         130, False, dequant=False)  # fmt: skip
     add("gguf-Q4_K+Q6_K-moe-fp16-prefill", G_PREFILL_MOE, _gguf_moe, "Q4_K", "Q6_K", F16, 130,
         False, dequant=True)  # fmt: skip
+    # the Q8_0 word path (Q80_WORDS, off by default: these cases switch it on): the head's
+    # one-warp tile, the linears' (bf16 / fp16 / fp32 activations), the MoE GEMVs'
+    add("gguf-Q8_0-linear-bf16-m1-head-words", split, _q80_words_on(_gguf_linear), "Q8_0",
+        BF16, 1, n=65536)  # fmt: skip
+    add("gguf-Q8_0-linear-bf16-m1-words", split, _q80_words_on(_gguf_linear), "Q8_0", BF16, 1)
+    add("gguf-Q8_0-linear-fp32-m2-words", split, _gguf_linear, "Q8_0", F32, 2, words=True)
+    add("gguf-Q8_0-linear-fp16-m3-words", split, _gguf_linear, "Q8_0", F16, 3, words=True)
+    for dtype, dname in ((BF16, "bf16"), (F16, "fp16"), (F32, "fp32")):
+        add(f"gguf-Q8_0-moe-{dname}-gemv-words", G_GEMV, _q80_words_on(_gguf_moe), "Q8_0",
+            "Q8_0", dtype, 1, True)  # fmt: skip
     add("gguf-Q8_0-moe-bf16-grouped-large", G_GROUPED, _gguf_moe, "Q8_0", "Q8_0", BF16, 130, False,
         dequant=False)  # fmt: skip
     add("gguf-Q8_0-moe-fp32-grouped", G_GROUPED, _gguf_moe, "Q8_0", "Q8_0", F32, 40, False)

@@ -426,3 +426,77 @@ def test_q6k_words_misaligned_weights_take_the_byte_path(monkeypatch, q6k_words_
     """Rows 1 byte into their storage cannot load 16 bits at a time: the byte path (the
     switch off gives the same bits on the same storage), within the twin's tolerance."""
     _assert_misaligned_takes_the_byte_path(monkeypatch, "Q6_K", "Q6K_WORDS", offset=1, seed=57)
+
+
+# --- the Q8_0 word path (gguf_launch.Q80_WORDS: factored sums, not the twin's bits) --------
+
+
+@pytest.fixture
+def q80_words_on(monkeypatch):
+    """The Q8_0 word path switched on (`gguf_launch.Q80_WORDS`, off until these tests pass)."""
+    monkeypatch.setattr(gl, "Q80_WORDS", True)
+
+
+def test_q80_words_are_the_decode_tiles_when_on(q80_words_on) -> None:
+    """Q8_0 decode GEMVs (MoE, the decode linear, the LM head) take the word tiles with the
+    switch on; expert rows of K = 768 (816 bytes) and 2048 allow them."""
+    fmt = GGUFFormat("Q8_0")
+    assert gl.gemv_tiles(torch.bfloat16, fmt.btype).words
+    assert gl.linear_tiles(1, torch.bfloat16, fmt.btype, 5120).words
+    assert gl.linear_tiles(1, torch.bfloat16, fmt.btype, gl.HEAD_ROWS).words
+    assert gl.q80_words(_raw("Q8_0", 64, 768, seed=60, experts=2), fmt.btype, 768)
+    assert gl.q80_words(_raw("Q8_0", 64, 2048, seed=60, experts=2), fmt.btype, 2048)
+
+
+@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16])
+@pytest.mark.parametrize("num_tokens", [1, 5])
+def test_q80_words_moe_matches_twin_and_the_byte_path(dtype, num_tokens, monkeypatch,
+                                                      q80_words_on):  # fmt: skip
+    """Qwen3-30B-A3B's expert shapes in Q8_0 (gate/up K = 2048, down K = 768: 816-byte
+    rows): the word path within the twin's tolerance as the byte path is; a token's bits
+    alike alone and in the batch."""
+    x, ids, weights, w13, w2, inter = _moe("Q8_0", "Q8_0", num_tokens, seed=61)
+    x = (x / 64 if dtype == torch.float16 else x).to(dtype)  # float16's range (Q4_K's test)
+    fmt = GGUFFormat("Q8_0")
+    bt = fmt.btype
+    assert gl.q80_words(w13, bt, x.shape[1]) and gl.q80_words(w2, bt, inter)
+    ref = fmt.reference_moe(x, ids, weights, {"weight": w13}, {"weight": w2}, inter, fmt)
+    out = gl.fused_moe(x, ids, weights, w13, bt, w2, bt, inter)
+    _close(out, ref)
+    last = num_tokens - 1
+    alone = gl.fused_moe(x[last:], ids[last:], weights[last:], w13, bt, w2, bt, inter)
+    assert torch.equal(alone[0], out[last])
+    monkeypatch.setattr(gl, "Q80_WORDS", False)
+    byte = gl.fused_moe(x, ids, weights, w13, bt, w2, bt, inter)
+    _close(byte, ref)
+    _close(out, byte)
+
+
+@pytest.mark.parametrize("n,k", [(2056, 2048), (2048, 4096), (gl.HEAD_ROWS, 2048)])
+def test_q80_words_linear_matches_twin_and_keeps_row_bits(n, k, monkeypatch,
+                                                          q80_words_on) -> None:  # fmt: skip
+    """The decode linear's (and the LM head's) Q8_0 word path: within the twin's tolerance
+    and the byte path's; a row's bits alike in batches of 1, 3, 8 and 16."""
+    full, run = _word_linear_keeps_row_bits("Q8_0", n, k, seed=62)
+    monkeypatch.setattr(gl, "Q80_WORDS", False)
+    _close(full, run(16))
+
+
+def test_q80_words_expert_bits_do_not_depend_on_the_slot(q80_words_on) -> None:
+    x, ids, weights, w13, w2, inter = _moe("Q8_0", "Q8_0", 3, seed=63)
+    bt = GGUFFormat("Q8_0").btype
+    base = gl.fused_moe(x, ids, weights, w13, bt, w2, bt, inter)
+    slot_ids, s13, s2 = _slot_cache(ids, w13, w2)
+    assert gl.q80_words(s13, bt, x.shape[1]) and gl.q80_words(s2, bt, inter)
+    out = gl.fused_moe(x, slot_ids, weights, s13, bt, s2, bt, inter)
+    assert torch.equal(out, base)
+
+
+def test_q80_words_graph_replays_the_kernels(q80_words_on) -> None:
+    _assert_decode_graph_replays("Q8_0", seed=64)
+
+
+def test_q80_words_misaligned_weights_take_the_byte_path(monkeypatch, q80_words_on) -> None:
+    """Rows 4 bytes into their storage cannot load aligned 64-bit words: the byte path (the
+    switch off gives the same bits on the same storage), within the twin's tolerance."""
+    _assert_misaligned_takes_the_byte_path(monkeypatch, "Q8_0", "Q80_WORDS", offset=4, seed=65)

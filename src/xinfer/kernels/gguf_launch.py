@@ -72,6 +72,14 @@ Q4K_WORDS = True
 # 311.2 → 372.1 tok/s (`bench_vs_llamacpp.py`). Its GPU tests there: 121 + 95 passed.
 # False: always the byte path.
 Q6K_WORDS = True
+# Q8_0 decode GEMVs (the four-row decode linear, the LM head among them, and the MoE GEMVs) by
+# words, factored per 32-weight block (`triton/gguf_q80_words.py`): float32 throughout, within
+# the twin's tolerance. Taken where the base and rows are 8-aligned and K a multiple of 256
+# (`q80_words`); else the byte path. Tiles chosen by sm_90 SASS (`_WORDS_GEMV`'s notes).
+# Off until a GPU has run its tests (tests/kernels/test_gguf_kernels.py -k q80_words; none
+# ran in the session that built it) and `bench_gguf_kernels.py --types Q8_0` has timed it.
+# False: always the byte path.
+Q80_WORDS = False
 
 
 @dataclass(frozen=True)
@@ -117,8 +125,9 @@ def linear_tiles(
 ) -> GGUFTiles:
     """The linear's tiles from (M bucket, dtype, block type, N ≥ HEAD_ROWS): never from the
     batch within a bucket, so a decode row's bits do not depend on the batch. `words`: the
-    word tile where the block type has one (Q4_K, Q6_K; default its switch, Q4K_WORDS or
-    Q6K_WORDS; `linear` falls back to the byte tile where the weight does not allow it)."""
+    word tile where the block type has one (Q4_K, Q6_K, Q8_0; default its switch, Q4K_WORDS,
+    Q6K_WORDS or Q80_WORDS; `linear` falls back to the byte tile where the weight does not
+    allow it)."""
     if m <= DECODE_M:  # weight-bound: narrow N tiles give every SM work
         words = (_words_on(btype) if words is None else words) and btype is not None
         tile = None
@@ -151,9 +160,10 @@ def gemv_tiles(
     session, activations in registers), µs for 1 / 8 tokens: Q4_K 4 rows of 2 warps, 31.1 /
     196.0 (best of 24 tiles 30.7 at one token: within noise); Q8_0 4 rows of 2 warps and 4
     blocks a step, 31.4 / 179.3 against 44.9 / 245.2 for the general tile. The other types
-    are not swept. `words`: the word tile of Q4_K or Q6_K (default Q4K_WORDS / Q6K_WORDS;
-    `fused_moe` falls back to the byte tile for weights that do not allow it, and takes w2's
-    own word tile where its type differs from w13's: `_down_tiles`)."""
+    are not swept. `words`: the word tile of Q4_K, Q6_K or Q8_0 (default Q4K_WORDS /
+    Q6K_WORDS / Q80_WORDS; `fused_moe` falls back to the byte tile for weights that do not
+    allow it, and takes w2's own word tile where its type differs from w13's:
+    `_down_tiles`)."""
     del dtype
     name = btype.name if btype else ""
     if (_words_on(btype) if words is None else words) and name in _WORDS_GEMV:
@@ -211,11 +221,36 @@ _WORDS_GEMV["Q6_K"] = GGUFTiles(
 )  # fmt: skip
 _WORDS_LINEAR["Q6_K"] = GGUFTiles(block_m=4, block_n=16, subs=16, num_warps=2, words=True)
 _WORDS_HEAD["Q6_K"] = GGUFTiles(block_m=4, block_n=16, subs=8, num_warps=1, words=True)
+# The Q8_0 word path's tiles (`gguf_q80_words.py`; a "super-block" there is 256 columns, 8
+# blocks, 272 bytes), chosen by sm_90 SASS (`bench/sass_report.py --cases gguf-q8_0-words,
+# linear-gguf-q8_0-words,head-gguf-q8_0-words`, Triton 3.9, 2026-12-07), not timed; loop warp
+# instructions a weight (the four-row linear's against a row's weights, as Q6_K's):
+#   rows x warps (256 columns a warp)    8x1    16x1   16x2   32x1   32x2
+#   MoE gate/up                          0.138  0.124  0.127  0.118  0.119
+#   MoE down (K = 768, 816-byte rows)    0.166  0.138  0.143  0.125  0.126
+#   four-row decode linear (K = 2048)    0.441  0.326  0.328  0.308* -
+#   registers (gate/up; down; linear)    61;61;128  95;64;206  94;48;209  162;94;255
+# (* 255 registers, ~300 spill instructions in the loop) where the byte path takes 0.350
+# (gate/up), 0.422 (down), 0.678 (the four-row linear and the LM head; the head's 16 x 1
+# warp word tile 0.326). No shared memory or barrier in the loops. Taken as Q6_K's: gate/up
+# 16 x 2 warps, down 16 x 1, the decode linear 16 x 2, the LM head 16 x 1 warp (one tile for
+# every decode batch). The HBM floors (6.4 / 3.2 µs at one token) are ~2x the issue floors
+# (3.1 / 1.7 µs), so the choice among these is the GPU's to make. The pair's 17 words as
+# 32-bit loads took 8% fewer instructions (0.118 / 0.130 / 0.319) and about twice the L1
+# line accesses (`gguf_q80_words`'s notes): the 64-bit loads are taken, not timed.
+_WORDS_GEMV["Q8_0"] = GGUFTiles(
+    block_m=1, block_n=16, subs=16, num_warps=2, words=True,
+    down=GGUFTiles(block_m=1, block_n=16, subs=8, num_warps=1, words=True),
+)  # fmt: skip
+_WORDS_LINEAR["Q8_0"] = GGUFTiles(block_m=4, block_n=16, subs=16, num_warps=2, words=True)
+_WORDS_HEAD["Q8_0"] = GGUFTiles(block_m=4, block_n=16, subs=8, num_warps=1, words=True)
 
 
 def _words_on(btype: BlockType | None) -> bool:
-    """The switch of `btype`'s word path (Q4K_WORDS, Q6K_WORDS; False for the others)."""
-    return {"Q4_K": Q4K_WORDS, "Q6_K": Q6K_WORDS}.get(btype.name if btype else "", False)
+    """The switch of `btype`'s word path (Q4K_WORDS, Q6K_WORDS, Q80_WORDS; False for the
+    others)."""
+    switches = {"Q4_K": Q4K_WORDS, "Q6_K": Q6K_WORDS, "Q8_0": Q80_WORDS}
+    return switches.get(btype.name if btype else "", False)
 
 
 def q6k_words(w: torch.Tensor, btype: BlockType, k: int) -> bool:
@@ -227,9 +262,19 @@ def q6k_words(w: torch.Tensor, btype: BlockType, k: int) -> bool:
     return btype.name == "Q6_K" and k % 256 == 0 and aligned
 
 
+def q80_words(w: torch.Tensor, btype: BlockType, k: int) -> bool:
+    """Whether the GEMVs may read the block rows `w` by the Q8_0 word path: Q8_0, K a
+    multiple of 256 (the path's step unit: 8 blocks, 272 bytes), and the base and every row
+    (and expert) on an 8-byte boundary (the path loads a block pair's 68 bytes as nine
+    aligned 64-bit words from the 8-aligned one at or below it; a row of K = 768 is 816
+    bytes). From the strides and the base alone, as `q4k_words`."""
+    return btype.name == "Q8_0" and k % 256 == 0 and kernels.rows_aligned(w, 8)
+
+
 def words_allowed(w: torch.Tensor, btype: BlockType, k: int) -> bool:
-    """Whether `w` allows its block type's word path (`q4k_words`, `q6k_words`)."""
-    return q4k_words(w, btype, k) or q6k_words(w, btype, k)
+    """Whether `w` allows its block type's word path (`q4k_words`, `q6k_words`,
+    `q80_words`)."""
+    return q4k_words(w, btype, k) or q6k_words(w, btype, k) or q80_words(w, btype, k)
 
 
 def q4k_words(w: torch.Tensor, btype: BlockType, k: int) -> bool:
@@ -409,7 +454,7 @@ def _gemv_linear(x2, w, btype: BlockType, bias, out, t: GGUFTiles) -> None:
                   **pdl.prefetch_options(w))  # fmt: skip
     if t.words:  # the four-row kernel's word path, one build for every row count
         if t.block_m != 4:
-            raise ValueError(f"gguf linear: the word tiles (Q4_K, Q6_K) are four-row tiles: {t}")
+            raise ValueError(f"gguf linear: the word tiles (Q4_K, Q6_K, Q8_0) are four-row: {t}")
         jit.gguf_linear_rows_kernel[grid](*args, **consts, **_words_consts(t))
     elif t.block_m == 1:
         jit.gguf_linear_gemv_kernel[grid](*args, **consts)

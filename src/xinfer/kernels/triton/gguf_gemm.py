@@ -14,9 +14,10 @@ import triton.language as tl
 
 from xinfer.kernels.triton.fused_moe import _silu_mul, combine_when_last
 from xinfer.kernels.triton.gemv import four_rows, store_split_tile
-from xinfer.kernels.triton.gguf_dequant import Q6_K, block_bytes, gguf_tile, x_chunk
+from xinfer.kernels.triton.gguf_dequant import Q6_K, Q8_0, block_bytes, gguf_tile, x_chunk
 from xinfer.kernels.triton.gguf_q4k_words import q4k_four_rows_dot, q4k_pair_dot, q4k_row_dot
 from xinfer.kernels.triton.gguf_q6k_words import q6k_four_rows_dot, q6k_pair_dot, q6k_row_dot
+from xinfer.kernels.triton.gguf_q80_words import q80_four_rows_dot, q80_pair_dot, q80_row_dot
 from xinfer.kernels.triton.moe_blocks import moe_block
 from xinfer.kernels.triton.pdl import prefetch_rows_l2, wait_for_producers
 
@@ -136,9 +137,10 @@ def gguf_linear_rows_kernel(
     program: each weight tile is decoded once and multiplied into four accumulators, one a
     row (rows past M skip their multiply-adds). A row's arithmetic is the same whether its
     neighbours exist or not, so its bits never depend on M; the decode is shared by four
-    rows instead of paid per row (`gguf_linear_gemv_kernel`). WORDS (Q4_K or Q6_K whose rows
-    allow it: `gguf_launch.q4k_words`, `q6k_words`): the factored word path
-    (`gguf_q4k_words.q4k_four_rows_dot`, `gguf_q6k_words.q6k_four_rows_dot`; SUBS / 8
+    rows instead of paid per row (`gguf_linear_gemv_kernel`). WORDS (Q4_K, Q6_K or Q8_0
+    whose rows allow it: `gguf_launch.q4k_words`, `q6k_words`, `q80_words`): the factored
+    word path (`gguf_q4k_words.q4k_four_rows_dot`, `gguf_q6k_words.q6k_four_rows_dot`,
+    `gguf_q80_words.q80_four_rows_dot`; SUBS / 8
     super-blocks a step, one a warp; ROWS_T rows a thread), one build for calls of one to
     four rows. PREFETCH_L2: the program's weight tile into L2 before the PDL wait
     (`_prefetch_gguf_tile`)."""
@@ -163,6 +165,10 @@ def gguf_linear_rows_kernel(
                 x0, stride_xm, M - m0, w_ptr, (0, pid_n * BLOCK_N, N - 1, stride_wn // 2),
                 sb_start, sb_end, ROWS_T, SUBS // 8, ASM,
             )  # fmt: skip
+        elif BTYPE == Q8_0:  # `gguf_q80_words`: 256 columns a step unit, rows in words
+            y0, y1, y2, y3 = q80_four_rows_dot(
+                x0, stride_xm, M - m0, w32, rows, sb_start, sb_end, ROWS_T, SUBS // 8, ASM
+            )
         else:
             y0, y1, y2, y3 = q4k_four_rows_dot(
                 x0, stride_xm, M - m0, w32, rows, sb_start, sb_end, ROWS_T, SUBS // 8, ASM
@@ -205,8 +211,9 @@ def gguf_moe_gate_up_gemv_kernel(
     ROWS_T: tl.constexpr = 1,
 ):  # fmt: skip
     """grid (T*k, cdiv(I, BLOCK_N)): inter[pair, n] = silu(x·W13[e, n]) * (x·W13[e, I + n]).
-    WORDS (Q4_K or Q6_K whose rows allow it: `gguf_launch.q4k_words`, `q6k_words`): the
-    factored word path (`q4k_pair_dot`, `q6k_pair_dot`; SUBS / 8 super-blocks a step, one a
+    WORDS (Q4_K, Q6_K or Q8_0 whose rows allow it: `gguf_launch.q4k_words`, `q6k_words`,
+    `q80_words`): the factored word path (`q4k_pair_dot`, `q6k_pair_dot`, `q80_pair_dot`;
+    SUBS / 8 super-blocks (Q8_0: 256 columns) a step, one a
     warp; ROWS_T rows a thread; rows past I clamped to the last, dropped at the store)."""
     wait_for_producers(USE_PDL)
     pair = tl.program_id(0)
@@ -230,6 +237,9 @@ def gguf_moe_gate_up_gemv_kernel(
             rows2 = (gate + inter_dim * (stride_wn // 2), pid_n * BLOCK_N, inter_dim - 1,
                      stride_wn // 2)  # fmt: skip
             g, u = q6k_pair_dot(x_row, w_ptr, rows, rows2, hidden_dim // 256, ROWS_T, SUBS // 8,
+                                ASM)  # fmt: skip
+        elif BTYPE == Q8_0:  # `gguf_q80_words`: rows in 32-bit words
+            g, u = q80_pair_dot(x_row, w32, rows, rows2, hidden_dim // 256, ROWS_T, SUBS // 8,
                                 ASM)  # fmt: skip
         else:
             g, u = q4k_pair_dot(x_row, w32, rows, rows2, hidden_dim // 256, ROWS_T, SUBS // 8,
@@ -274,6 +284,8 @@ def gguf_moe_down_gemv_kernel(
         if BTYPE == Q6_K:  # `gguf_q6k_words`: rows in 16-bit units
             rows = (e * (stride_we // 2), pid_n * BLOCK_N, hidden_dim - 1, stride_wn // 2)
             y = q6k_row_dot(a_row, w_ptr, rows, 0, inter_dim // 256, ROWS_T, SUBS // 8, ASM)
+        elif BTYPE == Q8_0:  # `gguf_q80_words`: rows in 32-bit words
+            y = q80_row_dot(a_row, w32, rows, 0, inter_dim // 256, ROWS_T, SUBS // 8, ASM)
         else:
             y = q4k_row_dot(a_row, w32, rows, 0, inter_dim // 256, ROWS_T, SUBS // 8, ASM)
     else:
