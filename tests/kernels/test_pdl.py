@@ -70,49 +70,6 @@ def test_engine_start_reads_xinfer_pdl(monkeypatch, tmp_path):
     _assert_engine_start_reads(monkeypatch, tmp_path, "XINFER_PDL", "ENABLED", off="0")
 
 
-def test_early_release_only_where_asked_and_switched_on(monkeypatch):
-    """PDL_RELEASE_FIRST goes only to launches that take it (`release_first`), only while
-    EARLY_RELEASE is on, and only with PDL itself (sm_90+ CUDA, ENABLED)."""
-    from types import SimpleNamespace
-
-    cuda_t = SimpleNamespace(device=torch.device("cuda", 0))
-    monkeypatch.setattr(pdl, "_hopper_or_later", lambda index: True)
-    monkeypatch.setattr(pdl, "ENABLED", True)
-    monkeypatch.setattr(pdl, "EARLY_RELEASE", False)
-    assert pdl.options(cuda_t, release_first=True) == {"USE_PDL": True, "launch_pdl": True}
-    monkeypatch.setattr(pdl, "EARLY_RELEASE", True)
-    assert pdl.options(cuda_t) == {"USE_PDL": True, "launch_pdl": True}
-    assert pdl.options(cuda_t, release_first=True) == {
-        "USE_PDL": True, "launch_pdl": True, "PDL_RELEASE_FIRST": True
-    }  # fmt: skip
-    assert pdl.options(torch.zeros(2), release_first=True) == {}  # CPU: nothing
-    monkeypatch.setattr(pdl, "_hopper_or_later", lambda index: False)
-    assert pdl.options(cuda_t, release_first=True) == {}  # before sm_90: no PDL at all
-    monkeypatch.setattr(pdl, "_hopper_or_later", lambda index: True)
-    monkeypatch.setattr(pdl, "ENABLED", False)
-    assert pdl.options(cuda_t, release_first=True) == {}
-
-
-def test_xinfer_pdl_early_release_values_and_engine_start(monkeypatch, tmp_path):
-    from tiny_models import make_hf_model, write_checkpoint
-
-    from xinfer import LLM
-
-    monkeypatch.delenv("XINFER_PDL_EARLY_RELEASE", raising=False)
-    assert envs.XINFER_PDL_EARLY_RELEASE() is False  # off until timed
-    monkeypatch.setenv("XINFER_PDL_EARLY_RELEASE", "maybe")
-    with pytest.raises(UserError, match="^XINFER_PDL_EARLY_RELEASE must be 1 or 0, got 'maybe'$"):
-        envs.XINFER_PDL_EARLY_RELEASE()
-    path = str(write_checkpoint(make_hf_model("mixtral"), tmp_path))
-    monkeypatch.setattr(pdl, "EARLY_RELEASE", False)
-    monkeypatch.setenv("XINFER_PDL_EARLY_RELEASE", "1")
-    LLM(path, device="cpu")
-    assert pdl.EARLY_RELEASE is True
-    monkeypatch.setenv("XINFER_PDL_EARLY_RELEASE", "0")
-    LLM(path, device="cpu")
-    assert pdl.EARLY_RELEASE is False
-
-
 class _Weight:
     """What `prefetch_options` reads of a tensor, set at will (no CUDA here)."""
 

@@ -5,8 +5,7 @@ so every output must keep its bits. For each family that takes it — the bf16 s
 the router GEMV with its top-k, GGUF Q4_K (word tile, byte tile, one-row kernel), FP8 block,
 GPTQ int4 and NVFP4 decode linears — with PDL on, behind a norm kernel it waits for: 1 and
 8 rows, split and unsplit K, outputs of 20 launches in a row and of a CUDA graph's replays
-bit-equal with PREFETCH_WEIGHTS on and off, with the norm releasing the linear after its
-wait and before it (`pdl.EARLY_RELEASE`); and the tiny MoE engine's greedy tokens (its
+bit-equal with PREFETCH_WEIGHTS on and off; and the tiny MoE engine's greedy tokens (its
 router) equal. Each case asserts its weights qualify (`pdl.prefetch_options`), so the
 switch really compiles the prefetch in. All `gpu`: skipped without CUDA (and without sm_90,
 where PDL, so the prefetch, is not offered). The instruction and its place before the wait:
@@ -24,12 +23,10 @@ pytestmark = pytest.mark.gpu
 N, K = 2048, 2048
 
 
-@pytest.fixture(params=[False, True], ids=["release-after-wait", "early-release"])
-def switch(monkeypatch, request):
+@pytest.fixture
+def switch(monkeypatch):
     """run(call, on): `call()` with PDL on and PREFETCH_WEIGHTS `on` (both read at launch and
-    capture time); each test runs twice, the second time with the norm before the linear
-    releasing it before its own wait (`pdl.EARLY_RELEASE`: the prefetch starts a kernel
-    earlier)."""
+    capture time)."""
     pytest.importorskip("triton")
     if not torch.cuda.is_available() or torch.cuda.get_device_capability()[0] < 9:
         pytest.skip("the prefetch comes with PDL: it needs an sm_90+ GPU")
@@ -37,9 +34,7 @@ def switch(monkeypatch, request):
     from xinfer.kernels import pdl
 
     monkeypatch.setattr(pdl, "ENABLED", True)
-    monkeypatch.setattr(pdl, "EARLY_RELEASE", request.param)
     monkeypatch.setenv("XINFER_PDL", "1")  # (an engine's start sets the flags from these)
-    monkeypatch.setenv("XINFER_PDL_EARLY_RELEASE", "1" if request.param else "0")
 
     def run(call, on: bool):
         with monkeypatch.context() as patch:

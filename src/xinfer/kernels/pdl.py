@@ -31,12 +31,6 @@ import logging
 import torch
 
 ENABLED = True
-# Kernels that only run short before a dense decode linear (the RMSNorms, decode attention's
-# merge) release their successor before their own wait (`wait_for_producers`' RELEASE_FIRST),
-# so that the linear's programs start a kernel earlier and prefetch its weights into L2 for
-# longer. The same bits either way (the order of the kernels' memory effects is unchanged).
-# Off until timed on a GPU (bench/bench_decode_switches.py `early`); `XINFER_PDL_EARLY_RELEASE=1`.
-EARLY_RELEASE = False
 PREFETCH_WEIGHTS = False  # off until timed on a GPU (see the module docstring)
 logger = logging.getLogger("xinfer")
 
@@ -49,20 +43,16 @@ def _hopper_or_later(index: int) -> bool:
     return major >= 9
 
 
-def options(t: torch.Tensor, release_first: bool = False) -> dict:
+def options(t: torch.Tensor) -> dict:
     """Launch keywords for a kernel (that starts with `wait_for_producers`) on t's device:
     PDL where it is on and the GPU has it (sm_90+), else none (the kernel's default
-    USE_PDL=False compiles the wait out). `release_first`: the kernel takes a
-    PDL_RELEASE_FIRST constexpr, set while EARLY_RELEASE is on."""
+    USE_PDL=False compiles the wait out)."""
     if not ENABLED or t.device.type != "cuda":
         return {}
     index = t.device.index if t.device.index is not None else torch.cuda.current_device()
     if not _hopper_or_later(index):
         return {}
-    opts = {"USE_PDL": True, "launch_pdl": True}
-    if release_first and EARLY_RELEASE:
-        opts["PDL_RELEASE_FIRST"] = True
-    return opts
+    return {"USE_PDL": True, "launch_pdl": True}
 
 
 def prefetch_aligned(w: torch.Tensor) -> bool:
