@@ -10,11 +10,7 @@ that drift shows as a spread, not as a difference.
 Switches (module flags read at each launch, so a capture after setting them uses them):
 `router` / `router-apart` router_launch.ENABLED (the router GEMV and its top-k in one launch,
 or in two),
-`pdl` pdl.ENABLED (programmatic dependent launch), `early` pdl.EARLY_RELEASE (the RMSNorms
-and the attention merge release their successor before their own wait), `prefetch`
-pdl.PREFETCH_WEIGHTS (the dense decode linears — bf16 GEMV, router, quantized and GGUF GEMV
-forms — prefetch their weights into L2 while they wait for the kernel before them; needs
-PDL, on by default), `merge` attn_launch.FUSED_DECODE_REDUCE
+`pdl` pdl.ENABLED (programmatic dependent launch), `merge` attn_launch.FUSED_DECODE_REDUCE
 (decode attention's merge in its last split), `tails-apart` the MoE combine and split-K
 reduce as launches of their own, `qkv-gemv` the 5,120 x 2,048 qkv projection on the skinny
 GEMM (its table says cuBLAS), `half2-off` quant_launch.HALF2_ZERO off (the int4 zero
@@ -67,9 +63,6 @@ def _flags():
         "router": (router_launch, "ENABLED", True),
         "router-apart": (router_launch, "ENABLED", False),
         "pdl": (pdl, "ENABLED", True),
-        # the RMSNorms and the attention merge release the next kernel before their wait
-        "early": (pdl, "EARLY_RELEASE", True),
-        "prefetch": (pdl, "PREFETCH_WEIGHTS", True),
         "merge": (attn_launch, "FUSED_DECODE_REDUCE", True),
         "tails-apart": [(moe_launch, "FUSED_COMBINE", False),
                         (gemv_launch, "FUSED_SPLIT_REDUCE", False)],

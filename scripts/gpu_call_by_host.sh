@@ -31,36 +31,6 @@ elif [ "${CALL_LIST}" = 2 ]; then
   GPU_RUN_LIMIT=$(lim) GGUF_KERNEL_TIMEOUT=150 GGUF_TYPES=Q6_K bash $G ggufkernel 2>&1 \
     | grep -E "^  (linear|moe)" | tail -12
   GPU_RUN_LIMIT=$(lim) VS_TIMEOUT=$(($(lim) - 15)) VS_ROWS=q4_k_m bash $G vsllama 2>&1 | tail -8
-elif [ "${CALL_LIST}" = 4 ]; then
-  # the thirty-fourth session's second call, any host (resident rows only): the L2 weight
-  # prefetch before the PDL wait and the early release, then the Q6_K word path
-  [ -d bench/.llamacpp_kit ] && bash bench/bench_vs_llamacpp.sh --start-build | tail -1
-  GPU_RUN_LIMIT=$(lim) PYTEST_TIMEOUT=${NEW_TESTS_S:-130} PYTEST_TAG=_new PYTEST_FILES="tests/kernels/test_prefetch_l2_gpu.py \
-tests/kernels/test_pdl_gpu.py tests/kernels/test_gguf_kernels.py" PYTEST_K="prefetch or pdl or q6k or Q6_K" \
-    bash $G pytestk 2>&1 | tail -8
-  # resident Q4_K, xinfer only: as shipped, prefetch, prefetch + early release (one file)
-  for v in "0 0" "1 0" "1 1"; do set -- $v; echo "--- XINFER_PDL_PREFETCH=$1 XINFER_PDL_EARLY_RELEASE=$2"
-    XINFER_PDL_PREFETCH=$1 XINFER_PDL_EARLY_RELEASE=$2 NO_LLAMACPP=1 NO_BUDGET=1 LCP_WAIT_S=1 \
-      GPU_RUN_LIMIT=$(lim) VS_TIMEOUT=120 VS_ROWS=q4_k bash $G vsllama 2>&1 | grep '"engine"' \
-      | tee -a $R/vs_q4k_switches.txt; done
-  GPU_RUN_LIMIT=$(lim) GGUF_KERNEL_TIMEOUT=100 GGUF_TYPES=Q6_K bash $G ggufkernel 2>&1 \
-    | grep -E "^  (linear|moe)" | tail -14
-  # Q4_K_M (Q6_K words) beside llama.cpp, resident, with the better switches of the above
-  XINFER_PDL_PREFETCH=${Q4KM_PREFETCH:-1} XINFER_PDL_EARLY_RELEASE=${Q4KM_EARLY:-1} NO_BUDGET=1 \
-    GPU_RUN_LIMIT=$(lim) VS_TIMEOUT=$(($(lim) - 15)) VS_ROWS=q4_k_m bash $G vsllama 2>&1 | tail -5
-  GPU_RUN_LIMIT=$(lim) SWITCH_TIMEOUT=$(($(lim) - 20)) SWITCH_FORMATS=fp8,bf16 \
-    SWITCH_VARIANTS="base;prefetch;prefetch,early" bash $G switches 2>&1 | tail -14
-elif [ "${CALL_LIST}" = 5 ]; then
-  # CALL_LIST=4 cut to ~200 s (what a short budget leaves): the new GPU tests, then resident
-  # Q4_K as shipped and with prefetch + early release, then the Q6_K kernels
-  GPU_RUN_LIMIT=$(lim) PYTEST_TIMEOUT=${NEW_TESTS_S:-90} PYTEST_TAG=_new PYTEST_FILES="tests/kernels/test_prefetch_l2_gpu.py \
-tests/kernels/test_gguf_kernels.py" PYTEST_K="prefetch or q6k" bash $G pytestk 2>&1 | tail -8
-  for v in "0 0" "1 1"; do set -- $v; echo "--- XINFER_PDL_PREFETCH=$1 XINFER_PDL_EARLY_RELEASE=$2"
-    XINFER_PDL_PREFETCH=$1 XINFER_PDL_EARLY_RELEASE=$2 NO_LLAMACPP=1 NO_BUDGET=1 LCP_WAIT_S=1 \
-      GPU_RUN_LIMIT=$(lim) VS_TIMEOUT=100 VS_ROWS=q4_k bash $G vsllama 2>&1 | grep '"engine"' \
-      | tee -a $R/vs_q4k_switches.txt; done
-  GPU_RUN_LIMIT=$(lim) GGUF_KERNEL_TIMEOUT=60 GGUF_TYPES=Q6_K bash $G ggufkernel 2>&1 \
-    | grep -E "^  (linear|moe)" | tail -14
 else
   MODE=$(cat $R/mode.txt 2>/dev/null || echo slow); echo "MODE=$MODE (from the first call)"
   # issue 19: GPTQ 20% batch 1, prefetch off and two ahead, on today's kernels (its load and

@@ -1,5 +1,4 @@
-"""CUDA graph capture shared by the GPU tests of launch-time switches (`test_pdl_gpu.py`,
-`test_prefetch_l2_gpu.py`)."""
+"""CUDA graph capture for the GPU tests of launch-time switches (`test_pdl_gpu.py`)."""
 
 from __future__ import annotations
 

@@ -109,9 +109,9 @@ def lower(
     jit_fn, signature, constexprs, options, attrs, target, until: str, texts: dict | None = None
 ) -> tuple[dict, object]:
     """The stages of `triton.compile` for one specialization, IR → TTIR → TTGIR, then as far
-    as `until` ("ttgir", "llir", "ptx" or "cubin": Triton's bundled ptxas, still no GPU):
-    (metadata, the last stage's module, text or bytes). `texts`, where given, gets the TTIR's
-    text ("ttir": the passes after it change the module in place)."""
+    as `until` ("ttgir", "llir" or "cubin": Triton's bundled ptxas, still no GPU): (metadata,
+    the last stage's module or bytes). `texts`, where given, gets the TTIR's text ("ttir":
+    the passes after it change the module in place)."""
     from triton._C.libtriton import ir
     from triton.backends.nvidia.compiler import CUDABackend
 
@@ -133,8 +133,6 @@ def lower(
     if until == "llir":
         return metadata, llvm
     ptx = backend.make_ptx(llvm, metadata, options, target.arch)
-    if until == "ptx":
-        return metadata, ptx
     return metadata, backend.make_cubin(ptx, metadata, options, target.arch)
 
 

@@ -90,19 +90,6 @@ def XINFER_PDL() -> bool:
     return _bool("XINFER_PDL", default=True)
 
 
-def XINFER_PDL_EARLY_RELEASE() -> bool:
-    """Under PDL, let the RMSNorms and decode attention's merge release the kernel after them
-    before their own wait (kernels/pdl.py EARLY_RELEASE; off unless XINFER_PDL_EARLY_RELEASE=1)."""
-    return _bool("XINFER_PDL_EARLY_RELEASE", default=False)
-
-
-def XINFER_PDL_PREFETCH() -> bool:
-    """1: the dense decode linears launched with PDL prefetch their weights into L2 while
-    they wait for the kernel before them (kernels/pdl.py `PREFETCH_WEIGHTS`; off by default
-    until timed on a GPU)."""
-    return _bool("XINFER_PDL_PREFETCH", default=False)
-
-
 def XINFER_PREFILL_ATTENTION() -> str:
     """`triton` (default) or `flash`: a long one-sequence prefill step (a prompt pass's
     chunks) on torch's flash attention instead of the Triton kernel (kernels/attn_flash.py)."""

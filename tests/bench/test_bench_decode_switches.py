@@ -39,8 +39,6 @@ def test_a_variant_flips_its_flags_and_the_next_starts_from_the_defaults():
         bench.set_variant("merge,router-apart", defaults)
         assert attn_launch.FUSED_DECODE_REDUCE and not router_launch.ENABLED
         assert pdl.ENABLED == defaults[id(pdl), "ENABLED"][2]
-        bench.set_variant("prefetch", defaults)
-        assert pdl.PREFETCH_WEIGHTS and pdl.ENABLED == defaults[id(pdl), "ENABLED"][2]
         bench.set_variant("qkv-gemv", defaults)
         from xinfer.kernels import gemv_launch
 

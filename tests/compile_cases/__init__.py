@@ -5,7 +5,6 @@ from compile_cases import (  # noqa: F401
     dense,
     kv_turbo,
     pdl_cases,
-    prefetch_cases,
     quantized,
     recurrent_and_offload,
 )

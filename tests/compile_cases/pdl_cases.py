@@ -30,25 +30,11 @@ WITH_PDL = (
 )
 
 
-# the kernels that may release their successor before their own wait (pdl.EARLY_RELEASE)
-EARLY_RELEASE = ("rms_norm-bf16-2048-residual", "attn-decode-bf16-hd128-g4")
-
-
-def _pdl_options(t, release_first: bool = False, early: bool = False) -> dict:
-    opts = {"USE_PDL": True, "launch_pdl": True}
-    return {**opts, "PDL_RELEASE_FIRST": True} if release_first and early else opts
-
-
-def _with_pdl(run, early: bool = False) -> None:
+def _with_pdl(run) -> None:
     from xinfer.kernels import pdl
 
-    with mock.patch.object(pdl, "options", lambda t, **kw: _pdl_options(t, **kw, early=early)):
+    with mock.patch.object(pdl, "options", lambda t: {"USE_PDL": True, "launch_pdl": True}):
         run()
 
 
-def _with_early_release(run) -> None:
-    _with_pdl(run, early=True)
-
-
 add_variants(WITH_PDL, "pdl", _with_pdl, "PDL")
-add_variants(EARLY_RELEASE, "pdl-early", _with_early_release, "PDL early-release")

@@ -4,9 +4,8 @@ it may start before the kernel ahead of it has finished, and waits on the device
 then. So: a decode layer's chain of kernels (norm, router GEMV, top-k, MoE GEMVs with the
 combine in the last program, attention with its merge, the split-K GEMV) run many times in
 a row and replayed from a CUDA graph with PDL on, bit-equal to PDL off; and engine greedy
-output with and without it. Each test runs twice: PDL as shipped, and with the RMSNorms and
-the attention merge releasing their successor before their own wait (`pdl.EARLY_RELEASE`).
-All `gpu`: skipped without CUDA (and without sm_90, where PDL is not offered)."""
+output with and without it. All `gpu`: skipped without CUDA (and without sm_90, where PDL
+is not offered)."""
 
 from __future__ import annotations
 
@@ -19,8 +18,8 @@ from cuda_graphs import capture_after_warmup
 pytestmark = pytest.mark.gpu
 
 
-@pytest.fixture(params=[False, True], ids=["release-after-wait", "early-release"])
-def pdl_switch(monkeypatch, request):
+@pytest.fixture
+def pdl_switch(monkeypatch):
     pytest.importorskip("triton")
     if not torch.cuda.is_available() or torch.cuda.get_device_capability()[0] < 9:
         pytest.skip("PDL needs an sm_90+ GPU")
@@ -29,12 +28,9 @@ def pdl_switch(monkeypatch, request):
 
     def run(call, on: bool):
         with monkeypatch.context() as patch:
-            early = on and request.param
             patch.setattr(pdl, "ENABLED", on)
-            patch.setattr(pdl, "EARLY_RELEASE", early)
-            # an engine's start sets both flags from the environment: the same values there
+            # an engine's start sets the flag from the environment: the same value there
             patch.setenv("XINFER_PDL", "1" if on else "0")
-            patch.setenv("XINFER_PDL_EARLY_RELEASE", "1" if early else "0")
             return call()
 
     return run

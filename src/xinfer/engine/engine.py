@@ -85,8 +85,6 @@ class Engine:
         from xinfer.kernels import pdl  # (a launch reads the module flag, not the variable)
 
         pdl.ENABLED = envs.XINFER_PDL()
-        pdl.EARLY_RELEASE = envs.XINFER_PDL_EARLY_RELEASE()
-        pdl.PREFETCH_WEIGHTS = envs.XINFER_PDL_PREFETCH()
         envs.XINFER_PREFILL_ATTENTION()
         self.device = torch.device(config.device)
         self.model_config = cfg = ModelConfig.from_dir(config.model)

@@ -59,7 +59,7 @@ def rms_norm(
         rms_norm_kernel[(num_rows,)](
             xr, rr, weight.contiguous(), out, res_out, inner, sx0, sx1, sr0, sr1, n_cols, eps,
             HAS_RESIDUAL=residual is not None, BLOCK_N=block_n,
-            num_warps=max(1, min(16, block_n // 256)), **pdl.options(x, release_first=True),
+            num_warps=max(1, min(16, block_n // 256)), **pdl.options(x),
         )  # fmt: skip
     return out if residual is None else (out, res_out)
 
@@ -314,8 +314,7 @@ def reduce_splits(
     attn_kernels.decode_reduce_kernel[(num_seqs, num_heads)](
         part_out, part_lse, seq_lens, out, splits, split_len, window["window"], out.stride(0),
         out.stride(1), HEAD_DIM=head_dim, BLOCK_S=REDUCE_BLOCK_S, BLOCK_D=_pow2(head_dim, 16),
-        HAS_WINDOW=window["HAS_WINDOW"], num_warps=num_warps,
-        **pdl.options(out, release_first=True),
+        HAS_WINDOW=window["HAS_WINDOW"], num_warps=num_warps, **pdl.options(out),
     )  # fmt: skip
 
 

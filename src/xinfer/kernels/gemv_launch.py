@@ -175,7 +175,7 @@ def _launch(x, weight, bias, out, cfg: GemvConfig) -> None:
         x.stride(0), weight.stride(0), *sk.part_strides, out.stride(0),
         HAS_BIAS=sk.fuse_bias, BLOCK_M=MAX_M, BLOCK_N=cfg.block_n, BLOCK_K=cfg.block_k,
         DOT_PRECISION=precision, REDUCE=sk.reduce, num_warps=cfg.num_warps,
-        num_stages=cfg.num_stages, **pdl.options(x), **pdl.prefetch_options(weight),
+        num_stages=cfg.num_stages, **pdl.options(x),
     )  # fmt: skip
     sk.finish(bias, out)
 

@@ -450,8 +450,7 @@ def _gemv_linear(x2, w, btype: BlockType, bias, out, t: GGUFTiles) -> None:
         x2.stride(0), w.stride(0), *sk.part_strides, out.stride(0),
     )  # fmt: skip
     consts = dict(BTYPE=btype.type_id, HAS_BIAS=sk.fuse_bias, BLOCK_N=t.block_n, SUBS=t.subs,
-                  REDUCE=sk.reduce, num_warps=t.num_warps, **pdl.options(x2),
-                  **pdl.prefetch_options(w))  # fmt: skip
+                  REDUCE=sk.reduce, num_warps=t.num_warps, **pdl.options(x2))  # fmt: skip
     if t.words:  # the four-row kernel's word path, one build for every row count
         if t.block_m != 4:
             raise ValueError(f"gguf linear: the word tiles (Q4_K, Q6_K, Q8_0) are four-row: {t}")

@@ -11,17 +11,7 @@ On by default since the thirtieth session: the H100 showed the same bits with an
 batch-1 decode on the Qwen3-30B-A3B shape (bench/bench_decode_switches.py). `XINFER_PDL=0`
 (read once, when an engine starts: `Engine` sets ENABLED) or `ENABLED = False` here switches
 it off. `options` runs at every kernel launch: the switch is a module flag, not a variable
-read there.
-
-`prefetch_options(w)` adds the L2 prefetch of a dense decode linear's weights while its
-programs wait for the kernel before it (`triton/pdl.py`'s `prefetch_rows_l2`, before
-`wait_for_producers`): only where PDL is given, PREFETCH_WEIGHTS is on and the weight's base
-and row stride in bytes are multiples of 16. Off until timed on a GPU (the GPU tests,
-tests/kernels/test_prefetch_l2_gpu.py, check the bits; bench/bench_decode_switches.py
-`prefetch` times it); `XINFER_PDL_PREFETCH=1` (read when an engine starts, as XINFER_PDL)
-or `PREFETCH_WEIGHTS = True` here switches it on. Only weights no kernel writes during
-decode take it (qkv, o_proj, router, LM head), never expert weights: their ids come from the
-kernel before."""
+read there."""
 
 from __future__ import annotations
 
@@ -31,13 +21,6 @@ import logging
 import torch
 
 ENABLED = True
-# Kernels that only run short before a dense decode linear (the RMSNorms, decode attention's
-# merge) release their successor before their own wait (`wait_for_producers`' RELEASE_FIRST),
-# so that the linear's programs start a kernel earlier and prefetch its weights into L2 for
-# longer. The same bits either way (the order of the kernels' memory effects is unchanged).
-# Off until timed on a GPU (bench/bench_decode_switches.py `early`); `XINFER_PDL_EARLY_RELEASE=1`.
-EARLY_RELEASE = False
-PREFETCH_WEIGHTS = False  # off until timed on a GPU (see the module docstring)
 logger = logging.getLogger("xinfer")
 
 
@@ -49,33 +32,13 @@ def _hopper_or_later(index: int) -> bool:
     return major >= 9
 
 
-def options(t: torch.Tensor, release_first: bool = False) -> dict:
+def options(t: torch.Tensor) -> dict:
     """Launch keywords for a kernel (that starts with `wait_for_producers`) on t's device:
     PDL where it is on and the GPU has it (sm_90+), else none (the kernel's default
-    USE_PDL=False compiles the wait out). `release_first`: the kernel takes a
-    PDL_RELEASE_FIRST constexpr, set while EARLY_RELEASE is on."""
+    USE_PDL=False compiles the wait out)."""
     if not ENABLED or t.device.type != "cuda":
         return {}
     index = t.device.index if t.device.index is not None else torch.cuda.current_device()
     if not _hopper_or_later(index):
         return {}
-    opts = {"USE_PDL": True, "launch_pdl": True}
-    if release_first and EARLY_RELEASE:
-        opts["PDL_RELEASE_FIRST"] = True
-    return opts
-
-
-def prefetch_aligned(w: torch.Tensor) -> bool:
-    """Whether `prefetch_rows_l2` may prefetch rows of `w`: 2-D, its base and its row stride
-    in bytes multiples of 16 (`cp.async.bulk.prefetch` takes 16-byte addresses and sizes;
-    the prefetch of a row then stays within its stride, so within the allocation)."""
-    return w.dim() == 2 and w.data_ptr() % 16 == 0 and w.stride(0) * w.element_size() % 16 == 0
-
-
-def prefetch_options(w: torch.Tensor, key: str = "PREFETCH_L2") -> dict:
-    """`{key: True}` (the kernel's constexpr that prefetches `w`'s rows into L2 before its PDL
-    wait) where `options` would give PDL for w's device, PREFETCH_WEIGHTS is on and w is
-    `prefetch_aligned`; else none. `key`: a second tensor's constexpr (scales)."""
-    if PREFETCH_WEIGHTS and options(w) and prefetch_aligned(w):
-        return {key: True}
-    return {}
+    return {"USE_PDL": True, "launch_pdl": True}

@@ -333,8 +333,7 @@ def _gemv_linear(x2, kw: KernelWeights, bias, out, tiles: QuantTiles) -> None:
         **_fmt_kw(kw), PACKED=packed(kw), HAS_BIAS=sk.fuse_bias, BLOCK_N=tiles.block_n,
         BLOCK_K=tiles.block_k, GROUP_T=gt, CHUNK=chunk(gt, tiles), REDUCE=sk.reduce,
         EVEN=even(n, k, tiles.block_n, tiles.block_k), num_warps=tiles.num_warps,
-        HALF2=half2(kw), **pdl.options(x2), **pdl.prefetch_options(w),
-        **pdl.prefetch_options(s, "PREFETCH_S"),
+        HALF2=half2(kw), **pdl.options(x2),
     )  # fmt: skip
     if tiles.block_m == 4:
         if not (factored and rows_tiles_fit(kw, tiles.block_k, k)):

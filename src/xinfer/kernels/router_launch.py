@@ -89,6 +89,5 @@ def router_topk(
         BLOCK_TK=triton.next_power_of_2(top_k),
         DOT_PRECISION="ieee" if x.dtype == torch.float32 else "tf32",
         num_warps=routing.TOPK_WARPS, num_stages=cfg.num_stages, **pdl.options(x2),
-        **pdl.prefetch_options(weight),
     )  # fmt: skip
     return weights, ids

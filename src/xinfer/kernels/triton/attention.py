@@ -270,11 +270,10 @@ def decode_reduce_kernel(
     BLOCK_D: tl.constexpr,
     HAS_WINDOW: tl.constexpr = False,
     USE_PDL: tl.constexpr = False,
-    PDL_RELEASE_FIRST: tl.constexpr = False,
 ):
     """grid (B, Hq): merge the non-empty splits of one (sequence, query head)
     (`_merge_head`), in a launch after `decode_kernel`'s."""
-    wait_for_producers(USE_PDL, PDL_RELEASE_FIRST)
+    wait_for_producers(USE_PDL)
     seq, head = tl.program_id(0), tl.program_id(1)
     seq_len = tl.load(seq_lens_ptr + seq).to(tl.int32)
     _merge_head(

@@ -17,7 +17,7 @@ from __future__ import annotations
 import triton
 import triton.language as tl
 
-from xinfer.kernels.triton.pdl import prefetch_rows_l2, wait_for_producers
+from xinfer.kernels.triton.pdl import wait_for_producers
 
 
 @triton.jit
@@ -89,16 +89,14 @@ def gemv_kernel(
     stride_xm, stride_wn, stride_os, stride_om, stride_fm,
     HAS_BIAS: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,
     BLOCK_K: tl.constexpr, DOT_PRECISION: tl.constexpr, REDUCE: tl.constexpr,
-    USE_PDL: tl.constexpr = False, PREFETCH_L2: tl.constexpr = False,
+    USE_PDL: tl.constexpr = False,
 ):  # fmt: skip
     """grid (cdiv(N, BLOCK_N), splits): out[split, m, n] = sum of x[m, k] * w[n, k] over the
     split's K range [split * k_per_split, +k_per_split), plus bias[n], in out's dtype.
     Split-K launches pass a float32 `out` of shape (splits, M, N); with REDUCE the tile's
     last split adds them into `final` (M, N), bias included (`reduce_when_last`), otherwise
     they pass no bias and `gemv_split_reduce_kernel` follows.
-    M, N and the output strides are not specialised: one compile serves every M and N.
-    PREFETCH_L2: the program's w tile into L2 before the PDL wait (`prefetch_w_tile`)."""
-    prefetch_w_tile(w_ptr, N, K, k_per_split, stride_wn, BLOCK_N, PREFETCH_L2)
+    M, N and the output strides are not specialised: one compile serves every M and N."""
     wait_for_producers(USE_PDL)
     acc, offs_m, offs_n, mask_m, mask_n = gemv_tile(
         x_ptr, w_ptr, M, N, K, k_per_split, stride_xm, stride_wn, BLOCK_M, BLOCK_N, BLOCK_K,
@@ -109,18 +107,6 @@ def gemv_kernel(
         tl.num_programs(1), offs_m, offs_n, mask_m, mask_n, stride_os, stride_om, stride_fm,
         HAS_BIAS, REDUCE, BLOCK_M, BLOCK_N,
     )  # fmt: skip
-
-
-@triton.jit
-def prefetch_w_tile(w_ptr, N, K, k_per_split, stride_wn, BLOCK_N: tl.constexpr,
-                    ENABLED: tl.constexpr):  # fmt: skip
-    """With ENABLED, the L2 prefetch of what `gemv_tile` reads of w in this program: its
-    BLOCK_N rows (past N: the last) over its split's K range (`pdl.prefetch_rows_l2`)."""
-    if ENABLED:
-        rows = tl.minimum(tl.program_id(0) * BLOCK_N + tl.arange(0, BLOCK_N), N - 1)
-        k_begin = tl.program_id(1) * k_per_split
-        k_end = tl.minimum(K, k_begin + k_per_split)
-        prefetch_rows_l2(w_ptr, rows, stride_wn, k_begin, k_end, ENABLED)
 
 
 @triton.jit

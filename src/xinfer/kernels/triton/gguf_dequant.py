@@ -2,8 +2,7 @@
 raw bytes of BLOCK_N rows over a chunk of SUBS sub-blocks of 32 weights and returns the
 float32 weights as a (BLOCK_N, SUBS, 32) tile, with the per-sub-block scales decoded once
 per (row, sub-block) and broadcast. Each weight is computed with the float32 operations of
-its twin in `quant/gguf_blocks.py`. `BTYPE` is ggml's type id. `block_bytes`: where in a
-row the blocks of a range of weights lie (the decode linears' L2 prefetch)."""
+its twin in `quant/gguf_blocks.py`. `BTYPE` is ggml's type id."""
 
 from __future__ import annotations
 
@@ -117,27 +116,6 @@ def _q6_k_tile(w_ptr, row, sub, m2, m3):
     sc1 = _i8(w_ptr, base + 193 + sj * 2, m2)
     sc = tl.where(j < 16, (d * sc0)[:, :, None], (d * sc1)[:, :, None])
     return sc * _minus(q, 32)
-
-
-@triton.jit
-def block_bytes(k_lo, k_hi, BTYPE: tl.constexpr):
-    """(first, end): the byte range in a row of BTYPE blocks of the blocks that hold weights
-    [k_lo, k_hi) (whole blocks: k_lo rounded down, k_hi up). The sizes are `gguf_blocks`'
-    (block_size, type_size): 256 weights in 144 (Q4_K), 176 (Q5_K), 210 (Q6_K) bytes; 32 in
-    34 (Q8_0), 18 (Q4_0), 22 (Q5_0)."""
-    if BTYPE == Q4_K:
-        first, end = k_lo // 256 * 144, (k_hi + 255) // 256 * 144
-    elif BTYPE == Q5_K:
-        first, end = k_lo // 256 * 176, (k_hi + 255) // 256 * 176
-    elif BTYPE == Q6_K:
-        first, end = k_lo // 256 * 210, (k_hi + 255) // 256 * 210
-    elif BTYPE == Q8_0:
-        first, end = k_lo // 32 * 34, (k_hi + 31) // 32 * 34
-    elif BTYPE == Q4_0:
-        first, end = k_lo // 32 * 18, (k_hi + 31) // 32 * 18
-    else:  # Q5_0 (as `_legacy_tile`'s last branch)
-        first, end = k_lo // 32 * 22, (k_hi + 31) // 32 * 22
-    return first, end
 
 
 @triton.jit

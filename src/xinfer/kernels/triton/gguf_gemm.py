@@ -14,12 +14,12 @@ import triton.language as tl
 
 from xinfer.kernels.triton.fused_moe import _silu_mul, combine_when_last
 from xinfer.kernels.triton.gemv import four_rows, store_split_tile
-from xinfer.kernels.triton.gguf_dequant import Q6_K, Q8_0, block_bytes, gguf_tile, x_chunk
+from xinfer.kernels.triton.gguf_dequant import Q6_K, Q8_0, gguf_tile, x_chunk
 from xinfer.kernels.triton.gguf_q4k_words import q4k_four_rows_dot, q4k_pair_dot, q4k_row_dot
 from xinfer.kernels.triton.gguf_q6k_words import q6k_four_rows_dot, q6k_pair_dot, q6k_row_dot
 from xinfer.kernels.triton.gguf_q80_words import q80_four_rows_dot, q80_pair_dot, q80_row_dot
 from xinfer.kernels.triton.moe_blocks import moe_block
-from xinfer.kernels.triton.pdl import prefetch_rows_l2, wait_for_producers
+from xinfer.kernels.triton.pdl import wait_for_producers
 
 
 @triton.jit
@@ -28,19 +28,6 @@ def _dot_tile(w_ptr, row_off, kb, k_len, mask_n, dtype, BTYPE: tl.constexpr,
     """(SUBS * 32, BLOCK_N) weights in the activation dtype: the B operand of tl.dot."""
     w = gguf_tile(w_ptr, row_off, kb, k_len, mask_n, BTYPE, SUBS)
     return tl.trans(tl.reshape(w, (BLOCK_N, SUBS * 32)).to(dtype))
-
-
-@triton.jit
-def _prefetch_gguf_tile(w_ptr, N, K, k_per_split, stride_wn, BTYPE: tl.constexpr,
-                     BLOCK_N: tl.constexpr, ENABLED: tl.constexpr):  # fmt: skip
-    """With ENABLED, the L2 prefetch of the block rows a decode linear's program reads: its
-    BLOCK_N rows (past N: the last) over the blocks of its split's K range
-    (`gguf_dequant.block_bytes`; the rows are bytes: `pdl.prefetch_rows_l2`)."""
-    if ENABLED:
-        rows = tl.minimum(tl.program_id(1) * BLOCK_N + tl.arange(0, BLOCK_N), N - 1)
-        k_begin = tl.program_id(2) * k_per_split
-        first, end = block_bytes(k_begin, tl.minimum(K, k_begin + k_per_split), BTYPE)
-        prefetch_rows_l2(w_ptr, rows, stride_wn, first, end, ENABLED)
 
 
 @triton.jit(do_not_specialize=["M"])
@@ -90,15 +77,13 @@ def gguf_linear_gemv_kernel(
     stride_xm, stride_wn, stride_os, stride_om, stride_fm,
     BTYPE: tl.constexpr, HAS_BIAS: tl.constexpr, BLOCK_N: tl.constexpr, SUBS: tl.constexpr,
     REDUCE: tl.constexpr,
-    USE_PDL: tl.constexpr = False, PREFETCH_L2: tl.constexpr = False,
+    USE_PDL: tl.constexpr = False,
 ):  # fmt: skip
     """grid (M, cdiv(N, BLOCK_N), splits), the decode linear without `tl.dot`: a program
     multiplies one x row by BLOCK_N weight rows over its split's K range as the MoE GEMV
     does (multiply-adds on the dequantized tile), then stores as `gguf_linear_kernel`. The
     rows of x are the fastest program index, so the programs reading one weight tile run
-    side by side and share it through L2. A row's bits never depend on M. PREFETCH_L2: the
-    program's weight tile into L2 before the PDL wait (`_prefetch_gguf_tile`)."""
-    _prefetch_gguf_tile(w_ptr, N, K, k_per_split, stride_wn, BTYPE, BLOCK_N, PREFETCH_L2)
+    side by side and share it through L2. A row's bits never depend on M."""
     wait_for_producers(USE_PDL)
     m = tl.program_id(0)
     pid_n = tl.program_id(1)
@@ -131,7 +116,7 @@ def gguf_linear_rows_kernel(
     BTYPE: tl.constexpr, HAS_BIAS: tl.constexpr, BLOCK_N: tl.constexpr, SUBS: tl.constexpr,
     REDUCE: tl.constexpr,
     USE_PDL: tl.constexpr = False, WORDS: tl.constexpr = False, ASM: tl.constexpr = False,
-    ROWS_T: tl.constexpr = 1, PREFETCH_L2: tl.constexpr = False,
+    ROWS_T: tl.constexpr = 1,
 ):  # fmt: skip
     """grid (cdiv(M, 4), cdiv(N, BLOCK_N), splits): the GEMV form for four rows of x a
     program: each weight tile is decoded once and multiplied into four accumulators, one a
@@ -142,9 +127,7 @@ def gguf_linear_rows_kernel(
     word path (`gguf_q4k_words.q4k_four_rows_dot`, `gguf_q6k_words.q6k_four_rows_dot`,
     `gguf_q80_words.q80_four_rows_dot`; SUBS / 8
     super-blocks a step, one a warp; ROWS_T rows a thread), one build for calls of one to
-    four rows. PREFETCH_L2: the program's weight tile into L2 before the PDL wait
-    (`_prefetch_gguf_tile`)."""
-    _prefetch_gguf_tile(w_ptr, N, K, k_per_split, stride_wn, BTYPE, BLOCK_N, PREFETCH_L2)
+    four rows."""
     wait_for_producers(USE_PDL)
     m0 = tl.program_id(0) * 4
     pid_n = tl.program_id(1)

@@ -26,9 +26,8 @@ def rms_norm_kernel(
     HAS_RESIDUAL: tl.constexpr,
     BLOCK_N: tl.constexpr,
     USE_PDL: tl.constexpr = False,
-    PDL_RELEASE_FIRST: tl.constexpr = False,
 ):
-    wait_for_producers(USE_PDL, PDL_RELEASE_FIRST)
+    wait_for_producers(USE_PDL)
     row = tl.program_id(0).to(tl.int64)
     i0, i1 = row // inner, row % inner
     cols = tl.arange(0, BLOCK_N)

@@ -16,7 +16,7 @@ import triton
 import triton.language as tl
 
 from xinfer.kernels.triton.gemv import four_rows, store_split_tile
-from xinfer.kernels.triton.pdl import prefetch_rows_l2, wait_for_producers
+from xinfer.kernels.triton.pdl import wait_for_producers
 from xinfer.kernels.triton.quant_dequant import (
     load_raw_pairs,
     load_raw_tile3,
@@ -232,37 +232,6 @@ def _row_dot(
     return out, out2
 
 
-@triton.jit
-def _prefetch_quant_tile(
-    w_ptr, s_ptr, N, K, k_per_split, stride_wn, stride_sn,
-    FMT: tl.constexpr, SCALE_BN: tl.constexpr, SCALE_BK: tl.constexpr, PACKED: tl.constexpr,
-    BLOCK_N: tl.constexpr, ENABLED: tl.constexpr, SCALES: tl.constexpr,
-):  # fmt: skip
-    """The L2 prefetch of what a decode linear's program reads (`pdl.prefetch_rows_l2`): with
-    ENABLED its BLOCK_N rows of w (past N: the last) over its split's K range [k_begin,
-    k_end), column k being w's element k (FP8 codes) or its byte k // 2 (4-bit codes, two a
-    byte: `load_raw_pairs`, `load_raw_words`); with SCALES the scales of that range too:
-    row n // SCALE_BN (FP8 blocks; 1 for the others), column k // SCALE_BK (NVFP4: k // 16),
-    as `_group_scales` reads them. Not prefetched: int4 zero codes (a byte a group) and
-    NVFP4's per-row global scale."""
-    if ENABLED or SCALES:
-        rows = tl.minimum(tl.program_id(1) * BLOCK_N + tl.arange(0, BLOCK_N), N - 1)
-        k_begin = tl.program_id(2) * k_per_split
-        k_end = tl.minimum(K, k_begin + k_per_split)
-        if PACKED:
-            prefetch_rows_l2(w_ptr, rows, stride_wn, k_begin // 2, (k_end + 1) // 2, ENABLED)
-        else:
-            prefetch_rows_l2(w_ptr, rows, stride_wn, k_begin, k_end, ENABLED)
-        if FMT == 3:
-            group: tl.constexpr = 16
-        else:
-            group: tl.constexpr = SCALE_BK
-        # (k_end - 1) // group + 1: the last group's end without k_end + group overflowing
-        # (a per-row FP8 scale's SCALE_BK is 2^30); an empty range gives no bytes
-        s_end = tl.where(k_end > k_begin, (k_end - 1) // group + 1, 0)
-        prefetch_rows_l2(s_ptr, rows // SCALE_BN, stride_sn, k_begin // group, s_end, SCALES)
-
-
 @triton.jit(do_not_specialize=["M", "stride_os"])
 def quant_linear_kernel(
     x_ptr, w_ptr, s_ptr, z_ptr, bias_ptr, out_ptr, final_ptr, count_ptr,
@@ -317,7 +286,6 @@ def quant_linear_gemv_kernel(
     BLOCK_K: tl.constexpr, GROUP_T: tl.constexpr, FACTORED: tl.constexpr, REDUCE: tl.constexpr,
     WORDS: tl.constexpr, EVEN: tl.constexpr,
     USE_PDL: tl.constexpr = False, HALF2: tl.constexpr = False, CHUNK: tl.constexpr = 0,
-    PREFETCH_L2: tl.constexpr = False, PREFETCH_S: tl.constexpr = False,
 ):  # fmt: skip
     """grid (M, cdiv(N, BLOCK_N), splits), the decode linear without `tl.dot`: a program
     multiplies one x row by BLOCK_N rows of the weight over its split's K range
@@ -325,12 +293,7 @@ def quant_linear_gemv_kernel(
     the tile dequantized in registers), then stores as `quant_linear_kernel` does. The rows
     of x are the fastest program index, so the programs that read one weight tile run side
     by side and share it through L2. A row's bits depend on its x row, the tiles and the
-    splits only — never on M. PREFETCH_L2 / PREFETCH_S: the program's weight tile / its
-    scales into L2 before the PDL wait (`_prefetch_quant_tile`)."""
-    _prefetch_quant_tile(
-        w_ptr, s_ptr, N, K, k_per_split, stride_wn, stride_sn, FMT, SCALE_BN, SCALE_BK, PACKED,
-        BLOCK_N, PREFETCH_L2, PREFETCH_S,
-    )  # fmt: skip
+    splits only — never on M."""
     wait_for_producers(USE_PDL)
     m = tl.program_id(0)
     pid_n = tl.program_id(1)
@@ -362,7 +325,6 @@ def quant_linear_rows_kernel(
     BLOCK_K: tl.constexpr, GROUP_T: tl.constexpr, REDUCE: tl.constexpr, EVEN: tl.constexpr,
     ROWS: tl.constexpr = 4,
     USE_PDL: tl.constexpr = False, HALF2: tl.constexpr = False, CHUNK: tl.constexpr = 0,
-    PREFETCH_L2: tl.constexpr = False, PREFETCH_S: tl.constexpr = False,
 ):  # fmt: skip
     """grid (cdiv(M, 4), cdiv(N, BLOCK_N), splits): the GEMV form for four rows of x a
     program: each weight tile is decoded once (FP8 codes, or 4-bit words: `load_raw_words`)
@@ -370,13 +332,7 @@ def quant_linear_rows_kernel(
     past M skip their multiply-adds. A row's arithmetic is the same whether its neighbours
     exist or not, so its bits never depend on M; the decode is shared by four rows instead
     of paid per row (`quant_linear_gemv_kernel`). ROWS = 1 (calls of one row): rows 1-3
-    compiled out, no branch in the loop, row 0's operations as in ROWS = 4. PREFETCH_L2 /
-    PREFETCH_S: the program's weight tile / its scales into L2 before the PDL wait
-    (`_prefetch_quant_tile`)."""
-    _prefetch_quant_tile(
-        w_ptr, s_ptr, N, K, k_per_split, stride_wn, stride_sn, FMT, SCALE_BN, SCALE_BK, PACKED,
-        BLOCK_N, PREFETCH_L2, PREFETCH_S,
-    )  # fmt: skip
+    compiled out, no branch in the loop, row 0's operations as in ROWS = 4."""
     wait_for_producers(USE_PDL)
     m0 = tl.program_id(0) * 4
     pid_n = tl.program_id(1)

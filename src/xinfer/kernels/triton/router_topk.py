@@ -16,7 +16,7 @@ from __future__ import annotations
 import triton
 import triton.language as tl
 
-from xinfer.kernels.triton.gemv import gemv_tile, prefetch_w_tile
+from xinfer.kernels.triton.gemv import gemv_tile
 from xinfer.kernels.triton.pdl import wait_for_producers
 from xinfer.kernels.triton.routing import topk_row
 
@@ -29,14 +29,12 @@ def router_topk_kernel(
     SPLIT: tl.constexpr, TOP_K: tl.constexpr, RENORMALIZE: tl.constexpr,
     BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr,
     BLOCK_E: tl.constexpr, BLOCK_TK: tl.constexpr, DOT_PRECISION: tl.constexpr,
-    USE_PDL: tl.constexpr = False, PREFETCH_L2: tl.constexpr = False,
+    USE_PDL: tl.constexpr = False,
 ):  # fmt: skip
     """grid (cdiv(N, BLOCK_N), splits): logits (M, N) = x (M, K) @ w (N, K)^T in logits'
     dtype, then weights (M, TOP_K) float32 and ids (M, TOP_K) int32 of each row's choice.
     SPLIT: K is cut in splits whose float32 partials go to part (splits, M, N); otherwise
-    each program stores its logits tile directly. count_ptr[0] is zero on entry and on exit.
-    PREFETCH_L2: the program's w tile into L2 before the PDL wait (`gemv.prefetch_w_tile`)."""
-    prefetch_w_tile(w_ptr, N, K, k_per_split, stride_wn, BLOCK_N, PREFETCH_L2)
+    each program stores its logits tile directly. count_ptr[0] is zero on entry and on exit."""
     wait_for_producers(USE_PDL)
     acc, offs_m, offs_n, mask_m, mask_n = gemv_tile(
         x_ptr, w_ptr, M, N, K, k_per_split, stride_xm, stride_wn, BLOCK_M, BLOCK_N, BLOCK_K,
