@@ -31,6 +31,19 @@ elif [ "${CALL_LIST}" = 2 ]; then
   GPU_RUN_LIMIT=$(lim) GGUF_KERNEL_TIMEOUT=150 GGUF_TYPES=Q6_K bash $G ggufkernel 2>&1 \
     | grep -E "^  (linear|moe)" | tail -12
   GPU_RUN_LIMIT=$(lim) VS_TIMEOUT=$(($(lim) - 15)) VS_ROWS=q4_k_m bash $G vsllama 2>&1 | tail -8
+elif [ "${CALL_LIST}" = 6 ]; then
+  # the thirty-fifth session's last call, any host: the Q8_0 word path's GPU tests (and PDL
+  # after the prefetch and early release went), its kernels words vs bytes, then resident
+  # Q8_0 beside llama.cpp with the words (and xinfer without them)
+  [ -d bench/.llamacpp_kit ] && bash bench/bench_vs_llamacpp.sh --start-build | tail -1
+  GPU_RUN_LIMIT=$(lim) PYTEST_TIMEOUT=${NEW_TESTS_S:-120} PYTEST_TAG=_q80 PYTEST_FILES="tests/kernels/test_gguf_kernels.py \
+tests/kernels/test_pdl_gpu.py" PYTEST_K="${Q80_K:-q80 or Q8_0 or pdl}" bash $G pytestk 2>&1 | tail -8
+  GPU_RUN_LIMIT=$(lim) GGUF_KERNEL_TIMEOUT=90 GGUF_TYPES=Q8_0 bash $G ggufkernel 2>&1 \
+    | grep -E "^  (linear|moe)" | tail -16
+  XINFER_BENCH_ARGS=--q80-words NO_BUDGET=1 GPU_RUN_LIMIT=$(lim) VS_TIMEOUT=$(($(lim) - 75)) \
+    VS_ROWS=q8_0 bash $G vsllama 2>&1 | tail -5
+  NO_LLAMACPP=1 NO_BUDGET=1 LCP_WAIT_S=1 GPU_RUN_LIMIT=$(lim) VS_TIMEOUT=$(($(lim) - 5)) \
+    VS_ROWS=q8_0 bash $G vsllama 2>&1 | grep '"engine"' | tee $R/vs_q8_0_bytes.txt
 else
   MODE=$(cat $R/mode.txt 2>/dev/null || echo slow); echo "MODE=$MODE (from the first call)"
   # issue 19: GPTQ 20% batch 1, prefetch off and two ahead, on today's kernels (its load and
