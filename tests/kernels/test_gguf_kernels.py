@@ -276,6 +276,29 @@ def test_q4k_words_moe_matches_twin_and_the_byte_path(dtype, num_tokens, monkeyp
     _close(gl.fused_moe(x, ids, weights, w13, bt, w2, bt, inter), ref)
 
 
+def _assert_words_moe(monkeypatch, t13: str, t2: str, switch: str, dtype, num_tokens: int,
+                      seed: int) -> None:  # fmt: skip
+    """The MoE GEMVs with the word path `switch` on: both weights allow words, the output is
+    within the twin's tolerance as the byte path's (the switch off) is; the last token's
+    bits alike alone and in the batch."""
+    x, ids, weights, w13, w2, inter = _moe(t13, t2, num_tokens, seed=seed)
+    x = (x / 64 if dtype == torch.float16 else x).to(dtype)  # float16's range (Q4_K's test)
+    f13, f2 = GGUFFormat(t13), GGUFFormat(t2)
+    assert gl.words_allowed(w2, f2.btype, inter)
+    assert t13 != t2 or gl.words_allowed(w13, f13.btype, x.shape[1])
+    ref = f13.reference_moe(x, ids, weights, {"weight": w13}, {"weight": w2}, inter, f2)
+    out = gl.fused_moe(x, ids, weights, w13, f13.btype, w2, f2.btype, inter)
+    _close(out, ref)
+    last = num_tokens - 1
+    alone = gl.fused_moe(x[last:], ids[last:], weights[last:], w13, f13.btype, w2, f2.btype,
+                         inter)  # fmt: skip
+    assert torch.equal(alone[0], out[last])
+    monkeypatch.setattr(gl, switch, False)
+    byte = gl.fused_moe(x, ids, weights, w13, f13.btype, w2, f2.btype, inter)
+    _close(byte, ref)
+    _close(out, byte)
+
+
 def _word_linear_keeps_row_bits(name: str, n: int, k: int, seed: int):
     """The decode linear on `name` rows that allow words, bf16 x of 16 rows: within the
     twin's tolerance, a row's bits alike in batches of 1, 3, 8 and 16. Returns the output of
@@ -381,21 +404,7 @@ def test_q6k_words_moe_matches_twin_and_the_byte_path(t13, dtype, num_tokens, mo
     """Qwen3-30B-A3B's expert shapes with Q6_K down (K = 768: 630-byte rows, 2-aligned), and
     Q6_K or Q4_K (a Q4_K_M layer) gate/up: the word path within the twin's tolerance as the
     byte path is; a token's bits alike alone and in the batch."""
-    x, ids, weights, w13, w2, inter = _moe(t13, "Q6_K", num_tokens, seed=51)
-    x = (x / 64 if dtype == torch.float16 else x).to(dtype)  # float16's range (Q4_K's test)
-    f13, f2 = GGUFFormat(t13), GGUFFormat("Q6_K")
-    assert gl.q6k_words(w2, f2.btype, inter)
-    ref = f13.reference_moe(x, ids, weights, {"weight": w13}, {"weight": w2}, inter, f2)
-    out = gl.fused_moe(x, ids, weights, w13, f13.btype, w2, f2.btype, inter)
-    _close(out, ref)
-    last = num_tokens - 1
-    alone = gl.fused_moe(x[last:], ids[last:], weights[last:], w13, f13.btype, w2, f2.btype,
-                         inter)  # fmt: skip
-    assert torch.equal(alone[0], out[last])
-    monkeypatch.setattr(gl, "Q6K_WORDS", False)
-    byte = gl.fused_moe(x, ids, weights, w13, f13.btype, w2, f2.btype, inter)
-    _close(byte, ref)
-    _close(out, byte)
+    _assert_words_moe(monkeypatch, t13, "Q6_K", "Q6K_WORDS", dtype, num_tokens, seed=51)
 
 
 @pytest.mark.parametrize("n,k", [(2056, 2048), (2048, 4096), (gl.HEAD_ROWS, 2048)])
@@ -455,21 +464,7 @@ def test_q80_words_moe_matches_twin_and_the_byte_path(dtype, num_tokens, monkeyp
     """Qwen3-30B-A3B's expert shapes in Q8_0 (gate/up K = 2048, down K = 768: 816-byte
     rows): the word path within the twin's tolerance as the byte path is; a token's bits
     alike alone and in the batch."""
-    x, ids, weights, w13, w2, inter = _moe("Q8_0", "Q8_0", num_tokens, seed=61)
-    x = (x / 64 if dtype == torch.float16 else x).to(dtype)  # float16's range (Q4_K's test)
-    fmt = GGUFFormat("Q8_0")
-    bt = fmt.btype
-    assert gl.q80_words(w13, bt, x.shape[1]) and gl.q80_words(w2, bt, inter)
-    ref = fmt.reference_moe(x, ids, weights, {"weight": w13}, {"weight": w2}, inter, fmt)
-    out = gl.fused_moe(x, ids, weights, w13, bt, w2, bt, inter)
-    _close(out, ref)
-    last = num_tokens - 1
-    alone = gl.fused_moe(x[last:], ids[last:], weights[last:], w13, bt, w2, bt, inter)
-    assert torch.equal(alone[0], out[last])
-    monkeypatch.setattr(gl, "Q80_WORDS", False)
-    byte = gl.fused_moe(x, ids, weights, w13, bt, w2, bt, inter)
-    _close(byte, ref)
-    _close(out, byte)
+    _assert_words_moe(monkeypatch, "Q8_0", "Q8_0", "Q80_WORDS", dtype, num_tokens, seed=61)
 
 
 @pytest.mark.parametrize("n,k", [(2056, 2048), (2048, 4096), (gl.HEAD_ROWS, 2048)])
