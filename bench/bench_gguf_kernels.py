@@ -1,7 +1,7 @@
 """GGUF block kernels at Qwen3-30B-A3B's shapes on the GPU: the time of one call and the rate
 at which it reads the stored bytes (decode is bound by them), against the bf16 kernels on
 the same shapes. `--sweep` also times a few tile configs per kernel and prints the best, for
-the tables in `kernels/gguf_launch.py`. One run takes ~1 min (~4 with --sweep).
+the tables in `kernels/gguf_tiles.py`. One run takes ~1 min (~4 with --sweep).
 
     python3 bench/bench_gguf_kernels.py [--types Q4_K,Q8_0] [--sweep] [--out bench/results/x.json]
 
@@ -33,6 +33,7 @@ from cuda_timing import cuda_graph_seconds  # noqa: E402
 from xinfer.kernels import gemv_launch, moe_launch, reference  # noqa: E402
 from xinfer.kernels import gguf_launch as gl  # noqa: E402
 from xinfer.kernels import gguf_q8x_launch as q8x  # noqa: E402
+from xinfer.kernels import gguf_tiles as gt  # noqa: E402
 from xinfer.quant.gguf_blocks import BLOCK_TYPES  # noqa: E402
 
 H, INTER, E, TOP_K = 2048, 768, 128, 8  # Qwen3-30B-A3B
@@ -84,7 +85,7 @@ def _head_word_tiles(name: str) -> list:
         shapes = [(8, 8, 1), (16, 8, 1), (16, 16, 2), (32, 8, 1)]
     else:
         return []
-    return [gl.GGUFTiles(4, bn, subs, warps, words=True) for bn, subs, warps in shapes]
+    return [gt.GGUFTiles(4, bn, subs, warps, words=True) for bn, subs, warps in shapes]
 
 
 def _q4_k_m_moe(num_tokens: int) -> list[dict]:
@@ -96,8 +97,8 @@ def _q4_k_m_moe(num_tokens: int) -> list[dict]:
     expert_bytes = w13[0].numel() + w2[0].numel()
     x, ids, weights = _moe_case(num_tokens)
     distinct = len(set(ids.flatten().tolist()))
-    t13 = gl.gemv_tiles(x.dtype, b13)
-    byte_down = replace(t13, down=gl.gemv_tiles(x.dtype, b13, words=False))
+    t13 = gt.gemv_tiles(x.dtype, b13)
+    byte_down = replace(t13, down=gt.gemv_tiles(x.dtype, b13, words=False))
     rows = []
     for label, tiles in (("default", None), ("Q6_K down bytes", byte_down)):
         us = _time_us(partial(gl.fused_moe, x, ids, weights, w13, b13, w2, b2, INTER, True,
@@ -116,14 +117,14 @@ def bench_type(name: str, sweep: bool) -> list[dict]:
     for num_tokens in (1, 8):
         x, ids, weights = _moe_case(num_tokens)
         pairs = num_tokens * TOP_K
-        default = gl.gemv_tiles(x.dtype, bt)
-        byte = gl.gemv_tiles(x.dtype, bt, words=False)
+        default = gt.gemv_tiles(x.dtype, bt)
+        byte = gt.gemv_tiles(x.dtype, bt, words=False)
         # twice the sub-blocks a step: half the iterations, twice the loads in flight
         configs = [None, replace(byte, subs=2 * byte.subs)]
         if name in WORD_TYPES:  # the word path (Q4K_WORDS / ..) and the byte path
-            configs.append(byte if default.words else gl.gemv_tiles(x.dtype, bt, words=True))
+            configs.append(byte if default.words else gt.gemv_tiles(x.dtype, bt, words=True))
         if sweep:
-            configs += [gl.GGUFTiles(1, bn, subs, warps) for bn in (4, 8, 16, 32)
+            configs += [gt.GGUFTiles(1, bn, subs, warps) for bn in (4, 8, 16, 32)
                         for subs in (4, 8) for warps in (2, 4, 8)]  # fmt: skip
         for tiles in configs:
             us = _time_us(
@@ -146,26 +147,26 @@ def bench_type(name: str, sweep: bool) -> list[dict]:
         x = torch.randn(1, k, device="cuda").bfloat16()
         configs = [None]
         if sweep:
-            configs += [gl.GGUFTiles(16, bn, subs, warps) for bn in (16, 32, 64)
+            configs += [gt.GGUFTiles(16, bn, subs, warps) for bn in (16, 32, 64)
                         for subs in (4, 8) for warps in (4, 8)]  # fmt: skip
             # fewer warps a program, more programs an SM (the loop is latency-bound)
-            configs += [gl.GGUFTiles(16, 16, subs, warps) for subs in (2, 4, 8)
+            configs += [gt.GGUFTiles(16, 16, subs, warps) for subs in (2, 4, 8)
                         for warps in (1, 2)]  # fmt: skip
             # the GEMV form (block_m 1: one x row a program, no tl.dot)
-            configs += [gl.GGUFTiles(rows, bn, subs, warps) for rows in (1, 4)
+            configs += [gt.GGUFTiles(rows, bn, subs, warps) for rows in (1, 4)
                         for bn in (4, 8, 16) for subs in (4, 8) for warps in (2, 4)]  # fmt: skip
         else:  # the GEMV form and the 16-row dot tile, side by side
             configs += [
-                gl.GGUFTiles(1, 8, 8, 4),
-                gl.GGUFTiles(4, 8, 8, 4),
-                gl.GGUFTiles(16, 16, 8, 4),
+                gt.GGUFTiles(1, 8, 8, 4),
+                gt.GGUFTiles(4, 8, 8, 4),
+                gt.GGUFTiles(16, 16, 8, 4),
             ]
-            if n >= gl.HEAD_ROWS:
-                configs += [gl.GGUFTiles(1, 8, 8, 2), gl.GGUFTiles(1, 4, 8, 2)]
+            if n >= gt.HEAD_ROWS:
+                configs += [gt.GGUFTiles(1, 8, 8, 2), gt.GGUFTiles(1, 4, 8, 2)]
                 configs += _head_word_tiles(name)
-        default = gl.linear_tiles(1, x.dtype, bt, n)
+        default = gt.linear_tiles(1, x.dtype, bt, n)
         if name in WORD_TYPES:  # the word path (Q4K_WORDS / ..) and the byte path
-            other = gl.linear_tiles(1, x.dtype, bt, n, words=not default.words)
+            other = gt.linear_tiles(1, x.dtype, bt, n, words=not default.words)
             configs += [other] if other != default else []
         # the default tiles unsplit, then every tile with the default split-K target, then
         # the default tiles at 2 and 4 times that target (programs in flight vs the reduce)
@@ -176,7 +177,7 @@ def bench_type(name: str, sweep: bool) -> list[dict]:
                       f"None programs x{p}") for p in (2, 4)]  # fmt: skip
         for tiles, label_tiles in runs:
             us = _time_us(partial(gl.linear, x, w, bt, None, n, k, tiles))
-            splits = gl.decode_split(1, -(-n // tiles.block_n), k, tiles)[1]
+            splits = gt.decode_split(1, -(-n // tiles.block_n), k, tiles)[1]
             rows.append(dict(kernel=f"linear {label}", type=name, tokens=1, tiles=label_tiles,
                              splits=splits, us=round(us, 1),
                              GBps=round(w.numel() / us / 1e3, 1)))  # fmt: skip
@@ -188,17 +189,17 @@ def bench_type(name: str, sweep: bool) -> list[dict]:
         # for 16 rows; the LM head's swept dot tile against its one-row and four-row GEMVs
         x8 = torch.randn(8, k, device="cuda").bfloat16()
         if label == "lm_head":
-            tiles8 = (gl.GGUFTiles(16, 16, 2, 1), gl.GGUFTiles(1, 4, 8, 2),
-                      gl.GGUFTiles(4, 4, 8, 2), *_head_word_tiles(name))  # fmt: skip
+            tiles8 = (gt.GGUFTiles(16, 16, 2, 1), gt.GGUFTiles(1, 4, 8, 2),
+                      gt.GGUFTiles(4, 4, 8, 2), *_head_word_tiles(name))  # fmt: skip
         else:
             tiles8 = (
-                gl.GGUFTiles(1, 8, 8, 4),
-                gl.GGUFTiles(4, 4, 8, 2),
-                gl.GGUFTiles(4, 8, 8, 4),
-                gl.GGUFTiles(16, 16, 8, 4),
+                gt.GGUFTiles(1, 8, 8, 4),
+                gt.GGUFTiles(4, 4, 8, 2),
+                gt.GGUFTiles(4, 8, 8, 4),
+                gt.GGUFTiles(16, 16, 8, 4),
             )
             if name in ("Q6_K", "Q8_0"):  # its word tile at eight rows too
-                tiles8 += (gl.linear_tiles(8, x8.dtype, bt, n, words=True),)
+                tiles8 += (gt.linear_tiles(8, x8.dtype, bt, n, words=True),)
         for tiles in tiles8:
             us = _time_us(partial(gl.linear, x8, w, bt, None, n, k, tiles))
             rows.append(dict(kernel=f"linear {label}", type=name, tokens=8,
@@ -212,7 +213,7 @@ def bench_type(name: str, sweep: bool) -> list[dict]:
     # GEMMs at their default tile (and the sweep's)
     configs: list = ["dequant", None]
     if sweep:
-        configs += [gl.GGUFTiles(bm, bn, subs, warps) for bm in (32, 64) for bn in (64, 128)
+        configs += [gt.GGUFTiles(bm, bn, subs, warps) for bm in (32, 64) for bn in (64, 128)
                     for subs in (2, 4) for warps in (4, 8)]  # fmt: skip
     for tiles in configs:
         dequant = tiles == "dequant"
@@ -257,8 +258,8 @@ def bench_q4k_words() -> list[dict]:
     bt, rows = BLOCK_TYPES["Q4_K"], []
     w13, w2 = _raw("Q4_K", 2 * INTER, H, E), _raw("Q4_K", H, INTER, E)
     expert_bytes = w13[0].numel() + w2[0].numel()
-    default = gl.gemv_tiles(torch.bfloat16, bt)
-    tiles = [gl.GGUFTiles(1, bn, subs, warps, words=True) for bn, warps, subs in _WORD_SHAPES]
+    default = gt.gemv_tiles(torch.bfloat16, bt)
+    tiles = [gt.GGUFTiles(1, bn, subs, warps, words=True) for bn, warps, subs in _WORD_SHAPES]
     cases = [("default", default)]
     cases += [(f"gate_up {t}", replace(t, down=default.down)) for t in tiles]
     cases += [(f"down {t}", replace(default, down=t)) for t in tiles]
@@ -279,18 +280,18 @@ def bench_q4k_words() -> list[dict]:
         if label == "lm_head":
             continue
         w = _raw("Q4_K", n, k)
-        base = gl.linear_tiles(1, torch.bfloat16, bt, n)
+        base = gt.linear_tiles(1, torch.bfloat16, bt, n)
         for m in (1, 8):
             x = torch.randn(m, k, device="cuda").bfloat16()
             for bn, warps, subs in _WORD_SHAPES:
                 for programs in (None, 0, 2048):
-                    t = gl.GGUFTiles(4, bn, subs, warps, words=True, split_programs=programs)
+                    t = gt.GGUFTiles(4, bn, subs, warps, words=True, split_programs=programs)
                     try:
                         us = _time_us(partial(gl.linear, x, w, bt, None, n, k, t))
                     except Exception as e:
                         print(f"skip {label} {t}: {type(e).__name__}: {str(e)[:120]}", flush=True)
                         continue
-                    splits = gl.decode_split(m, -(-n // bn), k, t)[1]
+                    splits = gt.decode_split(m, -(-n // bn), k, t)[1]
                     mark = " (default)" if t == base else ""
                     rows.append(dict(kernel=f"linear {label} words", type="Q4_K", tokens=m,
                                      tiles=f"{t}{mark}", splits=splits, us=round(us, 1),

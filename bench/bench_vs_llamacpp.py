@@ -110,10 +110,10 @@ def build_parser() -> argparse.ArgumentParser:
     ap.add_argument("--q8x", action="store_true",
                     help="Q4_K decode GEMVs on int8 activations (gguf_launch.Q8X_MOE, Q8X_LINEAR)")  # fmt: skip
     ap.add_argument("--q6k-bytes", action="store_true",
-                    help="Q6_K decode GEMVs on the byte path (gguf_launch.Q6K_WORDS off; the "
+                    help="Q6_K decode GEMVs on the byte path (gguf_tiles.Q6K_WORDS off; the "
                          "word path is the default since the thirty-fifth session)")  # fmt: skip
     ap.add_argument("--q80-words", action="store_true",
-                    help="Q8_0 decode GEMVs on the word path (gguf_launch.Q80_WORDS on; off by "
+                    help="Q8_0 decode GEMVs on the word path (gguf_tiles.Q80_WORDS on; off by "
                          "default until a GPU has run its tests)")  # fmt: skip
     ap.add_argument(
         "--policy",
@@ -177,13 +177,13 @@ def main() -> None:
 
         gguf_launch.Q8X_MOE = gguf_launch.Q8X_LINEAR = True
     if args.q6k_bytes:
-        from xinfer.kernels import gguf_launch
+        from xinfer.kernels import gguf_tiles
 
-        gguf_launch.Q6K_WORDS = False
+        gguf_tiles.Q6K_WORDS = False
     if args.q80_words:
-        from xinfer.kernels import gguf_launch
+        from xinfer.kernels import gguf_tiles
 
-        gguf_launch.Q80_WORDS = True
+        gguf_tiles.Q80_WORDS = True
     runs = engine_runs(args)
     label = args.label + (f" isq {args.isq}" if args.isq else "") + (" q8x" if args.q8x else "")
     label += " q6k-bytes" if args.q6k_bytes else ""

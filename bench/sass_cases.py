@@ -46,6 +46,7 @@ def _gguf_moe(btype_name: str, tokens: int = 1, words: bool | None = None) -> Ca
     """`words`: the launcher's tiles with the block type's word path on or off (None: its
     default)."""
     from xinfer.kernels import gguf_launch as gl
+    from xinfer.kernels import gguf_tiles as gt
     from xinfer.quant.gguf_blocks import BLOCK_TYPES
 
     bt = BLOCK_TYPES[btype_name]
@@ -53,7 +54,7 @@ def _gguf_moe(btype_name: str, tokens: int = 1, words: bool | None = None) -> Ca
     w2 = torch.zeros(STORED, HIDDEN, bt.row_bytes(INTER), dtype=torch.uint8)
     hidden = torch.zeros(tokens, HIDDEN, dtype=torch.bfloat16)
     ids, weights = _routing(tokens)
-    t = gl.gemv_tiles(torch.bfloat16, bt, words=words)
+    t = gt.gemv_tiles(torch.bfloat16, bt, words=words)
     t2 = t.down or t
     pairs = tokens * TOP_K
     return Case(
@@ -209,12 +210,13 @@ def _gguf_linear(
     """`words`: the launcher's tiles with the block type's word path on or off (None: its
     default); n = VOCAB: the LM head's tile."""
     from xinfer.kernels import gguf_launch as gl
+    from xinfer.kernels import gguf_tiles as gt
     from xinfer.quant.gguf_blocks import BLOCK_TYPES
 
     bt = BLOCK_TYPES[btype_name]
     w = torch.zeros(n, bt.row_bytes(k), dtype=torch.uint8)
     x = torch.zeros(1, k, dtype=torch.bfloat16)
-    t = gl.linear_tiles(1, torch.bfloat16, bt, n, words=words)
+    t = gt.linear_tiles(1, torch.bfloat16, bt, n, words=words)
     name = {1: "gguf_linear_gemv_kernel", 4: "gguf_linear_rows_kernel"}.get(
         t.block_m, "gguf_linear_kernel"
     )

@@ -46,14 +46,14 @@ def moe_case(
     return hidden, ids, weights, w13, w2, inter
 
 
-# --- the word paths (`gguf_launch.Q4K_WORDS`, `Q6K_WORDS`): shared by their interpreter tests
+# --- the word paths (`gguf_tiles.Q4K_WORDS`, `Q6K_WORDS`): shared by their interpreter tests
 
 
 def word_tiles(block_m: int, block_n: int, warps: int, down=None):
     """A word tile: block_n rows (block_n / 8 a thread), a super-block a warp each step."""
-    from xinfer.kernels import gguf_launch
+    from xinfer.kernels import gguf_tiles
 
-    return gguf_launch.GGUFTiles(block_m, block_n, 8 * warps, num_warps=warps, words=True,
+    return gguf_tiles.GGUFTiles(block_m, block_n, 8 * warps, num_warps=warps, words=True,
                                  down=down)  # fmt: skip
 
 
@@ -81,17 +81,18 @@ def check_words_linear(gl, name: str, k: int, m: int, dtype, warps: int, seed: i
     tolerance, N = 19 a tail of the 16-row tile (rows past N clamped, dropped at the store),
     bias added once over K splits (K = 1280: 3 + 2 super-blocks); the last row's bits (and
     with `first_alone` the first's) alike alone and in the batch."""
+    from xinfer.kernels import gguf_tiles as gt
     from xinfer.quant.gguf_formats import GGUFFormat
 
     n, fmt = 19, GGUFFormat(name)
     tensors = {"weight": block_rows(name, n, k, seed=seed).clone()}
-    assert gl.words_allowed(tensors["weight"], fmt.btype, k)
+    assert gt.words_allowed(tensors["weight"], fmt.btype, k)
     g = torch.Generator().manual_seed(seed + 1)
     bias = torch.randn(n, generator=g).to(dtype)
     x = (torch.randn(m, k, generator=g) * 0.1).to(dtype)
     tiles = word_tiles(4, 16, warps)
     if k == 1280:
-        assert gl.decode_split(1, 2, k, tiles) == (768, 2)
+        assert gt.decode_split(1, 2, k, tiles) == (768, 2)
     out = gl.linear(x, tensors["weight"], fmt.btype, bias, n, k, tiles=tiles)
     assert_close_words(out, fmt.reference_linear(x, tensors, bias, n, k), dtype)
     alone = gl.linear(x[m - 1 :], tensors["weight"], fmt.btype, bias, n, k, tiles=tiles)
@@ -106,6 +107,7 @@ def check_words_moe(gl, t13: str, t2: str, seed: int, hidden_dim: int, inter: in
     """The MoE GEMVs' word path (gate/up and down) of a case of two tokens against the twin
     (tiles None: the launcher's own, its down tile the word one); a pair's bits alike alone
     and in the batch."""
+    from xinfer.kernels import gguf_tiles as gt
     from xinfer.quant.gguf_formats import GGUFFormat
 
     hidden, ids, weights, w13, w2, inter = moe_case(t13, t2, seed, 4, hidden_dim, inter)
@@ -113,10 +115,10 @@ def check_words_moe(gl, t13: str, t2: str, seed: int, hidden_dim: int, inter: in
     hidden = hidden[:2].to(dtype)
     ids, weights = ids[:2], weights[:2]
     f13, f2 = GGUFFormat(t13), GGUFFormat(t2)
-    assert gl.words_allowed(w13, f13.btype, hidden_dim) and gl.words_allowed(w2, f2.btype, inter)
+    assert gt.words_allowed(w13, f13.btype, hidden_dim) and gt.words_allowed(w2, f2.btype, inter)
     ref = f13.reference_moe(hidden, ids, weights, {"weight": w13}, {"weight": w2}, inter, f2)
     if tiles is None:
-        assert gl._down_tiles(f2.btype, w2, inter, None, None) == gl._WORDS_GEMV[t2].down
+        assert gt._down_tiles(f2.btype, w2, inter, None, None) == gt._WORDS_GEMV[t2].down
     out = gl.fused_moe(hidden, ids, weights, w13, f13.btype, w2, f2.btype, inter, True, tiles)
     assert_close_words(out, ref, dtype)
     one = gl.fused_moe(hidden[1:], ids[1:], weights[1:], w13, f13.btype, w2, f2.btype, inter,
@@ -127,6 +129,7 @@ def check_words_moe(gl, t13: str, t2: str, seed: int, hidden_dim: int, inter: in
 def check_words_bits_do_not_depend_on_ids(gl, name: str, seed: int) -> None:
     """Expert ids on the [E, ...] set vs slot ids on a permuted, larger [S, ...] slot cache
     (its own allocation), `name` gate/up and down: the same word path, the same bits."""
+    from xinfer.kernels import gguf_tiles as gt
     from xinfer.quant.gguf_blocks import BLOCK_TYPES
 
     hidden, ids, weights, w13, w2, inter = moe_case(name, name, seed, 4, 256, 256)
@@ -137,7 +140,7 @@ def check_words_bits_do_not_depend_on_ids(gl, name: str, seed: int) -> None:
     s13 = torch.zeros(6, *w13.shape[1:], dtype=torch.uint8)
     s2 = torch.zeros(6, *w2.shape[1:], dtype=torch.uint8)
     s13[slot_of], s2[slot_of] = w13, w2
-    assert gl.words_allowed(s13, bt, 256) and gl.words_allowed(s2, bt, inter)
+    assert gt.words_allowed(s13, bt, 256) and gt.words_allowed(s2, bt, inter)
     slot_ids = slot_of[ids.long()].to(torch.int32)
     out = gl.fused_moe(hidden, slot_ids, weights, s13, bt, s2, bt, inter, True, tiles)
     assert torch.equal(out, base)
@@ -150,26 +153,27 @@ def check_words_switch_linear(gl, monkeypatch, name: str, switch: str, seed: int
     word path, again the same bits once back on. A copy `offset` bytes into its storage does
     not allow words: the byte path with the switch on, whatever tile asks for words, within
     the twin's tolerance. Returns (the word output, the byte output); the switch left on."""
+    from xinfer.kernels import gguf_tiles as gt
     from xinfer.quant.gguf_formats import GGUFFormat
 
     fmt, dtype, k, n = GGUFFormat(name), torch.float16, 512, 12
     w = block_rows(name, n, k, seed=seed).clone()
-    assert gl.words_allowed(w, fmt.btype, k)
+    assert gt.words_allowed(w, fmt.btype, k)
     g = torch.Generator().manual_seed(seed + 1)
     x = (torch.randn(2, k, generator=g) * 0.1).to(dtype)
-    byte_tiles = gl.linear_tiles(2, dtype, fmt.btype, n, words=False)
+    byte_tiles = gt.linear_tiles(2, dtype, fmt.btype, n, words=False)
     assert not byte_tiles.words
     byte = gl.linear(x, w, fmt.btype, None, n, k, tiles=byte_tiles)
-    monkeypatch.setattr(gl, switch, True)
+    monkeypatch.setattr(gt, switch, True)
     on = gl.linear(x, w, fmt.btype, None, n, k)
-    monkeypatch.setattr(gl, switch, False)
-    assert not gl.linear_tiles(2, dtype, fmt.btype, n).words
+    monkeypatch.setattr(gt, switch, False)
+    assert not gt.linear_tiles(2, dtype, fmt.btype, n).words
     assert torch.equal(gl.linear(x, w, fmt.btype, None, n, k), byte)
-    monkeypatch.setattr(gl, switch, True)
+    monkeypatch.setattr(gt, switch, True)
     assert torch.equal(gl.linear(x, w, fmt.btype, None, n, k), on)
 
     shifted = offset_copy(w, offset)
-    assert not gl.words_allowed(shifted, fmt.btype, k)
+    assert not gt.words_allowed(shifted, fmt.btype, k)
     for tiles in (None, word_tiles(4, 16, 1)):
         out = gl.linear(x, shifted, fmt.btype, None, n, k, tiles=tiles)
         assert torch.equal(out, byte)

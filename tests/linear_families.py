@@ -58,7 +58,7 @@ def _gguf(name: str, block_m: int = 16):
     def make(rows, bias, seed, device="cpu", large=False):
         import gguf_files as gf
 
-        from xinfer.kernels import gguf_launch
+        from xinfer.kernels import gguf_launch, gguf_tiles
         from xinfer.quant.gguf_blocks import BLOCK_TYPES
 
         bt = BLOCK_TYPES[name]
@@ -67,7 +67,7 @@ def _gguf(name: str, block_m: int = 16):
         raw = torch.from_numpy(gf.random_blocks(name, n, k, np.random.default_rng(seed)))
         dtype = torch.bfloat16 if device != "cpu" else torch.float32
         x, b, _ = _inputs(rows, n, k, bias, seed, device, dtype)
-        tiles = None if large else gguf_launch.GGUFTiles(block_m, 16, 2)
+        tiles = None if large else gguf_tiles.GGUFTiles(block_m, 16, 2)
         w = raw.to(device)
         return lambda: gguf_launch.linear(x, w, bt, b, n, k, tiles=tiles)
 

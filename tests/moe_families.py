@@ -61,7 +61,7 @@ def _gguf_family(t13: str, t2: str):
     def make(tokens, top_k, dtype, seed, device="cpu", large=False):
         import gguf_files as gf
 
-        from xinfer.kernels import gguf_launch
+        from xinfer.kernels import gguf_launch, gguf_tiles
         from xinfer.quant.gguf_blocks import BLOCK_TYPES
 
         num_experts = 16 if large else 4
@@ -77,7 +77,7 @@ def _gguf_family(t13: str, t2: str):
         weights, ids, g = _routing(tokens, num_experts, top_k, seed, device)
         hidden = (torch.randn(tokens, hidden_dim, generator=g, device=device) * 0.05).to(dtype)
         # the engine's decode tiles on the GPU; a small one for the interpreter's sake
-        tiles = None if large else gguf_launch.GGUFTiles(1, 32, 8)
+        tiles = None if large else gguf_tiles.GGUFTiles(1, 32, 8)
         b13, b2 = BLOCK_TYPES[t13], BLOCK_TYPES[t2]
         return lambda: gguf_launch.fused_moe(
             hidden, ids, weights, w13, b13, w2, b2, inter, True, tiles

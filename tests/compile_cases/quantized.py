@@ -189,17 +189,17 @@ def _gguf_linear(
 ) -> None:  # fmt: skip
     """`words`: the launcher's tiles with the Q4_K / Q6_K / Q8_0 word path on or off (None:
     its default)."""
-    from xinfer.kernels import gguf_launch
+    from xinfer.kernels import gguf_launch, gguf_tiles
     from xinfer.quant.gguf_blocks import BLOCK_TYPES
 
     k = 1024
     b = _randn(n, dtype=dtype) if bias else None
     w = _gguf_rows(name, n, k)
-    tiles = gguf_launch.GGUFTiles(16, 16, 8, num_warps=4) if dot else None
+    tiles = gguf_tiles.GGUFTiles(16, 16, 8, num_warps=4) if dot else None
     if rows:
-        tiles = gguf_launch.GGUFTiles(rows, 8, 8, num_warps=4)
+        tiles = gguf_tiles.GGUFTiles(rows, 8, 8, num_warps=4)
     if words is not None:
-        tiles = gguf_launch.linear_tiles(m, dtype, BLOCK_TYPES[name], n, words=words)
+        tiles = gguf_tiles.linear_tiles(m, dtype, BLOCK_TYPES[name], n, words=words)
     gguf_launch.linear(
         _randn(m, k, dtype=dtype), w, BLOCK_TYPES[name], b, n, k, tiles, dequant=dequant
     )
@@ -219,26 +219,26 @@ def _gguf_moe(t13: str, t2: str, dtype, tokens: int, use_gemv: bool, dequant=Non
 
 
 def _q6k_words_on(fn):
-    """`fn` with the Q6_K word path on (`gguf_launch.Q6K_WORDS`, off until a GPU has run it),
+    """`fn` with the Q6_K word path on (`gguf_tiles.Q6K_WORDS`, off until a GPU has run it),
     so that its builds are compiled here whatever the default."""
 
     def run(*args, **kwargs) -> None:
-        from xinfer.kernels import gguf_launch
+        from xinfer.kernels import gguf_tiles
 
-        with mock.patch.object(gguf_launch, "Q6K_WORDS", True):
+        with mock.patch.object(gguf_tiles, "Q6K_WORDS", True):
             fn(*args, **kwargs)
 
     return run
 
 
 def _q80_words_on(fn):
-    """`fn` with the Q8_0 word path on (`gguf_launch.Q80_WORDS`, off until a GPU has run it),
+    """`fn` with the Q8_0 word path on (`gguf_tiles.Q80_WORDS`, off until a GPU has run it),
     so that its builds are compiled here whatever the default."""
 
     def run(*args, **kwargs) -> None:
-        from xinfer.kernels import gguf_launch
+        from xinfer.kernels import gguf_tiles
 
-        with mock.patch.object(gguf_launch, "Q80_WORDS", True):
+        with mock.patch.object(gguf_tiles, "Q80_WORDS", True):
             fn(*args, **kwargs)
 
     return run

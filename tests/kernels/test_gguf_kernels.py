@@ -10,6 +10,7 @@ import pytest
 import torch
 
 from xinfer.kernels import gguf_launch as gl
+from xinfer.kernels import gguf_tiles as gt
 from xinfer.kernels import reference
 from xinfer.quant.gguf_formats import GGUFFormat
 
@@ -219,37 +220,37 @@ def test_prefill_linear_is_cublas_on_the_dequantized_weight() -> None:
 
 @pytest.mark.parametrize("words", [True, False])
 def test_q4_k_head_tile_matches_twin_and_keeps_row_bits(words, monkeypatch) -> None:
-    """The one-warp tiles of vocabulary-sized Q4_K outputs (gguf_launch.HEAD_ROWS): the word
+    """The one-warp tiles of vocabulary-sized Q4_K outputs (gguf_tiles.HEAD_ROWS): the word
     tile (Q4K_WORDS on, the default) and the swept byte tile."""
-    monkeypatch.setattr(gl, "Q4K_WORDS", words)
-    n, k = gl.HEAD_ROWS, 2048
+    monkeypatch.setattr(gt, "Q4K_WORDS", words)
+    n, k = gt.HEAD_ROWS, 2048
     fmt = GGUFFormat("Q4_K")
     raw = _raw("Q4_K", n, k, seed=33)
-    tiles = gl.linear_tiles(1, torch.bfloat16, fmt.btype, n)
+    tiles = gt.linear_tiles(1, torch.bfloat16, fmt.btype, n)
     assert tiles.num_warps == 1 and tiles.words == words
-    assert gl.q4k_words(raw, fmt.btype, k)
+    assert gt.q4k_words(raw, fmt.btype, k)
     x = (torch.randn(8, k, device=DEV) * 0.5).to(torch.bfloat16)
     batch = fmt.triton_linear(x, {"weight": raw}, None, n, k)
     _close(batch, fmt.reference_linear(x, {"weight": raw}, None, n, k))
     assert torch.equal(fmt.triton_linear(x[3:4], {"weight": raw}, None, n, k)[0], batch[3])
 
 
-# --- the Q4_K word path (gguf_launch.Q4K_WORDS: factored sums, not the twin's bits) --------
+# --- the Q4_K word path (gguf_tiles.Q4K_WORDS: factored sums, not the twin's bits) --------
 
 
 @pytest.fixture
 def words_on(monkeypatch):
-    """The Q4_K word path switched on (`gguf_launch.Q4K_WORDS`; the default since 2026-12-07)."""
-    monkeypatch.setattr(gl, "Q4K_WORDS", True)
+    """The Q4_K word path switched on (`gguf_tiles.Q4K_WORDS`; the default since 2026-12-07)."""
+    monkeypatch.setattr(gt, "Q4K_WORDS", True)
 
 
 def test_q4k_words_are_the_decode_tiles_when_on(words_on) -> None:
     """Q4_K decode GEMVs (MoE and the decode linear) take the word tiles with the switch on, and the
     weights these tests draw (fresh allocations) allow them."""
     fmt = GGUFFormat("Q4_K")
-    assert gl.gemv_tiles(torch.bfloat16, fmt.btype).words
-    assert gl.linear_tiles(1, torch.bfloat16, fmt.btype, 5120).words
-    assert gl.q4k_words(_raw("Q4_K", 64, 2048, seed=40, experts=2), fmt.btype, 2048)
+    assert gt.gemv_tiles(torch.bfloat16, fmt.btype).words
+    assert gt.linear_tiles(1, torch.bfloat16, fmt.btype, 5120).words
+    assert gt.q4k_words(_raw("Q4_K", 64, 2048, seed=40, experts=2), fmt.btype, 2048)
 
 
 @pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16])
@@ -265,14 +266,14 @@ def test_q4k_words_moe_matches_twin_and_the_byte_path(dtype, num_tokens, monkeyp
     x = (x / 64 if dtype == torch.float16 else x).to(dtype)
     fmt = GGUFFormat("Q4_K")
     bt = fmt.btype
-    assert gl.q4k_words(w13, bt, x.shape[1]) and gl.q4k_words(w2, bt, inter)
+    assert gt.q4k_words(w13, bt, x.shape[1]) and gt.q4k_words(w2, bt, inter)
     ref = fmt.reference_moe(x, ids, weights, {"weight": w13}, {"weight": w2}, inter, fmt)
     out = gl.fused_moe(x, ids, weights, w13, bt, w2, bt, inter)
     _close(out, ref)
     last = num_tokens - 1
     alone = gl.fused_moe(x[last:], ids[last:], weights[last:], w13, bt, w2, bt, inter)
     assert torch.equal(alone[0], out[last])
-    monkeypatch.setattr(gl, "Q4K_WORDS", False)
+    monkeypatch.setattr(gt, "Q4K_WORDS", False)
     _close(gl.fused_moe(x, ids, weights, w13, bt, w2, bt, inter), ref)
 
 
@@ -284,8 +285,8 @@ def _assert_words_moe(monkeypatch, t13: str, t2: str, switch: str, dtype, num_to
     x, ids, weights, w13, w2, inter = _moe(t13, t2, num_tokens, seed=seed)
     x = (x / 64 if dtype == torch.float16 else x).to(dtype)  # float16's range (Q4_K's test)
     f13, f2 = GGUFFormat(t13), GGUFFormat(t2)
-    assert gl.words_allowed(w2, f2.btype, inter)
-    assert t13 != t2 or gl.words_allowed(w13, f13.btype, x.shape[1])
+    assert gt.words_allowed(w2, f2.btype, inter)
+    assert t13 != t2 or gt.words_allowed(w13, f13.btype, x.shape[1])
     ref = f13.reference_moe(x, ids, weights, {"weight": w13}, {"weight": w2}, inter, f2)
     out = gl.fused_moe(x, ids, weights, w13, f13.btype, w2, f2.btype, inter)
     _close(out, ref)
@@ -293,7 +294,7 @@ def _assert_words_moe(monkeypatch, t13: str, t2: str, switch: str, dtype, num_to
     alone = gl.fused_moe(x[last:], ids[last:], weights[last:], w13, f13.btype, w2, f2.btype,
                          inter)  # fmt: skip
     assert torch.equal(alone[0], out[last])
-    monkeypatch.setattr(gl, switch, False)
+    monkeypatch.setattr(gt, switch, False)
     byte = gl.fused_moe(x, ids, weights, w13, f13.btype, w2, f2.btype, inter)
     _close(byte, ref)
     _close(out, byte)
@@ -305,7 +306,7 @@ def _word_linear_keeps_row_bits(name: str, n: int, k: int, seed: int):
     the 16 rows and `run(m)`, the linear of the first m rows."""
     fmt = GGUFFormat(name)
     raw = _raw(name, n, k, seed=seed)
-    assert gl.words_allowed(raw, fmt.btype, k)
+    assert gt.words_allowed(raw, fmt.btype, k)
     g = torch.Generator(device=DEV).manual_seed(seed + 1)
     x = (torch.randn(16, k, device=DEV, generator=g) * 0.5).to(torch.bfloat16)
     bias = torch.randn(n, device=DEV, generator=g).to(torch.bfloat16)
@@ -330,7 +331,7 @@ def test_q4k_words_expert_bits_do_not_depend_on_the_slot(words_on) -> None:
     bt = GGUFFormat("Q4_K").btype
     base = gl.fused_moe(x, ids, weights, w13, bt, w2, bt, inter)
     slot_ids, s13, s2 = _slot_cache(ids, w13, w2)
-    assert gl.q4k_words(s13, bt, x.shape[1]) and gl.q4k_words(s2, bt, inter)
+    assert gt.q4k_words(s13, bt, x.shape[1]) and gt.q4k_words(s2, bt, inter)
     out = gl.fused_moe(x, slot_ids, weights, s13, bt, s2, bt, inter)
     assert torch.equal(out, base)
 
@@ -361,11 +362,11 @@ def _assert_misaligned_takes_the_byte_path(monkeypatch, name: str, switch: str, 
     shifted = torch.empty(raw.numel() + offset, dtype=torch.uint8, device=DEV)[offset:]
     shifted = shifted.view(raw.shape)
     shifted.copy_(raw)
-    assert not gl.words_allowed(shifted, fmt.btype, k)
+    assert not gt.words_allowed(shifted, fmt.btype, k)
     x = (torch.randn(2, k, device=DEV) * 0.5).to(torch.bfloat16)
     out = fmt.triton_linear(x, {"weight": shifted}, None, n, k)
     _close(out, fmt.reference_linear(x, {"weight": raw}, None, n, k))
-    monkeypatch.setattr(gl, switch, False)
+    monkeypatch.setattr(gt, switch, False)
     assert torch.equal(out, fmt.triton_linear(x, {"weight": shifted}, None, n, k))
 
 
@@ -377,23 +378,23 @@ def test_q4k_words_misaligned_weights_take_the_byte_path(monkeypatch, words_on) 
     _assert_misaligned_takes_the_byte_path(monkeypatch, "Q4_K", "Q4K_WORDS", offset=4, seed=47)
 
 
-# --- the Q6_K word path (gguf_launch.Q6K_WORDS: factored sums, not the twin's bits) --------
+# --- the Q6_K word path (gguf_tiles.Q6K_WORDS: factored sums, not the twin's bits) --------
 
 
 @pytest.fixture
 def q6k_words_on(monkeypatch):
-    """The Q6_K word path switched on (`gguf_launch.Q6K_WORDS`)."""
-    monkeypatch.setattr(gl, "Q6K_WORDS", True)
+    """The Q6_K word path switched on (`gguf_tiles.Q6K_WORDS`)."""
+    monkeypatch.setattr(gt, "Q6K_WORDS", True)
 
 
 def test_q6k_words_are_the_decode_tiles_when_on(q6k_words_on) -> None:
     """Q6_K decode GEMVs (MoE, the decode linear, the LM head) take the word tiles with the
     switch on; a Q4_K_M layer's Q6_K down (630-byte rows at I = 768) allows them."""
     fmt = GGUFFormat("Q6_K")
-    assert gl.gemv_tiles(torch.bfloat16, fmt.btype).words
-    assert gl.linear_tiles(1, torch.bfloat16, fmt.btype, 5120).words
-    assert gl.linear_tiles(1, torch.bfloat16, fmt.btype, gl.HEAD_ROWS).words
-    assert gl.q6k_words(_raw("Q6_K", 64, 768, seed=50, experts=2), fmt.btype, 768)
+    assert gt.gemv_tiles(torch.bfloat16, fmt.btype).words
+    assert gt.linear_tiles(1, torch.bfloat16, fmt.btype, 5120).words
+    assert gt.linear_tiles(1, torch.bfloat16, fmt.btype, gt.HEAD_ROWS).words
+    assert gt.q6k_words(_raw("Q6_K", 64, 768, seed=50, experts=2), fmt.btype, 768)
 
 
 @pytest.mark.parametrize("t13", ["Q6_K", "Q4_K"])
@@ -407,13 +408,13 @@ def test_q6k_words_moe_matches_twin_and_the_byte_path(t13, dtype, num_tokens, mo
     _assert_words_moe(monkeypatch, t13, "Q6_K", "Q6K_WORDS", dtype, num_tokens, seed=51)
 
 
-@pytest.mark.parametrize("n,k", [(2056, 2048), (2048, 4096), (gl.HEAD_ROWS, 2048)])
+@pytest.mark.parametrize("n,k", [(2056, 2048), (2048, 4096), (gt.HEAD_ROWS, 2048)])
 def test_q6k_words_linear_matches_twin_and_keeps_row_bits(n, k, monkeypatch,
                                                           q6k_words_on) -> None:  # fmt: skip
     """The decode linear's (and the LM head's) Q6_K word path: within the twin's tolerance
     and the byte path's; a row's bits alike in batches of 1, 3, 8 and 16."""
     full, run = _word_linear_keeps_row_bits("Q6_K", n, k, seed=52)
-    monkeypatch.setattr(gl, "Q6K_WORDS", False)
+    monkeypatch.setattr(gt, "Q6K_WORDS", False)
     _close(full, run(16))
 
 
@@ -422,7 +423,7 @@ def test_q6k_words_expert_bits_do_not_depend_on_the_slot(q6k_words_on) -> None:
     b13, b2 = GGUFFormat("Q4_K").btype, GGUFFormat("Q6_K").btype
     base = gl.fused_moe(x, ids, weights, w13, b13, w2, b2, inter)
     slot_ids, s13, s2 = _slot_cache(ids, w13, w2)
-    assert gl.q6k_words(s2, b2, inter)
+    assert gt.q6k_words(s2, b2, inter)
     out = gl.fused_moe(x, slot_ids, weights, s13, b13, s2, b2, inter)
     assert torch.equal(out, base)
 
@@ -437,24 +438,24 @@ def test_q6k_words_misaligned_weights_take_the_byte_path(monkeypatch, q6k_words_
     _assert_misaligned_takes_the_byte_path(monkeypatch, "Q6_K", "Q6K_WORDS", offset=1, seed=57)
 
 
-# --- the Q8_0 word path (gguf_launch.Q80_WORDS: factored sums, not the twin's bits) --------
+# --- the Q8_0 word path (gguf_tiles.Q80_WORDS: factored sums, not the twin's bits) --------
 
 
 @pytest.fixture
 def q80_words_on(monkeypatch):
-    """The Q8_0 word path switched on (`gguf_launch.Q80_WORDS`, off until these tests pass)."""
-    monkeypatch.setattr(gl, "Q80_WORDS", True)
+    """The Q8_0 word path switched on (`gguf_tiles.Q80_WORDS`, off until these tests pass)."""
+    monkeypatch.setattr(gt, "Q80_WORDS", True)
 
 
 def test_q80_words_are_the_decode_tiles_when_on(q80_words_on) -> None:
     """Q8_0 decode GEMVs (MoE, the decode linear, the LM head) take the word tiles with the
     switch on; expert rows of K = 768 (816 bytes) and 2048 allow them."""
     fmt = GGUFFormat("Q8_0")
-    assert gl.gemv_tiles(torch.bfloat16, fmt.btype).words
-    assert gl.linear_tiles(1, torch.bfloat16, fmt.btype, 5120).words
-    assert gl.linear_tiles(1, torch.bfloat16, fmt.btype, gl.HEAD_ROWS).words
-    assert gl.q80_words(_raw("Q8_0", 64, 768, seed=60, experts=2), fmt.btype, 768)
-    assert gl.q80_words(_raw("Q8_0", 64, 2048, seed=60, experts=2), fmt.btype, 2048)
+    assert gt.gemv_tiles(torch.bfloat16, fmt.btype).words
+    assert gt.linear_tiles(1, torch.bfloat16, fmt.btype, 5120).words
+    assert gt.linear_tiles(1, torch.bfloat16, fmt.btype, gt.HEAD_ROWS).words
+    assert gt.q80_words(_raw("Q8_0", 64, 768, seed=60, experts=2), fmt.btype, 768)
+    assert gt.q80_words(_raw("Q8_0", 64, 2048, seed=60, experts=2), fmt.btype, 2048)
 
 
 @pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16])
@@ -467,13 +468,13 @@ def test_q80_words_moe_matches_twin_and_the_byte_path(dtype, num_tokens, monkeyp
     _assert_words_moe(monkeypatch, "Q8_0", "Q8_0", "Q80_WORDS", dtype, num_tokens, seed=61)
 
 
-@pytest.mark.parametrize("n,k", [(2056, 2048), (2048, 4096), (gl.HEAD_ROWS, 2048)])
+@pytest.mark.parametrize("n,k", [(2056, 2048), (2048, 4096), (gt.HEAD_ROWS, 2048)])
 def test_q80_words_linear_matches_twin_and_keeps_row_bits(n, k, monkeypatch,
                                                           q80_words_on) -> None:  # fmt: skip
     """The decode linear's (and the LM head's) Q8_0 word path: within the twin's tolerance
     and the byte path's; a row's bits alike in batches of 1, 3, 8 and 16."""
     full, run = _word_linear_keeps_row_bits("Q8_0", n, k, seed=62)
-    monkeypatch.setattr(gl, "Q80_WORDS", False)
+    monkeypatch.setattr(gt, "Q80_WORDS", False)
     _close(full, run(16))
 
 
@@ -482,7 +483,7 @@ def test_q80_words_expert_bits_do_not_depend_on_the_slot(q80_words_on) -> None:
     bt = GGUFFormat("Q8_0").btype
     base = gl.fused_moe(x, ids, weights, w13, bt, w2, bt, inter)
     slot_ids, s13, s2 = _slot_cache(ids, w13, w2)
-    assert gl.q80_words(s13, bt, x.shape[1]) and gl.q80_words(s2, bt, inter)
+    assert gt.q80_words(s13, bt, x.shape[1]) and gt.q80_words(s2, bt, inter)
     out = gl.fused_moe(x, slot_ids, weights, s13, bt, s2, bt, inter)
     assert torch.equal(out, base)
 

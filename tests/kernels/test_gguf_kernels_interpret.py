@@ -23,6 +23,13 @@ def gl():
     return interpreted_gguf_launch()
 
 
+@pytest.fixture(scope="module")
+def gt():
+    from xinfer.kernels import gguf_tiles
+
+    return gguf_tiles
+
+
 def _k_for(name: str, blocks: int) -> int:
     from xinfer.quant.gguf_blocks import BLOCK_TYPES
 
@@ -35,7 +42,7 @@ TYPE_DTYPES = [(t, torch.float32 if i % 2 == 0 else torch.float16) for i, t in e
 
 @child_only
 @pytest.mark.parametrize("name,dtype", TYPE_DTYPES, ids=TYPES)
-def test_linear_matches_twin(gl, name, dtype) -> None:
+def test_linear_matches_twin(gl, gt, name, dtype) -> None:
     from xinfer.quant.gguf_formats import GGUFFormat
 
     # K: 3 blocks of 32 (a partial chunk of SUBS=2 sub-blocks) or 2 super-blocks
@@ -46,9 +53,9 @@ def test_linear_matches_twin(gl, name, dtype) -> None:
     g = torch.Generator().manual_seed(2)
     bias = torch.randn(n, generator=g).to(dtype)
     for m, tiles in (
-        (5, gl.GGUFTiles(16, 16, 8)),
-        (6, gl.GGUFTiles(4, 8, 8)),  # the GEMV form: four rows a program (two programs)
-        (37, gl.GGUFTiles(16, 16, 2)),
+        (5, gt.GGUFTiles(16, 16, 8)),
+        (6, gt.GGUFTiles(4, 8, 8)),  # the GEMV form: four rows a program (two programs)
+        (37, gt.GGUFTiles(16, 16, 2)),
     ):
         x = (torch.randn(m, k, generator=g) * 0.1).to(dtype)
         ref = fmt.reference_linear(x, tensors, bias, n, k)
@@ -58,13 +65,13 @@ def test_linear_matches_twin(gl, name, dtype) -> None:
 
 @child_only
 @pytest.mark.parametrize("name", ["Q4_0", "Q6_K"])
-def test_decode_linear_row_bits_do_not_depend_on_the_batch(gl, name) -> None:
+def test_decode_linear_row_bits_do_not_depend_on_the_batch(gl, gt, name) -> None:
     from xinfer.quant.gguf_blocks import BLOCK_TYPES
 
     k, n = _k_for(name, 2 if name.endswith("_K") else 4), 24
     raw = block_rows(name, n, k, seed=3)
     x = torch.randn(9, k, generator=torch.Generator().manual_seed(4)).to(torch.float16)
-    tiles = gl.linear_tiles(1, torch.float16)
+    tiles = gt.linear_tiles(1, torch.float16)
     alone = gl.linear(x[4:5], raw, BLOCK_TYPES[name], None, n, k, tiles=tiles)
     batch = gl.linear(x, raw, BLOCK_TYPES[name], None, n, k, tiles=tiles)
     assert torch.equal(alone[0], batch[4])
@@ -75,27 +82,27 @@ def test_decode_tiles_depend_on_the_shape_and_type_only() -> None:
     (one tile for M <= DECODE_M keeps a row's bits batch-invariant), the word tile with the
     word path on and the swept byte tile with it off; Q6_K's word tile (one for every decode
     batch) or with it off the general one; not other types/shapes."""
-    from xinfer.kernels import gguf_launch as gl
+    from xinfer.kernels import gguf_tiles as gt
     from xinfer.quant.gguf_blocks import BLOCK_TYPES
 
     q4k, q6k, bf16 = BLOCK_TYPES["Q4_K"], BLOCK_TYPES["Q6_K"], torch.bfloat16
     for words in (True, False):
-        head = {gl.linear_tiles(m, bf16, q4k, gl.HEAD_ROWS, words=words)
-                for m in range(1, gl.DECODE_M + 1)}  # fmt: skip
+        head = {gt.linear_tiles(m, bf16, q4k, gt.HEAD_ROWS, words=words)
+                for m in range(1, gt.DECODE_M + 1)}  # fmt: skip
         assert len(head) == 1
         tile = head.pop()
         assert tile.num_warps == 1 and tile.words == words
         assert tile.block_m == (4 if words else 16)
-    general = gl.linear_tiles(1, bf16)
-    assert gl.linear_tiles(1, bf16, q4k, gl.HEAD_ROWS - 1, words=False) == general
-    assert gl.linear_tiles(1, bf16, q6k, gl.HEAD_ROWS, words=False) == general
-    assert gl.linear_tiles(1, bf16, BLOCK_TYPES["Q5_K"], gl.HEAD_ROWS) == general
-    q6_head = {gl.linear_tiles(m, bf16, q6k, gl.HEAD_ROWS, words=True)
-               for m in range(1, gl.DECODE_M + 1)}  # fmt: skip
-    assert q6_head == {gl._WORDS_HEAD["Q6_K"]} and gl._WORDS_HEAD["Q6_K"].num_warps == 1
-    assert gl.linear_tiles(gl.DECODE_M + 1, bf16, q4k, gl.HEAD_ROWS).block_m > 16
+    general = gt.linear_tiles(1, bf16)
+    assert gt.linear_tiles(1, bf16, q4k, gt.HEAD_ROWS - 1, words=False) == general
+    assert gt.linear_tiles(1, bf16, q6k, gt.HEAD_ROWS, words=False) == general
+    assert gt.linear_tiles(1, bf16, BLOCK_TYPES["Q5_K"], gt.HEAD_ROWS) == general
+    q6_head = {gt.linear_tiles(m, bf16, q6k, gt.HEAD_ROWS, words=True)
+               for m in range(1, gt.DECODE_M + 1)}  # fmt: skip
+    assert q6_head == {gt._WORDS_HEAD["Q6_K"]} and gt._WORDS_HEAD["Q6_K"].num_warps == 1
+    assert gt.linear_tiles(gt.DECODE_M + 1, bf16, q4k, gt.HEAD_ROWS).block_m > 16
     # below the head: the Q4_K word tile at every decode batch (Q4K_WORDS), one for all M
-    words = {gl.linear_tiles(m, bf16, q4k, 5120, words=True) for m in range(1, gl.DECODE_M + 1)}
+    words = {gt.linear_tiles(m, bf16, q4k, 5120, words=True) for m in range(1, gt.DECODE_M + 1)}
     assert len(words) == 1 and words.pop().words
 
 
@@ -103,15 +110,15 @@ def test_decode_tiles_depend_on_the_shape_and_type_only() -> None:
 @pytest.mark.parametrize(
     "name,block_m", [("Q8_0", 4), ("Q4_K", 4), ("Q6_K", 4), ("Q4_K", 16), ("Q6_K", 1)]
 )
-def test_decode_linear_split_k_matches_twin_and_keeps_row_bits(gl, name, block_m) -> None:
+def test_decode_linear_split_k_matches_twin_and_keeps_row_bits(gl, gt, name, block_m) -> None:
     """K split into several chunks of SUBS * 32 (a partial last split and, for 32-blocks, a
     partial last chunk), on the 16-row dot tile and the GEMV form (block_m 1): the same as
     the twin, bias added once, and a row's bits alike in a batch of 1 and of 9."""
     from xinfer.quant.gguf_formats import GGUFFormat
 
     k = _k_for(name, 3 if name.endswith("_K") else 13)  # chunks of 64: 12 or 7 (last half)
-    n, tiles = 19, gl.GGUFTiles(block_m, 16, 2)
-    _, splits = gl.decode_split(1, 2, k, tiles)
+    n, tiles = 19, gt.GGUFTiles(block_m, 16, 2)
+    _, splits = gt.decode_split(1, 2, k, tiles)
     assert splits >= 3
     fmt = GGUFFormat(name)
     tensors = {"weight": block_rows(name, n, k, seed=5)}
@@ -141,20 +148,20 @@ MOE_CASES = [
 
 @child_only
 @pytest.mark.parametrize("t13,t2,use_gemv,dtype", MOE_CASES)
-def test_fused_moe_matches_twin(gl, t13, t2, use_gemv, dtype) -> None:
+def test_fused_moe_matches_twin(gl, gt, t13, t2, use_gemv, dtype) -> None:
     from xinfer.quant.gguf_formats import GGUFFormat
 
     hidden, ids, weights, w13, w2, inter = moe_case(t13, t2, seed=5)
     hidden = hidden.to(dtype)
     f13, f2 = GGUFFormat(t13), GGUFFormat(t2)
     ref = f13.reference_moe(hidden, ids, weights, {"weight": w13}, {"weight": w2}, inter, f2)
-    tiles = gl.GGUFTiles(1, 32, 8) if use_gemv else gl.GGUFTiles(16, 32, 4)
+    tiles = gt.GGUFTiles(1, 32, 8) if use_gemv else gt.GGUFTiles(16, 32, 4)
     out = gl.fused_moe(hidden, ids, weights, w13, f13.btype, w2, f2.btype, inter, use_gemv, tiles)
     assert_close_scaled(out, ref, dtype)
 
 
 @child_only
-def test_q4_k_gemv_over_several_super_blocks_matches_twin(gl) -> None:
+def test_q4_k_gemv_over_several_super_blocks_matches_twin(gl, gt) -> None:
     """The Q4_K MoE GEMV in both projections: equal to the twin (gate/up rows of two
     super-blocks, down rows of one), read in chunks of 4 sub-blocks (a chunk's offset inside
     its super-block; whole super-blocks, the default tile, run in test_fused_moe_matches_twin);
@@ -168,7 +175,7 @@ def test_q4_k_gemv_over_several_super_blocks_matches_twin(gl) -> None:
     )
     fmt = GGUFFormat("Q4_K")
     ref = fmt.reference_moe(hidden, ids, weights, {"weight": w13}, {"weight": w2}, inter, fmt)
-    tiles = gl.GGUFTiles(1, 32, subs, num_warps=2)
+    tiles = gt.GGUFTiles(1, 32, subs, num_warps=2)
     out = gl.fused_moe(hidden, ids, weights, w13, fmt.btype, w2, fmt.btype, inter, True, tiles)
     assert_close_scaled(out, ref, torch.float32)
     one = gl.fused_moe(hidden[1:2], ids[1:2], weights[1:2], w13, fmt.btype, w2, fmt.btype,
@@ -178,14 +185,14 @@ def test_q4_k_gemv_over_several_super_blocks_matches_twin(gl) -> None:
 
 @child_only
 @pytest.mark.parametrize("use_gemv", [True, False], ids=["gemv", "grouped"])
-def test_fused_moe_bits_do_not_depend_on_ids(gl, use_gemv) -> None:
+def test_fused_moe_bits_do_not_depend_on_ids(gl, gt, use_gemv) -> None:
     """Expert ids on the [E, ...] set vs slot ids on a permuted, larger [S, ...] set."""
     from xinfer.quant.gguf_blocks import BLOCK_TYPES
 
     hidden, ids, weights, w13, w2, inter = moe_case("Q4_0", "Q8_0", seed=7)
     hidden = hidden.to(torch.float16)
     b13, b2 = BLOCK_TYPES["Q4_0"], BLOCK_TYPES["Q8_0"]
-    tiles = gl.GGUFTiles(1, 32, 8) if use_gemv else gl.GGUFTiles(16, 32, 4)
+    tiles = gt.GGUFTiles(1, 32, 8) if use_gemv else gt.GGUFTiles(16, 32, 4)
     base = gl.fused_moe(hidden, ids, weights, w13, b13, w2, b2, inter, use_gemv, tiles)
     num_slots = 6
     slot_of = torch.randperm(num_slots, generator=torch.Generator().manual_seed(8))[:4]

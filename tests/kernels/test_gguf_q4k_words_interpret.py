@@ -1,4 +1,4 @@
-"""The Q4_K word path (`gguf_launch.Q4K_WORDS`, `triton/gguf_q4k_words.py`) run by Triton's
+"""The Q4_K word path (`gguf_tiles.Q4K_WORDS`, `triton/gguf_q4k_words.py`) run by Triton's
 CPU interpreter: which rows allow it (16-byte word loads), the four-row decode linear and the
 MoE GEMVs against the twin within its tolerance (factored float32 sums, not the twin's bits),
 a row's and a pair's bits alike alone and in the batch and whatever ids address the experts,
@@ -32,20 +32,27 @@ def gl():
     return interpreted_gguf_launch()
 
 
+@pytest.fixture(scope="module")
+def gt():
+    from xinfer.kernels import gguf_tiles
+
+    return gguf_tiles
+
+
 def test_q4k_words_takes_aligned_q4_k_rows_only() -> None:
     """`q4k_words` from the block type, strides and base alone: Q4_K rows on 16-byte
     boundaries (a 144-byte block is 9 x 16); a view 4 bytes in, padded rows, Q5_K: no."""
-    from xinfer.kernels import gguf_launch as gl
+    from xinfer.kernels import gguf_tiles as gt
     from xinfer.quant.gguf_blocks import BLOCK_TYPES
 
     q4k, k = BLOCK_TYPES["Q4_K"], 512
     w = block_rows("Q4_K", 8, k, seed=40, experts=3).clone()  # torch's allocation: 64-byte aligned
-    assert w.data_ptr() % 16 == 0 and gl.q4k_words(w, q4k, k) and gl.q4k_words(w[1], q4k, k)
+    assert w.data_ptr() % 16 == 0 and gt.q4k_words(w, q4k, k) and gt.q4k_words(w[1], q4k, k)
     shifted = torch.empty(w.numel() + 4, dtype=torch.uint8)[4:].view(w.shape)
-    assert not gl.q4k_words(shifted, q4k, k)
+    assert not gt.q4k_words(shifted, q4k, k)
     padded = torch.empty(8, q4k.row_bytes(k) + 4, dtype=torch.uint8)[:, : q4k.row_bytes(k)]
-    assert not gl.q4k_words(padded, q4k, k)
-    assert not gl.q4k_words(block_rows("Q5_K", 8, k, seed=41), BLOCK_TYPES["Q5_K"], k)
+    assert not gt.q4k_words(padded, q4k, k)
+    assert not gt.q4k_words(block_rows("Q5_K", 8, k, seed=41), BLOCK_TYPES["Q5_K"], k)
 
 
 @child_only
@@ -90,7 +97,9 @@ def test_q4k_words_bits_do_not_depend_on_ids(gl) -> None:
 
 
 @child_only
-def test_q4k_words_switch_off_and_misaligned_weights_take_the_byte_path(gl, monkeypatch) -> None:
+def test_q4k_words_switch_off_and_misaligned_weights_take_the_byte_path(
+    gl, gt, monkeypatch
+) -> None:
     """Q4K_WORDS off: the default tiles are the byte path's, bit for bit. Weights that do not
     allow 16-byte word loads (a view 4 bytes into its storage) take the byte path with the
     switch on, whatever tile asks for words, and still match the twin."""
@@ -100,18 +109,18 @@ def test_q4k_words_switch_off_and_misaligned_weights_take_the_byte_path(gl, monk
 
     # experts: w13 misaligned (byte path), w2 aligned (word path) in one call; the byte
     # tile widened to 64 rows (fewer interpreted programs)
-    monkeypatch.setitem(gl._SWEPT_GEMV, "Q4_K", gl.GGUFTiles(1, 64, 8, num_warps=2))
+    monkeypatch.setitem(gt._SWEPT_GEMV, "Q4_K", gt.GGUFTiles(1, 64, 8, num_warps=2))
     hidden, ids, weights, w13, w2, inter = moe_case("Q4_K", "Q4_K", 49, 2, 256, 256)
     hidden, ids, weights, w2 = hidden[:1], ids[:1], weights[:1], w2.clone()
     fmt = GGUFFormat("Q4_K")
-    assert gl.q4k_words(w2, fmt.btype, inter)
+    assert gt.q4k_words(w2, fmt.btype, inter)
     s13 = offset_copy(w13, 4)
     tiles = word_tiles(1, 64, 1)
     ref = fmt.reference_moe(hidden, ids, weights, {"weight": w13}, {"weight": w2}, inter, fmt)
     out = gl.fused_moe(hidden, ids, weights, s13, fmt.btype, w2, fmt.btype, inter, True, tiles)
     assert_close_scaled(out, ref, torch.float32)
-    monkeypatch.setattr(gl, "Q4K_WORDS", False)
+    monkeypatch.setattr(gt, "Q4K_WORDS", False)
     off = gl.fused_moe(hidden, ids, weights, w13, fmt.btype, w2, fmt.btype, inter, True, None)
     byte = gl.fused_moe(hidden, ids, weights, w13, fmt.btype, w2, fmt.btype, inter, True,
-                        gl.gemv_tiles(torch.float32, fmt.btype, words=False))  # fmt: skip
+                        gt.gemv_tiles(torch.float32, fmt.btype, words=False))  # fmt: skip
     assert torch.equal(off, byte)

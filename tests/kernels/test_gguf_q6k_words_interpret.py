@@ -1,4 +1,4 @@
-"""The Q6_K word path (`gguf_launch.Q6K_WORDS`, `triton/gguf_q6k_words.py`) run by Triton's
+"""The Q6_K word path (`gguf_tiles.Q6K_WORDS`, `triton/gguf_q6k_words.py`) run by Triton's
 CPU interpreter: which rows allow it (16-bit loads), the four-row decode linear and the MoE
 GEMVs against the twin within its tolerance (factored float32 sums, not the twin's bits), a
 row's and a pair's bits alike alone and in the batch and whatever ids address the experts,
@@ -32,13 +32,20 @@ def gl():
     return interpreted_gguf_launch()
 
 
+@pytest.fixture(scope="module")
+def gt():
+    from xinfer.kernels import gguf_tiles
+
+    return gguf_tiles
+
+
 @pytest.fixture(autouse=True)
 def q6k_words_on(monkeypatch):
     """The word path on for every test here (`Q6K_WORDS`, on by default, may be turned off);
     the tests of the switch turn it off themselves."""
-    from xinfer.kernels import gguf_launch
+    from xinfer.kernels import gguf_tiles
 
-    monkeypatch.setattr(gguf_launch, "Q6K_WORDS", True)
+    monkeypatch.setattr(gguf_tiles, "Q6K_WORDS", True)
 
 
 def test_q6k_words_takes_even_q6_k_rows_only() -> None:
@@ -46,22 +53,22 @@ def test_q6k_words_takes_even_q6_k_rows_only() -> None:
     boundaries (210-byte blocks: a row of K = 768 is 630 bytes, allowed) from a 4-aligned
     base; a view 1 or 2 bytes in (or an odd row of 630 bytes in), rows padded to an odd
     stride, Q4_K: no."""
-    from xinfer.kernels import gguf_launch as gl
+    from xinfer.kernels import gguf_tiles as gt
     from xinfer.quant.gguf_blocks import BLOCK_TYPES
 
     q6k, k = BLOCK_TYPES["Q6_K"], 768
     w = block_rows("Q6_K", 8, k, seed=50, experts=3).clone()
-    assert w.stride(1) == 630 and gl.q6k_words(w, q6k, k) and gl.q6k_words(w[1], q6k, k)
-    assert gl.words_allowed(w, q6k, k) and not gl.q4k_words(w, q6k, k)
+    assert w.stride(1) == 630 and gt.q6k_words(w, q6k, k) and gt.q6k_words(w[1], q6k, k)
+    assert gt.words_allowed(w, q6k, k) and not gt.q4k_words(w, q6k, k)
     shifted = torch.empty(w.numel() + 1, dtype=torch.uint8)[1:].view(w.shape)
-    assert not gl.q6k_words(shifted, q6k, k)
+    assert not gt.q6k_words(shifted, q6k, k)
     two_in = torch.empty(w.numel() + 2, dtype=torch.uint8)[2:].view(w.shape)
-    assert not gl.q6k_words(two_in, q6k, k) and not gl.q6k_words(w[:, 1:], q6k, k)
-    assert gl.q6k_words(w[:, 2:], q6k, k)  # 1260 bytes in
+    assert not gt.q6k_words(two_in, q6k, k) and not gt.q6k_words(w[:, 1:], q6k, k)
+    assert gt.q6k_words(w[:, 2:], q6k, k)  # 1260 bytes in
     padded = torch.empty(8, q6k.row_bytes(k) + 1, dtype=torch.uint8)[:, : q6k.row_bytes(k)]
-    assert not gl.q6k_words(padded, q6k, k)
+    assert not gt.q6k_words(padded, q6k, k)
     q4 = block_rows("Q4_K", 8, 512, seed=51)
-    assert not gl.q6k_words(q4, BLOCK_TYPES["Q4_K"], 512)
+    assert not gt.q6k_words(q4, BLOCK_TYPES["Q4_K"], 512)
 
 
 @child_only
@@ -83,20 +90,20 @@ def test_q6k_words_linear_matches_twin_and_keeps_row_bits(gl, k, m, dtype, warps
 
 
 @child_only
-def test_q6k_words_default_tiles(gl) -> None:
+def test_q6k_words_default_tiles(gl, gt) -> None:
     """The launcher's own Q6_K word tiles (the decode linear's, the LM head's at N >=
     HEAD_ROWS is the same build but one warp) run and match the twin."""
     from xinfer.quant.gguf_formats import GGUFFormat
 
     fmt, k, n = GGUFFormat("Q6_K"), 512, 24
-    t = gl.linear_tiles(2, torch.float32, fmt.btype, n)
-    assert t.words and t == gl._WORDS_LINEAR["Q6_K"]
-    assert gl.linear_tiles(1, torch.bfloat16, fmt.btype, gl.HEAD_ROWS).words
+    t = gt.linear_tiles(2, torch.float32, fmt.btype, n)
+    assert t.words and t == gt._WORDS_LINEAR["Q6_K"]
+    assert gt.linear_tiles(1, torch.bfloat16, fmt.btype, gt.HEAD_ROWS).words
     w = block_rows("Q6_K", n, k, seed=54).clone()
     x = torch.randn(2, k, generator=torch.Generator().manual_seed(55)) * 0.1
     out = gl.linear(x, w, fmt.btype, None, n, k)
     assert_close_scaled(out, fmt.reference_linear(x, {"weight": w}, None, n, k), torch.float32)
-    head = gl._WORDS_HEAD["Q6_K"]
+    head = gt._WORDS_HEAD["Q6_K"]
     assert torch.equal(gl.linear(x, w, fmt.btype, None, n, k, tiles=head)[1],
                        gl.linear(x[1:], w, fmt.btype, None, n, k, tiles=head)[0])  # fmt: skip
 
@@ -127,7 +134,9 @@ def test_q6k_words_bits_do_not_depend_on_ids(gl) -> None:
 
 
 @child_only
-def test_q6k_words_switch_off_and_misaligned_weights_take_the_byte_path(gl, monkeypatch) -> None:
+def test_q6k_words_switch_off_and_misaligned_weights_take_the_byte_path(
+    gl, gt, monkeypatch
+) -> None:
     """Q6K_WORDS off: the default tiles are the byte path's, bit for bit. Weights that do not
     allow 16-bit loads (a view 1 byte into its storage) take the byte path with the switch
     on, whatever tile asks for words, and still match the twin."""
@@ -140,7 +149,7 @@ def test_q6k_words_switch_off_and_misaligned_weights_take_the_byte_path(gl, monk
     # a Q4_K_M layer (Q4_K gate/up, Q6_K down), default tiles: Q6_K down on words with the
     # switch on and w2 aligned; on the byte tile of w13's type with the switch off or w2
     # misaligned (the same bits as before the Q6_K word path)
-    monkeypatch.setitem(gl._SWEPT_GEMV, "Q4_K", gl.GGUFTiles(1, 64, 8, num_warps=2))
+    monkeypatch.setitem(gt._SWEPT_GEMV, "Q4_K", gt.GGUFTiles(1, 64, 8, num_warps=2))
     hidden, ids, weights, w13, w2, inter = moe_case("Q4_K", "Q6_K", 61, 2, 256, 256)
     hidden, ids, weights, w13, w2 = hidden[:1], ids[:1], weights[:1], w13.clone(), w2.clone()
     q4, q6 = GGUFFormat("Q4_K").btype, fmt.btype
@@ -149,9 +158,9 @@ def test_q6k_words_switch_off_and_misaligned_weights_take_the_byte_path(gl, monk
     on = gl.fused_moe(hidden, ids, weights, w13, q4, w2, q6, inter, True)
     assert_close_scaled(on, ref, torch.float32)
     byte = gl.fused_moe(hidden, ids, weights, w13, q4, w2, q6, inter, True,
-                        gl.gemv_tiles(torch.float32, q4, words=False))  # fmt: skip
+                        gt.gemv_tiles(torch.float32, q4, words=False))  # fmt: skip
     s2 = offset_copy(w2, 1)
-    monkeypatch.setattr(gl, "Q4K_WORDS", False)
+    monkeypatch.setattr(gt, "Q4K_WORDS", False)
     assert torch.equal(gl.fused_moe(hidden, ids, weights, w13, q4, s2, q6, inter, True), byte)
-    monkeypatch.setattr(gl, "Q6K_WORDS", False)
+    monkeypatch.setattr(gt, "Q6K_WORDS", False)
     assert torch.equal(gl.fused_moe(hidden, ids, weights, w13, q4, w2, q6, inter, True), byte)

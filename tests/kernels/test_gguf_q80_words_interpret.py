@@ -1,4 +1,4 @@
-"""The Q8_0 word path (`gguf_launch.Q80_WORDS`, `triton/gguf_q80_words.py`) run by Triton's
+"""The Q8_0 word path (`gguf_tiles.Q80_WORDS`, `triton/gguf_q80_words.py`) run by Triton's
 CPU interpreter: which rows allow it (4-aligned rows, K a multiple of 256), the four-row
 decode linear and the MoE GEMVs against the twin within its tolerance (factored float32
 sums, not the twin's bits) and against the byte path, a row's and a pair's bits alike alone
@@ -34,13 +34,20 @@ def gl():
     return interpreted_gguf_launch()
 
 
+@pytest.fixture(scope="module")
+def gt():
+    from xinfer.kernels import gguf_tiles
+
+    return gguf_tiles
+
+
 @pytest.fixture(autouse=True)
 def q80_words_on(monkeypatch):
     """The word path on for every test here (`Q80_WORDS` ships off until a GPU has run its
     tests); the tests of the switch turn it off themselves."""
-    from xinfer.kernels import gguf_launch
+    from xinfer.kernels import gguf_tiles
 
-    monkeypatch.setattr(gguf_launch, "Q80_WORDS", True)
+    monkeypatch.setattr(gguf_tiles, "Q80_WORDS", True)
 
 
 def test_q80_words_takes_aligned_q8_0_rows_only() -> None:
@@ -48,24 +55,24 @@ def test_q80_words_takes_aligned_q8_0_rows_only() -> None:
     boundaries (a row of K = 768 is 816 bytes, allowed) from an 8-aligned base, K a multiple
     of 256; a view 1, 2 or 4 bytes in, rows padded to a stride of 2 or 4 mod 8, K = 96
     (three blocks), Q6_K: no."""
-    from xinfer.kernels import gguf_launch as gl
+    from xinfer.kernels import gguf_tiles as gt
     from xinfer.quant.gguf_blocks import BLOCK_TYPES
 
     q8, k = BLOCK_TYPES["Q8_0"], 768
     w = block_rows("Q8_0", 8, k, seed=70, experts=3).clone()
-    assert w.stride(1) == 816 and gl.q80_words(w, q8, k) and gl.q80_words(w[1], q8, k)
-    assert gl.words_allowed(w, q8, k) and not gl.q4k_words(w, q8, k)
-    assert not gl.q6k_words(w, q8, k)
+    assert w.stride(1) == 816 and gt.q80_words(w, q8, k) and gt.q80_words(w[1], q8, k)
+    assert gt.words_allowed(w, q8, k) and not gt.q4k_words(w, q8, k)
+    assert not gt.q6k_words(w, q8, k)
     for off in (1, 2, 4):
         shifted = torch.empty(w.numel() + off, dtype=torch.uint8)[off:].view(w.shape)
-        assert not gl.q80_words(shifted, q8, k)
-    assert gl.q80_words(w[:, 1:], q8, k)  # 816 bytes in
+        assert not gt.q80_words(shifted, q8, k)
+    assert gt.q80_words(w[:, 1:], q8, k)  # 816 bytes in
     for pad in (2, 4):
         padded = torch.empty(8, q8.row_bytes(k) + pad, dtype=torch.uint8)[:, : q8.row_bytes(k)]
-        assert not gl.q80_words(padded, q8, k)
-    assert not gl.q80_words(block_rows("Q8_0", 8, 96, seed=71).clone(), q8, 96)
+        assert not gt.q80_words(padded, q8, k)
+    assert not gt.q80_words(block_rows("Q8_0", 8, 96, seed=71).clone(), q8, 96)
     q6 = block_rows("Q6_K", 8, 512, seed=72).clone()
-    assert not gl.q80_words(q6, BLOCK_TYPES["Q6_K"], 512)
+    assert not gt.q80_words(q6, BLOCK_TYPES["Q6_K"], 512)
 
 
 @child_only
@@ -88,7 +95,7 @@ def test_q80_words_linear_matches_twin_and_keeps_row_bits(gl, k, m, dtype, warps
 
 @child_only
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
-def test_q80_words_linear_matches_byte_path(gl, dtype) -> None:
+def test_q80_words_linear_matches_byte_path(gl, gt, dtype) -> None:
     """The word path and the byte path of one decode linear (K = 768, 4 rows, N = 40) agree
     within the twin's tolerance (fp32: 1e-5 of the largest output)."""
     from xinfer.quant.gguf_formats import GGUFFormat
@@ -98,26 +105,26 @@ def test_q80_words_linear_matches_byte_path(gl, dtype) -> None:
     x = (torch.randn(4, k, generator=torch.Generator().manual_seed(75)) * 0.1).to(dtype)
     words = gl.linear(x, w, fmt.btype, None, n, k, tiles=word_tiles(4, 16, 2))
     byte = gl.linear(x, w, fmt.btype, None, n, k,
-                     tiles=gl.linear_tiles(4, dtype, fmt.btype, n, words=False))  # fmt: skip
+                     tiles=gt.linear_tiles(4, dtype, fmt.btype, n, words=False))  # fmt: skip
     assert_close_words(words, byte, dtype)
 
 
 @child_only
-def test_q80_words_default_tiles(gl) -> None:
+def test_q80_words_default_tiles(gl, gt) -> None:
     """The launcher's own Q8_0 word tiles (the decode linear's, the LM head's at N >=
     HEAD_ROWS is the same build with its own tile) run and match the twin."""
     from xinfer.quant.gguf_formats import GGUFFormat
 
     fmt, k, n = GGUFFormat("Q8_0"), 512, 24
-    t = gl.linear_tiles(2, torch.float32, fmt.btype, n)
-    assert t.words and t == gl._WORDS_LINEAR["Q8_0"]
-    assert gl.linear_tiles(1, torch.bfloat16, fmt.btype, gl.HEAD_ROWS).words
-    assert gl.gemv_tiles(torch.bfloat16, fmt.btype) == gl._WORDS_GEMV["Q8_0"]
+    t = gt.linear_tiles(2, torch.float32, fmt.btype, n)
+    assert t.words and t == gt._WORDS_LINEAR["Q8_0"]
+    assert gt.linear_tiles(1, torch.bfloat16, fmt.btype, gt.HEAD_ROWS).words
+    assert gt.gemv_tiles(torch.bfloat16, fmt.btype) == gt._WORDS_GEMV["Q8_0"]
     w = block_rows("Q8_0", n, k, seed=76).clone()
     x = torch.randn(2, k, generator=torch.Generator().manual_seed(77)) * 0.1
     out = gl.linear(x, w, fmt.btype, None, n, k)
     assert_close_scaled(out, fmt.reference_linear(x, {"weight": w}, None, n, k), torch.float32)
-    head = gl._WORDS_HEAD["Q8_0"]
+    head = gt._WORDS_HEAD["Q8_0"]
     assert torch.equal(gl.linear(x, w, fmt.btype, None, n, k, tiles=head)[1],
                        gl.linear(x[1:], w, fmt.btype, None, n, k, tiles=head)[0])  # fmt: skip
 
@@ -140,7 +147,7 @@ def test_q80_words_moe_matches_twin(gl, hidden_dim, inter, dtype, tiles) -> None
 
 
 @child_only
-def test_q80_words_moe_matches_byte_path(gl) -> None:
+def test_q80_words_moe_matches_byte_path(gl, gt) -> None:
     """The MoE GEMVs' word path and byte path (float32, three tokens) within 1e-5 of the
     largest output."""
     from xinfer.quant.gguf_blocks import BLOCK_TYPES
@@ -149,7 +156,7 @@ def test_q80_words_moe_matches_byte_path(gl) -> None:
     w13, w2, bt = w13.clone(), w2.clone(), BLOCK_TYPES["Q8_0"]
     words = gl.fused_moe(hidden, ids, weights, w13, bt, w2, bt, inter, True)
     byte = gl.fused_moe(hidden, ids, weights, w13, bt, w2, bt, inter, True,
-                        gl.gemv_tiles(torch.float32, bt, words=False))  # fmt: skip
+                        gt.gemv_tiles(torch.float32, bt, words=False))  # fmt: skip
     assert_close_scaled(words, byte, torch.float32)
 
 
@@ -161,7 +168,9 @@ def test_q80_words_bits_do_not_depend_on_ids(gl) -> None:
 
 
 @child_only
-def test_q80_words_switch_off_and_misaligned_weights_take_the_byte_path(gl, monkeypatch) -> None:
+def test_q80_words_switch_off_and_misaligned_weights_take_the_byte_path(
+    gl, gt, monkeypatch
+) -> None:
     """Q80_WORDS off: the default tiles are the byte path's, bit for bit. Weights that do not
     allow 64-bit loads (a view 4 bytes into its storage) take the byte path with the switch
     on, whatever tile asks for words, and still match the twin; so do experts 4 bytes in."""
@@ -170,16 +179,16 @@ def test_q80_words_switch_off_and_misaligned_weights_take_the_byte_path(gl, monk
     on, byte = check_words_switch_linear(gl, monkeypatch, "Q8_0", "Q80_WORDS", seed=81, offset=4)
     assert_close_scaled(on, byte, torch.float16)
 
-    monkeypatch.setitem(gl._SWEPT_GEMV, "Q8_0", gl.GGUFTiles(1, 64, 8, num_warps=2))
+    monkeypatch.setitem(gt._SWEPT_GEMV, "Q8_0", gt.GGUFTiles(1, 64, 8, num_warps=2))
     hidden, ids, weights, w13, w2, inter = moe_case("Q8_0", "Q8_0", 82, 2, 256, 256)
     hidden, ids, weights, w13, w2 = hidden[:1], ids[:1], weights[:1], w13.clone(), w2.clone()
     bt = BLOCK_TYPES["Q8_0"]
     byte = gl.fused_moe(hidden, ids, weights, w13, bt, w2, bt, inter, True,
-                        gl.gemv_tiles(torch.float32, bt, words=False))  # fmt: skip
+                        gt.gemv_tiles(torch.float32, bt, words=False))  # fmt: skip
     s13, s2 = offset_copy(w13, 4), offset_copy(w2, 4)
-    assert not gl.words_allowed(s13, bt, 256) and not gl.words_allowed(s2, bt, inter)
+    assert not gt.words_allowed(s13, bt, 256) and not gt.words_allowed(s2, bt, inter)
     assert torch.equal(gl.fused_moe(hidden, ids, weights, s13, bt, s2, bt, inter, True), byte)
-    assert gl.gemv_tiles(torch.float32, bt).words
-    monkeypatch.setattr(gl, "Q80_WORDS", False)
-    assert not gl.gemv_tiles(torch.float32, bt).words
+    assert gt.gemv_tiles(torch.float32, bt).words
+    monkeypatch.setattr(gt, "Q80_WORDS", False)
+    assert not gt.gemv_tiles(torch.float32, bt).words
     assert torch.equal(gl.fused_moe(hidden, ids, weights, w13, bt, w2, bt, inter, True), byte)

@@ -74,7 +74,7 @@ def _decode_dot(launch):
 
 # path → (launcher call taking the format or block type, {kernel: {MMA version: dots}});
 # the launchers pick the tiles (M x N x K: quant_launch.linear_tiles / grouped_tiles,
-# gguf_launch's)
+# gguf_tiles')
 QUANT_PATHS = {
     # decode linear, the 16-row dot tile: 16 x 32 x 256 (4-bit) or 128 (FP8)
     "linear-bf16-m4-dot": (lambda f: _decode_dot(_quant_linear)(f, BF16, 4), {LINEAR: {2: 1}}),
@@ -152,7 +152,7 @@ def test_gguf_dots_take_their_kwidth(btype, path):
 
 
 def test_gguf_q4k_head_dot_takes_its_kwidth():
-    """The swept Q4_K LM-head tile (N >= gguf_launch.HEAD_ROWS) where the word path is off, a
+    """The swept Q4_K LM-head tile (N >= gguf_tiles.HEAD_ROWS) where the word path is off, a
     16-row dot tile at decode whatever DECODE_GEMV: 16 x 16 x 64, one warp."""
     launch = lambda: _gguf_linear("Q4_K", BF16, 1, n=65536, words=False)  # noqa: E731
     _check(launch, {GGUF_LINEAR: {2: 1}}, joined=False)
