@@ -240,7 +240,7 @@ DECODE_PROGRAMS = 512  # ... split K, from the shape only, until about this many
 def decode_split(
     m: int, n_tiles: int, k: int, chunk: int, programs: int | None = None
 ) -> tuple[int, int]:
-    """(K per split, splits) of a quantized decode linear (`quant_launch`, `gguf_launch`):
+    """(K per split, splits) of a quantized decode linear (`quant_launch`, `gguf_tiles`):
     calls of at most DECODE_ROWS rows with fewer than `programs` (default DECODE_PROGRAMS)
     tiles of N split K into whole `chunk`s (their tile's K), at least two chunks a split.
     From the shapes only, so a row's bits do not depend on the batch; `programs` 0 never

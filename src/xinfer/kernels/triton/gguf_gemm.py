@@ -123,7 +123,7 @@ def gguf_linear_rows_kernel(
     row (rows past M skip their multiply-adds). A row's arithmetic is the same whether its
     neighbours exist or not, so its bits never depend on M; the decode is shared by four
     rows instead of paid per row (`gguf_linear_gemv_kernel`). WORDS (Q4_K, Q6_K or Q8_0
-    whose rows allow it: `gguf_launch.q4k_words`, `q6k_words`, `q80_words`): the factored
+    whose rows allow it: `gguf_tiles.q4k_words`, `q6k_words`, `q80_words`): the factored
     word path (`gguf_q4k_words.q4k_four_rows_dot`, `gguf_q6k_words.q6k_four_rows_dot`,
     `gguf_q80_words.q80_four_rows_dot`; SUBS / 8
     super-blocks a step, one a warp; ROWS_T rows a thread), one build for calls of one to
@@ -194,7 +194,7 @@ def gguf_moe_gate_up_gemv_kernel(
     ROWS_T: tl.constexpr = 1,
 ):  # fmt: skip
     """grid (T*k, cdiv(I, BLOCK_N)): inter[pair, n] = silu(x·W13[e, n]) * (x·W13[e, I + n]).
-    WORDS (Q4_K, Q6_K or Q8_0 whose rows allow it: `gguf_launch.q4k_words`, `q6k_words`,
+    WORDS (Q4_K, Q6_K or Q8_0 whose rows allow it: `gguf_tiles.q4k_words`, `q6k_words`,
     `q80_words`): the factored word path (`q4k_pair_dot`, `q6k_pair_dot`, `q80_pair_dot`;
     SUBS / 8 super-blocks (Q8_0: 256 columns) a step, one a
     warp; ROWS_T rows a thread; rows past I clamped to the last, dropped at the store)."""

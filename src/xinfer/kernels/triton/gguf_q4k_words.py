@@ -1,5 +1,5 @@
 """GGUF Q4_K decode GEMVs by 32-bit words, factored: the loops of the MoE gate/up and down
-GEMVs and of the four-row decode linear (`gguf_gemm.py`, WORDS) where `gguf_launch.q4k_words`
+GEMVs and of the four-row decode linear (`gguf_gemm.py`, WORDS) where `gguf_tiles.q4k_words`
 allows them (Q4K_WORDS).
 
 A Q4_K super-block of 256 weights is 144 bytes: f16 d, f16 dmin, 12 bytes of 6-bit scales

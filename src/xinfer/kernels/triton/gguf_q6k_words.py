@@ -1,6 +1,6 @@
 """GGUF Q6_K decode GEMVs by words, factored: the loops of the four-row decode linear
 (`gguf_gemm.py`, WORDS; the LM head and attention linears of a Q4_K_M file) and of the MoE
-down GEMV (a Q4_K_M file's `ffn_down_exps` in half its layers), where `gguf_launch.q6k_words`
+down GEMV (a Q4_K_M file's `ffn_down_exps` in half its layers), where `gguf_tiles.q6k_words`
 allows them (Q6K_WORDS). The Q4_K twin of this module is `gguf_q4k_words.py`.
 
 A Q6_K super-block of 256 weights is 210 bytes: ql[128] (low nibbles), qh[64] (high two
@@ -26,7 +26,7 @@ and each lane's sums and scales are its own (no reduction across lanes in the lo
 are 210 bytes, so a block's bytes are only 2-aligned (odd blocks start at 2 mod 4; a row of
 K = 768 is 630 bytes): for each of its 16 bytes of ql[l], of ql[l + 32] and of qh[l] the lane
 loads the five aligned 32-bit words that cover them and funnel-shifts each pair by 0 or 16
-bits, one SHF a word (`gguf_launch.q6k_words` checks a 4-aligned base and even strides);
+bits, one SHF a word (`gguf_tiles.q6k_words` checks a 4-aligned base and even strides);
 its four scales as int8 loads, d as an fp16 load. (Eight 16-bit loads a 16 bytes, joined
 in pairs, took as many instructions and 38% more loads: 66 against 48 a step of the down
 GEMV, sm_90 SASS.) ROWS_T rows
@@ -48,7 +48,7 @@ is summed by each lane from the 16 activations of each of its groups (shared by 
 rows).
 
 sm_90 SASS (`bench/sass_report.py --cases gguf-q6_k-words,linear-gguf-q6_k-words,
-head-gguf-q6_k-words`, Triton 3.9 and 3.6 alike to +-0.006, at `gguf_launch`'s tiles): no
+head-gguf-q6_k-words`, Triton 3.9 and 3.6 alike to +-0.006, at `gguf_tiles`' tiles): no
 shared memory, barrier or spill in the loops; 0.159 / 0.173 warp instructions a weight (MoE
 gate/up, down) where the byte path takes 0.696 / 0.693, and 0.388 for the four-row linear
 (0.386 the LM head's one-warp tile; the loop holds all four rows' code, counted against one

@@ -1,6 +1,6 @@
 """GGUF Q8_0 decode GEMVs by words, factored: the loops of the four-row decode linear
 (`gguf_gemm.py`, WORDS; the LM head too) and of the MoE gate/up and down GEMVs of a Q8_0
-file, where `gguf_launch.q80_words` allows them (Q80_WORDS). The Q6_K and Q4_K twins of this
+file, where `gguf_tiles.q80_words` allows them (Q80_WORDS). The Q6_K and Q4_K twins of this
 module are `gguf_q6k_words.py` and `gguf_q4k_words.py`.
 
 A Q8_0 block of 32 weights is 34 bytes: fp16 d, then 32 int8 codes q, each weight d q. Two
@@ -30,7 +30,7 @@ launcher's word tiles, splits and steps are the other word paths' (K a multiple 
 warp's lanes hold 8 rows x the 4 block pairs g of a super-block, each lane its pair's 17
 words and the 64 activations of its columns (16-byte loads), so each lane's sums and scales
 are its own: no reduction across lanes in the loop. A pair starts 68 g bytes into the
-super-block, 8-aligned for even g and 4 bytes past for odd g (`gguf_launch.q80_words` asks
+super-block, 8-aligned for even g and 4 bytes past for odd g (`gguf_tiles.q80_words` asks
 8-aligned rows and base): the lane loads the 18 words from the 8-aligned one at or below
 its pair as nine 64-bit loads and odd lanes select words 1..17 (one SEL a word). Seventeen
 32-bit loads a pair took 8% fewer instructions (0.118 / 0.130 / 0.319 a weight) but each
@@ -43,7 +43,7 @@ read SB super-blocks a step. Every load is a flat tile (lanes: the pair and row;
 super-block; registers: the rest), reshaped after, as `gguf_q4k_words._flat`.
 
 sm_90 SASS (`bench/sass_report.py --cases gguf-q8_0-words,linear-gguf-q8_0-words,
-head-gguf-q8_0-words`, Triton 3.9, at `gguf_launch`'s tiles): no shared memory, barrier or
+head-gguf-q8_0-words`, Triton 3.9, at `gguf_tiles`' tiles): no shared memory, barrier or
 spill in the loops; 0.127 / 0.138 warp instructions a weight (MoE gate/up, down) where the
 byte path takes 0.350 / 0.422, and 0.328 for the four-row linear (0.326 the LM head's
 one-warp tile; all four rows' code against one row's weights) where the byte path takes
