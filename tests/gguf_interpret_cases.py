@@ -118,7 +118,7 @@ def check_words_moe(gl, t13: str, t2: str, seed: int, hidden_dim: int, inter: in
     assert gt.words_allowed(w13, f13.btype, hidden_dim) and gt.words_allowed(w2, f2.btype, inter)
     ref = f13.reference_moe(hidden, ids, weights, {"weight": w13}, {"weight": w2}, inter, f2)
     if tiles is None:
-        assert gt._down_tiles(f2.btype, w2, inter, None, None) == gt._WORDS_GEMV[t2].down
+        assert gt.down_tiles(f2.btype, w2, inter, None, None) == gt._WORDS_GEMV[t2].down
     out = gl.fused_moe(hidden, ids, weights, w13, f13.btype, w2, f2.btype, inter, True, tiles)
     assert_close_words(out, ref, dtype)
     one = gl.fused_moe(hidden[1:], ids[1:], weights[1:], w13, f13.btype, w2, f2.btype, inter,

@@ -139,7 +139,7 @@ def linear(
     if m == 0:
         return out.view(*x.shape[:-1], n)
     byte = lambda: gguf_tiles.linear_tiles(m, x.dtype, btype, n, words=False)  # noqa: E731
-    t = gguf_tiles._path_tiles(tiles or gguf_tiles.linear_tiles(m, x.dtype, btype, n), w, btype,
+    t = gguf_tiles.path_tiles(tiles or gguf_tiles.linear_tiles(m, x.dtype, btype, n), w, btype,
                                k, byte)  # fmt: skip
     if t.block_m in (1, 4):
         if m > decode_m:
@@ -188,7 +188,7 @@ def _gemv_linear(x2, w, btype: BlockType, bias, out, t: gguf_tiles.GGUFTiles) ->
     if t.words:  # the four-row kernel's word path, one build for every row count
         if t.block_m != 4:
             raise ValueError(f"gguf linear: the word tiles (Q4_K, Q6_K, Q8_0) are four-row: {t}")
-        jit.gguf_linear_rows_kernel[grid](*args, **consts, **gguf_tiles._words_consts(t))
+        jit.gguf_linear_rows_kernel[grid](*args, **consts, **gguf_tiles.words_consts(t))
     elif t.block_m == 1:
         jit.gguf_linear_gemv_kernel[grid](*args, **consts)
     else:
@@ -285,17 +285,17 @@ def fused_moe(
         # else on the byte tile of w13's type (as before the word path)
         t = tiles or gguf_tiles.gemv_tiles(hidden.dtype, btype13)
         byte = lambda: gguf_tiles.gemv_tiles(hidden.dtype, btype13, words=False)  # noqa: E731
-        t13 = gguf_tiles._path_tiles(t, w13, btype13, hidden_dim, byte)
-        t2 = gguf_tiles._path_tiles(t.down or t, w2, btype2, inter, byte)
+        t13 = gguf_tiles.path_tiles(t, w13, btype13, hidden_dim, byte)
+        t2 = gguf_tiles.path_tiles(t.down or t, w2, btype2, inter, byte)
         if tiles is None and btype2.name != btype13.name:  # w2's own word tile, if any
-            t2 = gguf_tiles._down_tiles(btype2, w2, inter, t2, byte)
+            t2 = gguf_tiles.down_tiles(btype2, w2, inter, t2, byte)
         if t13.words:
             hidden = _word_aligned(hidden)
         jit.gguf_moe_gate_up_gemv_kernel[(num_pairs, triton.cdiv(inter, t13.block_n))](
             hidden, topk_ids, w13, inter_buf, hidden_dim, inter,
             hidden.stride(0), *s13, inter_buf.stride(0),
             BTYPE=btype13.type_id, TOP_K=top_k, BLOCK_N=t13.block_n, SUBS=t13.subs,
-            num_warps=t13.num_warps, **gguf_tiles._words_consts(t13),
+            num_warps=t13.num_warps, **gguf_tiles.words_consts(t13),
             **pdl.options(hidden),
         )  # fmt: skip
         counters, fused = moe_launch.combine_tail(out, t2.block_n)
@@ -303,7 +303,7 @@ def fused_moe(
             inter_buf, topk_ids, w2, y, topk_weights, out, counters, hidden_dim, inter,
             inter_buf.stride(0), *s2, y.stride(0), out.stride(0),
             BTYPE=btype2.type_id, BLOCK_N=t2.block_n, SUBS=t2.subs, TOP_K=top_k,
-            COMBINE=fused, num_warps=t2.num_warps, **gguf_tiles._words_consts(t2),
+            COMBINE=fused, num_warps=t2.num_warps, **gguf_tiles.words_consts(t2),
             **pdl.options(hidden),
         )  # fmt: skip
     else:

@@ -1,12 +1,12 @@
 """Which tile and path a GGUF block call takes — this module's one concern; `gguf_launch`
 launches the kernels with what it chooses. The tiles of the linears (`linear_tiles`: the
 decode GEMV form, the LM-head tiles, the dot tiles of more rows), of the MoE GEMVs
-(`gemv_tiles`, `_down_tiles`) and of the in-register grouped GEMMs (`grouped_tiles`), with
+(`gemv_tiles`, `down_tiles`) and of the in-register grouped GEMMs (`grouped_tiles`), with
 the tables and the measurements they were chosen by; a decode linear's split-K
 (`decode_split`); and the word paths of Q4_K, Q6_K and Q8_0: their switches (Q4K_WORDS,
 Q6K_WORDS, Q80_WORDS: read here, so patched here, not on `gguf_launch`), whether a weight
 allows them (`q4k_words`, `q6k_words`, `q80_words`, `words_allowed`), the byte tile where it
-does not (`_path_tiles`) and a word tile's constexprs (`_words_consts`).
+does not (`path_tiles`) and a word tile's constexprs (`words_consts`).
 
 Every choice here depends only on shapes, dtypes, block types, strides and alignment, never
 on ids or on the batch within an M bucket (`gguf_launch`'s notes on determinism)."""
@@ -65,7 +65,7 @@ class GGUFTiles:
     num_warps: int = 4
     num_stages: int = 2
     split_programs: int | None = None  # decode linears' split-K target (None: the default)
-    # the Q4_K word path (Q4K_WORDS; `q4k_words`, `_words_consts`): block_n a multiple of 8,
+    # the Q4_K word path (Q4K_WORDS; `q4k_words`, `words_consts`): block_n a multiple of 8,
     # subs / 8 super-blocks a step, a multiple of num_warps; GEMVs only (block_m 1 for
     # experts, 4 for the decode linear)
     words: bool = False
@@ -78,7 +78,7 @@ class GGUFTiles:
 # o_proj and qkv gained nothing from it). Other block types' heads are not swept.
 HEAD_ROWS = 65536
 _SWEPT_HEAD = {"Q4_K": GGUFTiles(block_m=16, block_n=16, subs=2, num_warps=1)}
-# The Q4_K head on the word path (Q4K_WORDS; `_path_tiles` falls back to _SWEPT_HEAD where
+# The Q4_K head on the word path (Q4K_WORDS; `path_tiles` falls back to _SWEPT_HEAD where
 # the weight does not allow it): four rows a program, 16 rows x one warp, a super-block a
 # step. Measured on an H100 (2026-12-07, thirty-third session, `bench_gguf_kernels.py --types
 # Q4_K`, 151,936 x 2048, CUDA graphs), µs at one / eight rows: 97.5 / 437.2 against the
@@ -136,7 +136,7 @@ def gemv_tiles(
     are not swept. `words`: the word tile of Q4_K, Q6_K or Q8_0 (default Q4K_WORDS /
     Q6K_WORDS / Q80_WORDS; `fused_moe` falls back to the byte tile for weights that do not
     allow it, and takes w2's own word tile where its type differs from w13's:
-    `_down_tiles`)."""
+    `down_tiles`)."""
     del dtype
     name = btype.name if btype else ""
     if (_words_on(btype) if words is None else words) and name in _WORDS_GEMV:
@@ -144,7 +144,7 @@ def gemv_tiles(
     return _SWEPT_GEMV.get(name, GGUFTiles(1, 8, 8, num_warps=4))
 
 
-# The Q4_K word path's tiles (`_words_consts`), chosen by sm_90 SASS (`bench/sass_report.py
+# The Q4_K word path's tiles (`words_consts`), chosen by sm_90 SASS (`bench/sass_report.py
 # --cases gguf-q4_k,linear-gguf-q4_k`, 2026-12-07, Triton 3.9 and 3.6 alike to +-0.001);
 # the choice among them not timed (the chosen tiles were, against the byte path: Q4K_WORDS);
 # loop warp instructions a weight, none with shared memory, a barrier or a spill in the loop:
@@ -259,7 +259,7 @@ def q4k_words(w: torch.Tensor, btype: BlockType, k: int) -> bool:
     return btype.name == "Q4_K" and k % 256 == 0 and kernels.rows_aligned(w, 16)
 
 
-def _words_consts(t: GGUFTiles) -> dict:
+def words_consts(t: GGUFTiles) -> dict:
     """The word path's constexprs of tile `t` (none for a byte tile): a warp's lanes hold 8
     rows x the 4 pairs of a super-block, its warps a super-block each (subs / 8 super-blocks
     a step, a multiple of num_warps: K split between them, summed once at the end; more than
@@ -270,14 +270,14 @@ def _words_consts(t: GGUFTiles) -> dict:
     return dict(WORDS=True, ASM=kernels.inline_asm(), ROWS_T=t.block_n // 8)
 
 
-def _path_tiles(t: GGUFTiles, w: torch.Tensor, btype: BlockType, k: int, byte_tiles) -> GGUFTiles:
+def path_tiles(t: GGUFTiles, w: torch.Tensor, btype: BlockType, k: int, byte_tiles) -> GGUFTiles:
     """`t`, or `byte_tiles()` where `t` is a word tile that `w` does not allow."""
     if t.words and (t.block_n % 8 or t.subs % (8 * t.num_warps) or t.subs & (t.subs - 1)):
         raise ValueError(f"gguf: a word tile is 8k rows, 2^j super-blocks a warp: {t}")
     return byte_tiles() if t.words and not words_allowed(w, btype, k) else t
 
 
-def _down_tiles(btype2: BlockType, w2, inter: int, t2: GGUFTiles, byte_tiles) -> GGUFTiles:
+def down_tiles(btype2: BlockType, w2, inter: int, t2: GGUFTiles, byte_tiles) -> GGUFTiles:
     """The down GEMV's default tile where w2's block type differs from w13's (a Q4_K_M
     file's Q6_K `ffn_down_exps`): w2's type's word tile where it has one, its switch is on
     and w2 allows it; else `t2` (w13's down tile), or `byte_tiles()` for a word tile (w13's
