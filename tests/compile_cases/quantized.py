@@ -218,30 +218,23 @@ def _gguf_moe(t13: str, t2: str, dtype, tokens: int, use_gemv: bool, dequant=Non
                           dequant=dequant)  # fmt: skip
 
 
-def _q6k_words_on(fn):
-    """`fn` with the Q6_K word path on (`gguf_tiles.Q6K_WORDS`, off until a GPU has run it),
-    so that its builds are compiled here whatever the default."""
+def _words_on(switch: str):
+    """A wrapper running its `fn` with the word path `switch` of `gguf_tiles` on (Q6K_WORDS,
+    Q80_WORDS), so that the word builds are compiled here whatever the defaults."""
 
-    def run(*args, **kwargs) -> None:
-        from xinfer.kernels import gguf_tiles
+    def wrap(fn):
+        def run(*args, **kwargs) -> None:
+            from xinfer.kernels import gguf_tiles
 
-        with mock.patch.object(gguf_tiles, "Q6K_WORDS", True):
-            fn(*args, **kwargs)
+            with mock.patch.object(gguf_tiles, switch, True):
+                fn(*args, **kwargs)
 
-    return run
+        return run
+
+    return wrap
 
 
-def _q80_words_on(fn):
-    """`fn` with the Q8_0 word path on (`gguf_tiles.Q80_WORDS`, off until a GPU has run it),
-    so that its builds are compiled here whatever the default."""
-
-    def run(*args, **kwargs) -> None:
-        from xinfer.kernels import gguf_tiles
-
-        with mock.patch.object(gguf_tiles, "Q80_WORDS", True):
-            fn(*args, **kwargs)
-
-    return run
+_q6k_words_on, _q80_words_on = _words_on("Q6K_WORDS"), _words_on("Q80_WORDS")
 
 
 G_GEMV = "gguf_moe_gate_up_gemv_kernel gguf_moe_down_gemv_kernel"  # combine fused

@@ -326,14 +326,22 @@ def test_q4k_words_linear_matches_twin_and_keeps_row_bits(n, k, words_on) -> Non
     _word_linear_keeps_row_bits("Q4_K", n, k, seed=42)
 
 
-def test_q4k_words_expert_bits_do_not_depend_on_the_slot(words_on) -> None:
-    x, ids, weights, w13, w2, inter = _moe("Q4_K", "Q4_K", 3, seed=44)
-    bt = GGUFFormat("Q4_K").btype
-    base = gl.fused_moe(x, ids, weights, w13, bt, w2, bt, inter)
+def _assert_words_slot_bits(t13: str, t2: str, seed: int) -> None:
+    """The MoE GEMVs' outputs bit for bit alike with the experts in their stack and in a slot
+    cache addressed by slot ids; the slot cache's down weights (and gate/up where both are
+    one type) allow the word path."""
+    x, ids, weights, w13, w2, inter = _moe(t13, t2, 3, seed=seed)
+    b13, b2 = GGUFFormat(t13).btype, GGUFFormat(t2).btype
+    base = gl.fused_moe(x, ids, weights, w13, b13, w2, b2, inter)
     slot_ids, s13, s2 = _slot_cache(ids, w13, w2)
-    assert gt.q4k_words(s13, bt, x.shape[1]) and gt.q4k_words(s2, bt, inter)
-    out = gl.fused_moe(x, slot_ids, weights, s13, bt, s2, bt, inter)
+    assert gt.words_allowed(s2, b2, inter)
+    assert t13 != t2 or gt.words_allowed(s13, b13, x.shape[1])
+    out = gl.fused_moe(x, slot_ids, weights, s13, b13, s2, b2, inter)
     assert torch.equal(out, base)
+
+
+def test_q4k_words_expert_bits_do_not_depend_on_the_slot(words_on) -> None:
+    _assert_words_slot_bits("Q4_K", "Q4_K", seed=44)
 
 
 def _assert_decode_graph_replays(name: str, seed: int) -> None:
@@ -408,24 +416,20 @@ def test_q6k_words_moe_matches_twin_and_the_byte_path(t13, dtype, num_tokens, mo
     _assert_words_moe(monkeypatch, t13, "Q6_K", "Q6K_WORDS", dtype, num_tokens, seed=51)
 
 
+@pytest.mark.parametrize("name,switch,seed", [("Q6_K", "Q6K_WORDS", 52), ("Q8_0", "Q80_WORDS", 62)])
 @pytest.mark.parametrize("n,k", [(2056, 2048), (2048, 4096), (gt.HEAD_ROWS, 2048)])
-def test_q6k_words_linear_matches_twin_and_keeps_row_bits(n, k, monkeypatch,
-                                                          q6k_words_on) -> None:  # fmt: skip
-    """The decode linear's (and the LM head's) Q6_K word path: within the twin's tolerance
-    and the byte path's; a row's bits alike in batches of 1, 3, 8 and 16."""
-    full, run = _word_linear_keeps_row_bits("Q6_K", n, k, seed=52)
-    monkeypatch.setattr(gt, "Q6K_WORDS", False)
+def test_words_linear_matches_twin_and_keeps_row_bits(name, switch, seed, n, k, monkeypatch):
+    """The decode linear's (and the LM head's) Q6_K and Q8_0 word paths (`switch` on): within
+    the twin's tolerance and the byte path's; a row's bits alike in batches of 1, 3, 8 and
+    16."""
+    monkeypatch.setattr(gt, switch, True)
+    full, run = _word_linear_keeps_row_bits(name, n, k, seed=seed)
+    monkeypatch.setattr(gt, switch, False)
     _close(full, run(16))
 
 
 def test_q6k_words_expert_bits_do_not_depend_on_the_slot(q6k_words_on) -> None:
-    x, ids, weights, w13, w2, inter = _moe("Q4_K", "Q6_K", 3, seed=54)
-    b13, b2 = GGUFFormat("Q4_K").btype, GGUFFormat("Q6_K").btype
-    base = gl.fused_moe(x, ids, weights, w13, b13, w2, b2, inter)
-    slot_ids, s13, s2 = _slot_cache(ids, w13, w2)
-    assert gt.q6k_words(s2, b2, inter)
-    out = gl.fused_moe(x, slot_ids, weights, s13, b13, s2, b2, inter)
-    assert torch.equal(out, base)
+    _assert_words_slot_bits("Q4_K", "Q6_K", seed=54)
 
 
 def test_q6k_words_graph_replays_the_kernels(q6k_words_on) -> None:
@@ -468,24 +472,8 @@ def test_q80_words_moe_matches_twin_and_the_byte_path(dtype, num_tokens, monkeyp
     _assert_words_moe(monkeypatch, "Q8_0", "Q8_0", "Q80_WORDS", dtype, num_tokens, seed=61)
 
 
-@pytest.mark.parametrize("n,k", [(2056, 2048), (2048, 4096), (gt.HEAD_ROWS, 2048)])
-def test_q80_words_linear_matches_twin_and_keeps_row_bits(n, k, monkeypatch,
-                                                          q80_words_on) -> None:  # fmt: skip
-    """The decode linear's (and the LM head's) Q8_0 word path: within the twin's tolerance
-    and the byte path's; a row's bits alike in batches of 1, 3, 8 and 16."""
-    full, run = _word_linear_keeps_row_bits("Q8_0", n, k, seed=62)
-    monkeypatch.setattr(gt, "Q80_WORDS", False)
-    _close(full, run(16))
-
-
 def test_q80_words_expert_bits_do_not_depend_on_the_slot(q80_words_on) -> None:
-    x, ids, weights, w13, w2, inter = _moe("Q8_0", "Q8_0", 3, seed=63)
-    bt = GGUFFormat("Q8_0").btype
-    base = gl.fused_moe(x, ids, weights, w13, bt, w2, bt, inter)
-    slot_ids, s13, s2 = _slot_cache(ids, w13, w2)
-    assert gt.q80_words(s13, bt, x.shape[1]) and gt.q80_words(s2, bt, inter)
-    out = gl.fused_moe(x, slot_ids, weights, s13, bt, s2, bt, inter)
-    assert torch.equal(out, base)
+    _assert_words_slot_bits("Q8_0", "Q8_0", seed=63)
 
 
 def test_q80_words_graph_replays_the_kernels(q80_words_on) -> None:
