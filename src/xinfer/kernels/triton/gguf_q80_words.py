@@ -171,7 +171,7 @@ def q80_decode(w32, rows, kb, kb_end, ROWS_T: tl.constexpr, SB: tl.constexpr,
 @triton.jit
 def _q80_x64(t):
     """(SB, 8, 4, 64) → its 64 tensors t[..., m] (SB, 8, 4), as
-    xs[_q80_rev3(m % 8)][_q80_rev3(m // 8)]."""
+    xs[rev3(m % 8)][rev3(m // 8)] (rev3: three bits reversed, `_q80_xcol`)."""
     e = _eight(tl.reshape(t, t.shape[:-1] + (8, 2, 2, 2)))  # [m % 8]: (…, 8 m // 8)
     return (
         _eight(tl.reshape(e[0], t.shape[:-1] + (2, 2, 2))),
@@ -187,7 +187,7 @@ def _q80_x64(t):
 
 @triton.jit
 def _q80_x32(t):
-    """(SB, 8, 4, 32) → its 32 tensors t[..., m] (SB, 8, 4), as xs[_q80_rev3(m % 8)][m // 8]."""
+    """(SB, 8, 4, 32) → its 32 tensors t[..., m] (SB, 8, 4), as xs[rev3(m % 8)][m // 8]."""
     e = _eight(tl.reshape(t, t.shape[:-1] + (4, 2, 2, 2)))  # [m % 8]: (…, 4 m // 8)
     return (_four(e[0]), _four(e[1]), _four(e[2]), _four(e[3]), _four(e[4]), _four(e[5]),
             _four(e[6]), _four(e[7]))  # fmt: skip
@@ -227,22 +227,24 @@ def q80_x(x_row, kb, kb_end, SB: tl.constexpr, ASM: tl.constexpr):
 
 
 @triton.jit
-def _q80_rev3(i: tl.constexpr):
-    """The position of element i (0..7) of three dims in `gguf_q4k_words._eight`'s tuple (its
-    last dim varies slowest there): i's three bits reversed."""
-    return (i % 2) * 4 + (i // 2 % 2) * 2 + i // 4
-
-
-@triton.jit
 def _q80_xcol(xs, col: tl.constexpr, F32: tl.constexpr):
-    """The activation of column `col` (0..63) of a lane's pair from `q80_x`'s tiles."""
+    """The activation of column `col` (0..63) of a lane's pair from `q80_x`'s tiles. An
+    element i (0..7) of three dims sits at i's three bits reversed in `gguf_q4k_words._eight`'s
+    tuple (its last dim varies slowest there). The positions are computed here from `col`
+    into `tl.constexpr` names, so they stay compile-time constants: a `@triton.jit` helper
+    returning them, or a name without the annotation, is a tensor under Triton 3.6 (the GPU's),
+    which a tuple cannot be indexed by: its sm_90 compile failed there."""
     lo, hi = xs[0], xs[1]
     if F32:
-        v = lo[_q80_rev3(col % 8)][_q80_rev3(col // 8)]
-    elif col % 2 == 0:
-        v = lo[_q80_rev3((col // 2) % 8)][col // 16]
+        a: tl.constexpr = col % 8
+        b: tl.constexpr = col // 8
+        v = lo[(a % 2) * 4 + (a // 2 % 2) * 2 + a // 4][(b % 2) * 4 + (b // 2 % 2) * 2 + b // 4]
     else:
-        v = hi[_q80_rev3((col // 2) % 8)][col // 16]
+        h: tl.constexpr = (col // 2) % 8
+        if col % 2 == 0:
+            v = lo[(h % 2) * 4 + (h // 2 % 2) * 2 + h // 4][col // 16]
+        else:
+            v = hi[(h % 2) * 4 + (h // 2 % 2) * 2 + h // 4][col // 16]
     return v
 
 
