@@ -31,19 +31,25 @@ elif [ "${CALL_LIST}" = 2 ]; then
   GPU_RUN_LIMIT=$(lim) GGUF_KERNEL_TIMEOUT=150 GGUF_TYPES=Q6_K bash $G ggufkernel 2>&1 \
     | grep -E "^  (linear|moe)" | tail -12
   GPU_RUN_LIMIT=$(lim) VS_TIMEOUT=$(($(lim) - 15)) VS_ROWS=q4_k_m bash $G vsllama 2>&1 | tail -8
-elif [ "${CALL_LIST}" = 6 ]; then
-  # the thirty-fifth session's last call, any host: the Q8_0 word path's GPU tests (and PDL
-  # after the prefetch and early release went), its kernels words vs bytes, then resident
-  # Q8_0 beside llama.cpp with the words (and xinfer without them)
+elif [ "${CALL_LIST}" = 7 ]; then
+  # the thirty-sixth session's next call, any host (run scripts/compile_check_gpu_triton.sh
+  # here first): the Q8_0 word path's GPU tests and kernels after its Triton 3.6 compile fix,
+  # then Q4_K at 12 GB beside llama.cpp with the seed's 12 GB-card reserve (1.5 GB: `auto`
+  # keeps what one 8k sequence needs, ~1.97 GiB, so ~4 more slots a layer than at 2.5)
   [ -d bench/.llamacpp_kit ] && bash bench/bench_vs_llamacpp.sh --start-build | tail -1
-  GPU_RUN_LIMIT=$(lim) PYTEST_TIMEOUT=${NEW_TESTS_S:-120} PYTEST_TAG=_q80 PYTEST_FILES="tests/kernels/test_gguf_kernels.py \
-tests/kernels/test_pdl_gpu.py" PYTEST_K="${Q80_K:-q80 or Q8_0 or pdl}" bash $G pytestk 2>&1 | tail -8
+  GPU_RUN_LIMIT=$(lim) HOSTCHECK_KINDS=0 bash $G hostcheck 2>&1 | tail -2
+  GPU_RUN_LIMIT=$(lim) PYTEST_TIMEOUT=${NEW_TESTS_S:-120} PYTEST_TAG=_q80 \
+    PYTEST_FILES="tests/kernels/test_gguf_kernels.py" PYTEST_K="${Q80_K:-q80 or Q8_0}" \
+    bash $G pytestk 2>&1 | tail -6
   GPU_RUN_LIMIT=$(lim) GGUF_KERNEL_TIMEOUT=90 GGUF_TYPES=Q8_0 bash $G ggufkernel 2>&1 \
     | grep -E "^  (linear|moe)" | tail -16
-  XINFER_BENCH_ARGS=--q80-words NO_BUDGET=1 GPU_RUN_LIMIT=$(lim) VS_TIMEOUT=$(($(lim) - 75)) \
-    VS_ROWS=q8_0 bash $G vsllama 2>&1 | tail -5
-  NO_LLAMACPP=1 NO_BUDGET=1 LCP_WAIT_S=1 GPU_RUN_LIMIT=$(lim) VS_TIMEOUT=$(($(lim) - 5)) \
-    VS_ROWS=q8_0 bash $G vsllama 2>&1 | grep '"engine"' | tee $R/vs_q8_0_bytes.txt
+  XINFER_BENCH_ARGS="--reserve-gb 1.5" BUDGET_ONLY=1 GPU_RUN_LIMIT=$(lim) \
+    VS_TIMEOUT=$(($(lim) - 10)) VS_ROWS=q4_k bash $G vsllama 2>&1 | tail -5
+elif [ "${CALL_LIST}" = 8 ]; then
+  # on the same warm machine: resident Q8_0 and Q8_0 at 24 GB beside llama.cpp (issue 16's
+  # rows), with the word path if list 7's tests passed (Q80=--q80-words), else without
+  XINFER_BENCH_ARGS="${Q80:-}" GPU_RUN_LIMIT=$(lim) VS_TIMEOUT=$(($(lim) - 10)) \
+    VS_ROWS=q8_0 bash $G vsllama 2>&1 | tail -6
 else
   MODE=$(cat $R/mode.txt 2>/dev/null || echo slow); echo "MODE=$MODE (from the first call)"
   # issue 19: GPTQ 20% batch 1, prefetch off and two ahead, on today's kernels (its load and
