@@ -49,13 +49,33 @@ def measure(llm: LLM, prompt_len: int, decode_tokens: int) -> dict:
     longs = [torch.randint(100, vocab - 100, (prompt_len,), generator=gen).tolist() for _ in "ab"]
     _timed(llm, short, 8)  # warm-up: graphs, Triton compiles
     first = min(_timed(llm, short, 1) for _ in range(2))
+    manager = llm.engine.offload_manager
+    if manager is not None:  # the decode runs' own offload counters (`_decode_offload`)
+        manager.reset_stats()
     full = min(_timed(llm, short, decode_tokens + 1) for _ in range(2))
+    decode_stats = _decode_offload(manager.stats(), 2 * (decode_tokens + 1)) if manager else {}
     # a fresh prompt each time (and prefix caching off): every token is computed
     prefill = min(_timed(llm, long, 1) for long in longs)
     return {
         "decode_tok_s": round(decode_tokens / (full - first), 1),
         f"pp{prompt_len}_tok_s": round(prompt_len / prefill, 1),
+        **decode_stats,
     }
+
+
+def _decode_offload(s: dict, tokens: int) -> dict:
+    """The two decode runs' offload counters (each a 32-token prompt, then `tokens` / 2
+    tokens; the short prompt's lookups are in them too): hit rate, MB moved a token, and with
+    prefetch what it predicted, copied, and how much of the copied was used or wasted."""
+    out = {
+        "decode_hit_rate": round(s["hit_rate"], 4),
+        "decode_mb_per_token": round(s["bytes_moved"] / tokens / 1e6, 1),
+    }
+    if (pf := s.get("prefetch")) is not None:
+        out["prefetch"] = {k: pf[k] for k in ("predicted", "present", "prefetched", "dropped",
+                                              "used", "wasted")}  # fmt: skip
+        out["prefetch"]["wasted_mb_per_token"] = round(pf["wasted_bytes"] / tokens / 1e6, 1)
+    return out
 
 
 def _offload_summary(llm: LLM) -> dict:

@@ -36,3 +36,15 @@ def test_the_runs_carry_their_options():
     assert runs[1][0] == "12 GB auto 2 stream buffers prefetch 2"
     auto = vs.engine_runs(parse(base + ["--budget-gb", "12"]))[1][1]
     assert "moe_offload_stream_buffers" not in auto  # the engine's auto
+
+
+def test_decode_offload_reports_rates_per_token_and_prefetch_use() -> None:
+    """The decode runs' counters: hit rate, MB a token, and prefetch's counts with its waste
+    a token (only when prefetch is on)."""
+    stats = {"hit_rate": 0.93812, "bytes_moved": 66 * 2_654_208}
+    assert vs._decode_offload(stats, 66) == {"decode_hit_rate": 0.9381, "decode_mb_per_token": 2.7}
+    pf = {"predicted": 100, "present": 60, "prefetched": 30, "dropped": 10, "used": 21,
+          "wasted": 9, "wasted_bytes": 9 * 2_654_208, "distance": 2}  # fmt: skip
+    row = vs._decode_offload({**stats, "prefetch": pf}, 66)
+    assert row["prefetch"] == {"predicted": 100, "present": 60, "prefetched": 30, "dropped": 10,
+                               "used": 21, "wasted": 9, "wasted_mb_per_token": 0.4}  # fmt: skip
