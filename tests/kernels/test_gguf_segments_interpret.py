@@ -104,8 +104,9 @@ def test_twin_is_the_segments_stacked() -> None:
     """`dequantize`: each segment's rows by its own type's twin, stacked; `engine_tensors`
     (quantize, convert) round-trips through the segments."""
     fmt, tensors = _case((32, 16), 512, seed=70)
-    want = torch.cat([GGUFFormat("Q4_K").dequantize({"weight": tensors["weight0"]}, 32, 512),
-                      GGUFFormat("Q6_K").dequantize({"weight": tensors["weight1"]}, 16, 512)])  # fmt: skip
+    q4, q6 = GGUFFormat("Q4_K"), GGUFFormat("Q6_K")
+    want = torch.cat([q4.dequantize({"weight": tensors["weight0"]}, 32, 512),
+                      q6.dequantize({"weight": tensors["weight1"]}, 16, 512)])  # fmt: skip
     assert torch.equal(fmt.dequantize(tensors, 48, 512), want)
     w = torch.randn(48, 512, generator=torch.Generator().manual_seed(70)) * 0.05
     again = fmt.engine_tensors(w)
