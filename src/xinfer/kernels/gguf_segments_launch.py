@@ -73,7 +73,7 @@ def linear(
         return _dequantized(x2, ws, btypes, rows, bias, k).view(*x.shape[:-1], n)
     t = segment_tiles(m, x.dtype, ws, btypes, rows, k)
     if t is None:
-        return _per_segment(x2, ws, btypes, rows, bias, k).view(*x.shape[:-1], n)
+        return per_segment(x2, ws, btypes, rows, bias, k).view(*x.shape[:-1], n)
     out = x.new_empty(m, n)
     if m == 0:
         return out.view(*x.shape[:-1], n)
@@ -98,7 +98,7 @@ def _bias_rows(bias: torch.Tensor | None, rows: list[int]) -> list[torch.Tensor 
     return list(torch.split(bias, rows))
 
 
-def _per_segment(x2, ws, btypes, rows, bias, k: int) -> torch.Tensor:
+def per_segment(x2, ws, btypes, rows, bias, k: int) -> torch.Tensor:
     """Each segment through `gguf_launch.linear` (its own path and tiles), outputs joined."""
     outs = [
         gguf_launch.linear(x2, w, bt, b, r, k)
