@@ -73,7 +73,7 @@ def test_segments_are_the_runs_of_one_type_in_part_order() -> None:
         "weight0": ((4608, 1152), torch.uint8),
         "weight1": ((512, 1680), torch.uint8),
     }
-    # 5120 x 2048 of bf16 (20 MiB) against 6.1 MiB of blocks: Qwen3-30B-A3B's qkv
+    # 5120 x 2048 of bf16 (20 MiB) against 5.9 MiB of blocks: Qwen3-30B-A3B's qkv
     assert fmt.weight_bytes(5120, 2048) == 4608 * 1152 + 512 * 1680
     with pytest.raises(ValueError):
         fmt.tensor_specs(5000, 2048)
