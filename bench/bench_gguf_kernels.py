@@ -9,6 +9,10 @@ the tables in `kernels/gguf_tiles.py`. One run takes ~1 min (~4 with --sweep).
 Q4_K_M layer's Q4_K gate/up + Q6_K down), the linears and the LM head. `--types Q8_0` the
 same for the Q8_0 word path (Q80_WORDS, off by default: its word tiles are the extra rows).
 
+`--q4-k-m-qkv` times only a Q4_K_M layer's qkv (Q4_K q|k above Q6_K v, kept as segments:
+`quant/gguf_segments.py`) at one and eight rows: the one segments launch, one launch a
+segment (the per-segment route), and the bf16 linear the merge ran as before (dequantized).
+
 `--words-sweep` times only the Q4_K word path's decode tiles (MoE gate/up and down at one and
 eight tokens, the qkv and o_proj linears at one and eight rows with three split-K targets),
 which were chosen by SASS instruction counts and never timed against each other (~2 min).
@@ -30,9 +34,11 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "src"))
 
 from cuda_timing import cuda_graph_seconds  # noqa: E402
 
+from xinfer import kernels  # noqa: E402
 from xinfer.kernels import gemv_launch, moe_launch, reference  # noqa: E402
 from xinfer.kernels import gguf_launch as gl  # noqa: E402
 from xinfer.kernels import gguf_q8x_launch as q8x  # noqa: E402
+from xinfer.kernels import gguf_segments_launch as gsl  # noqa: E402
 from xinfer.kernels import gguf_tiles as gt  # noqa: E402
 from xinfer.quant.gguf_blocks import BLOCK_TYPES  # noqa: E402
 
@@ -299,6 +305,35 @@ def bench_q4k_words() -> list[dict]:
     return rows
 
 
+def bench_q4_k_m_qkv() -> list[dict]:
+    """A Q4_K_M layer's qkv (4608 Q4_K rows of q|k, 512 Q6_K rows of v, K = 2048) as the
+    segments launch (`gguf_segments_launch`: one launch at decode), as one launch a segment
+    (its fallback route), and as the bf16 linear of the dequantized merge."""
+    n, k = LINEARS["qkv"]
+    ws = [_raw("Q4_K", 4608, k), _raw("Q6_K", n - 4608, k)]
+    btypes, seg_rows = [BLOCK_TYPES["Q4_K"], BLOCK_TYPES["Q6_K"]], [4608, n - 4608]
+    stored = sum(w.numel() for w in ws)
+    dense = (torch.randn(n, k, device="cuda") * 0.02).bfloat16()
+    rows = []
+    for m in (1, 8):
+        x = (torch.randn(m, k, device="cuda") * 0.05).bfloat16()
+        one = gsl.segment_tiles(m, x.dtype, ws, btypes, seg_rows, k)
+        calls = {
+            "segments" + ("" if one else " (no one-launch tile)"): partial(
+                gsl.linear, x, ws, btypes, seg_rows, None, k
+            ),
+            "per segment": partial(gsl.per_segment, x, ws, btypes, seg_rows, None, k),
+            "bf16": partial(kernels.linear, x, dense),
+        }
+        for label, fn in calls.items():
+            us = _time_us(fn)
+            nbytes = dense.numel() * 2 if label == "bf16" else stored
+            rows.append(dict(kernel="linear qkv Q4_K_M", type="Q4_K|Q6_K", tokens=m,
+                             tiles=label, us=round(us, 1),
+                             GBps=round(nbytes / us / 1e3, 1)))  # fmt: skip
+    return rows
+
+
 def bench_bf16() -> list[dict]:
     """The plain bf16 kernels on the same shapes (the engine's bf16 path), for scale."""
     w13 = torch.randn(E, 2 * INTER, H, device="cuda").bfloat16() * 0.02
@@ -318,10 +353,13 @@ def main() -> None:
     ap.add_argument("--types", default="Q4_K,Q8_0,Q6_K,Q5_0")
     ap.add_argument("--sweep", action="store_true")
     ap.add_argument("--words-sweep", action="store_true", help="only the Q4_K word tiles")
+    ap.add_argument("--q4-k-m-qkv", action="store_true", help="only a Q4_K_M layer's qkv")
     ap.add_argument("--out", default=None)
     args = ap.parse_args()
     if args.words_sweep:
         rows = bench_q4k_words()
+    elif args.q4_k_m_qkv:
+        rows = bench_q4_k_m_qkv()
     else:
         rows = bench_bf16()
         for name in args.types.split(","):

@@ -237,6 +237,19 @@ def _words_on(switch: str):
 _q6k_words_on, _q80_words_on = _words_on("Q6K_WORDS"), _words_on("Q80_WORDS")
 
 
+def _gguf_segments_linear(types: str, dtype, m: int, bias: bool = True, dequant=None) -> None:
+    """A linear of two segments (`gguf_segments_launch`), 64 | 32 rows of K = 1024 (four
+    super-blocks: K split in two at one row tile of six), `types` e.g. "Q4_K|Q6_K"."""
+    from xinfer.kernels import gguf_segments_launch
+    from xinfer.quant.gguf_blocks import BLOCK_TYPES
+
+    k, names, rows = 1024, types.split("|"), [64, 32]
+    ws = [_gguf_rows(name, r, k) for name, r in zip(names, rows)]
+    b = _randn(sum(rows), dtype=dtype) if bias else None
+    btypes = [BLOCK_TYPES[name] for name in names]
+    gguf_segments_launch.linear(_randn(m, k, dtype=dtype), ws, btypes, rows, b, k, dequant)
+
+
 G_GEMV = "gguf_moe_gate_up_gemv_kernel gguf_moe_down_gemv_kernel"  # combine fused
 G_GROUPED = (
     "moe_align_kernel gguf_moe_gate_up_grouped_kernel gguf_moe_down_grouped_kernel "
@@ -307,6 +320,20 @@ def _gguf_cases() -> None:
     add("gguf-Q8_0+Q4_K-moe-bf16-q8x", G_Q8X, _gguf_q8x_moe, "Q8_0", "Q4_K", BF16, 1)
     add("gguf-Q4_K+Q8_0-moe-fp16-q8x", G_Q8X, _gguf_q8x_moe, "Q4_K", "Q8_0", F16, 2)
     add("gguf-Q4_K+Q6_K-moe-bf16-q8x", G_Q8X, _gguf_q8x_moe, "Q4_K", "Q6_K", BF16, 1)
+    # a Q4_K_M qkv kept as segments (Q4_K q|k, Q6_K v): the one decode launch in each
+    # activation dtype, its split-K partials added apart, the other order, Q8_0 words;
+    # prefill-sized calls dequantize into one weight
+    seg = "gguf_linear_segments_kernel"
+    add("gguf-segments-Q4_K|Q6_K-bf16-m1", seg, _gguf_segments_linear, "Q4_K|Q6_K", BF16, 1)
+    add("gguf-segments-Q4_K|Q6_K-fp32-m2", seg, _gguf_segments_linear, "Q4_K|Q6_K", F32, 2)
+    add("gguf-segments-Q6_K|Q4_K-fp16-m16-nobias", seg, _gguf_segments_linear, "Q6_K|Q4_K", F16,
+        16, bias=False)  # fmt: skip
+    add("gguf-segments-Q4_K|Q6_K-bf16-m1-reduce-apart", f"{seg} gemv_split_reduce_kernel",
+        reduced_apart(_gguf_segments_linear), "Q4_K|Q6_K", BF16, 1)  # fmt: skip
+    add("gguf-segments-Q4_K|Q8_0-bf16-m3-words", seg, _q80_words_on(_gguf_segments_linear),
+        "Q4_K|Q8_0", BF16, 3)  # fmt: skip
+    add("gguf-segments-Q4_K|Q6_K-bf16-m128-prefill", G_DEQUANT, _gguf_segments_linear,
+        "Q4_K|Q6_K", BF16, 128)  # fmt: skip
     for name in ("Q4_K", "Q8_0", "Q6_K"):
         add(f"gguf-{name}-linear-bf16-m3-q8x", "q8x_linear_kernel", _gguf_q8x_linear, name, BF16,
             3)  # fmt: skip

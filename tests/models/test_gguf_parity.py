@@ -1,11 +1,16 @@
 """GGUF files written with the `gguf` package's writer from tiny transformers models, run by
 xinfer and by transformers loading the same file (`gguf_file=`): greedy tokens and logits
 agree (MoE qwen3moe in Q8_0, and in Q4_K with Q6_K down experts, Q6_K v (a mixed merge,
-run dequantized) and a Q4_K LM head; dense llama with its permuted q/k, qwen3, gemma3 with
-1 + w norms). The engine keeps the quantized weights in their blocks (GGUF formats), and a
-MoE file gives the same bytes at every offload fraction while moving the stored bytes."""
+kept as Q4_K | Q6_K segments) and a Q4_K LM head; dense llama with its permuted q/k, qwen3,
+gemma3 with 1 + w norms). The engine keeps the quantized weights in their blocks (GGUF
+formats; a Q4_K_M mix's q|k|v as segments, with the tokens of the dequantized merge and the
+smaller size in the memory plan), and a MoE file gives the same bytes at every offload
+fraction while moving the stored bytes."""
 
 from __future__ import annotations
+
+import sys
+from pathlib import Path
 
 import dense_models as dm
 import gguf_files as gf
@@ -15,6 +20,10 @@ import tiny_models as tm
 import torch
 
 from xinfer import LLM, SamplingParams
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[2] / "bench"))
+
+import write_q4km_gguf as q4km  # noqa: E402
 
 GREEDY = SamplingParams(temperature=0, max_tokens=16)
 MOE_META = dict(expert_count=8, expert_used_count=2, expert_feed_forward_length=32)
@@ -90,14 +99,58 @@ def _formats(llm) -> dict[str, str]:
 
 def test_gguf_layers_keep_the_file_blocks(tmp_path):
     """Quantized linear and expert weights stay in their block types (down experts in
-    theirs); a merge of mixed types (Q4_K q/k + Q6_K v) and the router run dequantized."""
+    theirs), a merge of mixed types (Q4_K q/k + Q6_K v) in its segments; the router runs
+    dequantized."""
     path = gf.write_gguf(_k_quant_moe(), tmp_path / "k.gguf", "qwen3moe", "Q4_K", K_META, K_TYPES)
     formats = _formats(LLM(str(path), device="cpu", dtype="float32"))
     assert formats["experts.0"] == "gguf-q4_k+gguf-q6_k"
     assert formats["model.layers.0.self_attn.o_proj"] == "gguf-q4_k"
-    assert formats["model.layers.0.self_attn.qkv_proj"] == "float32"
+    assert formats["model.layers.0.self_attn.qkv_proj"] == "gguf-q4_k|q6_k"
     assert formats["model.layers.0.mlp.gate"] == "float32"
     assert formats["lm_head"] == "gguf-q4_k"
+
+
+def _q4km_types(num_layers: int) -> dict[str, str]:
+    """`write_q4km_gguf`'s Q4_K_M mix for the tensors a tiny qwen3moe file quantizes: Q6_K
+    attn_v and down experts in the `use_more_bits` layers, a Q6_K head, the rest Q4_K."""
+    names = [f"blk.{i}.{t}.weight" for i in range(num_layers) for t in ("attn_v", "ffn_down_exps")]
+    types = {n: q4km.q4km_type(n, "q4_k", num_layers).upper() for n in names + ["output.weight"]}
+    return {n.removesuffix("weight"): t for n, t in types.items() if t != "Q4_K"}
+
+
+def test_q4km_mix_keeps_the_mixed_qkv_in_its_blocks(tmp_path, monkeypatch):
+    """A Q4_K_M mix (layer 1 of 2 has more bits: Q6_K v beside Q4_K q/k): that layer's qkv
+    takes the Q4_K | Q6_K segments (each its blocks as the file stores them), layer 0's
+    stays one Q4_K weight; greedy tokens equal the dequantized merge's (segments off:
+    MAX_SEGMENTS 1, what the engine did before), and the memory plan holds the segments'
+    bytes, not the float32 weight's."""
+    from xinfer.quant import gguf_segments
+
+    types = _q4km_types(2)
+    assert set(types) == {"blk.1.attn_v.", "blk.1.ffn_down_exps.", "output."}
+    hf = _k_quant_moe()
+    path = gf.write_gguf(hf, tmp_path / "q4km.gguf", "qwen3moe", "Q4_K", K_META, types)
+    prompts, params = tm.prompts(3, seed=7), SamplingParams(temperature=0, max_tokens=12)
+    llm = LLM(str(path), device="cpu", dtype="float32")
+    formats = _formats(llm)
+    assert formats["model.layers.0.self_attn.qkv_proj"] == "gguf-q4_k"
+    assert formats["model.layers.1.self_attn.qkv_proj"] == "gguf-q4_k|q6_k"
+    qkv = llm.engine.model.get_submodule("model.layers.1.self_attn.qkv_proj")
+    cfg, k = hf.config, hf.config.hidden_size
+    qk_rows = (cfg.num_attention_heads + cfg.num_key_value_heads) * cfg.head_dim
+    v_rows = cfg.num_key_value_heads * cfg.head_dim
+    assert qkv.weight_format.segments == (("Q4_K", qk_rows), ("Q6_K", v_rows))
+    assert qkv.weight0.shape == (qk_rows, k // 256 * 144) and qkv.weight0.dtype == torch.uint8
+    assert qkv.weight1.shape == (v_rows, k // 256 * 210)
+    tokens = [r.token_ids for r in llm.generate(prompts, params)]
+
+    monkeypatch.setattr(gguf_segments, "MAX_SEGMENTS", 1)
+    before = LLM(str(path), device="cpu", dtype="float32")
+    assert _formats(before)["model.layers.1.self_attn.qkv_proj"] == "float32"
+    assert [r.token_ids for r in before.generate(prompts, params)] == tokens
+    saved = (qk_rows + v_rows) * k * 4 - qkv.weight0.numel() - qkv.weight1.numel()
+    plans = before.engine.weight_plan, llm.engine.weight_plan
+    assert plans[0].device_bytes - plans[1].device_bytes == saved
 
 
 def test_gguf_moe_offload_is_byte_identical_across_fractions(tmp_path):

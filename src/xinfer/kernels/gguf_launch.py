@@ -58,7 +58,7 @@ Q8X_MOE = False
 Q8X_LINEAR = False
 
 
-def _word_aligned(x2: torch.Tensor) -> torch.Tensor:
+def word_aligned(x2: torch.Tensor) -> torch.Tensor:
     """x2 (M, K), or an aligned copy of it (the same values): the word path reads 16- and
     32-bit activations as 32-bit words, so its rows must start on 4-byte boundaries."""
     misaligned = x2.data_ptr() % 4 or (x2.shape[0] > 1 and x2.stride(0) * x2.element_size() % 4)
@@ -69,7 +69,7 @@ def _precision(dtype: torch.dtype) -> str:
     return "ieee" if dtype == torch.float32 else "tf32"
 
 
-def _check_raw(w: torch.Tensor, btype: BlockType, rows: int, k: int, what: str) -> None:
+def check_raw(w: torch.Tensor, btype: BlockType, rows: int, k: int, what: str) -> None:
     if w.dtype != torch.uint8 or w.shape[-2:] != (rows, btype.row_bytes(k)):
         raise ValueError(
             f"{what}: expected {btype.name} rows uint8 (..., {rows}, {btype.row_bytes(k)}), "
@@ -124,7 +124,7 @@ def linear(
     """x (..., K) @ W^T (+ bias) in x's dtype; W (N, K) stored as `btype` blocks (N, row bytes).
     `dequant`: whether to dequantize W and run `kernels.linear` (default: from
     PREFILL_MIN_ROWS rows); `tiles`: the in-register kernel's."""
-    _check_raw(w, btype, n, k, "gguf linear")
+    check_raw(w, btype, n, k, "gguf linear")
     if x.dtype not in _DTYPES or x.shape[-1] != k:
         raise ValueError(f"gguf linear: x {x.dtype} {tuple(x.shape)} for K={k}")
     x2 = x.reshape(-1, k)
@@ -144,9 +144,9 @@ def linear(
     if t.block_m in (1, 4):
         if m > decode_m:
             raise ValueError(f"gguf linear: the GEMV tiles take at most {decode_m} rows")
-        _gemv_linear(_word_aligned(x2) if t.words else x2, w, btype, bias, out, t)
+        _gemv_linear(word_aligned(x2) if t.words else x2, w, btype, bias, out, t)
         return out.view(*x.shape[:-1], n)
-    sk, grid = _split(x2, out, t, bias)
+    sk, grid = split_grid(x2, out, t, bias)
     jit.gguf_linear_kernel[grid](
         x2, w, sk.bias(bias, x2), sk.part, out, sk.counters,
         m, n, k, sk.k_per_split,
@@ -160,7 +160,7 @@ def linear(
     return out.view(*x.shape[:-1], n)
 
 
-def _split(
+def split_grid(
     x2, out, t: gguf_tiles.GGUFTiles, bias
 ) -> tuple[gemv_launch.SplitK, tuple[int, int, int]]:
     """The split-K plan and grid (row programs, N tiles, splits) of a decode linear."""
@@ -177,7 +177,7 @@ def _gemv_linear(x2, w, btype: BlockType, bias, out, t: gguf_tiles.GGUFTiles) ->
     1: grid (M, N tiles, splits)) or `gguf_linear_rows_kernel` (block_m 4: four rows a
     program, each tile decoded once for them); K split from the shape alone."""
     (m, k), n = x2.shape, out.shape[1]
-    sk, grid = _split(x2, out, t, bias)
+    sk, grid = split_grid(x2, out, t, bias)
     args = (
         x2, w, sk.bias(bias, x2), sk.part, out, sk.counters,
         m, n, k, sk.k_per_split,
@@ -250,8 +250,8 @@ def fused_moe(
         raise ValueError("gguf fused_moe: hidden must be bf16/fp16/fp32, one row per token")
     num_tokens, top_k = topk_ids.shape
     hidden_dim = hidden.shape[1]
-    _check_raw(w13, btype13, 2 * inter, hidden_dim, "gguf fused_moe w13")
-    _check_raw(w2, btype2, hidden_dim, inter, "gguf fused_moe w2")
+    check_raw(w13, btype13, 2 * inter, hidden_dim, "gguf fused_moe w13")
+    check_raw(w2, btype2, hidden_dim, inter, "gguf fused_moe w2")
     if w13.shape[0] != w2.shape[0]:
         raise ValueError(f"gguf fused_moe: w13 {tuple(w13.shape)} / w2 {tuple(w2.shape)} ids")
     num_pairs = num_tokens * top_k
@@ -290,7 +290,7 @@ def fused_moe(
         if tiles is None and btype2.name != btype13.name:  # w2's own word tile, if any
             t2 = gguf_tiles.down_tiles(btype2, w2, inter, t2, byte)
         if t13.words:
-            hidden = _word_aligned(hidden)
+            hidden = word_aligned(hidden)
         jit.gguf_moe_gate_up_gemv_kernel[(num_pairs, triton.cdiv(inter, t13.block_n))](
             hidden, topk_ids, w13, inter_buf, hidden_dim, inter,
             hidden.stride(0), *s13, inter_buf.stride(0),

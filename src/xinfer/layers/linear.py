@@ -52,6 +52,10 @@ class Linear(nn.Module):
         """Checkpoint module names this layer is loaded from."""
         return [name]
 
+    def part_rows(self) -> list[int]:
+        """Rows of each of `checkpoint_modules`, in order."""
+        return [self.out_features]
+
     def plain_weight(self, dtype: torch.dtype) -> torch.Tensor | None:
         """The (N, K) weight when it is a plain `dtype` tensor with no bias — what a kernel
         that folds this linear into its own work can read directly — else None."""
@@ -87,6 +91,9 @@ class MergedLinear(Linear):
 
     def checkpoint_modules(self, name: str) -> list[str]:
         return [checkpoint_part_name(name, part) for part in self.shard_offsets]
+
+    def part_rows(self) -> list[int]:
+        return [rows for _, rows in self.shard_offsets.values()]
 
     def row_range(self, part: str | None) -> tuple[int, int]:
         return (0, self.out_features) if part is None else self.shard_offsets[part]

@@ -53,7 +53,7 @@ def assign_formats(
                 module.create_weights(w13, w2)
                 chosen[name] = w13.name if w13 == w2 else f"{w13.name}+{w2.name}"
                 continue
-            fmt = quant.format_for(module.checkpoint_modules(name), plain)
+            fmt = quant.format_for(module.checkpoint_modules(name), plain, module.part_rows())
         module.create_weights(fmt)
         chosen[name] = fmt.name
     return chosen

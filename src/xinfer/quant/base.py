@@ -14,6 +14,7 @@ from dataclasses import dataclass
 
 import torch
 
+from xinfer.errors import UserError
 from xinfer.kernels import reference
 
 # The two projections of a routed expert: gate|up rows (N = 2I, K = H) and down (N = H, K = I).
@@ -54,6 +55,20 @@ class KernelWeights:
     scale_bk: int = 1
     has_zero: bool = False
     perm: torch.Tensor | None = None
+
+
+def row_slice(dst: torch.Tensor, n_block: int | None, start: int, rows: int, what: str):
+    """Rows [start, start + rows) of N in a tensor whose dim 0 counts `n_block` rows each
+    (None: no N dim, a per-weight value, the same for every part): where a merged part, an
+    expert half or a shard lies in an engine tensor."""
+    if n_block is None:
+        return dst
+    if start % n_block or rows % n_block:
+        raise UserError(
+            f"{what} covers rows {start}..{start + rows} of a weight whose format stores "
+            f"{n_block} rows per block; such checkpoints cannot be merged (not supported)"
+        )
+    return dst[start // n_block : (start + rows) // n_block]
 
 
 def expert_key(proj: str, name: str) -> str:
@@ -99,6 +114,18 @@ class WeightFormat(ABC):
         """One checkpoint tensor of a (n, k) weight (or merged part) → the engine tensors it
         fills, shaped as `tensor_specs(n, k)`. Raises UserError when it does not match the
         declared format (dtype, shape). May return {} for tensors that are only checked."""
+
+    def part_views(
+        self, tensors: dict[str, torch.Tensor], n: int, k: int, start: int, rows: int, what: str
+    ) -> tuple[WeightFormat, dict[str, torch.Tensor]]:
+        """Rows [start, start + rows) of this (n, k) weight (a merged part) as the loader fills
+        them: the format that part's checkpoint tensors convert in, and the views of
+        `tensors` (this weight's engine tensors) they go to, keyed by that format's tensor
+        names. Default: this format, each tensor's row range (`row_slice`)."""
+        return self, {
+            name: row_slice(tensors[name], spec.n_block, start, rows, what)
+            for name, spec in self.tensor_specs(n, k).items()
+        }
 
     @property
     def splits_for_tensor_parallel(self) -> bool:

@@ -8,7 +8,7 @@ from __future__ import annotations
 import fnmatch
 import json
 import re
-from collections.abc import Callable, Iterable
+from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any
@@ -53,9 +53,16 @@ class QuantConfig:
     fmt: WeightFormat
     ignore: ModuleMatcher = field(default_factory=ModuleMatcher)
 
-    def format_for(self, checkpoint_modules: Iterable[str], default: WeightFormat) -> WeightFormat:
+    def format_for(
+        self,
+        checkpoint_modules: Iterable[str],
+        default: WeightFormat,
+        part_rows: Sequence[int] | None = None,
+    ) -> WeightFormat:
         """Format of a module made of these checkpoint modules (q/k/v of a merged qkv, every
-        expert's gate/up/down): all ignored → `default`, none → `fmt`, a mix is refused."""
+        expert's gate/up/down): all ignored → `default`, none → `fmt`, a mix is refused.
+        `part_rows`: a linear's rows of each module, in order (for configs whose formats
+        lay merged parts out by their sizes; None for expert layers)."""
         names = list(checkpoint_modules)
         ignored = [self.ignore.matches(n) for n in names]
         if all(ignored):

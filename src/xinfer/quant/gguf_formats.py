@@ -8,7 +8,6 @@ tensors (F32/F16/BF16) are not formats of their own: they load into the plain fo
 from __future__ import annotations
 
 from collections import Counter
-from collections.abc import Iterable
 from dataclasses import dataclass, field, replace
 from typing import Any
 
@@ -92,17 +91,25 @@ class GGUFFormat(WeightFormat):
 class GGUFQuantConfig(QuantConfig):
     """A GGUF file's formats: every linear and expert layer (the LM head too: the file stores
     it quantized) takes the block type of its tensors when the plan keeps them raw
-    (`weights/gguf_plan.py`), else the plain format. `fmt` is the most common block type."""
+    (`weights/gguf_plan.py`), a merged linear whose kept parts differ in type the segments of
+    `quant/gguf_segments.py`, else the plain format. `fmt` is the most common block type."""
 
     raw_modules: dict[str, str] = field(default_factory=dict, hash=False, compare=False)
 
     def covers(self, module) -> bool:
         return True
 
-    def format_for(self, checkpoint_modules: Iterable[str], default: WeightFormat) -> WeightFormat:
-        types = {self.raw_modules.get(name) for name in checkpoint_modules}
-        only = types.pop() if len(types) == 1 else None
-        return GGUFFormat(only) if only is not None else default
+    def format_for(self, checkpoint_modules, default, part_rows=None) -> WeightFormat:
+        types = [self.raw_modules.get(name) for name in checkpoint_modules]
+        if not types or None in types:
+            return default
+        if len(set(types)) == 1:
+            return GGUFFormat(types[0])
+        if part_rows is None or len(part_rows) != len(types):
+            raise ValueError(f"GGUF parts of types {types} need the rows of each part")
+        from xinfer.quant.gguf_segments import GGUFSegmentsFormat
+
+        return GGUFSegmentsFormat.from_parts(list(zip(types, part_rows)))
 
     def renamed(self, renames: tuple[tuple[str, str], ...]) -> GGUFQuantConfig:
         from xinfer.weights.mapping import apply_renames

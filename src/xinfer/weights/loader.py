@@ -1,6 +1,7 @@
 """Fills a model's parameters and expert tensors from a stream of (checkpoint name, tensor).
 Tensors of linear and expert layers go through the layer's weight format (`convert` turns
-each checkpoint tensor into the format's engine tensors, into the rows of its part); the
+each checkpoint tensor into the format's engine tensors, into the rows of its part, which
+the format's `part_views` locate); the
 rest are copied as they are; once all are in, each format finishes what needs several of a
 weight's tensors at once (`finish_loading`). Missing, unexpected and mis-shaped tensors are
 reported in one clear error that names the checkpoint's format."""
@@ -15,7 +16,7 @@ import torch
 from torch import nn
 
 from xinfer.errors import UserError
-from xinfer.quant.base import WeightFormat, expert_key
+from xinfer.quant.base import WeightFormat, expert_key, row_slice
 from xinfer.weights.mapping import Target, map_name
 
 logger = logging.getLogger("xinfer")
@@ -48,18 +49,6 @@ class LoadReport:
     formats: set[str] = field(default_factory=set)
 
 
-def _row_slice(dst: torch.Tensor, n_block: int | None, start: int, rows: int, what: str):
-    """Rows [start, start + rows) of N in a tensor whose dim 0 counts `n_block` rows each."""
-    if n_block is None:  # no N dim: a per-weight value, the same for every part
-        return dst
-    if start % n_block or rows % n_block:
-        raise UserError(
-            f"{what} covers rows {start}..{start + rows} of a weight whose format stores "
-            f"{n_block} rows per block; such checkpoints cannot be merged (not supported)"
-        )
-    return dst[start // n_block : (start + rows) // n_block]
-
-
 def _linear_destinations(module, t: Target, name: str) -> list[tuple]:
     """[(target name, part key, format, engine tensor name → destination view, n, k)] of a
     checkpoint tensor of a linear layer (format None: the plain bias)."""
@@ -70,12 +59,11 @@ def _linear_destinations(module, t: Target, name: str) -> list[tuple]:
         dst = module.bias[start : start + rows]
         return [(f"{name}.bias", t.part, None, {"bias": dst}, rows, module.in_features)]
     fmt: WeightFormat = module.weight_format
-    specs = fmt.tensor_specs(module.out_features, module.in_features)
-    views = {
-        n: _row_slice(getattr(module, n), s.n_block, start, rows, f"{name} part {t.part}")
-        for n, s in specs.items()
-    }
-    return [(name, t.part, fmt, views, rows, module.in_features)]
+    part_fmt, views = fmt.part_views(
+        module.weight_tensors(), module.out_features, module.in_features, start, rows,
+        f"{name} part {t.part}",
+    )  # fmt: skip
+    return [(name, t.part, part_fmt, views, rows, module.in_features)]
 
 
 def _expert_destinations(module, t: Target, name: str) -> list[tuple]:
@@ -87,7 +75,7 @@ def _expert_destinations(module, t: Target, name: str) -> list[tuple]:
     out = []
     for e in experts:
         views = {
-            s: _row_slice(module.expert_tensors[expert_key(t.proj, s)][e], spec.n_block,
+            s: row_slice(module.expert_tensors[expert_key(t.proj, s)][e], spec.n_block,
                           start, rows, f"{name} expert {e} {t.proj}")
             for s, spec in specs.items()
         }  # fmt: skip

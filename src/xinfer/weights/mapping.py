@@ -20,6 +20,7 @@ _MERGED = {
     "up_proj": ("gate_up_proj", "up"),
 }
 _PART_NAME = {(merged, part): proj for proj, (merged, part) in _MERGED.items()}
+_PART_RANK = {part: i for i, (_, part) in enumerate(_MERGED.values())}
 # expert projection → (expert-set projection, half of w13: 0 gate, 1 up, None for w2)
 _EXPERT_PROJ = {"gate_proj": ("w13", 0), "up_proj": ("w13", 1), "down_proj": ("w2", None)}
 _PER_EXPERT = re.compile(r"^(?P<prefix>.*\.experts)\.(?P<e>\d+)\.(?P<proj>\w+)\.(?P<kind>\w+)$")
@@ -55,6 +56,12 @@ def apply_renames(name: str, renames: tuple[tuple[str, str], ...]) -> str:
         else:
             name = name.replace(old, new)
     return name
+
+
+def part_rank(part: str | None) -> int:
+    """A merged part's place among its module's parts (q, k, v; gate, up: the order the
+    layers stack them in); 0 for a whole weight."""
+    return _PART_RANK.get(part, 0) if part else 0
 
 
 def map_name(

@@ -108,6 +108,35 @@ def gguf_linear_gemv_kernel(
     )  # fmt: skip
 
 
+@triton.jit
+def words_four_rows(x0, stride_xm, more, w_ptr, row0, N, stride_wn, split, k_per_split, K,
+                    BTYPE: tl.constexpr, ROWS_T: tl.constexpr, SB: tl.constexpr,
+                    ASM: tl.constexpr):  # fmt: skip
+    """The four-row word dot of `gguf_linear_rows_kernel` (and of each segment of
+    `gguf_segments.gguf_linear_segments_kernel`): x rows x0 .. x0 + 3 stride_xm (those below
+    `more`) · the BLOCK_N = 8 ROWS_T rows from `row0` of the (N, row bytes) `BTYPE` rows at
+    `w_ptr` (rows past N: the last, dropped at the store), over the super-blocks of `split`;
+    four (BLOCK_N,) float32 sums."""
+    sb_start = split * (k_per_split // 256)  # splits in whole super-blocks
+    sb_end = tl.minimum(sb_start + k_per_split // 256, K // 256)
+    if BTYPE == Q6_K:  # `gguf_q6k_words`: rows in 16-bit units
+        y0, y1, y2, y3 = q6k_four_rows_dot(
+            x0, stride_xm, more, w_ptr, (0, row0, N - 1, stride_wn // 2), sb_start, sb_end,
+            ROWS_T, SB, ASM,
+        )  # fmt: skip
+    elif BTYPE == Q8_0:  # `gguf_q80_words`: 256 columns a step unit, rows in words
+        y0, y1, y2, y3 = q80_four_rows_dot(
+            x0, stride_xm, more, w_ptr.to(tl.pointer_type(tl.int32)),
+            (0, row0, N - 1, stride_wn // 4), sb_start, sb_end, ROWS_T, SB, ASM,
+        )  # fmt: skip
+    else:
+        y0, y1, y2, y3 = q4k_four_rows_dot(
+            x0, stride_xm, more, w_ptr.to(tl.pointer_type(tl.int32)),
+            (0, row0, N - 1, stride_wn // 4), sb_start, sb_end, ROWS_T, SB, ASM,
+        )  # fmt: skip
+    return y0, y1, y2, y3
+
+
 @triton.jit(do_not_specialize=["M"])
 def gguf_linear_rows_kernel(
     x_ptr, w_ptr, bias_ptr, out_ptr, final_ptr, count_ptr,
@@ -139,23 +168,10 @@ def gguf_linear_rows_kernel(
     kb_start = split * (k_per_split // (SUBS * 32))
     kb_end = tl.minimum(kb_start + k_per_split // (SUBS * 32), tl.cdiv(K, SUBS * 32))
     if WORDS:
-        w32 = w_ptr.to(tl.pointer_type(tl.int32))
-        rows = (0, pid_n * BLOCK_N, N - 1, stride_wn // 4)  # past N: the last row, dropped
-        sb_start = split * (k_per_split // 256)  # splits in whole super-blocks
-        sb_end = tl.minimum(sb_start + k_per_split // 256, K // 256)
-        if BTYPE == Q6_K:  # `gguf_q6k_words`: rows in 16-bit units
-            y0, y1, y2, y3 = q6k_four_rows_dot(
-                x0, stride_xm, M - m0, w_ptr, (0, pid_n * BLOCK_N, N - 1, stride_wn // 2),
-                sb_start, sb_end, ROWS_T, SUBS // 8, ASM,
-            )  # fmt: skip
-        elif BTYPE == Q8_0:  # `gguf_q80_words`: 256 columns a step unit, rows in words
-            y0, y1, y2, y3 = q80_four_rows_dot(
-                x0, stride_xm, M - m0, w32, rows, sb_start, sb_end, ROWS_T, SUBS // 8, ASM
-            )
-        else:
-            y0, y1, y2, y3 = q4k_four_rows_dot(
-                x0, stride_xm, M - m0, w32, rows, sb_start, sb_end, ROWS_T, SUBS // 8, ASM
-            )
+        y0, y1, y2, y3 = words_four_rows(
+            x0, stride_xm, M - m0, w_ptr, pid_n * BLOCK_N, N, stride_wn, split, k_per_split, K,
+            BTYPE, ROWS_T, SUBS // 8, ASM,
+        )  # fmt: skip
     else:
         acc0 = tl.zeros((BLOCK_N, SUBS, 32), dtype=tl.float32)
         acc1 = tl.zeros((BLOCK_N, SUBS, 32), dtype=tl.float32)
