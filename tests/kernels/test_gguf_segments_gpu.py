@@ -11,6 +11,7 @@ import dataclasses
 import gguf_files as gf
 import pytest
 import torch
+from cuda_graphs import capture_after_warmup
 
 from xinfer.kernels import gguf_launch as gl
 from xinfer.kernels import gguf_segments_launch as gsl
@@ -106,13 +107,7 @@ def test_graph_replays_the_one_launch() -> None:
         x1 = x[:1].clone()
         run = lambda: fmt.triton_linear(x1, tensors, bias, sum(rows), k)  # noqa: E731, B023
         eager = run()
-        stream = torch.cuda.Stream()
-        with torch.cuda.stream(stream):
-            run()  # compile and warm up outside the capture
-        torch.cuda.synchronize()
-        graph = torch.cuda.CUDAGraph()
-        with torch.cuda.graph(graph):
-            captured = run()
+        graph, captured = capture_after_warmup(run)
         x1.mul_(1.5)
         graph.replay()
         torch.cuda.synchronize()
