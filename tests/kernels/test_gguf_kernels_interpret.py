@@ -9,25 +9,13 @@ from __future__ import annotations
 
 import pytest
 import torch
-from gguf_interpret_cases import assert_close_scaled, block_rows, interpreted_gguf_launch, moe_case
+from gguf_interpret_cases import assert_close_scaled, block_rows, moe_case
 from interpreter_child import child_only, interpreter_child_test
 
 pytest.importorskip("triton")
 
 test_interpreter_child = interpreter_child_test(__file__)
 TYPES = ["Q8_0", "Q4_0", "Q5_0", "Q4_K", "Q5_K", "Q6_K"]
-
-
-@pytest.fixture(scope="module")
-def gl():
-    return interpreted_gguf_launch()
-
-
-@pytest.fixture(scope="module")
-def gt():
-    from xinfer.kernels import gguf_tiles
-
-    return gguf_tiles
 
 
 def _k_for(name: str, blocks: int) -> int:

@@ -15,7 +15,6 @@ from gguf_interpret_cases import (
     check_words_linear,
     check_words_moe,
     check_words_switch_linear,
-    interpreted_gguf_launch,
     moe_case,
     offset_copy,
     word_tiles,
@@ -25,18 +24,6 @@ from interpreter_child import child_only, interpreter_child_test
 pytest.importorskip("triton")
 
 test_interpreter_child = interpreter_child_test(__file__)
-
-
-@pytest.fixture(scope="module")
-def gl():
-    return interpreted_gguf_launch()
-
-
-@pytest.fixture(scope="module")
-def gt():
-    from xinfer.kernels import gguf_tiles
-
-    return gguf_tiles
 
 
 @pytest.fixture(autouse=True)

@@ -14,7 +14,6 @@ from gguf_interpret_cases import (
     assert_close_scaled,
     assert_close_words,
     block_rows,
-    interpreted_gguf_launch,
     offset_copy,
 )
 from interpreter_child import child_only, interpreter_child_test, require_interpreted
@@ -26,11 +25,6 @@ from xinfer.quant.gguf_segments import GGUFSegmentsFormat, runs
 pytest.importorskip("triton")
 
 test_interpreter_child = interpreter_child_test(__file__)
-
-
-@pytest.fixture(scope="module")
-def gl():
-    return interpreted_gguf_launch()
 
 
 @pytest.fixture(scope="module")
@@ -223,10 +217,3 @@ def test_prefill_sized_calls_dequantize_into_one_weight(gsl) -> None:
     ws = [tensors["weight0"], tensors["weight1"]]
     out = gsl.linear(x, ws, fmt.btypes, fmt.rows, bias, k, dequant=True)
     assert torch.equal(out, fmt.reference_linear(x, tensors, bias, 48, k))
-
-
-@pytest.fixture(scope="module")
-def gt():
-    from xinfer.kernels import gguf_tiles
-
-    return gguf_tiles
