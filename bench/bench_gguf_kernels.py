@@ -348,14 +348,18 @@ def bench_bf16() -> list[dict]:
     return rows
 
 
-def main() -> None:
+def build_parser() -> argparse.ArgumentParser:
     ap = argparse.ArgumentParser(description=__doc__)
     ap.add_argument("--types", default="Q4_K,Q8_0,Q6_K,Q5_0")
     ap.add_argument("--sweep", action="store_true")
     ap.add_argument("--words-sweep", action="store_true", help="only the Q4_K word tiles")
     ap.add_argument("--q4-k-m-qkv", action="store_true", help="only a Q4_K_M layer's qkv")
     ap.add_argument("--out", default=None)
-    args = ap.parse_args()
+    return ap
+
+
+def main() -> None:
+    args = build_parser().parse_args()
     if args.words_sweep:
         rows = bench_q4k_words()
     elif args.q4_k_m_qkv:

@@ -50,6 +50,16 @@ elif [ "${CALL_LIST}" = 8 ]; then
   # rows), with the word path if list 7's tests passed (Q80=--q80-words), else without
   XINFER_BENCH_ARGS="${Q80:-}" GPU_RUN_LIMIT=$(lim) VS_TIMEOUT=$(($(lim) - 10)) \
     VS_ROWS=q8_0 bash $G vsllama 2>&1 | tail -6
+elif [ "${CALL_LIST}" = 9 ]; then
+  # Q4_K_M's mixed q|k|v as GGUF segments (one decode launch): its GPU tests, its qkv timed
+  # against one launch a segment and the bf16 linear it replaced, then Q4_K_M resident and
+  # at 12 GB beside llama.cpp (predicted: +2% resident, ~3 more slots a layer at 12 GB)
+  [ -d bench/.llamacpp_kit ] && bash bench/bench_vs_llamacpp.sh --start-build | tail -1
+  GPU_RUN_LIMIT=$(lim) PYTEST_TIMEOUT=100 PYTEST_TAG=_segments \
+    PYTEST_FILES="tests/kernels/test_gguf_segments_gpu.py" bash $G pytestk 2>&1 | tail -6
+  GPU_RUN_LIMIT=$(lim) GGUF_KERNEL_TIMEOUT=60 GGUF_Q4KM_QKV=1 bash $G ggufkernel 2>&1 \
+    | grep '"linear qkv Q4_K_M"' | tail -6
+  GPU_RUN_LIMIT=$(lim) VS_TIMEOUT=$(($(lim) - 10)) VS_ROWS=q4_k_m bash $G vsllama 2>&1 | tail -6
 else
   MODE=$(cat $R/mode.txt 2>/dev/null || echo slow); echo "MODE=$MODE (from the first call)"
   # issue 19: GPTQ 20% batch 1, prefetch off and two ahead, on today's kernels (its load and

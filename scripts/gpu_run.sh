@@ -126,7 +126,7 @@ for phase in "$@"; do
     gguftests) PYTHONPATH=$PYTHONPATH:/tmp/lcp/llama.cpp/gguf-py timeout ${GGUF_TESTS_TIMEOUT:-500} python3 -m pytest -q -p no:cacheprovider -rfE --durations=10 tests/kernels/test_gguf_kernels.py tests/kernels/test_attention_window.py tests/weights/test_gguf_gpu.py 2>&1 | tee "$OUT/gguf_tests.txt" | tail -40 ;;
     # xinfer's resident Q4_K row alone (prompt 2,048) with a trace of four batch-1 steps
     q4ktrace) NO_LLAMACPP=1 NO_BUDGET=1 PP=2048 ONLY=q4_k XINFER_BENCH_ARGS="--trace-dir $OUT" timeout ${VS_TIMEOUT:-300} bash bench/bench_vs_llamacpp.sh 2>&1 | grep -v "it/s]" | tail -6; gzip -f "$OUT"/vs_trace_*.json ;;
-    ggufkernel) timeout ${GGUF_KERNEL_TIMEOUT:-500} python3 -u bench/bench_gguf_kernels.py ${GGUF_SWEEP:+--sweep} ${GGUF_WORDS_SWEEP:+--words-sweep} ${GGUF_TYPES:+--types $GGUF_TYPES} --out "$OUT/gguf_kernels.jsonl" 2>&1 | tee "$OUT/gguf_kernels.txt" | tail -50 ;;
+    ggufkernel) timeout ${GGUF_KERNEL_TIMEOUT:-500} python3 -u bench/bench_gguf_kernels.py ${GGUF_SWEEP:+--sweep} ${GGUF_WORDS_SWEEP:+--words-sweep} ${GGUF_Q4KM_QKV:+--q4-k-m-qkv} ${GGUF_TYPES:+--types $GGUF_TYPES} --out "$OUT/gguf_kernels.jsonl" 2>&1 | tee "$OUT/gguf_kernels.txt" | tail -50 ;;
     # the llama.cpp build (242 s on 16 cores, nice 19) starts first and runs beside the
     # xinfer rows; each llama.cpp row waits for it up to LCP_WAIT_S (NO_XINFER=1: its rows only)
     vsllama) bash bench/bench_vs_llamacpp.sh --start-build; ONLY="${VS_ROWS:-q4_k}" timeout ${VS_TIMEOUT:-590} bash bench/bench_vs_llamacpp.sh 2>&1 | grep -v "it/s]" | tee "$OUT/vs_llamacpp_${VS_ROWS:-q4_k}.txt" | tail -30; cp bench/results/vs_llamacpp.jsonl "$OUT/" 2>/dev/null ;;
