@@ -55,8 +55,10 @@ elif [ "${CALL_LIST}" = 9 ]; then
   # against one launch a segment and the bf16 linear it replaced, then Q4_K_M resident and
   # at 12 GB beside llama.cpp (predicted: +2% resident, ~3 more slots a layer at 12 GB)
   [ -d bench/.llamacpp_kit ] && bash bench/bench_vs_llamacpp.sh --start-build | tail -1
-  GPU_RUN_LIMIT=$(lim) PYTEST_TIMEOUT=100 PYTEST_TAG=_segments \
-    PYTEST_FILES="tests/kernels/test_gguf_segments_gpu.py" bash $G pytestk 2>&1 | tail -6
+  # (the word linears' GPU tests too: `gguf_linear_rows_kernel` now shares `words_four_rows`)
+  GPU_RUN_LIMIT=$(lim) PYTEST_TIMEOUT=150 PYTEST_TAG=_segments PYTEST_K="words or segments" \
+    PYTEST_FILES="tests/kernels/test_gguf_segments_gpu.py tests/kernels/test_gguf_kernels.py" \
+    bash $G pytestk 2>&1 | tail -6
   GPU_RUN_LIMIT=$(lim) GGUF_KERNEL_TIMEOUT=60 GGUF_Q4KM_QKV=1 bash $G ggufkernel 2>&1 \
     | grep '"linear qkv Q4_K_M"' | tail -6
   GPU_RUN_LIMIT=$(lim) VS_TIMEOUT=$(($(lim) - 10)) VS_ROWS=q4_k_m bash $G vsllama 2>&1 | tail -6
