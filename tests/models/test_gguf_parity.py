@@ -1,11 +1,11 @@
 """GGUF files written with the `gguf` package's writer from tiny transformers models, run by
 xinfer and by transformers loading the same file (`gguf_file=`): greedy tokens and logits
 agree (MoE qwen3moe in Q8_0, and in Q4_K with Q6_K down experts, Q6_K v (a mixed merge,
-kept as Q4_K | Q6_K segments) and a Q4_K LM head; dense llama with its permuted q/k, qwen3,
-gemma3 with 1 + w norms). The engine keeps the quantized weights in their blocks (GGUF
-formats; a Q4_K_M mix's q|k|v as segments, with the tokens of the dequantized merge and the
-smaller size in the memory plan), and a MoE file gives the same bytes at every offload
-fraction while moving the stored bytes."""
+kept as Q4_K | Q6_K segments) and a Q4_K LM head; dense llama with its permuted q/k, qwen2
+with its q|k|v biases on such segments, qwen3, gemma3 with 1 + w norms). The engine keeps
+the quantized weights in their blocks (GGUF formats; a Q4_K_M mix's q|k|v as segments,
+with the tokens of the dequantized merge and the smaller size in the memory plan), and a
+MoE file gives the same bytes at every offload fraction while moving the stored bytes."""
 
 from __future__ import annotations
 
@@ -44,6 +44,9 @@ CASES = [
      "Q8_0", MOE_META),
     ("qwen3moe-q4_k", "qwen3moe", _k_quant_moe, "Q4_K", K_META, K_TYPES),
     ("llama-q4_0", "llama", lambda: dm.make_dense("llama"), "Q4_0", {}),
+    # qwen2's q|k|v biases on a mixed merge kept as segments (Q4_K q|k, Q6_K v)
+    ("qwen2-q4_k-q6_k-v", "qwen2", lambda: dm.make_dense("qwen2", hidden_size=256,
+     intermediate_size=256), "Q4_K", {}, {"attn_v": "Q6_K"}),
     ("qwen3-q5_0", "qwen3", lambda: dm.make_dense("qwen3"), "Q5_0", {}),
     ("gemma3-bf16", "gemma3", lambda: dm.make_dense("gemma3_text", final_logit_softcapping=None),
      "BF16", {"sliding_window": 8}),
