@@ -211,12 +211,8 @@ _WORDS_HEAD["Q6_K"] = GGUFTiles(block_m=4, block_n=16, subs=8, num_warps=1, word
 # (3.1 / 1.7 µs), so the choice among these is the GPU's to make. The pair's 17 words as
 # 32-bit loads took 8% fewer instructions (0.118 / 0.130 / 0.319) and about twice the L1
 # line accesses (`gguf_q80_words`'s notes): the 64-bit loads are taken, not timed.
-_WORDS_GEMV["Q8_0"] = GGUFTiles(
-    block_m=1, block_n=16, subs=16, num_warps=2, words=True,
-    down=GGUFTiles(block_m=1, block_n=16, subs=8, num_warps=1, words=True),
-)  # fmt: skip
-_WORDS_LINEAR["Q8_0"] = GGUFTiles(block_m=4, block_n=16, subs=16, num_warps=2, words=True)
-_WORDS_HEAD["Q8_0"] = GGUFTiles(block_m=4, block_n=16, subs=8, num_warps=1, words=True)
+for _table in (_WORDS_GEMV, _WORDS_LINEAR, _WORDS_HEAD):  # taken as Q6_K's (above)
+    _table["Q8_0"] = _table["Q6_K"]
 
 
 def _words_on(btype: BlockType | None) -> bool:

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 from dataclasses import dataclass
+from itertools import groupby
 
 import torch
 
@@ -25,13 +26,7 @@ MAX_SEGMENTS = 2
 
 def runs(types: Sequence[str]) -> list[tuple[str, int]]:
     """(type, number of parts) of each maximal run of one block type, in part order."""
-    out: list[tuple[str, int]] = []
-    for t in types:
-        if out and out[-1][0] == t:
-            out[-1] = (t, out[-1][1] + 1)
-        else:
-            out.append((t, 1))
-    return out
+    return [(t, len(list(run))) for t, run in groupby(types)]
 
 
 @dataclass(frozen=True, repr=False)
@@ -52,13 +47,8 @@ class GGUFSegmentsFormat(WeightFormat):
     @classmethod
     def from_parts(cls, parts: Sequence[tuple[str, int]]) -> GGUFSegmentsFormat:
         """The format of merged parts given as (block type, rows) in part order."""
-        segments: list[tuple[str, int]] = []
-        for t, rows in parts:
-            if segments and segments[-1][0] == t:
-                segments[-1] = (t, segments[-1][1] + rows)
-            else:
-                segments.append((t, rows))
-        return cls(tuple(segments))
+        runs_of_parts = groupby(parts, key=lambda part: part[0])
+        return cls(tuple((t, sum(rows for _, rows in run)) for t, run in runs_of_parts))
 
     @property
     def name(self) -> str:  # type: ignore[override]
